@@ -1,0 +1,184 @@
+// Package breaker gives each upstream a circuit breaker over
+// github.com/sony/gobreaker/v2's TwoStepCircuitBreaker, with the trip rule
+// Sturdy's config describes: N failures in a row, or a failure ratio over a
+// rolling window once enough attempts completed.
+//
+// It does no logging: state changes are reported through
+// Settings.OnStateChange.
+package breaker
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// State is a breaker's state: closed (traffic flows), open (fail fast) or
+// half-open (a few probes go through).
+type State = gobreaker.State
+
+// The breaker states.
+const (
+	StateClosed   = gobreaker.StateClosed
+	StateHalfOpen = gobreaker.StateHalfOpen
+	StateOpen     = gobreaker.StateOpen
+)
+
+// Result is what one attempt tells the breaker.
+type Result uint8
+
+// The attempt results.
+const (
+	// Success: the upstream answered sensibly (2xx/3xx, pass-through 4xx).
+	Success Result = iota
+	// Failure: 5xx, connect, reset or timeout.
+	Failure
+	// Excluded: says nothing about health (429, client gone): neither
+	// counted nor resetting a run of failures.
+	Excluded
+)
+
+// Settings configures a Breaker. A zero field means its default.
+type Settings struct {
+	// ConsecutiveFailures opens the breaker on the Nth failure in a row.
+	// Default 5.
+	ConsecutiveFailures uint32
+	// FailureRatio opens the breaker when, within Window, at least
+	// MinRequests attempts completed and failures ÷ completed ≥ the ratio.
+	// Default 0.5.
+	FailureRatio float64
+	// MinRequests is the number of completed attempts within Window before
+	// FailureRatio applies. Default 20.
+	MinRequests uint32
+	// Window is the rolling window the counts cover. Default 30 s.
+	Window time.Duration
+	// OpenFor is how long the breaker stays open before letting probes
+	// through. Default 15 s.
+	OpenFor time.Duration
+	// HalfOpenRequests is the number of probes let through when half-open;
+	// that many successes in a row close it, one failure opens it again.
+	// Default 1.
+	HalfOpenRequests uint32
+	// OnStateChange, if set, is called on every transition. It runs under
+	// the breaker's lock: it must not call back into the breaker.
+	OnStateChange func(name string, from, to State)
+}
+
+// Defaults of Settings.
+const (
+	DefaultConsecutiveFailures = 5
+	DefaultFailureRatio        = 0.5
+	DefaultMinRequests         = 20
+	DefaultWindow              = 30 * time.Second
+	DefaultOpenFor             = 15 * time.Second
+	DefaultHalfOpenRequests    = 1
+)
+
+// windowBuckets is the rolling window's resolution.
+const windowBuckets = 10
+
+var (
+	errFailure  = errors.New("breaker: attempt failed")
+	errExcluded = errors.New("breaker: attempt excluded")
+)
+
+// Breaker is one upstream's circuit breaker. It is safe for concurrent use.
+type Breaker struct {
+	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
+	openFor time.Duration
+	// openedAt is the UnixNano time of the last transition to open.
+	openedAt atomic.Int64
+}
+
+// New returns a closed breaker named name.
+func New(name string, s Settings) *Breaker {
+	s = s.normalized()
+	b := &Breaker{openFor: s.OpenFor}
+	consecutive, minRequests, ratio := s.ConsecutiveFailures, s.MinRequests, s.FailureRatio
+	bucket := max(s.Window/windowBuckets, time.Millisecond)
+	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:         name,
+		MaxRequests:  s.HalfOpenRequests,
+		Interval:     s.Window,
+		BucketPeriod: bucket,
+		Timeout:      s.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			if c.ConsecutiveFailures >= consecutive {
+				return true
+			}
+			completed := c.TotalSuccesses + c.TotalFailures
+			return completed >= minRequests && float64(c.TotalFailures) >= ratio*float64(completed)
+		},
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				b.openedAt.Store(time.Now().UnixNano())
+			}
+			if s.OnStateChange != nil {
+				s.OnStateChange(name, from, to)
+			}
+		},
+		IsExcluded: func(err error) bool { return err == errExcluded },
+	})
+	return b
+}
+
+func (s Settings) normalized() Settings {
+	if s.ConsecutiveFailures == 0 {
+		s.ConsecutiveFailures = DefaultConsecutiveFailures
+	}
+	if s.FailureRatio <= 0 {
+		s.FailureRatio = DefaultFailureRatio
+	}
+	if s.MinRequests == 0 {
+		s.MinRequests = DefaultMinRequests
+	}
+	if s.Window <= 0 {
+		s.Window = DefaultWindow
+	}
+	if s.OpenFor <= 0 {
+		s.OpenFor = DefaultOpenFor
+	}
+	if s.HalfOpenRequests == 0 {
+		s.HalfOpenRequests = DefaultHalfOpenRequests
+	}
+	return s
+}
+
+// Allow asks whether an attempt may go to the upstream. When ok, done must
+// be called exactly once with the attempt's result, as soon as it is known
+// (at response headers, not at the end of a stream). When not ok, the
+// breaker is open (or half-open with all probes taken).
+func (b *Breaker) Allow() (done func(Result), ok bool) {
+	report, err := b.cb.Allow()
+	if err != nil {
+		return nil, false
+	}
+	return func(r Result) {
+		switch r {
+		case Success:
+			report(nil)
+		case Failure:
+			report(errFailure)
+		default:
+			report(errExcluded)
+		}
+	}, true
+}
+
+// ProbeIn returns how long until the open breaker lets a probe through;
+// zero when it is not open (or the probe is due).
+func (b *Breaker) ProbeIn(now time.Time) time.Duration {
+	if b.cb.State() != gobreaker.StateOpen {
+		return 0
+	}
+	d := time.Unix(0, b.openedAt.Load()).Add(b.openFor).Sub(now)
+	return max(d, 0)
+}
+
+// State returns the breaker's current state.
+func (b *Breaker) State() State { return b.cb.State() }
+
+// Counts returns the breaker's counts in the current window.
+func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }

@@ -1,0 +1,189 @@
+// Package config is Sturdy's YAML schema: types, defaults, loading with
+// strict decoding, and validation whose every message names the key and
+// the line.
+package config
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	// Listen is the client-facing address. Default ":8080".
+	Listen string `yaml:"listen"`
+	// Log configures Sturdy's log output.
+	Log Log `yaml:"log"`
+	// Upstreams are the model servers Sturdy forwards to.
+	Upstreams []Upstream `yaml:"upstreams"`
+	// Routes map request paths to upstreams. With none and exactly one
+	// upstream, one route "default" sends every path to it.
+	Routes []Route `yaml:"routes"`
+}
+
+// Log configures logging.
+type Log struct {
+	// Level is debug, info, warn or error. Default info.
+	Level string `yaml:"level"`
+	// Format is json or console. Default json.
+	Format string `yaml:"format"`
+}
+
+// Upstream is one model server.
+type Upstream struct {
+	// Name identifies the upstream in routes, logs and errors. Required.
+	Name string `yaml:"name"`
+	// URL is scheme://host[:port][/prefix]; the request path is appended.
+	// A trailing slash is ignored. Required.
+	URL string `yaml:"url"`
+	// APIKey, when set, replaces the client's Authorization with
+	// "Bearer <key>". ${VAR} is expanded from the environment; empty
+	// means unset.
+	APIKey string `yaml:"api_key"`
+	// Timeouts bound each attempt.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// MaxConnections caps open connections to the upstream. Default 512.
+	MaxConnections int `yaml:"max_connections"`
+	// Breaker configures the upstream's circuit breaker.
+	Breaker Breaker `yaml:"breaker"`
+}
+
+// Timeouts bound each attempt to an upstream.
+type Timeouts struct {
+	// Connect bounds dialling (and the TLS handshake). Default 2s.
+	Connect Duration `yaml:"connect"`
+	// FirstByte runs from sending the request to the first byte of the
+	// response body (end of headers for a bodyless response). Default 60s.
+	FirstByte Duration `yaml:"first_byte"`
+	// Idle bounds the gap between two reads of a streamed body. Default 30s.
+	Idle Duration `yaml:"idle"`
+}
+
+// Breaker configures a circuit breaker; see package breaker.
+type Breaker struct {
+	// ConsecutiveFailures opens it on the Nth failure in a row. Default 5.
+	ConsecutiveFailures int `yaml:"consecutive_failures"`
+	// FailureRatio opens it when failures ÷ completed ≥ this over Window,
+	// once MinRequests attempts completed. Default 0.5.
+	FailureRatio float64 `yaml:"failure_ratio"`
+	// MinRequests before FailureRatio applies. Default 20.
+	MinRequests int `yaml:"min_requests"`
+	// Window is the rolling window of the ratio. Default 30s.
+	Window Duration `yaml:"window"`
+	// OpenFor is how long it stays open before a probe. Default 15s.
+	OpenFor Duration `yaml:"open_for"`
+	// HalfOpenRequests is the number of probes when half-open. Default 1.
+	HalfOpenRequests int `yaml:"half_open_requests"`
+}
+
+// Route sends requests whose path starts with PathPrefix to Upstream.
+type Route struct {
+	// Name identifies the route in logs. Required.
+	Name string `yaml:"name"`
+	// PathPrefix is matched against the request path; the longest match
+	// wins and the prefix is not stripped. Default "/".
+	PathPrefix string `yaml:"path_prefix"`
+	// Upstream is the name of the upstream. Required.
+	Upstream string `yaml:"upstream"`
+	// Deadline is the budget until the response starts, retries
+	// included. Default 120s.
+	Deadline Duration `yaml:"deadline"`
+	// MaxBody is the largest request body accepted; larger gets 413.
+	// Default 32MiB.
+	MaxBody Size `yaml:"max_body"`
+	// Retry is the route's retry policy.
+	Retry Retry `yaml:"retry"`
+}
+
+// Retry is a route's retry policy.
+type Retry struct {
+	// MaxAttempts counts the first attempt; 1 disables retries. Default 4.
+	MaxAttempts int `yaml:"max_attempts"`
+	// BaseDelay is the full-jitter bound before the first retry; it doubles
+	// per retry. Default 250ms.
+	BaseDelay Duration `yaml:"base_delay"`
+	// MaxDelay caps the full-jitter bound. Default 8s.
+	MaxDelay Duration `yaml:"max_delay"`
+	// MaxRetryAfter is the longest server-given wait honoured; a longer
+	// one goes back to the client at once. Default 30s.
+	MaxRetryAfter Duration `yaml:"max_retry_after"`
+	// On lists what is retried: 429, 5xx, connect, reset, timeout.
+	// Default all five.
+	On []string `yaml:"on"`
+	// ReplayWrites retries non-inference writes (files, batches …) on
+	// every reason, not only connect. Default false.
+	ReplayWrites bool `yaml:"replay_writes"`
+}
+
+// Duration is a time.Duration written as "250ms", "2s", "1m30s".
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string; a non-negative number is
+// not accepted without a unit, to keep "30" from meaning 30ns.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return typeError(n, "invalid duration %q (want e.g. 250ms, 2s, 1m30s)", n.Value)
+	}
+	if v < 0 {
+		return typeError(n, "duration %q must not be negative", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Std returns d as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// String formats d like time.Duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Size is a byte count written as 1048576, "512KiB", "32MiB", "1MB".
+type Size int64
+
+var sizeUnits = []struct {
+	suffix string
+	factor int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30},
+	{"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000},
+	{"B", 1},
+}
+
+// ParseSize parses plain bytes or a number with a KB/KiB/MB/MiB/GB/GiB
+// suffix.
+func ParseSize(s string) (Size, error) {
+	s = strings.TrimSpace(s)
+	factor := int64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			s, factor = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.factor
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/factor {
+		return 0, fmt.Errorf("invalid size")
+	}
+	return Size(n * factor), nil
+}
+
+// UnmarshalYAML parses a size.
+func (z *Size) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseSize(n.Value)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return typeError(n, "invalid size %q (want bytes, or e.g. 512KiB, 32MiB, 1MB)", n.Value)
+	}
+	*z = v
+	return nil
+}
+
+// typeError reports a bad value the way yaml reports its own, so the loader
+// collects every such error with its line instead of stopping at the first.
+func typeError(n *yaml.Node, format string, args ...any) error {
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d:%d: ", n.Line, n.Column) + fmt.Sprintf(format, args...)}}
+}

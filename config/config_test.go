@@ -1,0 +1,155 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultConfigIsValid(t *testing.T) {
+	c := Default("")
+	if ps := c.Validate(); len(ps) > 0 {
+		t.Fatalf("default config invalid: %+v", ps)
+	}
+	if c.Listen != ":8080" || c.Upstreams[0].URL != DefaultUpstreamURL || len(c.Routes) != 1 || c.Routes[0].PathPrefix != "/" {
+		t.Fatalf("unexpected default: %+v", c)
+	}
+	r := c.Routes[0]
+	if r.Retry.MaxAttempts != 4 || r.Retry.BaseDelay.Std() != 250*time.Millisecond || r.MaxBody != 32<<20 ||
+		r.Deadline.Std() != 120*time.Second || len(r.Retry.On) != 5 {
+		t.Fatalf("route defaults wrong: %+v", r)
+	}
+}
+
+func TestParseFillsDefaultsAndKeepsExplicitValues(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`
+listen: "127.0.0.1:9000"
+upstreams:
+  - name: a
+    url: http://127.0.0.1:1/prefix/
+    timeouts: {first_byte: 5s}
+routes:
+  - name: r
+    upstream: a
+    max_body: 1KiB
+    retry: {max_attempts: 2, on: [5xx]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := c.Upstreams[0]
+	if u.Timeouts.FirstByte.Std() != 5*time.Second || u.Timeouts.Connect.Std() != 2*time.Second || u.MaxConnections != 512 {
+		t.Errorf("upstream timeouts/defaults: %+v", u)
+	}
+	r := c.Routes[0]
+	if r.PathPrefix != "/" || r.MaxBody != 1024 || r.Retry.MaxAttempts != 2 || len(r.Retry.On) != 1 || r.Retry.On[0] != "5xx" ||
+		r.Retry.MaxDelay.Std() != 8*time.Second {
+		t.Errorf("route: %+v", r)
+	}
+}
+
+func TestEnvExpansion(t *testing.T) {
+	t.Setenv("STURDY_TEST_KEY", "sk-test")
+	t.Setenv("STURDY_TEST_PORT", "11434")
+	c, err := Parse("t.yaml", []byte(`
+upstreams:
+  - name: a
+    url: http://127.0.0.1:${STURDY_TEST_PORT}
+    api_key: ${STURDY_TEST_KEY}
+  - name: b
+    url: http://127.0.0.1:1
+    api_key: ${STURDY_TEST_UNSET_VAR}
+routes: [{name: r, upstream: a}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstreams[0].APIKey != "sk-test" || c.Upstreams[0].URL != "http://127.0.0.1:11434" || c.Upstreams[1].APIKey != "" {
+		t.Fatalf("expansion: %+v", c.Upstreams)
+	}
+}
+
+func TestSizes(t *testing.T) {
+	tests := map[string]Size{"0": 0, "1024": 1024, "1KB": 1000, "1KiB": 1024, "32MiB": 32 << 20, "2MB": 2e6, "1 GiB": 1 << 30, "10B": 10}
+	for in, want := range tests {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-1", "1TB", "MiB", "1.5MiB", "x"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) accepted", in)
+		}
+	}
+}
+
+func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       []string // substrings of the message, in order of lines
+	}{
+		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
+			[]string{"t.yaml:2: listen_addr: unknown key (known: listen, log, routes, upstreams)"}},
+		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
+			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
+		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",
+			[]string{`t.yaml:5: upstreams[0].timeouts.connect: invalid duration "2 seconds"`}},
+		{"negative duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts: {idle: -1s}\n",
+			[]string{`t.yaml:4: upstreams[0].timeouts.idle: duration "-1s" must not be negative`}},
+		{"bad size", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    max_body: lots\n",
+			[]string{`t.yaml:5: routes[0].max_body: invalid size "lots"`}},
+		{"wrong type", "upstreams:\n  - name: a\n    url: http://h\n    max_connections: many\n",
+			[]string{"t.yaml:4: upstreams[0].max_connections: cannot unmarshal"}},
+		{"unknown upstream in route", "upstreams:\n  - name: a\n    url: http://h\nroutes:\n  - name: r\n    upstream: b\n",
+			[]string{`t.yaml:6: routes[0].upstream: unknown upstream "b" (known: a)`}},
+		{"max_attempts below 1", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry:\n      max_attempts: 0\n",
+			[]string{"t.yaml:6: routes[0].retry.max_attempts: must be at least 1"}},
+		{"bad retry reason", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry: {on: [5xx, 4xx]}\n",
+			[]string{`t.yaml:5: routes[0].retry.on: unknown retry reason "4xx"`}},
+		{"bad url scheme", "upstreams:\n  - name: a\n    url: ftp://h\n",
+			[]string{"t.yaml:3: upstreams[0].url: scheme must be http or https"}},
+		{"missing url reported at its parent", "upstreams:\n  - name: a\n",
+			[]string{"t.yaml:2: upstreams[0].url: required"}},
+		{"no upstreams", "listen: :8080\n", []string{"t.yaml: upstreams: at least one upstream is required"}},
+		{"duplicate names", "upstreams:\n  - {name: a, url: 'http://h'}\n  - {name: a, url: 'http://h'}\nroutes: [{name: r, upstream: a}]\n",
+			[]string{`t.yaml:3: upstreams[1].name: duplicate upstream name "a"`}},
+		{"path prefix", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - {name: r, upstream: a, path_prefix: v1}\n",
+			[]string{"t.yaml:3: routes[0].path_prefix: must start with /"}},
+		{"failure ratio", "upstreams:\n  - name: a\n    url: http://h\n    breaker:\n      failure_ratio: 1.5\n",
+			[]string{"t.yaml:5: upstreams[0].breaker.failure_ratio: must be in (0, 1]"}},
+		{"bad log level", "log: {level: loud}\nupstreams: [{name: a, url: 'http://h'}]\n",
+			[]string{`t.yaml:1: log.level: unknown level "loud"`}},
+		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:1: did not find expected"}},
+		{"several problems at once", "listen: :1\nbogus: 1\nupstreams:\n  - name: a\n    url: http://h\n    timeouts: {connect: soon}\n",
+			[]string{"t.yaml:2: bogus: unknown key", `t.yaml:6: upstreams[0].timeouts.connect: invalid duration "soon"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(tt.yaml))
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("got %v, want *config.Error", err)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) < len(tt.want) {
+				t.Fatalf("got %d problems, want %d:\n%v", len(lines), len(tt.want), err)
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(lines[i], w) {
+					t.Errorf("problem %d = %q, want it to contain %q", i, lines[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestExampleConfigIsValid(t *testing.T) {
+	c, err := Load("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Upstreams) == 0 || len(c.Routes) == 0 {
+		t.Fatal("example config has no upstreams or routes")
+	}
+}

@@ -1,0 +1,341 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultUpstreamURL is where Sturdy forwards with no config: Ollama's
+// default address.
+const DefaultUpstreamURL = "http://127.0.0.1:11434"
+
+// Problem is one thing wrong with a config file.
+type Problem struct {
+	// Line is the 1-based line of the offending key or value; 0 if unknown.
+	Line int
+	// Key is the dotted path of the key, e.g. "routes[0].retry.max_attempts".
+	Key string
+	// Msg says what is wrong.
+	Msg string
+}
+
+// Error is an invalid config: every problem found, in line order.
+type Error struct {
+	// File names the config source in messages.
+	File     string
+	Problems []Problem
+}
+
+// Error formats one problem per line as "file:line: key: message".
+func (e *Error) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(e.File)
+		if p.Line > 0 {
+			b.WriteString(":" + strconv.Itoa(p.Line))
+		}
+		b.WriteString(": ")
+		if p.Key != "" {
+			b.WriteString(p.Key + ": ")
+		}
+		b.WriteString(p.Msg)
+	}
+	return b.String()
+}
+
+// Default returns the configuration used without a file: listen on :8080
+// and forward everything to one upstream at url (DefaultUpstreamURL when
+// empty).
+func Default(url string) *Config {
+	if url == "" {
+		url = DefaultUpstreamURL
+	}
+	c := defaultConfig()
+	u := defaultUpstream()
+	u.Name, u.URL = "default", url
+	c.Upstreams = []Upstream{u}
+	c.applyImplicitRoute()
+	return c
+}
+
+// Load reads and validates the config file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates a config document; name labels messages.
+// Unknown keys, bad values and invalid settings are all reported at once,
+// each with its key and line.
+func Parse(name string, data []byte) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, &Error{File: name, Problems: yamlProblems(err, nil)}
+	}
+	idx := newKeyIndex(&root)
+	problems := unknownKeys(&root, reflect.TypeFor[Config]())
+	c := defaultConfig()
+	if len(root.Content) > 0 {
+		if err := root.Content[0].Decode(c); err != nil {
+			problems = append(problems, yamlProblems(err, idx)...)
+		}
+	}
+	if len(problems) == 0 {
+		c.expandEnv()
+		c.applyImplicitRoute()
+		for _, p := range c.Validate() {
+			p.Line = idx.line(p.Key)
+			problems = append(problems, p)
+		}
+	}
+	if len(problems) > 0 {
+		sort.SliceStable(problems, func(i, j int) bool { return problems[i].Line < problems[j].Line })
+		return nil, &Error{File: name, Problems: problems}
+	}
+	return c, nil
+}
+
+func defaultConfig() *Config {
+	return &Config{Listen: ":8080", Log: Log{Level: "info", Format: "json"}}
+}
+
+func defaultUpstream() Upstream {
+	return Upstream{
+		Timeouts:       Timeouts{Connect: Duration(2e9), FirstByte: Duration(60e9), Idle: Duration(30e9)},
+		MaxConnections: 512,
+		Breaker: Breaker{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20,
+			Window: Duration(30e9), OpenFor: Duration(15e9), HalfOpenRequests: 1},
+	}
+}
+
+func defaultRoute() Route {
+	return Route{
+		PathPrefix: "/",
+		Deadline:   Duration(120e9),
+		MaxBody:    32 << 20,
+		Retry: Retry{MaxAttempts: 4, BaseDelay: Duration(250e6), MaxDelay: Duration(8e9),
+			MaxRetryAfter: Duration(30e9), On: []string{"429", "5xx", "connect", "reset", "timeout"}},
+	}
+}
+
+// UnmarshalYAML fills the defaults before decoding, so an absent key keeps
+// its default and a present one, even zero, is validated as written.
+func (u *Upstream) UnmarshalYAML(n *yaml.Node) error {
+	*u = defaultUpstream()
+	type plain Upstream
+	return n.Decode((*plain)(u))
+}
+
+// UnmarshalYAML fills the defaults before decoding; see Upstream's.
+func (r *Route) UnmarshalYAML(n *yaml.Node) error {
+	*r = defaultRoute()
+	type plain Route
+	return n.Decode((*plain)(r))
+}
+
+func (c *Config) applyImplicitRoute() {
+	if len(c.Routes) == 0 && len(c.Upstreams) == 1 {
+		r := defaultRoute()
+		r.Name, r.Upstream = "default", c.Upstreams[0].Name
+		c.Routes = []Route{r}
+	}
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expandEnv replaces ${VAR} in listen and in each upstream's url and
+// api_key with the environment's value (empty when unset).
+func (c *Config) expandEnv() {
+	expand := func(s string) string {
+		return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
+	}
+	c.Listen = expand(c.Listen)
+	for i := range c.Upstreams {
+		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)
+		c.Upstreams[i].APIKey = expand(c.Upstreams[i].APIKey)
+	}
+}
+
+// yamlLine matches yaml's "line N: msg" and typeError's "line N:C: msg".
+var yamlLine = regexp.MustCompile(`^line (\d+)(?::(\d+))?: (.*)$`)
+
+// yamlProblems turns a yaml error into problems, naming the key found on
+// each reported line when idx knows it.
+func yamlProblems(err error, idx *keyIndex) []Problem {
+	var te *yaml.TypeError
+	var msgs []string
+	if errors.As(err, &te) {
+		msgs = te.Errors
+	} else {
+		msgs = []string{strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	var out []Problem
+	for _, m := range msgs {
+		p := Problem{Msg: m}
+		if s := yamlLine.FindStringSubmatch(m); s != nil {
+			p.Line, _ = strconv.Atoi(s[1])
+			col, _ := strconv.Atoi(s[2])
+			p.Msg = s[3]
+			if idx != nil {
+				p.Key = idx.keyAt(p.Line, col)
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// keyIndex maps dotted key paths to their lines, and back.
+type keyIndex struct {
+	lines  map[string]int
+	keys   map[int]string    // first key seen on each line
+	values map[[2]int]string // key of the value at (line, column)
+}
+
+func newKeyIndex(root *yaml.Node) *keyIndex {
+	idx := &keyIndex{lines: map[string]int{}, keys: map[int]string{}, values: map[[2]int]string{}}
+	if len(root.Content) > 0 {
+		idx.walk(root.Content[0], "")
+	}
+	return idx
+}
+
+func (idx *keyIndex) add(path string, line int) {
+	idx.lines[path] = line
+	if _, ok := idx.keys[line]; !ok {
+		idx.keys[line] = path
+	}
+}
+
+func (idx *keyIndex) walk(n *yaml.Node, path string) {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := joinKey(path, n.Content[i].Value)
+			idx.add(p, n.Content[i].Line)
+			v := n.Content[i+1]
+			idx.values[[2]int{v.Line, v.Column}] = p
+			idx.walk(v, p)
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			p := path + "[" + strconv.Itoa(i) + "]"
+			idx.add(p, item.Line)
+			idx.walk(item, p)
+		}
+	}
+}
+
+// line returns the line of path, or of its closest present parent (a
+// missing required key is reported where its parent is).
+func (idx *keyIndex) line(path string) int {
+	for path != "" {
+		if l, ok := idx.lines[path]; ok {
+			return l
+		}
+		cut := strings.LastIndexAny(path, ".[")
+		if cut < 0 {
+			break
+		}
+		path = path[:cut]
+	}
+	return 0
+}
+
+// keyAt returns the key whose value starts at line:col, or else the first
+// key on the line.
+func (idx *keyIndex) keyAt(line, col int) string {
+	if k, ok := idx.values[[2]int{line, col}]; ok {
+		return k
+	}
+	return idx.keys[line]
+}
+
+func joinKey(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// unknownKeys walks the document against the Go type it decodes into and
+// reports every mapping key that has no field, listing the known ones.
+func unknownKeys(root *yaml.Node, t reflect.Type) []Problem {
+	if len(root.Content) == 0 {
+		return nil
+	}
+	var out []Problem
+	var walk func(n *yaml.Node, t reflect.Type, path string)
+	walk = func(n *yaml.Node, t reflect.Type, path string) {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		switch {
+		case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+			fields := yamlFields(t)
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				p := joinKey(path, k.Value)
+				ft, ok := fields[k.Value]
+				if !ok {
+					out = append(out, Problem{Line: k.Line, Key: p,
+						Msg: "unknown key (known: " + strings.Join(sortedKeys(fields), ", ") + ")"})
+					continue
+				}
+				walk(n.Content[i+1], ft, p)
+			}
+		case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+			for i, item := range n.Content {
+				walk(item, t.Elem(), path+"["+strconv.Itoa(i)+"]")
+			}
+		}
+	}
+	walk(root.Content[0], t, "")
+	return out
+}
+
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	m := map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name != "" && name != "-" {
+			m[name] = f.Type
+		}
+	}
+	return m
+}
+
+func sortedKeys(m map[string]reflect.Type) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// WriteProblems prints err for a person: one problem per line.
+func WriteProblems(w io.Writer, err error) {
+	var ce *Error
+	if errors.As(err, &ce) {
+		fmt.Fprintln(w, ce.Error())
+		return
+	}
+	fmt.Fprintln(w, err)
+}

@@ -1,0 +1,143 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	"sturdy/policy"
+)
+
+// Validate checks a decoded config and returns every problem, each naming
+// its key (lines are filled in by Parse).
+func (c *Config) Validate() []Problem {
+	var ps []Problem
+	bad := func(key, format string, args ...any) {
+		ps = append(ps, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "invalid address %q (want host:port or :port)", c.Listen)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "unknown level %q (want debug, info, warn or error)", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "json", "console":
+	default:
+		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
+	}
+	if len(c.Upstreams) == 0 {
+		bad("upstreams", "at least one upstream is required")
+	}
+	names := map[string]bool{}
+	for i, u := range c.Upstreams {
+		k := fmt.Sprintf("upstreams[%d]", i)
+		switch {
+		case u.Name == "":
+			bad(k+".name", "required")
+		case names[u.Name]:
+			bad(k+".name", "duplicate upstream name %q", u.Name)
+		}
+		names[u.Name] = true
+		if err := checkUpstreamURL(u.URL); err != nil {
+			bad(k+".url", "%v", err)
+		}
+		positive := func(key string, d Duration) {
+			if d <= 0 {
+				bad(k+"."+key, "must be greater than 0")
+			}
+		}
+		positive("timeouts.connect", u.Timeouts.Connect)
+		positive("timeouts.first_byte", u.Timeouts.FirstByte)
+		positive("timeouts.idle", u.Timeouts.Idle)
+		positive("breaker.window", u.Breaker.Window)
+		positive("breaker.open_for", u.Breaker.OpenFor)
+		if u.MaxConnections < 1 {
+			bad(k+".max_connections", "must be at least 1")
+		}
+		b := u.Breaker
+		if b.ConsecutiveFailures < 1 {
+			bad(k+".breaker.consecutive_failures", "must be at least 1")
+		}
+		if b.FailureRatio <= 0 || b.FailureRatio > 1 {
+			bad(k+".breaker.failure_ratio", "must be in (0, 1]")
+		}
+		if b.MinRequests < 1 {
+			bad(k+".breaker.min_requests", "must be at least 1")
+		}
+		if b.HalfOpenRequests < 1 {
+			bad(k+".breaker.half_open_requests", "must be at least 1")
+		}
+	}
+	if len(c.Routes) == 0 && len(c.Upstreams) > 1 {
+		bad("routes", "at least one route is required when there are several upstreams")
+	}
+	routeNames := map[string]bool{}
+	for i, r := range c.Routes {
+		k := fmt.Sprintf("routes[%d]", i)
+		switch {
+		case r.Name == "":
+			bad(k+".name", "required")
+		case routeNames[r.Name]:
+			bad(k+".name", "duplicate route name %q", r.Name)
+		}
+		routeNames[r.Name] = true
+		if !strings.HasPrefix(r.PathPrefix, "/") {
+			bad(k+".path_prefix", "must start with / (got %q)", r.PathPrefix)
+		}
+		switch {
+		case r.Upstream == "":
+			bad(k+".upstream", "required")
+		case !names[r.Upstream]:
+			bad(k+".upstream", "unknown upstream %q (known: %s)", r.Upstream, strings.Join(c.upstreamNames(), ", "))
+		}
+		if r.Deadline <= 0 {
+			bad(k+".deadline", "must be greater than 0")
+		}
+		if r.MaxBody < 1 {
+			bad(k+".max_body", "must be at least 1 byte")
+		}
+		rt := r.Retry
+		if rt.MaxAttempts < 1 {
+			bad(k+".retry.max_attempts", "must be at least 1 (1 disables retries), got %d", rt.MaxAttempts)
+		}
+		if rt.MaxDelay < rt.BaseDelay {
+			bad(k+".retry.max_delay", "must not be below base_delay (%v)", rt.BaseDelay)
+		}
+		if _, err := policy.ParseRetryOn(rt.On); err != nil {
+			bad(k+".retry.on", "%v", err)
+		}
+	}
+	return ps
+}
+
+func (c *Config) upstreamNames() []string {
+	var n []string
+	for _, u := range c.Upstreams {
+		n = append(n, u.Name)
+	}
+	return n
+}
+
+func checkUpstreamURL(raw string) error {
+	if raw == "" {
+		return fmt.Errorf("required (e.g. http://127.0.0.1:11434)")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("invalid URL %q", raw)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("scheme must be http or https in %q", raw)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("missing host in %q", raw)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("must be scheme://host[:port][/prefix] with no query, fragment or user info")
+	}
+	return nil
+}

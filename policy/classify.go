@@ -1,0 +1,161 @@
+package policy
+
+// Fault is what went wrong on the transport of one attempt, when nothing
+// usable came back. FaultNone means the upstream answered with a status.
+type Fault uint8
+
+// The faults an attempt can end with.
+const (
+	// FaultNone: the upstream sent response headers (and, where required,
+	// its first body bytes).
+	FaultNone Fault = iota
+	// FaultConnect: dialling the upstream failed (refused, dial timeout,
+	// TLS handshake): the request provably never left Sturdy.
+	FaultConnect
+	// FaultReset: the connection closed or reset before the response
+	// started; the upstream may or may not have seen the request.
+	FaultReset
+	// FaultTimeout: no first byte within the upstream's first_byte timeout.
+	FaultTimeout
+	// FaultClientGone: the client went away; nobody is left to answer.
+	FaultClientGone
+)
+
+// String returns the fault's name as used in config (`retry.on`) and logs.
+func (f Fault) String() string {
+	switch f {
+	case FaultConnect:
+		return "connect"
+	case FaultReset:
+		return "reset"
+	case FaultTimeout:
+		return "timeout"
+	case FaultClientGone:
+		return "client_gone"
+	default:
+		return "none"
+	}
+}
+
+// Outcome is everything Classify needs to know about one attempt.
+type Outcome struct {
+	// Status is the upstream's HTTP status; it is ignored unless Fault is
+	// FaultNone.
+	Status int
+	// Fault is the transport failure, FaultNone when a status came back.
+	Fault Fault
+	// InsufficientQuota is true for a 429 whose body says the account's
+	// billing quota is exhausted (OpenAI's "insufficient_quota").
+	InsufficientQuota bool
+}
+
+// Class is what an outcome means for the request.
+type Class uint8
+
+// The classes of outcome.
+const (
+	// ClassSuccess: 2xx/3xx, stream it to the client.
+	ClassSuccess Class = iota
+	// ClassPassThrough: the client asked wrong (4xx other than 429, or a
+	// 429 insufficient_quota); return the reply untouched, never retry.
+	ClassPassThrough
+	// ClassRetryable: a passing fault of the model server (429, 5xx,
+	// connect, reset, timeout); retry per policy.
+	ClassRetryable
+	// ClassClientGone: stop, no retry, no breaker count.
+	ClassClientGone
+)
+
+// String returns the class name used in logs.
+func (c Class) String() string {
+	switch c {
+	case ClassSuccess:
+		return "success"
+	case ClassPassThrough:
+		return "pass_through"
+	case ClassRetryable:
+		return "retryable"
+	default:
+		return "client_gone"
+	}
+}
+
+// Reason names why a retryable outcome is retryable; it is the vocabulary of
+// the route's `retry.on` list and of the access log's retry reasons.
+type Reason uint8
+
+// The retry reasons.
+const (
+	ReasonNone Reason = iota
+	Reason429
+	Reason5xx
+	ReasonConnect
+	ReasonReset
+	ReasonTimeout
+)
+
+// String returns the reason as written in `retry.on`.
+func (r Reason) String() string {
+	switch r {
+	case Reason429:
+		return "429"
+	case Reason5xx:
+		return "5xx"
+	case ReasonConnect:
+		return "connect"
+	case ReasonReset:
+		return "reset"
+	case ReasonTimeout:
+		return "timeout"
+	default:
+		return ""
+	}
+}
+
+// Health is what an outcome tells the upstream's circuit breaker.
+type Health uint8
+
+// The breaker verdicts.
+const (
+	// HealthSuccess: the upstream works (2xx/3xx, pass-through 4xx).
+	HealthSuccess Health = iota
+	// HealthFailure: the upstream is failing (5xx, connect, reset, timeout).
+	HealthFailure
+	// HealthExcluded: says nothing about the upstream's health (429,
+	// client gone); neither counts nor resets a run of failures.
+	HealthExcluded
+)
+
+// Verdict is the classification of one attempt.
+type Verdict struct {
+	Class  Class
+	Reason Reason // set when Class is ClassRetryable
+	Health Health
+}
+
+// Classify maps an attempt's outcome to what Sturdy does with it. It is the
+// classification table of the README, in code.
+func Classify(o Outcome) Verdict {
+	switch o.Fault {
+	case FaultConnect:
+		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthFailure}
+	case FaultReset:
+		return Verdict{Class: ClassRetryable, Reason: ReasonReset, Health: HealthFailure}
+	case FaultTimeout:
+		return Verdict{Class: ClassRetryable, Reason: ReasonTimeout, Health: HealthFailure}
+	case FaultClientGone:
+		return Verdict{Class: ClassClientGone, Health: HealthExcluded}
+	}
+	switch {
+	case o.Status == 429 && o.InsufficientQuota:
+		return Verdict{Class: ClassPassThrough, Health: HealthExcluded}
+	case o.Status == 429:
+		return Verdict{Class: ClassRetryable, Reason: Reason429, Health: HealthExcluded}
+	case o.Status >= 500:
+		return Verdict{Class: ClassRetryable, Reason: Reason5xx, Health: HealthFailure}
+	case o.Status >= 400:
+		return Verdict{Class: ClassPassThrough, Health: HealthSuccess}
+	default:
+		return Verdict{Class: ClassSuccess, Health: HealthSuccess}
+	}
+}
