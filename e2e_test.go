@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/rs/zerolog"
+
+	"sturdy/config"
+	"sturdy/internal/upstreamtest"
+	"sturdy/proxy"
+)
+
+// startSturdy runs Sturdy from YAML (upstream URL substituted for
+// UPSTREAM) on 127.0.0.1:0 and returns its base URL.
+func startSturdy(t *testing.T, yaml, upstreamURL string) string {
+	t.Helper()
+	cfg, err := config.Parse("e2e.yaml", []byte(strings.ReplaceAll(yaml, "UPSTREAM", upstreamURL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := proxy.New(proxyOptions(cfg, zerolog.Nop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := p.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown(); p.CloseIdleConnections() })
+	return "http://" + ln.Addr().String()
+}
+
+const e2eConfig = `
+upstreams:
+  - name: flaky
+    url: UPSTREAM
+    timeouts: {connect: 500ms, first_byte: 2s, idle: 1s}
+routes:
+  - name: default
+    upstream: flaky
+    retry: {max_attempts: 4, base_delay: 1ms, max_delay: 5ms}
+`
+
+// newClient is the official OpenAI Go SDK pointed at Sturdy, with its
+// default retry behaviour left on.
+func newClient(sturdyURL string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(sturdyURL+"/v1/"), option.WithAPIKey("sk-e2e"))
+}
+
+var chatParams = openai.ChatCompletionNewParams{
+	Model:    "m",
+	Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+}
+
+// retryCounts lists X-Stainless-Retry-Count of every request the upstream saw.
+func retryCounts(up *upstreamtest.Server) []string {
+	var out []string
+	for _, r := range up.Requests() {
+		out = append(out, r.Header["X-Stainless-Retry-Count"])
+	}
+	return out
+}
+
+func TestOpenAIClientSucceedsThroughFlakyUpstream(t *testing.T) {
+	up := upstreamtest.Start(t,
+		upstreamtest.Step{Status: 503, Body: `{"error":{"message":"overloaded"}}`},
+		upstreamtest.Step{Fault: upstreamtest.Reset},
+		upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After-Ms", "50"}}},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.JSONHeader}, Body: upstreamtest.ChatCompletion("Hello from the model")})
+	client := newClient(startSturdy(t, e2eConfig, up.URL))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := client.Chat.Completions.New(ctx, chatParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Choices[0].Message.Content; got != "Hello from the model" {
+		t.Fatalf("content %q", got)
+	}
+	if got := retryCounts(up); strings.Join(got, ",") != "0,0,0,0" {
+		t.Fatalf("upstream saw X-Stainless-Retry-Count %v; Sturdy's retries must be invisible to the SDK", got)
+	}
+}
+
+func TestOpenAIClientStreamsThroughFlakyUpstream(t *testing.T) {
+	up := upstreamtest.Start(t,
+		upstreamtest.Step{Status: 502},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Cut},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("Hello", " ", "world"),
+			ChunkDelay: 10 * time.Millisecond})
+	client := newClient(startSturdy(t, e2eConfig, up.URL))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream := client.Chat.Completions.NewStreaming(ctx, chatParams)
+	var text strings.Builder
+	for stream.Next() {
+		if ch := stream.Current().Choices; len(ch) > 0 {
+			text.WriteString(ch[0].Delta.Content)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if text.String() != "Hello world" {
+		t.Fatalf("streamed %q", text.String())
+	}
+	if got := retryCounts(up); strings.Join(got, ",") != "0,0,0" {
+		t.Fatalf("X-Stainless-Retry-Count %v", got)
+	}
+}
+
+func TestOpenAIClientDoesNotRetryAfterSturdyGaveUp(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Status: 500, Header: [][2]string{upstreamtest.JSONHeader},
+		Body: `{"error":{"message":"model crashed","type":"server_error","code":null}}`})
+	client := newClient(startSturdy(t, e2eConfig, up.URL))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := client.Chat.Completions.New(ctx, chatParams)
+	var apiErr *openai.Error
+	if err == nil || !errors.As(err, &apiErr) || apiErr.StatusCode != 500 {
+		t.Fatalf("err = %v, want the upstream's 500", err)
+	}
+	// Sturdy made max_attempts = 4; the SDK (2 retries by default) added none.
+	if got := retryCounts(up); strings.Join(got, ",") != "0,0,0,0" {
+		t.Fatalf("upstream saw %d requests with retry counts %v; the SDK retried after Sturdy gave up", len(got), got)
+	}
+}
+
+func TestOpenAIClientSeesInterruptedStreamAsError(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE("partial")[:1], Fault: upstreamtest.Cut})
+	client := newClient(startSturdy(t, e2eConfig, up.URL))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream := client.Chat.Completions.NewStreaming(ctx, chatParams)
+	for stream.Next() {
+	}
+	t.Logf("stream error: %v", stream.Err())
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), `"code":"stream_interrupted"`) {
+		t.Fatalf("stream.Err() = %v, want the stream_interrupted error", err)
+	}
+}
+

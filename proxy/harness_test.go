@@ -1,0 +1,186 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"sturdy/breaker"
+	"sturdy/policy"
+)
+
+// syncBuffer collects log output from concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// harness is a running Sturdy in front of test upstreams.
+type harness struct {
+	t    *testing.T
+	p    *Proxy
+	url  string
+	logs *syncBuffer
+}
+
+// testUpstream is an upstream with test-sized timeouts and a breaker that
+// does not trip unless a test asks for it.
+func testUpstream(name, url string) Upstream {
+	return Upstream{Name: name, URL: url, ConnectTimeout: 500 * time.Millisecond,
+		FirstByteTimeout: 2 * time.Second, IdleTimeout: time.Second, MaxConnections: 64,
+		Breaker: breaker.Settings{ConsecutiveFailures: 1000, MinRequests: 1000}}
+}
+
+// testRoute is a catch-all route with fast backoff.
+func testRoute(upstream string) Route {
+	return Route{Name: "default", PathPrefix: "/", Upstream: upstream, Deadline: 10 * time.Second, MaxBody: 1 << 20,
+		Retry: policy.Retry{MaxAttempts: 4, Backoff: policy.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond},
+			MaxRetryAfter: 5 * time.Second, On: policy.RetryOnAll}}
+}
+
+// startProxy runs Sturdy on 127.0.0.1:0 with one upstream at upstreamURL,
+// after edit (if any) adjusts the options.
+func startProxy(t *testing.T, upstreamURL string, edit func(*Options)) *harness {
+	t.Helper()
+	logs := &syncBuffer{}
+	o := Options{
+		Upstreams: []Upstream{testUpstream("up", upstreamURL)},
+		Routes:    []Route{testRoute("up")},
+		Log:       zerolog.New(logs).With().Timestamp().Logger(),
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := p.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		p.CloseIdleConnections()
+	})
+	return &harness{t: t, p: p, url: "http://" + ln.Addr().String(), logs: logs}
+}
+
+var testClient = &http.Client{
+	Timeout:   30 * time.Second,
+	Transport: &http.Transport{DisableCompression: true, Proxy: nil, MaxIdleConnsPerHost: 16},
+}
+
+// do sends a request and reads the whole response.
+func (h *harness) do(method, path, body string, header ...string) (*http.Response, []byte) {
+	h.t.Helper()
+	req, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatalf("reading body: %v", err)
+	}
+	return resp, b
+}
+
+// chat posts a chat completion request.
+func (h *harness) chat(body string, header ...string) (*http.Response, []byte) {
+	h.t.Helper()
+	if body == "" {
+		body = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	}
+	return h.do("POST", "/v1/chat/completions", body, append([]string{"Content-Type", "application/json"}, header...)...)
+}
+
+// accessLines returns the parsed access-log lines so far, waiting briefly
+// for at least want of them (stream lines are written when streams end).
+func (h *harness) accessLines(want int) []map[string]any {
+	h.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var out []map[string]any
+		sc := bufio.NewScanner(strings.NewReader(h.logs.String()))
+		for sc.Scan() {
+			var m map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+				h.t.Fatalf("log line is not JSON: %q", sc.Text())
+			}
+			if m["message"] == "request" {
+				out = append(out, m)
+			}
+		}
+		if len(out) >= want || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// errorBody decodes a Sturdy error body and checks its shape.
+func errorOf(t *testing.T, body []byte) (code string, sturdy map[string]any) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string         `json:"message"`
+			Type    string         `json:"type"`
+			Code    string         `json:"code"`
+			Param   any            `json:"param"`
+			Sturdy  map[string]any `json:"sturdy"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("error body is not JSON: %q", body)
+	}
+	if e.Error.Type != ErrorType || e.Error.Message == "" || e.Error.Code == "" || e.Error.Param != nil {
+		t.Fatalf("error body not OpenAI-shaped: %s", body)
+	}
+	if strings.Contains(e.Error.Message, "\n") || strings.Contains(e.Error.Message, ".go:") {
+		t.Fatalf("error message has a trace or newline: %q", e.Error.Message)
+	}
+	return e.Error.Code, e.Error.Sturdy
+}
+
+// freePort returns a loopback address nothing listens on.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}

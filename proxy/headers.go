@@ -1,0 +1,76 @@
+package proxy
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1 (and the de
+// facto Proxy-Connection): they describe one connection, so a proxy drops
+// them in both directions. Headers named in Connection are dropped too.
+var hopHeaders = [][]byte{
+	[]byte("Connection"),
+	[]byte("Keep-Alive"),
+	[]byte("Proxy-Connection"),
+	[]byte("Proxy-Authenticate"),
+	[]byte("Proxy-Authorization"),
+	[]byte("Te"),
+	[]byte("Trailer"),
+	[]byte("Transfer-Encoding"),
+	[]byte("Upgrade"),
+}
+
+// Header names Sturdy reads or writes.
+var (
+	hdrConnection     = []byte("Connection")
+	hdrAuthorization  = []byte("Authorization")
+	hdrRequestID      = []byte("X-Request-Id")
+	hdrForwardedFor   = []byte("X-Forwarded-For")
+	hdrIdempotencyKey = []byte("Idempotency-Key")
+	hdrRetryAfter     = []byte("Retry-After")
+	hdrRetryAfterMS   = []byte("Retry-After-Ms")
+	hdrAttempts       = []byte("X-Sturdy-Attempts")
+	hdrShouldRetry    = []byte("X-Should-Retry")
+	valFalse          = []byte("false")
+)
+
+// headerDeleter is the part of fasthttp's request and response headers that
+// dropHopHeaders needs.
+type headerDeleter interface {
+	Peek(key string) []byte
+	DelBytes(key []byte)
+}
+
+// dropHopHeaders removes hop-by-hop headers and every header the
+// Connection header names.
+func dropHopHeaders(h headerDeleter) {
+	if conn := h.Peek("Connection"); len(conn) > 0 {
+		// fasthttp may hand back its internal buffer; deleting headers
+		// reshuffles it, so work on a copy (rare: few clients name extra
+		// headers in Connection).
+		var buf [128]byte
+		names := append(buf[:0], conn...)
+		for len(names) > 0 {
+			var name []byte
+			name, names, _ = bytes.Cut(names, []byte(","))
+			if name = bytes.TrimSpace(name); len(name) > 0 {
+				h.DelBytes(name)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.DelBytes(k)
+	}
+}
+
+// copyResponseHeaders copies the upstream's response headers to the
+// client's response: status, every end-to-end header with its value bytes
+// as received, nothing added.
+func copyResponseHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
+	src.CopyTo(dst)
+	dropHopHeaders(dst)
+	dst.ResetConnectionClose()
+	// What the upstream did not send, Sturdy does not invent.
+	dst.SetNoDefaultContentType(true)
+}
