@@ -149,4 +149,3 @@ func TestOpenAIClientSeesInterruptedStreamAsError(t *testing.T) {
 		t.Fatalf("stream.Err() = %v, want the stream_interrupted error", err)
 	}
 }
-

@@ -455,4 +455,3 @@ func (ex *exchange) finish() {
 	*ex = exchange{head: ex.head[:0], id: ex.id[:0], uri: ex.uri[:0], req: ex.req, resp: ex.resp}
 	exchangePool.Put(ex)
 }
-

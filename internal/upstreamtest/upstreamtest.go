@@ -77,9 +77,9 @@ type Server struct {
 	release chan struct{}
 	closed  sync.Once
 
-	mu       sync.Mutex
-	script   []Step
-	requests []Request
+	mu          sync.Mutex
+	script      []Step
+	requests    []Request
 	writeErrors int
 }
 
