@@ -167,7 +167,11 @@ func (ex *exchange) prepare() {
 
 	ctx.Request.Header.CopyTo(&req.Header)
 	dropHopHeaders(&req.Header)
+	// The body is already read whole: a 100-continue handshake upstream
+	// would only add a round trip.
+	req.Header.DelBytes(hdrExpect)
 	req.Header.ResetConnectionClose()
+	req.Header.SetNoDefaultContentType(true)
 	ex.uri = append(append(ex.uri[:0], ex.up.base...), ctx.Request.Header.RequestURI()...)
 	req.SetRequestURIBytes(ex.uri)
 	req.SetBodyRaw(ctx.Request.Body())

@@ -28,6 +28,7 @@ var (
 	hdrRequestID      = []byte("X-Request-Id")
 	hdrForwardedFor   = []byte("X-Forwarded-For")
 	hdrIdempotencyKey = []byte("Idempotency-Key")
+	hdrExpect         = []byte("Expect")
 	hdrRetryAfter     = []byte("Retry-After")
 	hdrRetryAfterMS   = []byte("Retry-After-Ms")
 	hdrAttempts       = []byte("X-Sturdy-Attempts")

@@ -791,3 +791,33 @@ func TestLargeBodyIsStreamedIntact(t *testing.T) {
 }
 
 var _ = policy.RetryOnAll
+
+func TestChunkedAndExpectContinueRequestBodiesAreForwardedWhole(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"+
+		"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode == 100 {
+		if resp, err = http.ReadResponse(br, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	r := up.Requests()[0]
+	if string(r.Body) != "hello world" || r.Header["Content-Length"] != "11" || r.Header["Expect"] != "" || r.Header["Transfer-Encoding"] != "" {
+		t.Fatalf("upstream got body %q headers %v", r.Body, r.Header)
+	}
+}
