@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -29,14 +28,8 @@ func startSturdy(t *testing.T, yaml, upstreamURL string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := p.Server()
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown(); p.CloseIdleConnections() })
-	return "http://" + ln.Addr().String()
+	t.Cleanup(p.CloseIdleConnections)
+	return upstreamtest.Serve(t, p.Server())
 }
 
 const e2eConfig = `

@@ -32,16 +32,20 @@ func (c *Config) Validate() []Problem {
 	if len(c.Upstreams) == 0 {
 		bad("upstreams", "at least one upstream is required")
 	}
+	// uniqueName checks that a name is set and not used twice among kind.
+	uniqueName := func(key, kind, name string, seen map[string]bool) {
+		switch {
+		case name == "":
+			bad(key, "required")
+		case seen[name]:
+			bad(key, "duplicate %s name %q", kind, name)
+		}
+		seen[name] = true
+	}
 	names := map[string]bool{}
 	for i, u := range c.Upstreams {
 		k := fmt.Sprintf("upstreams[%d]", i)
-		switch {
-		case u.Name == "":
-			bad(k+".name", "required")
-		case names[u.Name]:
-			bad(k+".name", "duplicate upstream name %q", u.Name)
-		}
-		names[u.Name] = true
+		uniqueName(k+".name", "upstream", u.Name, names)
 		if err := checkUpstreamURL(u.URL); err != nil {
 			bad(k+".url", "%v", err)
 		}
@@ -78,13 +82,7 @@ func (c *Config) Validate() []Problem {
 	routeNames := map[string]bool{}
 	for i, r := range c.Routes {
 		k := fmt.Sprintf("routes[%d]", i)
-		switch {
-		case r.Name == "":
-			bad(k+".name", "required")
-		case routeNames[r.Name]:
-			bad(k+".name", "duplicate route name %q", r.Name)
-		}
-		routeNames[r.Name] = true
+		uniqueName(k+".name", "route", r.Name, routeNames)
 		if !strings.HasPrefix(r.PathPrefix, "/") {
 			bad(k+".path_prefix", "must start with / (got %q)", r.PathPrefix)
 		}

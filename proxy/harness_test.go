@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"sturdy/breaker"
+	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
 )
 
@@ -76,17 +77,8 @@ func startProxy(t *testing.T, upstreamURL string, edit func(*Options)) *harness 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := p.Server()
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		_ = srv.Shutdown()
-		p.CloseIdleConnections()
-	})
-	return &harness{t: t, p: p, url: "http://" + ln.Addr().String(), logs: logs}
+	t.Cleanup(p.CloseIdleConnections)
+	return &harness{t: t, p: p, url: upstreamtest.Serve(t, p.Server()), logs: logs}
 }
 
 var testClient = &http.Client{
@@ -171,6 +163,32 @@ func errorOf(t *testing.T, body []byte) (code string, sturdy map[string]any) {
 		t.Fatalf("error message has a trace or newline: %q", e.Error.Message)
 	}
 	return e.Error.Code, e.Error.Sturdy
+}
+
+// raw sends raw bytes on a new connection and reads one response (after
+// any 100 Continue).
+func (h *harness) raw(request string) (*http.Response, []byte) {
+	h.t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, request); err != nil {
+		h.t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err == nil && resp.StatusCode == 100 {
+		resp, err = http.ReadResponse(br, nil)
+	}
+	if err != nil {
+		h.t.Fatalf("%q: %v", request, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
 }
 
 // freePort returns a loopback address nothing listens on.

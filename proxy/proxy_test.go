@@ -453,12 +453,8 @@ func TestSSEChunksArriveOneByOne(t *testing.T) {
 
 func TestStreamLongerThanTimeoutsIsNotCut(t *testing.T) {
 	// 12 chunks 100 ms apart: 1.1 s, far past first_byte and idle.
-	words := make([]string, 10)
-	for i := range words {
-		words[i] = "w"
-	}
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
-		Chunks: upstreamtest.SSE(words...), ChunkDelay: 100 * time.Millisecond})
+		Chunks: upstreamtest.SSE(upstreamtest.Words(10, "w")...), ChunkDelay: 100 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].FirstByteTimeout = 400 * time.Millisecond
 		o.Upstreams[0].IdleTimeout = 400 * time.Millisecond
@@ -560,12 +556,8 @@ func TestMidStreamFailureOfOtherBodiesAbortsTheConnection(t *testing.T) {
 }
 
 func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
-	words := make([]string, 200)
-	for i := range words {
-		words[i] = "token"
-	}
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
-		Chunks: upstreamtest.SSE(words...), ChunkDelay: 20 * time.Millisecond})
+		Chunks: upstreamtest.SSE(upstreamtest.Words(200, "token")...), ChunkDelay: 20 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000}
 	})
@@ -600,21 +592,8 @@ func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
 func TestPathQueryAndHeadersForwarded(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok", Header: [][2]string{{"Connection", "X-Hop-Resp"}, {"X-Hop-Resp", "1"}}})
 	h := startProxy(t, up.URL+"/prefix/", nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	raw := "GET /v1/a%2Fb//c?x=%20y&z=1+2 HTTP/1.1\r\nHost: client.example\r\nConnection: X-Hop\r\nX-Hop: secret\r\n" +
-		"Keep-Alive: timeout=5\r\nProxy-Authorization: Basic abc\r\nTe: trailers\r\nUpgrade: h2c\r\nAuthorization: Bearer client-key\r\nX-Keep: yes\r\n\r\n"
-	if _, err := io.WriteString(conn, raw); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := h.raw("GET /v1/a%2Fb//c?x=%20y&z=1+2 HTTP/1.1\r\nHost: client.example\r\nConnection: X-Hop\r\nX-Hop: secret\r\n" +
+		"Keep-Alive: timeout=5\r\nProxy-Authorization: Basic abc\r\nTe: trailers\r\nUpgrade: h2c\r\nAuthorization: Bearer client-key\r\nX-Keep: yes\r\n\r\n")
 	if resp.Header.Get("X-Hop-Resp") != "" {
 		t.Fatal("header named in the upstream's Connection reached the client")
 	}
@@ -711,18 +690,7 @@ func TestProxyRequestsAreRefused(t *testing.T) {
 		"GET http://example.com/v1/models HTTP/1.1\r\nHost: example.com\r\n\r\n",
 		"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
 	} {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.WriteString(conn, raw)
-		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatalf("%q: %v", raw, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		conn.Close()
+		resp, body := h.raw(raw)
 		if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest {
 			t.Fatalf("%q: %d %s", raw, resp.StatusCode, body)
 		}
@@ -735,18 +703,7 @@ func TestProxyRequestsAreRefused(t *testing.T) {
 func TestMalformedRequestGetsOpenAIError(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
+	resp, body := h.raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
 	if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
@@ -795,24 +752,8 @@ var _ = policy.RetryOnAll
 func TestChunkedAndExpectContinueRequestBodiesAreForwardedWhole(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"+
+	resp, _ := h.raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n" +
 		"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode == 100 {
-		if resp, err = http.ReadResponse(br, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}

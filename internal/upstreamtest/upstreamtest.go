@@ -265,6 +265,28 @@ func SSE(words ...string) []string {
 	return out
 }
 
+// Words returns n copies of w, for long SSE streams.
+func Words(n int, w string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = w
+	}
+	return out
+}
+
+// Serve runs srv on a fresh 127.0.0.1 port until the test ends and returns
+// its http:// URL.
+func Serve(t testing.TB, srv *fasthttp.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
 // ChatCompletion is a minimal OpenAI chat.completion JSON body saying text.
 func ChatCompletion(text string) string {
 	return fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`, text)
