@@ -24,7 +24,7 @@ func startSturdy(t *testing.T, yaml, upstreamURL string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := proxy.New(proxyOptions(cfg, zerolog.Nop()))
+	p, err := proxy.New(proxyOptions(cfg, zerolog.Nop(), nil))
 	if err != nil {
 		t.Fatal(err)
 	}

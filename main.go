@@ -12,6 +12,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -21,14 +22,20 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"sturdy/admin"
 	"sturdy/breaker"
 	"sturdy/config"
+	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/proxy"
 )
 
-// version is stamped at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version and commit are stamped at build time:
+// -ldflags "-X main.version=1.2.3 -X main.commit=abc123".
+var (
+	version = "dev"
+	commit  = ""
+)
 
 // shutdownGrace is how long in-flight requests and streams get to finish
 // after SIGINT/SIGTERM.
@@ -38,46 +45,82 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// settings are the command line and environment: what loadConfig needs
+// to (re)build the configuration.
+type settings struct {
+	configPath, upstream, listen, adminListen string
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sturdy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "config file (YAML); without it Sturdy forwards everything to -upstream")
-	upstreamURL := fs.String("upstream", "", "upstream URL (default "+config.DefaultUpstreamURL+"); with -config, replaces the url of its only upstream")
-	listen := fs.String("listen", "", "listen address, overriding the config's (default :8080)")
+	var s settings
+	fs.StringVar(&s.configPath, "config", os.Getenv("STURDY_CONFIG"), "config file (YAML) [env STURDY_CONFIG]; without it Sturdy forwards everything to -upstream")
+	fs.StringVar(&s.upstream, "upstream", os.Getenv("STURDY_UPSTREAM"), "upstream URL [env STURDY_UPSTREAM] (default "+config.DefaultUpstreamURL+"); with a config file, replaces the url of its only upstream")
+	fs.StringVar(&s.listen, "listen", os.Getenv("STURDY_LISTEN"), "listen address [env STURDY_LISTEN], overriding the config's (default :8080)")
+	fs.StringVar(&s.adminListen, "admin-listen", os.Getenv("STURDY_ADMIN_LISTEN"), "admin listener address [env STURDY_ADMIN_LISTEN], overriding the config's (default "+config.DefaultAdminListen+")")
 	check := fs.Bool("check", false, "validate the config, print what is wrong, exit 0 (valid) or 2 (invalid)")
+	healthcheck := fs.Bool("healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks)")
 	showVersion := fs.Bool("version", false, "print version, commit and Go version")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commit(), runtime.Version())
+		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commitID(), runtime.Version())
 		return 0
 	}
-	cfg, err := loadConfig(*configPath, *upstreamURL, *listen)
+	cfg, err := loadConfig(s)
 	if err != nil {
 		config.WriteProblems(stderr, err)
 		return 2
 	}
-	if *check {
+	switch {
+	case *healthcheck:
+		return probeHealth(cfg.AdminListen, stderr)
+	case *check:
 		fmt.Fprintln(stdout, "config OK")
 		return 0
 	}
+	return serve(s, cfg, stderr)
+}
+
+// serve runs the proxy and the admin listener until SIGINT/SIGTERM.
+func serve(s settings, cfg *config.Config, stderr io.Writer) int {
 	logger := newLogger(cfg.Log, stderr)
-	p, err := proxy.New(proxyOptions(cfg, logger))
+	m := metrics.New()
+	p, err := proxy.New(proxyOptions(cfg, logger, m))
 	if err != nil {
 		logger.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		logger.Error().Err(err).Str("listen", cfg.Listen).Msg("cannot listen")
-		return 1
+		logger.Error().Err(err).Str("listen", cfg.Listen).Msg("cannot listen; set listen, -listen or STURDY_LISTEN")
+		return 2
+	}
+	adminLn, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		ln.Close()
+		logger.Error().Err(err).Str("admin_listen", cfg.AdminListen).
+			Msg("cannot bind the admin listener; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN")
+		return 2
 	}
 	srv := p.Server()
-	logger.Info().Str("listen", ln.Addr().String()).Str("version", version).Msg("sturdy started")
+	adminSrv := &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: log.New(logger.With().Str("component", "admin").Logger(), "", 0)}
+	logger.Info().Str("listen", ln.Addr().String()).Str("admin_listen", adminLn.Addr().String()).
+		Str("version", version).Msg("sturdy started")
 
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- adminSrv.Serve(adminLn) }()
+	ctx, stopWatching := context.WithCancel(context.Background())
+	defer stopWatching()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	r := &reloader{s: s, p: p, m: m, log: logger, running: cfg}
+	r.start(ctx, hup)
+
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
@@ -87,10 +130,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case s := <-sig:
 		logger.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight requests")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
-	err = srv.ShutdownWithContext(ctx)
+	err = srv.ShutdownWithContext(shutdownCtx)
 	p.CloseIdleConnections()
+	_ = adminSrv.Shutdown(shutdownCtx)
 	if err != nil {
 		logger.Warn().Err(err).Msg("shutdown grace period over; remaining connections closed")
 	}
@@ -99,27 +143,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // loadConfig reads the file, or builds the embedded default, and applies
-// the command-line overrides.
-func loadConfig(path, upstreamURL, listen string) (*config.Config, error) {
+// the command-line and environment overrides.
+func loadConfig(s settings) (*config.Config, error) {
 	var cfg *config.Config
-	if path == "" {
-		cfg = config.Default(upstreamURL)
+	if s.configPath == "" {
+		cfg = config.Default(s.upstream)
 	} else {
 		var err error
-		if cfg, err = config.Load(path); err != nil {
+		if cfg, err = config.Load(s.configPath); err != nil {
 			return nil, err
 		}
-		if upstreamURL != "" {
+		if s.upstream != "" {
 			if len(cfg.Upstreams) != 1 {
-				return nil, errors.New("-upstream: the config has several upstreams; set their url in the file instead")
+				return nil, errors.New("-upstream/STURDY_UPSTREAM: the config has several upstreams; set their url in the file instead")
 			}
-			cfg.Upstreams[0].URL = upstreamURL
+			cfg.Upstreams[0].URL = s.upstream
 		}
 	}
-	if listen != "" {
-		cfg.Listen = listen
+	if s.listen != "" {
+		cfg.Listen = s.listen
 	}
-	name := path
+	if s.adminListen != "" {
+		cfg.AdminListen = s.adminListen
+	}
+	name := s.configPath
 	if name == "" {
 		name = "default config"
 	}
@@ -130,8 +177,8 @@ func loadConfig(path, upstreamURL, listen string) (*config.Config, error) {
 }
 
 // proxyOptions translates the config into the proxy's settings.
-func proxyOptions(cfg *config.Config, logger zerolog.Logger) proxy.Options {
-	o := proxy.Options{Log: logger}
+func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics) proxy.Options {
+	o := proxy.Options{Log: logger, Metrics: m}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
 		o.Upstreams = append(o.Upstreams, proxy.Upstream{
@@ -185,7 +232,35 @@ func newLogger(c config.Log, w io.Writer) zerolog.Logger {
 	return logger
 }
 
-func commit() string {
+// probeHealth asks the admin listener's /healthz; a wildcard listen
+// address is probed on loopback.
+func probeHealth(adminListen string, stderr io.Writer) int {
+	host, port, err := net.SplitHostPort(adminListen)
+	if err != nil {
+		fmt.Fprintln(stderr, "healthcheck:", err)
+		return 1
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get("http://" + net.JoinHostPort(host, port) + "/healthz")
+	if err != nil {
+		fmt.Fprintln(stderr, "healthcheck:", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintln(stderr, "healthcheck: /healthz answered", resp.Status)
+		return 1
+	}
+	return 0
+}
+
+func commitID() string {
+	if commit != "" {
+		return commit
+	}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range info.Settings {
 			if s.Key == "vcs.revision" {

@@ -49,14 +49,14 @@ func TestCheckRejectsAnInvalidConfigWithKeyAndLine(t *testing.T) {
 }
 
 func TestUpstreamFlagWithoutConfig(t *testing.T) {
-	cfg, err := loadConfig("", "http://127.0.0.1:9999/base", "127.0.0.1:0")
+	cfg, err := loadConfig(settings{upstream: "http://127.0.0.1:9999/base", listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Upstreams[0].URL != "http://127.0.0.1:9999/base" || cfg.Listen != "127.0.0.1:0" || cfg.Routes[0].PathPrefix != "/" {
 		t.Fatalf("%+v", cfg)
 	}
-	if _, err := loadConfig("", "ftp://nope", ""); err == nil {
+	if _, err := loadConfig(settings{upstream: "ftp://nope"}); err == nil {
 		t.Fatal("bad -upstream accepted")
 	}
 }
@@ -75,7 +75,7 @@ func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 100 * time.Millisecond})
 	addr := freeAddr(t)
-	cmd := exec.Command(bin, "-upstream", up.URL, "-listen", addr)
+	cmd := exec.Command(bin, "-upstream", up.URL, "-listen", addr, "-admin-listen", freeAddr(t))
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {

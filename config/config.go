@@ -16,6 +16,9 @@ import (
 type Config struct {
 	// Listen is the client-facing address. Default ":8080".
 	Listen string `yaml:"listen"`
+	// AdminListen is the address of the admin listener (metrics, health,
+	// pprof). Default "127.0.0.1:9090": loopback, never the public port.
+	AdminListen string `yaml:"admin_listen"`
 	// Log configures Sturdy's log output.
 	Log Log `yaml:"log"`
 	// Upstreams are the model servers Sturdy forwards to.

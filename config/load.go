@@ -14,6 +14,9 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
+// DefaultAdminListen is the admin listener's default address.
+const DefaultAdminListen = "127.0.0.1:9090"
+
 // DefaultUpstreamURL is where Sturdy forwards with no config: Ollama's
 // default address.
 const DefaultUpstreamURL = "http://127.0.0.1:11434"
@@ -111,7 +114,7 @@ func Parse(name string, data []byte) (*Config, error) {
 }
 
 func defaultConfig() *Config {
-	return &Config{Listen: ":8080", Log: Log{Level: "info", Format: "json"}}
+	return &Config{Listen: ":8080", AdminListen: DefaultAdminListen, Log: Log{Level: "info", Format: "json"}}
 }
 
 func defaultUpstream() Upstream {
@@ -165,6 +168,7 @@ func (c *Config) expandEnv() {
 		return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
 	}
 	c.Listen = expand(c.Listen)
+	c.AdminListen = expand(c.AdminListen)
 	for i := range c.Upstreams {
 		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)
 		c.Upstreams[i].APIKey = expand(c.Upstreams[i].APIKey)

@@ -19,6 +19,9 @@ func (c *Config) Validate() []Problem {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "invalid address %q (want host:port or :port)", c.Listen)
 	}
+	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
+		bad("admin_listen", "invalid address %q (want host:port, e.g. 127.0.0.1:9090)", c.AdminListen)
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
+	"sturdy/metrics"
 	"sturdy/policy"
 )
 
@@ -42,6 +43,7 @@ const (
 // fasthttp closes that reader.
 type exchange struct {
 	p     *Proxy
+	tbl   *table // the configuration this request started with
 	ctx   *fasthttp.RequestCtx
 	route *route
 	up    *upstream
@@ -93,7 +95,8 @@ var exchangePool = sync.Pool{New: func() any {
 // Handle serves one client request.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex := exchangePool.Get().(*exchange)
-	ex.p, ex.ctx, ex.start = p, ctx, time.Now()
+	ex.p, ex.ctx, ex.start, ex.tbl = p, ctx, time.Now(), p.tbl.Load()
+	p.m.InFlight.Inc()
 	ex.id = ex.requestID(ex.id[:0])
 	if !ex.admit() {
 		ex.finish()
@@ -132,12 +135,13 @@ func (ex *exchange) admit() bool {
 		ex.reject(400, CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
 		return false
 	}
-	ex.route = ex.p.match(rawPath(uri))
+	ex.route = ex.tbl.match(rawPath(uri))
 	if ex.route == nil {
 		ex.reject(404, CodeBadRequest, fmt.Sprintf("no route serves path %q; configure a route whose path_prefix matches it", rawPath(uri)))
 		return false
 	}
 	ex.up = ex.route.upstream
+	ex.up.inFlight.Add(1)
 	if n := len(ctx.Request.Body()); n > ex.route.maxBody {
 		ex.reject(413, CodeRequestTooLarge, fmt.Sprintf("request body of %d bytes is larger than route %q accepts (%d bytes); send a smaller request", n, ex.route.name, ex.route.maxBody))
 		return false
@@ -205,6 +209,7 @@ func (ex *exchange) run() {
 		out := ex.attempt()
 		ex.verdict = policy.Classify(out)
 		done(breakerResult(ex.verdict.Health))
+		ex.p.m.Attempts.WithLabelValues(ex.up.name, resultLabel(ex.verdict)).Inc()
 		ex.fault, ex.hasReply = out.Fault, out.Fault == policy.FaultNone
 
 		a := policy.Attempt{Verdict: ex.verdict, N: ex.attempts, Replayable: ex.replayable,
@@ -219,6 +224,12 @@ func (ex *exchange) run() {
 			ex.conclude()
 			return
 		}
+		ex.p.m.Retries.WithLabelValues(ex.up.name, ex.verdict.Reason.String()).Inc()
+		source := "backoff"
+		if step.FromServer {
+			source = "server"
+		}
+		ex.p.m.RetryWait.WithLabelValues(ex.up.name, source).Observe(step.Wait.Seconds())
 		if ex.nRetries < maxLoggedRetries {
 			ex.retries[ex.nRetries] = retryNote{reason: ex.verdict.Reason, wait: step.Wait}
 			ex.nRetries++
@@ -229,6 +240,14 @@ func (ex *exchange) run() {
 			t.Stop()
 		}
 	}
+}
+
+// resultLabel names an attempt's result for metrics.
+func resultLabel(v policy.Verdict) string {
+	if v.Class == policy.ClassRetryable {
+		return v.Reason.String()
+	}
+	return v.Class.String()
 }
 
 func breakerResult(h policy.Health) breaker.Result {
@@ -431,6 +450,7 @@ func (ex *exchange) commit(final bool) {
 		return
 	}
 	ex.streaming = true
+	ex.p.m.OpenStreams.Inc()
 	ex.kind = kindOf(ex.resp.Header.ContentType())
 	cl := ex.resp.Header.ContentLength()
 	ex.chunked = cl < 0
@@ -450,12 +470,38 @@ func kindOf(contentType []byte) streamKind {
 	return streamOther
 }
 
-// finish logs the request and returns the exchange to the pool.
+// finish logs and measures the request and returns the exchange to the
+// pool.
 func (ex *exchange) finish() {
 	ex.logAccess()
+	ex.measure()
 	ex.closeBody()
 	ex.req.Reset()
 	ex.resp.Reset()
 	*ex = exchange{head: ex.head[:0], id: ex.id[:0], uri: ex.uri[:0], req: ex.req, resp: ex.resp}
 	exchangePool.Put(ex)
+}
+
+// measure records the finished request in the metrics.
+func (ex *exchange) measure() {
+	m := ex.p.m
+	route, up := "", ""
+	if ex.route != nil {
+		route, up = ex.route.name, ex.up.name
+		ex.up.inFlight.Add(-1)
+	}
+	m.Requests.WithLabelValues(route, up, metrics.StatusClass(ex.status), ex.outcome).Inc()
+	if ex.stop != policy.StopNone && ex.stop != policy.StopFinal {
+		m.GiveUps.WithLabelValues(up, ex.stop.String()).Inc()
+	}
+	if ex.route != nil {
+		m.TimeToFirstByte.WithLabelValues(route).Observe(ex.ttfb.Seconds())
+		stream := "false"
+		if ex.streaming {
+			stream = "true"
+			m.OpenStreams.Dec()
+		}
+		m.Duration.WithLabelValues(route, stream).Observe(time.Since(ex.start).Seconds())
+	}
+	m.InFlight.Dec()
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
+	"reflect"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
+	"sturdy/metrics"
 	"sturdy/policy"
 )
 
@@ -69,6 +71,8 @@ type Options struct {
 	// Rand returns a uniform value in [0, n) for backoff jitter; nil means
 	// math/rand/v2.
 	Rand func(n int64) int64
+	// Metrics receives the proxy's measurements; nil means a private set.
+	Metrics *metrics.Metrics
 }
 
 type route struct {
@@ -80,61 +84,130 @@ type route struct {
 	retry    policy.Retry
 }
 
-// Proxy is the resilient reverse proxy. Create it with New and serve
-// Handle (or Server()).
-type Proxy struct {
+// table is one generation of configuration: the routes and the
+// upstreams they use. A request works with the table it started with, so
+// a reload never changes a request in flight.
+type table struct {
 	routes    []*route // longest prefix first
 	upstreams []*upstream
-	log       zerolog.Logger
-	rand      func(int64) int64
 	maxBody   int
-	idPrefix  string
-	idSeq     atomic.Uint64
+}
+
+// Proxy is the resilient reverse proxy. Create it with New and serve
+// Handle (or Server()); Reload swaps its configuration live.
+type Proxy struct {
+	tbl      atomic.Pointer[table]
+	log      zerolog.Logger
+	rand     func(int64) int64
+	m        *metrics.Metrics
+	maxBody  int // the server's body limit, fixed at New
+	idPrefix string
+	idSeq    atomic.Uint64
 }
 
 // New builds a Proxy. It fails on a route naming an unknown upstream or
 // an invalid upstream URL.
 func New(o Options) (*Proxy, error) {
-	p := &Proxy{log: o.Log, rand: o.Rand}
+	p := &Proxy{log: o.Log, rand: o.Rand, m: o.Metrics}
 	if p.rand == nil {
 		p.rand = mrand.Int64N
+	}
+	if p.m == nil {
+		p.m = metrics.New()
 	}
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
 	p.idPrefix = hex.EncodeToString(seed[:]) + "-"
+	t, _, err := p.buildTable(o, nil)
+	if err != nil {
+		return nil, err
+	}
+	p.maxBody = t.maxBody
+	p.tbl.Store(t)
+	return p, nil
+}
+
+// Reload makes o the configuration for new requests. Requests in flight
+// finish with the configuration they started with. An upstream whose
+// definition did not change keeps its connections and its breaker state.
+// A route's max_body above the largest at New takes effect only after a
+// restart (the server reads bodies up to that limit); Reload says so in
+// its warnings.
+func (p *Proxy) Reload(o Options) (warnings []string, err error) {
+	old := p.tbl.Load()
+	t, dropped, err := p.buildTable(o, old)
+	if err != nil {
+		return nil, err
+	}
+	if t.maxBody > p.maxBody {
+		warnings = append(warnings, fmt.Sprintf("max_body above %d bytes takes effect after a restart", p.maxBody))
+	}
+	p.tbl.Store(t)
+	for _, up := range dropped {
+		up.client.CloseIdleConnections()
+		p.m.BreakerState.DeleteLabelValues(up.name)
+	}
+	return warnings, nil
+}
+
+// buildTable builds a table from o, reusing the upstreams of prev whose
+// options are unchanged; it also returns prev's upstreams left out.
+func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) {
+	reuse := map[string]*upstream{}
+	if prev != nil {
+		for _, up := range prev.upstreams {
+			reuse[up.name] = up
+		}
+	}
+	t := &table{}
 	byName := map[string]*upstream{}
 	for _, uo := range o.Upstreams {
-		up, err := newUpstream(uo, p.logBreakerChange)
-		if err != nil {
-			return nil, err
+		up := reuse[uo.Name]
+		if up == nil || !reflect.DeepEqual(up.opts, uo) {
+			var err error
+			if up, err = newUpstream(uo, p.breakerChanged); err != nil {
+				return nil, nil, err
+			}
+			p.m.BreakerState.WithLabelValues(up.name).Set(0)
 		}
 		byName[uo.Name] = up
-		p.upstreams = append(p.upstreams, up)
+		t.upstreams = append(t.upstreams, up)
 	}
 	for _, ro := range o.Routes {
 		up := byName[ro.Upstream]
 		if up == nil {
-			return nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, ro.Upstream)
+			return nil, nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, ro.Upstream)
 		}
-		p.routes = append(p.routes, &route{name: ro.Name, prefix: []byte(ro.PathPrefix), upstream: up,
+		t.routes = append(t.routes, &route{name: ro.Name, prefix: []byte(ro.PathPrefix), upstream: up,
 			deadline: ro.Deadline, maxBody: ro.MaxBody, retry: ro.Retry})
-		p.maxBody = max(p.maxBody, ro.MaxBody)
+		t.maxBody = max(t.maxBody, ro.MaxBody)
 	}
-	sort.SliceStable(p.routes, func(i, j int) bool { return len(p.routes[i].prefix) > len(p.routes[j].prefix) })
-	return p, nil
+	sort.SliceStable(t.routes, func(i, j int) bool { return len(t.routes[i].prefix) > len(t.routes[j].prefix) })
+	var dropped []*upstream
+	if prev != nil {
+		for _, up := range prev.upstreams {
+			if byName[up.name] != up {
+				dropped = append(dropped, up)
+			}
+		}
+	}
+	return t, dropped, nil
 }
 
-func (p *Proxy) logBreakerChange(name string, from, to breaker.State) {
+// breakerChanged logs a transition and exports it.
+func (p *Proxy) breakerChanged(name string, from, to breaker.State) {
 	ev := p.log.Warn()
 	if to == breaker.StateClosed {
 		ev = p.log.Info()
 	}
 	ev.Str("upstream", name).Str("from", from.String()).Str("to", to.String()).Msg("breaker state change")
+	p.m.BreakerState.WithLabelValues(name).Set(float64(to))
+	p.m.BreakerTransitions.WithLabelValues(name, to.String()).Inc()
 }
 
 // match returns the route with the longest prefix of path, or nil.
-func (p *Proxy) match(path []byte) *route {
-	for _, r := range p.routes {
+func (t *table) match(path []byte) *route {
+	for _, r := range t.routes {
 		if bytes.HasPrefix(path, r.prefix) {
 			return r
 		}
@@ -166,7 +239,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 
 // CloseIdleConnections closes pooled upstream connections (at shutdown).
 func (p *Proxy) CloseIdleConnections() {
-	for _, up := range p.upstreams {
+	for _, up := range p.tbl.Load().upstreams {
 		up.client.CloseIdleConnections()
 	}
 }
@@ -193,6 +266,7 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	writeError(ctx, status, code, msg, errorDetails{}, 0)
 	ctx.SetConnectionClose()
 	p.log.Info().Str(fieldOutcome, "rejected").Int(fieldStatus, status).Str("error", code).Msg("request")
+	p.m.Requests.WithLabelValues("", "", metrics.StatusClass(status), "rejected").Inc()
 }
 
 func asSmallBuffer(err error, target **fasthttp.ErrSmallBuffer) bool {

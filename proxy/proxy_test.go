@@ -387,7 +387,7 @@ func TestBreakerOpensFastFailsAndRecovers(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != "back" {
 		t.Fatalf("after open_for: %d %q", resp.StatusCode, body)
 	}
-	if st := h.p.upstreams[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
 		t.Fatalf("breaker %v after a good probe", st)
 	}
 }
@@ -405,7 +405,7 @@ func TestPassThrough4xxAnd429DoNotTripTheBreaker(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		h.chat("")
 	}
-	if st := h.p.upstreams[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
 		t.Fatalf("breaker %v after 4xx and 429s", st)
 	}
 }
@@ -584,7 +584,7 @@ func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
 	if l["status"] != 499.0 || l["outcome"] != "client_gone" {
 		t.Fatalf("access line %v", l)
 	}
-	if st := h.p.upstreams[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
 		t.Fatalf("client gone counted against the breaker: %v", st)
 	}
 }
@@ -760,5 +760,17 @@ func TestChunkedAndExpectContinueRequestBodiesAreForwardedWhole(t *testing.T) {
 	r := up.Requests()[0]
 	if string(r.Body) != "hello world" || r.Header["Content-Length"] != "11" || r.Header["Expect"] != "" || r.Header["Transfer-Encoding"] != "" {
 		t.Fatalf("upstream got body %q headers %v", r.Body, r.Header)
+	}
+}
+
+func TestTraceContextPassesThroughUntouched(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, nil)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const ts = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+	h.chat("", "Traceparent", tp, "Tracestate", ts)
+	r := up.Requests()[0]
+	if r.Header["Traceparent"] != tp || r.Header["Tracestate"] != ts {
+		t.Fatalf("trace headers changed: %v", r.Header)
 	}
 }

@@ -26,6 +26,7 @@ const upstreamReadBuffer = 64 << 10
 // upstream is one model server: its connection pool and its breaker.
 type upstream struct {
 	name string
+	opts Upstream // as configured, to tell a changed definition on reload
 	// base is scheme://host[:port][/prefix] without a trailing slash; the
 	// client's request URI is appended to it as received.
 	base      []byte
@@ -36,6 +37,8 @@ type upstream struct {
 	tls       *tls.Config
 	client    *fasthttp.HostClient
 	breaker   *breaker.Breaker
+	// inFlight counts requests using this upstream, streams included.
+	inFlight atomic.Int64
 }
 
 func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) (*upstream, error) {
@@ -46,6 +49,7 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 	isTLS := u.Scheme == "https"
 	up := &upstream{
 		name:      o.Name,
+		opts:      o,
 		base:      []byte(u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")),
 		firstByte: o.FirstByteTimeout,
 		idle:      o.IdleTimeout,

@@ -1,0 +1,113 @@
+// Package metrics defines Sturdy's Prometheus metrics. Every name starts
+// with sturdy_, counters end in _total and durations are _seconds
+// histograms. Label values come only from config names (route, upstream)
+// and fixed vocabularies (outcome, reason, status class), never from
+// request data, so cardinality is bounded by the config.
+//
+// Upstream amplification is sturdy_upstream_attempts_total ÷
+// sturdy_requests_total.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics holds the registry and every metric Sturdy exports.
+type Metrics struct {
+	// Registry is what the admin listener serves on /metrics.
+	Registry *prometheus.Registry
+
+	// Requests counts client requests by route, upstream, status class
+	// (2xx … 5xx) and outcome.
+	Requests *prometheus.CounterVec
+	// Attempts counts upstream attempts by upstream and result (success,
+	// pass_through, 429, 5xx, connect, reset, timeout).
+	Attempts *prometheus.CounterVec
+	// Retries counts retries by upstream and reason.
+	Retries *prometheus.CounterVec
+	// RetryWait observes each wait before a retry, by upstream and source
+	// (server: Retry-After; backoff: full jitter).
+	RetryWait *prometheus.HistogramVec
+	// GiveUps counts requests whose retries stopped early, by upstream and
+	// stop reason (max_attempts, deadline, breaker_open …).
+	GiveUps *prometheus.CounterVec
+	// BreakerState is 0 closed, 1 half-open, 2 open, by upstream.
+	BreakerState *prometheus.GaugeVec
+	// BreakerTransitions counts state changes by upstream and new state.
+	BreakerTransitions *prometheus.CounterVec
+	// TimeToFirstByte observes the time until the client's response
+	// started, by route.
+	TimeToFirstByte *prometheus.HistogramVec
+	// Duration observes whole requests, streams included, by route and
+	// stream (true/false).
+	Duration *prometheus.HistogramVec
+	// InFlight is the number of requests being served.
+	InFlight prometheus.Gauge
+	// OpenStreams is the number of responses currently streaming.
+	OpenStreams prometheus.Gauge
+	// ConfigReloads counts reload attempts by result (ok, rejected).
+	ConfigReloads *prometheus.CounterVec
+}
+
+// latencyBuckets span a fast proxied call to a long generation.
+var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// waitBuckets span full-jitter waits and server-given Retry-After.
+var waitBuckets = []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2, 4, 8, 15, 30, 60}
+
+// New creates the metrics in a fresh registry that also carries the Go
+// runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_requests_total",
+			Help: "Client requests by route, upstream, status class and outcome."},
+			[]string{"route", "upstream", "code", "outcome"}),
+		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_upstream_attempts_total",
+			Help: "Attempts sent to upstreams, by upstream and result."}, []string{"upstream", "result"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_retries_total",
+			Help: "Retries by upstream and reason (429, 5xx, connect, reset, timeout)."}, []string{"upstream", "reason"}),
+		RetryWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_retry_wait_seconds",
+			Help: "Wait before each retry, by upstream and source (server or backoff).", Buckets: waitBuckets},
+			[]string{"upstream", "source"}),
+		GiveUps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_retry_stops_total",
+			Help: "Requests whose retrying stopped on a retryable failure, by upstream and why."}, []string{"upstream", "stop"}),
+		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_breaker_state",
+			Help: "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open."}, []string{"upstream"}),
+		BreakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_breaker_transitions_total",
+			Help: "Circuit breaker state changes, by upstream and new state."}, []string{"upstream", "to"}),
+		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_time_to_first_byte_seconds",
+			Help: "Time until the client's response started (retries included), by route.", Buckets: latencyBuckets},
+			[]string{"route"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_request_duration_seconds",
+			Help: "Whole request duration, streams included, by route and stream.", Buckets: latencyBuckets},
+			[]string{"route", "stream"}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_in_flight_requests",
+			Help: "Requests being served, streams included."}),
+		OpenStreams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_open_streams",
+			Help: "Responses currently streaming to clients."}),
+		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_config_reloads_total",
+			Help: "Config reloads by result (ok, rejected)."}, []string{"result"}),
+	}
+	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
+		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// StatusClass returns "2xx" … "5xx" for a status (499 is "4xx").
+func StatusClass(status int) string {
+	switch {
+	case status >= 500:
+		return "5xx"
+	case status >= 400:
+		return "4xx"
+	case status >= 300:
+		return "3xx"
+	case status >= 200:
+		return "2xx"
+	default:
+		return "1xx"
+	}
+}

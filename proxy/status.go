@@ -1,0 +1,66 @@
+package proxy
+
+import (
+	"time"
+
+	"sturdy/breaker"
+)
+
+// UpstreamStatus is what the admin listener's /debug/upstreams shows of
+// one upstream. It carries no secret: the URL has no credentials (config
+// refuses user info) and the API key is never included.
+type UpstreamStatus struct {
+	Name    string `json:"name"`
+	URL     string `json:"url"`
+	Breaker string `json:"breaker"`
+	// ProbeInMS is the time until an open breaker lets a probe through.
+	ProbeInMS int64 `json:"probe_in_ms"`
+	// Counts are the breaker's counts in its current window.
+	Counts struct {
+		Requests            uint32 `json:"requests"`
+		Successes           uint32 `json:"successes"`
+		Failures            uint32 `json:"failures"`
+		Exclusions          uint32 `json:"exclusions"`
+		ConsecutiveFailures uint32 `json:"consecutive_failures"`
+	} `json:"counts"`
+	// InFlight counts requests using the upstream, streams included.
+	InFlight int64 `json:"in_flight"`
+	// OpenConnections counts connections open to the upstream.
+	OpenConnections int `json:"open_connections"`
+}
+
+// Upstreams reports the state of every configured upstream.
+func (p *Proxy) Upstreams() []UpstreamStatus {
+	now := time.Now()
+	var out []UpstreamStatus
+	for _, up := range p.tbl.Load().upstreams {
+		s := UpstreamStatus{Name: up.name, URL: up.opts.URL, Breaker: up.breaker.State().String(),
+			ProbeInMS: up.breaker.ProbeIn(now).Milliseconds(), InFlight: up.inFlight.Load(),
+			OpenConnections: up.client.ConnsCount()}
+		c := up.breaker.Counts()
+		s.Counts.Requests, s.Counts.Successes, s.Counts.Failures = c.Requests, c.TotalSuccesses, c.TotalFailures
+		s.Counts.Exclusions, s.Counts.ConsecutiveFailures = c.TotalExclusions, c.ConsecutiveFailures
+		out = append(out, s)
+	}
+	return out
+}
+
+// Ready reports whether every route has a target that is not open
+// (half-open counts as ready: probes go through); notReady names the
+// routes that have none.
+func (p *Proxy) Ready() (ok bool, notReady []string) {
+	for _, r := range p.tbl.Load().routes {
+		if r.upstream.breaker.State() == breaker.StateOpen {
+			notReady = append(notReady, r.name)
+		}
+	}
+	return len(notReady) == 0, notReady
+}
+
+// RefreshBreakerGauges brings the breaker-state gauges up to date: an open
+// breaker turns half-open lazily, when someone looks.
+func (p *Proxy) RefreshBreakerGauges() {
+	for _, up := range p.tbl.Load().upstreams {
+		p.m.BreakerState.WithLabelValues(up.name).Set(float64(up.breaker.State()))
+	}
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/rs/zerolog"
+
+	"sturdy/config"
+	"sturdy/metrics"
+	"sturdy/proxy"
+)
+
+// reloadDebounce gathers the bursts of events an editor or a Kubernetes
+// ConfigMap update makes into one reload.
+const reloadDebounce = 200 * time.Millisecond
+
+// reloader applies a changed config to the running proxy: on SIGHUP and
+// when the config file changes. An invalid config is rejected with the
+// same message as -check, and the running one keeps serving.
+type reloader struct {
+	s       settings
+	p       *proxy.Proxy
+	m       *metrics.Metrics
+	log     zerolog.Logger
+	running *config.Config
+}
+
+// reload loads the config again and swaps it in; reason says what
+// triggered it. It reports whether the new config was applied.
+func (r *reloader) reload(reason string) bool {
+	cfg, err := loadConfig(r.s)
+	if err == nil {
+		var warnings []string
+		if warnings, err = r.p.Reload(proxyOptions(cfg, r.log, r.m)); err == nil {
+			for _, w := range append(warnings, r.restartOnly(cfg)...) {
+				r.log.Warn().Str("reason", reason).Msg("config reloaded, but " + w)
+			}
+			r.running = cfg
+			r.m.ConfigReloads.WithLabelValues("ok").Inc()
+			r.log.Info().Str("reason", reason).Int("upstreams", len(cfg.Upstreams)).Int("routes", len(cfg.Routes)).
+				Msg("config reloaded")
+			return true
+		}
+	}
+	r.m.ConfigReloads.WithLabelValues("rejected").Inc()
+	r.log.Error().Str("reason", reason).Str("error", err.Error()).Msg("config rejected; the running config keeps serving")
+	return false
+}
+
+// restartOnly lists the changed settings a reload cannot apply.
+func (r *reloader) restartOnly(cfg *config.Config) []string {
+	var out []string
+	if cfg.Listen != r.running.Listen {
+		out = append(out, "a new listen address takes effect after a restart")
+	}
+	if cfg.AdminListen != r.running.AdminListen {
+		out = append(out, "a new admin_listen address takes effect after a restart")
+	}
+	if cfg.Log != r.running.Log {
+		out = append(out, "log settings take effect after a restart")
+	}
+	return out
+}
+
+// start begins watching: the config file's directory (so editors that
+// replace the file and Kubernetes' symlink swaps are seen too) is watched
+// before start returns; then a goroutine reloads on each signal from hup
+// and on each change of the file until ctx ends. done closes when it has.
+func (r *reloader) start(ctx context.Context, hup <-chan os.Signal) (done <-chan struct{}) {
+	var w *fsnotify.Watcher
+	if r.s.configPath != "" {
+		var err error
+		if w, err = fsnotify.NewWatcher(); err == nil {
+			if err = w.Add(filepath.Dir(r.s.configPath)); err != nil {
+				w.Close()
+				w = nil
+			}
+		}
+		if err != nil {
+			r.log.Warn().Err(err).Msg("cannot watch the config file; reload with SIGHUP")
+		}
+	}
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		r.loop(ctx, hup, w)
+	}()
+	return ch
+}
+
+func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.Watcher) {
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if w != nil {
+		defer w.Close()
+		events, errs = w.Events, w.Errors
+	}
+	name := filepath.Base(r.s.configPath)
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	defer debounce.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.reload("SIGHUP")
+		case ev := <-events:
+			if base := filepath.Base(ev.Name); base == name || base == "..data" {
+				debounce.Reset(reloadDebounce)
+			}
+		case err := <-errs:
+			r.log.Warn().Err(err).Msg("config watch error")
+		case <-debounce.C:
+			r.reload("config file changed")
+		}
+	}
+}

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"sturdy/internal/upstreamtest"
+	"sturdy/metrics"
+	"sturdy/proxy"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+const reloadConfig = `
+upstreams:
+  - name: steady
+    url: STEADY
+    breaker: {consecutive_failures: 2, open_for: 1m}
+  - name: model
+    url: MODEL
+routes:
+  - {name: steady, path_prefix: /steady/, upstream: steady, retry: {max_attempts: 1}}
+  - {name: chat, path_prefix: /, upstream: model, retry: {max_attempts: 1}}
+`
+
+// reloadStack is Sturdy started from a config file with a reloader
+// watching it, as serve() wires them.
+type reloadStack struct {
+	path string
+	url  string
+	hup  chan os.Signal
+	logs *lockedBuffer
+	p    *proxy.Proxy
+}
+
+func startReloadable(t *testing.T, yaml string) *reloadStack {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sturdy.yaml")
+	writeFile(t, path, yaml)
+	s := settings{configPath: path}
+	cfg, err := loadConfig(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	logger := zerolog.New(logs)
+	m := metrics.New()
+	p, err := proxy.New(proxyOptions(cfg, logger, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.CloseIdleConnections)
+	r := &reloader{s: s, p: p, m: m, log: logger, running: cfg}
+	ctx, cancel := context.WithCancel(context.Background())
+	hup := make(chan os.Signal, 1)
+	done := r.start(ctx, hup)
+	t.Cleanup(func() { cancel(); <-done })
+	return &reloadStack{path: path, url: upstreamtest.Serve(t, p.Server()), hup: hup, logs: logs, p: p}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil { // the way editors and ConfigMaps replace files
+		t.Fatal(err)
+	}
+}
+
+func getBody(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// eventually polls cond for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func TestReloadOnFileChangeKeepsBreakerStateOfUnchangedUpstreams(t *testing.T) {
+	steady := upstreamtest.Start(t, upstreamtest.Step{Status: 500})
+	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
+	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
+	yaml := strings.NewReplacer("STEADY", steady.URL).Replace(reloadConfig)
+	s := startReloadable(t, strings.ReplaceAll(yaml, "MODEL", a.URL))
+
+	// Open the steady upstream's breaker: 2 failures.
+	getBody(t, s.url+"/steady/x")
+	getBody(t, s.url+"/steady/x")
+	if code, _ := getBody(t, s.url+"/steady/x"); code != 503 {
+		t.Fatalf("breaker not open: %d", code)
+	}
+	if _, body := getBody(t, s.url+"/v1/models"); body != "from A" {
+		t.Fatalf("before reload: %q", body)
+	}
+
+	writeFile(t, s.path, strings.ReplaceAll(yaml, "MODEL", b.URL))
+	eventually(t, "requests to reach B", func() bool { _, body := getBody(t, s.url+"/v1/models"); return body == "from B" })
+	if code, _ := getBody(t, s.url+"/steady/x"); code != 503 || steady.Count() != 2 {
+		t.Fatalf("unchanged upstream lost its open breaker on reload: %d, %d requests", code, steady.Count())
+	}
+	if !strings.Contains(s.logs.String(), `"reason":"config file changed"`) {
+		t.Fatalf("reload not logged: %s", s.logs.String())
+	}
+}
+
+func TestInvalidConfigIsRejectedAndTheOldOneKeepsServing(t *testing.T) {
+	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
+	yaml := strings.NewReplacer("STEADY", a.URL, "MODEL", a.URL).Replace(reloadConfig)
+	s := startReloadable(t, yaml)
+	writeFile(t, s.path, yaml+"bogus_key: 1\n")
+	eventually(t, "the rejection to be logged", func() bool { return strings.Contains(s.logs.String(), "config rejected") })
+	if !strings.Contains(s.logs.String(), filepath.Base(s.path)+":11: bogus_key: unknown key") {
+		t.Fatalf("rejection does not say what -check says: %s", s.logs.String())
+	}
+	if code, body := getBody(t, s.url+"/v1/models"); code != 200 || body != "from A" {
+		t.Fatalf("old config stopped serving: %d %q", code, body)
+	}
+}
+
+func TestSIGHUPReloads(t *testing.T) {
+	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
+	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
+	yaml := strings.NewReplacer("STEADY", a.URL).Replace(reloadConfig)
+	s := startReloadable(t, strings.ReplaceAll(yaml, "MODEL", a.URL))
+	// Write in place without a rename, then signal: the SIGHUP path.
+	if err := os.WriteFile(s.path, []byte(strings.ReplaceAll(yaml, "MODEL", b.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.hup <- os.Interrupt
+	eventually(t, "requests to reach B", func() bool { _, body := getBody(t, s.url+"/v1/models"); return body == "from B" })
+}
+
+func TestInFlightStreamSurvivesReload(t *testing.T) {
+	a := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e"), ChunkDelay: 100 * time.Millisecond})
+	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
+	yaml := strings.NewReplacer("STEADY", a.URL).Replace(reloadConfig)
+	s := startReloadable(t, strings.ReplaceAll(yaml, "MODEL", a.URL))
+	resp, err := http.Post(s.url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	writeFile(t, s.path, strings.ReplaceAll(yaml, "MODEL", b.URL))
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("stream cut by reload: %v %q", err, body)
+	}
+	eventually(t, "requests to reach B", func() bool { _, body := getBody(t, s.url+"/v1/models"); return body == "from B" })
+}
+
+func TestAdminBindFailureIsFatal(t *testing.T) {
+	busy := upstreamtest.Start(t) // something already on the port
+	var out, errb bytes.Buffer
+	code := run([]string{"-upstream", "http://127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin-listen", busy.Addr}, &out, &errb)
+	if code != 2 || !strings.Contains(errb.String(), "cannot bind the admin listener") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+func TestEnvironmentOverrides(t *testing.T) {
+	t.Setenv("STURDY_UPSTREAM", "http://127.0.0.1:7777")
+	t.Setenv("STURDY_LISTEN", "127.0.0.1:7070")
+	t.Setenv("STURDY_ADMIN_LISTEN", "127.0.0.1:7071")
+	var out, errb bytes.Buffer
+	if code := run([]string{"-check"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	t.Setenv("STURDY_CONFIG", "does-not-exist.yaml")
+	if code := run([]string{"-check"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "does-not-exist.yaml") {
+		t.Fatalf("STURDY_CONFIG ignored: exit %d, %q", code, errb.String())
+	}
+}
+
+func TestHealthcheckFlag(t *testing.T) {
+	addr := freeAddr(t)
+	var out, errb bytes.Buffer
+	if code := run([]string{"-healthcheck", "-admin-listen", addr}, &out, &errb); code != 1 {
+		t.Fatalf("healthcheck with nothing listening: exit %d", code)
+	}
+	srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			_, _ = w.Write([]byte("ok\n"))
+		}
+	}), ReadHeaderTimeout: time.Second}
+	go func() { _ = srv.ListenAndServe() }()
+	defer srv.Close()
+	waitListening(t, addr)
+	if code := run([]string{"-healthcheck", "-admin-listen", addr}, &out, &errb); code != 0 {
+		t.Fatalf("healthcheck: exit %d, %s", code, errb.String())
+	}
+}
