@@ -26,6 +26,51 @@ type Config struct {
 	// Routes map request paths to upstreams. With none and exactly one
 	// upstream, one route "default" sends every path to it.
 	Routes []Route `yaml:"routes"`
+	// Clients are per-client rate limits, each keyed by a header's value
+	// (hashed, never stored); every request must pass all of them.
+	Clients []ClientLimit `yaml:"clients"`
+}
+
+// ClientLimit limits each client, told apart by one header's value.
+type ClientLimit struct {
+	// KeyHeader names the header that identifies a client. Default
+	// Authorization. Requests without it share one bucket.
+	KeyHeader string `yaml:"key_header"`
+	// RequestsPerSecond is each client's sustained rate. Required.
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	// Burst is how many requests a client may send at once. Default: the
+	// rate rounded up, at least 1.
+	Burst int `yaml:"burst"`
+}
+
+// RateLimit paces requests to an upstream below its quota.
+type RateLimit struct {
+	// RequestsPerSecond is the sustained rate; 0 disables pacing.
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	// Burst is how many requests may go at once. Default: the rate
+	// rounded up, at least 1.
+	Burst int `yaml:"burst"`
+	// MaxWait is the longest a request waits for its turn; longer gets
+	// 429 (or a fallback). Default 2s.
+	MaxWait Duration `yaml:"max_wait"`
+}
+
+// RetryBudget caps retries to an upstream: within a 10 s window, retries
+// may add at most Ratio of the first attempts plus MinPerSecond per second.
+type RetryBudget struct {
+	// Ratio of first attempts that may be retried. Default 0.5.
+	Ratio float64 `yaml:"ratio"`
+	// MinPerSecond retries are always allowed. Default 10.
+	MinPerSecond float64 `yaml:"min_per_second"`
+}
+
+// Target is a fallback of a route: another upstream, optionally with the
+// request body's "model" rewritten for it.
+type Target struct {
+	// Upstream is the name of the upstream. Required.
+	Upstream string `yaml:"upstream"`
+	// Model, when set, replaces the body's "model" for this target.
+	Model string `yaml:"model"`
 }
 
 // Log configures logging.
@@ -53,6 +98,17 @@ type Upstream struct {
 	MaxConnections int `yaml:"max_connections"`
 	// Breaker configures the upstream's circuit breaker.
 	Breaker Breaker `yaml:"breaker"`
+	// RateLimit paces requests to stay under the provider's quota.
+	RateLimit RateLimit `yaml:"rate_limit"`
+	// MaxInFlight caps concurrent requests (streams included); 0 means
+	// unlimited.
+	MaxInFlight int `yaml:"max_in_flight"`
+	// QueueTimeout is how long a request waits for a free slot when
+	// MaxInFlight is reached; then 503 upstream_busy (or a fallback).
+	// Default 5s.
+	QueueTimeout Duration `yaml:"queue_timeout"`
+	// RetryBudget caps retries to this upstream.
+	RetryBudget RetryBudget `yaml:"retry_budget"`
 }
 
 // Timeouts bound each attempt to an upstream.
@@ -90,8 +146,25 @@ type Route struct {
 	// PathPrefix is matched against the request path; the longest match
 	// wins and the prefix is not stripped. Default "/".
 	PathPrefix string `yaml:"path_prefix"`
+	// Model, when set, is a glob (* and ?) on the request body's "model":
+	// the route only serves matching requests. Among routes with the
+	// longest matching path_prefix, one whose model glob matches beats one
+	// without, and a glob with more literal characters beats a shorter one.
+	Model string `yaml:"model"`
 	// Upstream is the name of the upstream. Required.
 	Upstream string `yaml:"upstream"`
+	// Fallbacks are tried in order after Upstream.
+	Fallbacks []Target `yaml:"fallbacks"`
+	// FirstToken, when set, bounds the wait for the first body byte of
+	// each attempt on this route (below the upstream's first_byte); past
+	// it the attempt is abandoned as a timeout.
+	FirstToken Duration `yaml:"first_token"`
+	// FailoverOn lists 4xx statuses that move to the next target instead
+	// of passing through (e.g. 404 for a model missing on one server).
+	FailoverOn []int `yaml:"failover_on"`
+	// FailoverCodes lists error codes of a 400 body that move to the next
+	// target (e.g. context_length_exceeded).
+	FailoverCodes []string `yaml:"failover_codes"`
 	// Deadline is the budget until the response starts, retries
 	// included. Default 120s.
 	Deadline Duration `yaml:"deadline"`
@@ -120,6 +193,15 @@ type Retry struct {
 	// ReplayWrites retries non-inference writes (files, batches …) on
 	// every reason, not only connect. Default false.
 	ReplayWrites bool `yaml:"replay_writes"`
+	// MaxTotalAttempts caps attempts across all targets. Default
+	// max_attempts + number of fallbacks.
+	MaxTotalAttempts int `yaml:"max_total_attempts"`
+	// OnTimeout is failover (move to the next target after a timeout) or
+	// retry (retry in place). Default failover when there is a fallback.
+	OnTimeout string `yaml:"on_timeout"`
+	// AttemptsOnClientRetry caps attempts per target for a request the
+	// client itself is retrying (X-Stainless-Retry-Count > 0). Default 1.
+	AttemptsOnClientRetry int `yaml:"attempts_on_client_retry"`
 }
 
 // Duration is a time.Duration written as "250ms", "2s", "1m30s".

@@ -49,6 +49,46 @@ routes:
 	}
 }
 
+func TestTrafficPolicyDefaults(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`
+clients:
+  - {requests_per_second: 2.5}
+upstreams:
+  - {name: a, url: "http://h", rate_limit: {requests_per_second: 50}}
+  - {name: b, url: "http://h"}
+routes:
+  - name: chat
+    upstream: a
+    model: "gpt-4o*"
+    fallbacks: [{upstream: b, model: llama3.1}]
+  - name: plain
+    path_prefix: /x/
+    upstream: a
+    retry: {max_attempts: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl := c.Clients[0]; cl.KeyHeader != "Authorization" || cl.Burst != 3 {
+		t.Errorf("client defaults: %+v", cl)
+	}
+	a := c.Upstreams[0]
+	if a.RateLimit.Burst != 50 || a.RateLimit.MaxWait.Std() != 2*time.Second || a.QueueTimeout.Std() != 5*time.Second ||
+		a.RetryBudget.Ratio != 0.5 || a.RetryBudget.MinPerSecond != 10 || a.MaxInFlight != 0 {
+		t.Errorf("upstream defaults: %+v", a)
+	}
+	chat, plain := c.Routes[0].Retry, c.Routes[1].Retry
+	if chat.MaxTotalAttempts != 5 || chat.OnTimeout != "failover" || chat.AttemptsOnClientRetry != 1 {
+		t.Errorf("chat retry: %+v", chat)
+	}
+	if plain.MaxTotalAttempts != 2 || plain.OnTimeout != "retry" {
+		t.Errorf("plain retry: %+v", plain)
+	}
+	if f := c.Routes[0].Fallbacks[0]; f.Upstream != "b" || f.Model != "llama3.1" {
+		t.Errorf("fallback: %+v", f)
+	}
+}
+
 func TestEnvExpansion(t *testing.T) {
 	t.Setenv("STURDY_TEST_KEY", "sk-test")
 	t.Setenv("STURDY_TEST_PORT", "11434")
@@ -90,7 +130,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		want       []string // substrings of the message, in order of lines
 	}{
 		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
-			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, listen, log, routes, upstreams)"}},
+			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, clients, listen, log, routes, upstreams)"}},
 		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
 			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
 		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",
@@ -118,6 +158,16 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:3: routes[0].path_prefix: must start with /"}},
 		{"failure ratio", "upstreams:\n  - name: a\n    url: http://h\n    breaker:\n      failure_ratio: 1.5\n",
 			[]string{"t.yaml:5: upstreams[0].breaker.failure_ratio: must be in (0, 1]"}},
+		{"unknown fallback upstream", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    fallbacks:\n      - {upstream: z}\n",
+			[]string{`t.yaml:6: routes[0].fallbacks[0].upstream: unknown upstream "z"`}},
+		{"failover_on not a 4xx", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    failover_on: [404, 503]\n",
+			[]string{"t.yaml:5: routes[0].failover_on[1]: must be a 4xx status other than 429 (got 503)"}},
+		{"bad on_timeout", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry:\n      on_timeout: panic\n",
+			[]string{`t.yaml:6: routes[0].retry.on_timeout: must be failover or retry`}},
+		{"client limit without rate", "upstreams: [{name: a, url: 'http://h'}]\nclients:\n  - key_header: X-Agent\n",
+			[]string{"t.yaml:3: clients[0].requests_per_second: must be greater than 0"}},
+		{"negative max_in_flight", "upstreams:\n  - name: a\n    url: http://h\n    max_in_flight: -1\n",
+			[]string{"t.yaml:4: upstreams[0].max_in_flight: must not be negative"}},
 		{"bad log level", "log: {level: loud}\nupstreams: [{name: a, url: 'http://h'}]\n",
 			[]string{`t.yaml:1: log.level: unknown level "loud"`}},
 		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:1: did not find expected"}},

@@ -70,6 +70,7 @@ func Default(url string) *Config {
 	u.Name, u.URL = "default", url
 	c.Upstreams = []Upstream{u}
 	c.applyImplicitRoute()
+	c.applyDerivedDefaults()
 	return c
 }
 
@@ -101,6 +102,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	if len(problems) == 0 {
 		c.expandEnv()
 		c.applyImplicitRoute()
+		c.applyDerivedDefaults()
 		for _, p := range c.Validate() {
 			p.Line = idx.line(p.Key)
 			problems = append(problems, p)
@@ -123,6 +125,9 @@ func defaultUpstream() Upstream {
 		MaxConnections: 512,
 		Breaker: Breaker{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20,
 			Window: Duration(30e9), OpenFor: Duration(15e9), HalfOpenRequests: 1},
+		RateLimit:    RateLimit{MaxWait: Duration(2e9)},
+		QueueTimeout: Duration(5e9),
+		RetryBudget:  RetryBudget{Ratio: 0.5, MinPerSecond: 10},
 	}
 }
 
@@ -132,7 +137,8 @@ func defaultRoute() Route {
 		Deadline:   Duration(120e9),
 		MaxBody:    32 << 20,
 		Retry: Retry{MaxAttempts: 4, BaseDelay: Duration(250e6), MaxDelay: Duration(8e9),
-			MaxRetryAfter: Duration(30e9), On: []string{"429", "5xx", "connect", "reset", "timeout"}},
+			MaxRetryAfter: Duration(30e9), On: []string{"429", "5xx", "connect", "reset", "timeout"},
+			AttemptsOnClientRetry: 1},
 	}
 }
 
@@ -149,6 +155,48 @@ func (r *Route) UnmarshalYAML(n *yaml.Node) error {
 	*r = defaultRoute()
 	type plain Route
 	return n.Decode((*plain)(r))
+}
+
+// UnmarshalYAML fills the defaults before decoding; see Upstream's.
+func (l *ClientLimit) UnmarshalYAML(n *yaml.Node) error {
+	*l = ClientLimit{KeyHeader: "Authorization"}
+	type plain ClientLimit
+	return n.Decode((*plain)(l))
+}
+
+// applyDerivedDefaults fills the defaults that depend on other keys.
+func (c *Config) applyDerivedDefaults() {
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		if r.Retry.MaxTotalAttempts == 0 {
+			r.Retry.MaxTotalAttempts = max(r.Retry.MaxAttempts, 1) + len(r.Fallbacks)
+		}
+		if r.Retry.OnTimeout == "" {
+			r.Retry.OnTimeout = "retry"
+			if len(r.Fallbacks) > 0 {
+				r.Retry.OnTimeout = "failover"
+			}
+		}
+	}
+	for i := range c.Clients {
+		if c.Clients[i].Burst == 0 {
+			c.Clients[i].Burst = burstFor(c.Clients[i].RequestsPerSecond)
+		}
+	}
+	for i := range c.Upstreams {
+		if rl := &c.Upstreams[i].RateLimit; rl.Burst == 0 {
+			rl.Burst = burstFor(rl.RequestsPerSecond)
+		}
+	}
+}
+
+// burstFor is the default burst of a rate: one second's worth, at least 1.
+func burstFor(rps float64) int {
+	b := int(rps)
+	if float64(b) < rps {
+		b++
+	}
+	return max(b, 1)
 }
 
 func (c *Config) applyImplicitRoute() {

@@ -78,6 +78,33 @@ func (c *Config) Validate() []Problem {
 		if b.HalfOpenRequests < 1 {
 			bad(k+".breaker.half_open_requests", "must be at least 1")
 		}
+		if u.RateLimit.RequestsPerSecond < 0 {
+			bad(k+".rate_limit.requests_per_second", "must not be negative (0 disables pacing)")
+		}
+		if u.RateLimit.Burst < 1 {
+			bad(k+".rate_limit.burst", "must be at least 1")
+		}
+		if u.MaxInFlight < 0 {
+			bad(k+".max_in_flight", "must not be negative (0 means unlimited)")
+		}
+		if u.RetryBudget.Ratio < 0 {
+			bad(k+".retry_budget.ratio", "must not be negative")
+		}
+		if u.RetryBudget.MinPerSecond < 0 {
+			bad(k+".retry_budget.min_per_second", "must not be negative")
+		}
+	}
+	for i, cl := range c.Clients {
+		k := fmt.Sprintf("clients[%d]", i)
+		if strings.TrimSpace(cl.KeyHeader) == "" {
+			bad(k+".key_header", "required (e.g. Authorization)")
+		}
+		if cl.RequestsPerSecond <= 0 {
+			bad(k+".requests_per_second", "must be greater than 0")
+		}
+		if cl.Burst < 1 {
+			bad(k+".burst", "must be at least 1")
+		}
 	}
 	if len(c.Routes) == 0 && len(c.Upstreams) > 1 {
 		bad("routes", "at least one route is required when there are several upstreams")
@@ -89,11 +116,31 @@ func (c *Config) Validate() []Problem {
 		if !strings.HasPrefix(r.PathPrefix, "/") {
 			bad(k+".path_prefix", "must start with / (got %q)", r.PathPrefix)
 		}
-		switch {
-		case r.Upstream == "":
-			bad(k+".upstream", "required")
-		case !names[r.Upstream]:
-			bad(k+".upstream", "unknown upstream %q (known: %s)", r.Upstream, strings.Join(c.upstreamNames(), ", "))
+		knownUpstream := func(key, name string) {
+			switch {
+			case name == "":
+				bad(key, "required")
+			case !names[name]:
+				bad(key, "unknown upstream %q (known: %s)", name, strings.Join(c.upstreamNames(), ", "))
+			}
+		}
+		knownUpstream(k+".upstream", r.Upstream)
+		for j, f := range r.Fallbacks {
+			knownUpstream(fmt.Sprintf("%s.fallbacks[%d].upstream", k, j), f.Upstream)
+		}
+		for j, st := range r.FailoverOn {
+			if st < 400 || st > 499 || st == 429 {
+				bad(fmt.Sprintf("%s.failover_on[%d]", k, j), "must be a 4xx status other than 429 (got %d)", st)
+			}
+		}
+		if rt := r.Retry; rt.OnTimeout != "failover" && rt.OnTimeout != "retry" {
+			bad(k+".retry.on_timeout", "must be failover or retry (got %q)", rt.OnTimeout)
+		}
+		if r.Retry.MaxTotalAttempts < 1 {
+			bad(k+".retry.max_total_attempts", "must be at least 1")
+		}
+		if r.Retry.AttemptsOnClientRetry < 1 {
+			bad(k+".retry.attempts_on_client_retry", "must be at least 1")
 		}
 		if r.Deadline <= 0 {
 			bad(k+".deadline", "must be greater than 0")

@@ -207,7 +207,7 @@ func TestRetryNext(t *testing.T) {
 		{"retry-after too long", r, Attempt{Verdict: v429, N: 1, Replayable: true, ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, Step{Stop: StopRetryAfterTooLong, Wait: time.Minute, FromServer: true}},
 		{"retry-after past deadline", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, ServerWait: 5 * time.Second, HasServerWait: true, Remaining: 4 * time.Second}, Step{Stop: StopDeadline, Wait: 5 * time.Second, FromServer: true}},
 		{"backoff past deadline", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: 100 * time.Millisecond}, Step{Stop: StopDeadline, Wait: 250 * time.Millisecond}},
-		{"deadline already passed", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: -time.Second}, Step{Stop: StopDeadline, Wait: 250 * time.Millisecond}},
+		{"deadline already passed", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: -time.Second}, Step{Stop: StopDeadline}},
 		{"write not replayed on 5xx", r, Attempt{Verdict: v5xx, N: 1, Replayable: false, Remaining: hour}, Step{Stop: StopNotReplayable}},
 		{"write not replayed on reset", r, Attempt{Verdict: vReset, N: 1, Replayable: false, Remaining: hour}, Step{Stop: StopNotReplayable}},
 		{"write retried on connect", r, Attempt{Verdict: vConnect, N: 1, Replayable: false, Remaining: hour}, Step{Retry: true, Wait: 250 * time.Millisecond}},
@@ -220,5 +220,179 @@ func TestRetryNext(t *testing.T) {
 				t.Errorf("Next = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestRetryNextFailover(t *testing.T) {
+	r := Retry{MaxAttempts: 2, MaxTotalAttempts: 4, Backoff: Backoff{Base: 250 * time.Millisecond, Max: time.Second},
+		MaxRetryAfter: 30 * time.Second, On: RetryOnAll}
+	withTimeoutFailover := r
+	withTimeoutFailover.OnTimeoutFailover = true
+	v5xx := Classify(Outcome{Status: 503})
+	v429 := Classify(Outcome{Status: 429})
+	vTimeout := Classify(Outcome{Fault: FaultTimeout})
+	v404 := Classify(Outcome{Status: 404})
+	hour := time.Hour
+	tests := []struct {
+		name   string
+		policy Retry
+		in     Attempt
+		want   Step
+	}{
+		{"retry in place first", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
+			Step{Retry: true, Wait: 250 * time.Millisecond}},
+		{"target exhausted moves on", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: hour},
+			Step{Failover: true}},
+		{"no fallback left stops", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, Remaining: hour},
+			Step{Stop: StopMaxAttempts}},
+		{"total budget across targets", r, Attempt{Verdict: v5xx, N: 1, Total: 4, Replayable: true, HasFallback: true, Remaining: hour},
+			Step{Stop: StopMaxAttempts}},
+		{"retry-after too long fails over", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, HasFallback: true,
+			ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, Step{Failover: true}},
+		{"retry-after past deadline fails over", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, HasFallback: true,
+			ServerWait: 5 * time.Second, HasServerWait: true, Remaining: 2 * time.Second}, Step{Failover: true}},
+		{"timeout fails over when on_timeout is failover", withTimeoutFailover, Attempt{Verdict: vTimeout, N: 1, Total: 1, Replayable: true,
+			HasFallback: true, Remaining: hour}, Step{Failover: true}},
+		{"timeout retried in place otherwise", r, Attempt{Verdict: vTimeout, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
+			Step{Retry: true, Wait: 250 * time.Millisecond}},
+		{"failover_on 404 fails over", r, Attempt{Verdict: v404, N: 1, Total: 1, Replayable: true, HasFallback: true, FailoverStatus: true,
+			Remaining: hour}, Step{Failover: true}},
+		{"failover_on 404 without fallback passes through", r, Attempt{Verdict: v404, N: 1, Total: 1, Replayable: true, FailoverStatus: true,
+			Remaining: hour}, Step{Stop: StopFinal}},
+		{"plain 404 passes through", r, Attempt{Verdict: v404, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
+			Step{Stop: StopFinal}},
+		{"write that reached the server never fails over", r, Attempt{Verdict: v5xx, N: 2, Total: 2, HasFallback: true, Remaining: hour},
+			Step{Stop: StopNotReplayable}},
+		{"deadline passed: no failover", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: 0},
+			Step{Stop: StopDeadline}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.policy.Next(tt.in, maxRand); got != tt.want {
+				t.Errorf("Next = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBudgetAbsorbsTransientFaultsButCapsAnOutage(t *testing.T) {
+	start := time.Unix(1_000_000, 0)
+	// 20 % faults at 100 req/s: ~25 retries/s needed, all granted.
+	b := &Budget{Ratio: 0.5, MinPerSecond: 10}
+	denied := 0
+	for ms := 0; ms < 30_000; ms += 10 { // 100 requests per second for 30 s
+		now := start.Add(time.Duration(ms) * time.Millisecond)
+		b.FirstAttempt(now)
+		if ms%40 == 0 && !b.TryRetry(now) { // a retry for every 4th request
+			denied++
+		}
+	}
+	if denied != 0 {
+		t.Fatalf("%d retries denied at a 25 %% retry rate", denied)
+	}
+	// An outage: every request wants 3 retries; the budget caps them at
+	// ratio × requests + min_per_second × window.
+	b = &Budget{Ratio: 0.5, MinPerSecond: 10}
+	var firsts, retries int
+	for ms := 0; ms < 30_000; ms += 10 {
+		now := start.Add(time.Duration(ms) * time.Millisecond)
+		b.FirstAttempt(now)
+		firsts++
+		for i := 0; i < 3; i++ {
+			if b.TryRetry(now) {
+				retries++
+			}
+		}
+	}
+	// 100 requests/s: the bound is 1 + ratio + min_per_second / rate = 1.6.
+	if amp := float64(firsts+retries) / float64(firsts); amp > 1.6+0.01 {
+		t.Fatalf("amplification %.2f during an outage", amp)
+	}
+	if retries == 0 {
+		t.Fatal("no retries at all during an outage")
+	}
+}
+
+func TestBudgetMinPerSecondWithoutTraffic(t *testing.T) {
+	b := &Budget{Ratio: 0, MinPerSecond: 2}
+	now := time.Unix(5_000, 0)
+	granted := 0
+	for i := 0; i < 100; i++ {
+		if b.TryRetry(now) {
+			granted++
+		}
+	}
+	if granted != 20 { // 2 per second over the 10 s window
+		t.Fatalf("granted %d, want 20", granted)
+	}
+	if !b.TryRetry(now.Add(11 * time.Second)) {
+		t.Fatal("budget did not refill after the window")
+	}
+}
+
+func TestGlobMatch(t *testing.T) {
+	tests := []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"gpt-4o*", "gpt-4o", true},
+		{"gpt-4o*", "gpt-4o-mini", true},
+		{"gpt-4o*", "gpt-4", false},
+		{"*", "", true},
+		{"*", "anything/at all", true},
+		{"meta-llama/*", "meta-llama/Llama-3.1-8B", true},
+		{"llama3.?", "llama3.1", true},
+		{"llama3.?", "llama3.10", false},
+		{"*-mini", "gpt-4o-mini", true},
+		{"a*b*c", "aXbYc", true},
+		{"a*b*c", "aXbY", false},
+		{"exact", "exact", true},
+		{"exact", "exactly", false},
+		{"", "", true},
+		{"", "x", false},
+	}
+	for _, tt := range tests {
+		if got := GlobMatch(tt.pattern, tt.name); got != tt.want {
+			t.Errorf("GlobMatch(%q, %q) = %v, want %v", tt.pattern, tt.name, got, tt.want)
+		}
+	}
+	if GlobSpecificity("gpt-4o-mini*") <= GlobSpecificity("gpt-4o*") || GlobSpecificity("*") != 0 {
+		t.Error("specificity does not rank longer literals first")
+	}
+}
+
+func TestClientTimeoutAndRateLimitHeaders(t *testing.T) {
+	if d, ok := ClientTimeout([]byte("600"), nil); !ok || d != 10*time.Minute {
+		t.Errorf("X-Stainless-Timeout 600 = %v %v", d, ok)
+	}
+	if d, ok := ClientTimeout(nil, []byte("2.5")); !ok || d != 2500*time.Millisecond {
+		t.Errorf("decimal seconds = %v %v", d, ok)
+	}
+	if d, ok := ClientTimeout([]byte("nope"), []byte("-1"), []byte("3")); !ok || d != 3*time.Second {
+		t.Errorf("first valid header = %v %v", d, ok)
+	}
+	if _, ok := ClientTimeout(nil, []byte("0")); ok {
+		t.Error("zero timeout accepted")
+	}
+	for _, tc := range []struct {
+		remaining, reset string
+		want             time.Duration
+		ok               bool
+	}{
+		{"0", "1s", time.Second, true},
+		{"0", "6m0s", 6 * time.Minute, true},
+		{"0", "20ms", 20 * time.Millisecond, true},
+		{"0", "2", 2 * time.Second, true},
+		{"5", "1s", 0, false},
+		{"", "1s", 0, false},
+		{"0", "later", 0, false},
+	} {
+		d, ok := RateLimitExhausted([]byte(tc.remaining), []byte(tc.reset))
+		if d != tc.want || ok != tc.ok {
+			t.Errorf("RateLimitExhausted(%q, %q) = %v %v, want %v %v", tc.remaining, tc.reset, d, ok, tc.want, tc.ok)
+		}
+	}
+	if RequestedRetries([]byte("2")) != 2 || RequestedRetries(nil) != 0 || RequestedRetries([]byte("x")) != 0 {
+		t.Error("RequestedRetries")
 	}
 }

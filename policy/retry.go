@@ -87,6 +87,12 @@ type Retry struct {
 	// ReplayWrites retries non-replayable writes on every reason, not only
 	// on connect.
 	ReplayWrites bool
+	// MaxTotalAttempts caps attempts across all of a route's targets; zero
+	// means MaxAttempts.
+	MaxTotalAttempts int
+	// OnTimeoutFailover moves to the next target after a timeout instead
+	// of retrying in place.
+	OnTimeoutFailover bool
 }
 
 // Stop says why the attempt loop stops (StopNone: it does not).
@@ -112,6 +118,11 @@ const (
 	StopDeadline
 	// StopBreakerOpen: the upstream's breaker opened between attempts.
 	StopBreakerOpen
+	// StopBudget: the upstream's retry budget is spent.
+	StopBudget
+	// StopUnavailable: no target is left to try (breakers open, cooling
+	// down after a 429, rate-limited or busy).
+	StopUnavailable
 )
 
 // String returns the stop reason as logged.
@@ -131,6 +142,10 @@ func (s Stop) String() string {
 		return "deadline"
 	case StopBreakerOpen:
 		return "breaker_open"
+	case StopBudget:
+		return "retry_budget"
+	case StopUnavailable:
+		return "no_target_available"
 	default:
 		return ""
 	}
@@ -140,8 +155,16 @@ func (s Stop) String() string {
 type Attempt struct {
 	// Verdict is the attempt's classification.
 	Verdict Verdict
-	// N is the number of attempts made so far, this one included (≥ 1).
+	// N is the number of attempts made on the current target, this one
+	// included (≥ 1).
 	N int
+	// Total is the number of attempts made across all targets (≥ N).
+	Total int
+	// HasFallback is true when another target remains to fail over to.
+	HasFallback bool
+	// FailoverStatus is true when a pass-through reply matched the route's
+	// failover_on statuses or failover_codes.
+	FailoverStatus bool
 	// Replayable is Replayable() of the request.
 	Replayable bool
 	// ServerWait is the wait the upstream asked for (Retry-After or
@@ -154,8 +177,11 @@ type Attempt struct {
 
 // Step is the decision for what follows an attempt.
 type Step struct {
-	// Retry is true when another attempt follows after Wait.
+	// Retry is true when another attempt on the same target follows
+	// after Wait.
 	Retry bool
+	// Failover is true when the next target is tried (at once).
+	Failover bool
 	// Wait is how long to wait before the next attempt.
 	Wait time.Duration
 	// FromServer is true when Wait is the server's, not our backoff.
@@ -164,34 +190,60 @@ type Step struct {
 	Stop Stop
 }
 
-// Next decides whether a retry follows attempt a and how long to wait
-// first. A server-given wait is used exactly; otherwise the full-jitter
-// backoff draws one with rnd. A wait that would reach the deadline stops
-// the loop instead of being waited for.
+// Next decides what follows attempt a: a retry on the same target after
+// a wait, a failover to the next target, or a stop. A server-given wait is
+// used exactly; otherwise the full-jitter backoff draws one with rnd. A
+// wait that would reach the deadline is never started. Where retrying in
+// place must stop, the next target is tried instead if one is left, the
+// request is safe to send elsewhere and max_total_attempts allows.
 func (r Retry) Next(a Attempt, rnd func(int64) int64) Step {
 	v := a.Verdict
+	maxTotal := r.MaxTotalAttempts
+	if maxTotal <= 0 {
+		maxTotal = r.MaxAttempts
+	}
+	safe := a.Replayable || v.Reason == ReasonConnect || r.ReplayWrites
+	canFailover := a.HasFallback && a.Total < maxTotal && a.Remaining > 0
+	// orFailover moves to the next target when it can, else stops.
+	orFailover := func(stop Step) Step {
+		if canFailover && safe {
+			return Step{Failover: true}
+		}
+		return stop
+	}
 	switch {
+	case v.Class == ClassPassThrough && a.FailoverStatus && canFailover && a.Replayable:
+		return Step{Failover: true}
 	case v.Class != ClassRetryable:
 		return Step{Stop: StopFinal}
 	case !r.On.Has(v.Reason):
 		return Step{Stop: StopNotOn}
-	case !a.Replayable && v.Reason != ReasonConnect && !r.ReplayWrites:
+	case !safe:
 		return Step{Stop: StopNotReplayable}
-	case a.N >= r.MaxAttempts:
+	case a.Remaining <= 0:
+		return Step{Stop: StopDeadline}
+	case a.Total >= maxTotal:
 		return Step{Stop: StopMaxAttempts}
+	case v.Reason == ReasonTimeout && r.OnTimeoutFailover && canFailover:
+		return Step{Failover: true}
 	}
 	if a.HasServerWait {
-		if a.ServerWait > r.MaxRetryAfter {
-			return Step{Stop: StopRetryAfterTooLong, Wait: a.ServerWait, FromServer: true}
-		}
-		if a.ServerWait >= a.Remaining {
-			return Step{Stop: StopDeadline, Wait: a.ServerWait, FromServer: true}
+		switch {
+		case a.ServerWait > r.MaxRetryAfter:
+			return orFailover(Step{Stop: StopRetryAfterTooLong, Wait: a.ServerWait, FromServer: true})
+		case a.ServerWait >= a.Remaining:
+			return orFailover(Step{Stop: StopDeadline, Wait: a.ServerWait, FromServer: true})
+		case a.N >= r.MaxAttempts:
+			return orFailover(Step{Stop: StopMaxAttempts})
 		}
 		return Step{Retry: true, Wait: a.ServerWait, FromServer: true}
 	}
+	if a.N >= r.MaxAttempts {
+		return orFailover(Step{Stop: StopMaxAttempts})
+	}
 	wait := r.Backoff.Delay(a.N, rnd)
 	if wait >= a.Remaining {
-		return Step{Stop: StopDeadline, Wait: wait}
+		return orFailover(Step{Stop: StopDeadline, Wait: wait})
 	}
 	return Step{Retry: true, Wait: wait}
 }

@@ -1,0 +1,108 @@
+package policy
+
+import (
+	"bytes"
+	"strconv"
+	"time"
+)
+
+// GlobMatch reports whether name matches pattern, where * matches any run
+// of characters (slashes included: model names like "meta-llama/Llama-3"
+// have them) and ? any one character.
+func GlobMatch(pattern, name string) bool {
+	px, nx := 0, 0
+	nextPx, nextNx := -1, -1
+	for px < len(pattern) || nx < len(name) {
+		if px < len(pattern) {
+			switch c := pattern[px]; c {
+			case '*':
+				nextPx, nextNx = px, nx+1
+				px++
+				continue
+			case '?':
+				if nx < len(name) {
+					px++
+					nx++
+					continue
+				}
+			default:
+				if nx < len(name) && name[nx] == c {
+					px++
+					nx++
+					continue
+				}
+			}
+		}
+		if nextNx > 0 && nextNx <= len(name) {
+			px, nx = nextPx, nextNx
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// GlobSpecificity ranks patterns for "most specific wins": the number of
+// literal (non-wildcard) characters.
+func GlobSpecificity(pattern string) int {
+	n := 0
+	for i := 0; i < len(pattern); i++ {
+		if pattern[i] != '*' && pattern[i] != '?' {
+			n++
+		}
+	}
+	return n
+}
+
+// ClientTimeout returns the time budget a client announced for its
+// request, in seconds (decimals allowed), from the first valid header of:
+// X-Stainless-Timeout (OpenAI's Go and Node SDKs), X-Stainless-Read-Timeout
+// (Python SDK), Request-Timeout, X-Request-Timeout.
+func ClientTimeout(headers ...[]byte) (time.Duration, bool) {
+	for _, h := range headers {
+		if d, ok := parseSeconds(h); ok {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+func parseSeconds(b []byte) (time.Duration, bool) {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || f <= 0 || f != f || f > maxServerWait.Seconds() {
+		return 0, false
+	}
+	return time.Duration(f * float64(time.Second)), true
+}
+
+// RateLimitExhausted reads OpenAI's x-ratelimit headers: when
+// x-ratelimit-remaining-requests is 0, it returns how long until
+// x-ratelimit-reset-requests (a Go duration such as "1s", "6m0s", "20ms";
+// plain seconds are accepted too).
+func RateLimitExhausted(remaining, reset []byte) (time.Duration, bool) {
+	if r := bytes.TrimSpace(remaining); len(r) != 1 || r[0] != '0' {
+		return 0, false
+	}
+	s := string(bytes.TrimSpace(reset))
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return min(d, maxServerWait), true
+	}
+	if d, ok := parseSeconds([]byte(s)); ok {
+		return d, true
+	}
+	return 0, false
+}
+
+// RequestedRetries parses X-Stainless-Retry-Count: how many times the
+// client has already retried this request itself (0 when absent).
+func RequestedRetries(h []byte) int {
+	n, err := strconv.Atoi(string(bytes.TrimSpace(h)))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
