@@ -195,20 +195,36 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 				OpenFor:             b.OpenFor.Std(),
 				HalfOpenRequests:    uint32(b.HalfOpenRequests),
 			},
+			RateLimit: proxy.RateLimit{RequestsPerSecond: u.RateLimit.RequestsPerSecond, Burst: u.RateLimit.Burst,
+				MaxWait: u.RateLimit.MaxWait.Std()},
+			MaxInFlight:  u.MaxInFlight,
+			QueueTimeout: u.QueueTimeout.Std(),
+			RetryBudget:  proxy.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
 		})
+	}
+	for _, c := range cfg.Clients {
+		o.Clients = append(o.Clients, proxy.ClientLimit{KeyHeader: c.KeyHeader, RequestsPerSecond: c.RequestsPerSecond, Burst: c.Burst})
 	}
 	for _, r := range cfg.Routes {
 		on, _ := policy.ParseRetryOn(r.Retry.On) // validated by config
+		var fallbacks []proxy.Target
+		for _, f := range r.Fallbacks {
+			fallbacks = append(fallbacks, proxy.Target{Upstream: f.Upstream, Model: f.Model})
+		}
 		o.Routes = append(o.Routes, proxy.Route{
-			Name: r.Name, PathPrefix: r.PathPrefix, Upstream: r.Upstream,
-			Deadline: r.Deadline.Std(),
-			MaxBody:  int(r.MaxBody),
+			Name: r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
+			FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
+			AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
+			Deadline:              r.Deadline.Std(),
+			MaxBody:               int(r.MaxBody),
 			Retry: policy.Retry{
-				MaxAttempts:   r.Retry.MaxAttempts,
-				Backoff:       policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
-				MaxRetryAfter: r.Retry.MaxRetryAfter.Std(),
-				On:            on,
-				ReplayWrites:  r.Retry.ReplayWrites,
+				MaxAttempts:       r.Retry.MaxAttempts,
+				Backoff:           policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
+				MaxRetryAfter:     r.Retry.MaxRetryAfter.Std(),
+				On:                on,
+				ReplayWrites:      r.Retry.ReplayWrites,
+				MaxTotalAttempts:  r.Retry.MaxTotalAttempts,
+				OnTimeoutFailover: r.Retry.OnTimeout == "failover",
 			},
 		})
 	}

@@ -48,6 +48,21 @@ type Metrics struct {
 	OpenStreams prometheus.Gauge
 	// ConfigReloads counts reload attempts by result (ok, rejected).
 	ConfigReloads *prometheus.CounterVec
+	// Failovers counts moves from a route's target to the next, by route
+	// and the upstream left.
+	Failovers *prometheus.CounterVec
+	// Cooldowns counts cooldowns learned from an upstream (a 429 with
+	// Retry-After, or x-ratelimit-remaining-requests: 0), by upstream.
+	Cooldowns *prometheus.CounterVec
+	// BudgetExhausted counts retries refused by an upstream's retry
+	// budget, by upstream.
+	BudgetExhausted *prometheus.CounterVec
+	// TargetSkips counts targets passed over without an attempt, by
+	// upstream and reason (breaker_open, cooldown, rate_limited, busy).
+	TargetSkips *prometheus.CounterVec
+	// RateLimited counts 429s Sturdy answered itself, by reason (client,
+	// cooldown, rate_limited).
+	RateLimited *prometheus.CounterVec
 }
 
 // latencyBuckets span a fast proxied call to a long generation.
@@ -89,9 +104,20 @@ func New() *Metrics {
 			Help: "Responses currently streaming to clients."}),
 		ConfigReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_config_reloads_total",
 			Help: "Config reloads by result (ok, rejected)."}, []string{"result"}),
+		Failovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_failovers_total",
+			Help: "Moves to a route's next target, by route and the upstream left."}, []string{"route", "upstream"}),
+		Cooldowns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_cooldowns_total",
+			Help: "Cooldowns learned from an upstream's rate-limit answers, by upstream."}, []string{"upstream"}),
+		BudgetExhausted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_retry_budget_exhausted_total",
+			Help: "Retries refused because the upstream's retry budget was spent, by upstream."}, []string{"upstream"}),
+		TargetSkips: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_target_skips_total",
+			Help: "Targets passed over without an attempt, by upstream and reason."}, []string{"upstream", "reason"}),
+		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_rate_limited_total",
+			Help: "429s answered by Sturdy itself, by reason (client, cooldown, rate_limited)."}, []string{"reason"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
+		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -26,6 +26,7 @@ const (
 	fieldDuration = "duration_ms"
 	fieldOutcome  = "outcome"
 	fieldError    = "error"
+	fieldTargets  = "targets"
 )
 
 // retryList logs the retries of a request as [{"reason":..,"wait_ms":..}].
@@ -39,6 +40,23 @@ func (l retryList) MarshalZerologArray(a *zerolog.Array) {
 
 func (r retryNote) MarshalZerologObject(e *zerolog.Event) {
 	e.Str("reason", r.reason.String()).Float64("wait_ms", float64(r.wait)/float64(time.Millisecond))
+}
+
+// targetList logs the targets tried as [{"upstream":..,"attempts":..,"result":..}].
+type targetList []targetNote
+
+func (l targetList) MarshalZerologArray(a *zerolog.Array) {
+	for _, t := range l {
+		a.Object(t)
+	}
+}
+
+func (t targetNote) MarshalZerologObject(e *zerolog.Event) {
+	e.Str("upstream", t.upstream)
+	if t.model != "" {
+		e.Str("model", t.model)
+	}
+	e.Int("attempts", t.attempts).Str("result", t.result)
 }
 
 // logAccess writes the request's one access line. It never logs header
@@ -57,6 +75,9 @@ func (ex *exchange) logAccess() {
 			Str(fieldBreaker, ex.up.breaker.State().String())
 	}
 	ev.Int(fieldStatus, ex.status).Int(fieldAttempts, ex.attempts)
+	if ex.nTried > 0 {
+		ev.Array(fieldTargets, targetList(ex.tried[:ex.nTried]))
+	}
 	if ex.nRetries > 0 {
 		ev.Array(fieldRetries, retryList(ex.retries[:ex.nRetries]))
 	}

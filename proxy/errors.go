@@ -21,6 +21,9 @@ const (
 	CodeRequestTooLarge     = "request_too_large"
 	CodeBadRequest          = "bad_request"
 	CodeStreamInterrupted   = "stream_interrupted"
+	CodeRateLimited         = "rate_limited"
+	CodeUpstreamBusy        = "upstream_busy"
+	CodeDeadlineExceeded    = "deadline_exceeded"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.

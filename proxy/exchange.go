@@ -10,7 +10,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"sturdy/breaker"
 	"sturdy/metrics"
 	"sturdy/policy"
 )
@@ -21,6 +20,9 @@ const headSize = 32 << 10
 
 // maxLoggedRetries bounds the retries listed on an access line.
 const maxLoggedRetries = 16
+
+// maxLoggedTargets bounds the targets listed on an access line.
+const maxLoggedTargets = 8
 
 // retryNote is one retry as logged: why, and how long Sturdy waited.
 type retryNote struct {
@@ -53,6 +55,7 @@ type exchange struct {
 	replayable bool
 	id         []byte
 	uri        []byte
+	body0      []byte // a rewritten body (model changed for a target)
 
 	// req and resp live as long as the pooled exchange.
 	req  *fasthttp.Request
@@ -65,9 +68,22 @@ type exchange struct {
 	head    []byte
 	headOff int
 
-	attempts int
-	retries  [maxLoggedRetries]retryNote
-	nRetries int
+	attempts  int // across all targets
+	perTarget int // attempts allowed on each target
+	retries   [maxLoggedRetries]retryNote
+	nRetries  int
+	// Targets: ti indexes route.targets; n counts attempts on it; cred
+	// keys its cooldowns; slot is the upstream whose max_in_flight slot
+	// is held; tried logs each target's fate; obstacle is why the last
+	// unusable target could not be used.
+	ti       int
+	n        int
+	cred     uint64
+	slot     *upstream
+	entered  *upstream // whose in-flight count this request is in
+	tried    [maxLoggedTargets]targetNote
+	nTried   int
+	obstacle obstacle
 	hasReply bool // the last attempt produced a status (no fault)
 	verdict  policy.Verdict
 	fault    policy.Fault
@@ -127,7 +143,8 @@ func printable(b []byte) bool {
 }
 
 // admit refuses what Sturdy will not forward: proxy requests (CONNECT,
-// absolute URIs), paths no route serves, bodies over the route's max.
+// absolute URIs), clients over their rate limit, paths no route serves,
+// bodies over the route's max.
 func (ex *exchange) admit() bool {
 	ctx := ex.ctx
 	uri := ctx.Request.Header.RequestURI()
@@ -135,13 +152,22 @@ func (ex *exchange) admit() bool {
 		ex.reject(400, CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
 		return false
 	}
-	ex.route = ex.tbl.match(rawPath(uri))
+	now := time.Now()
+	for _, cl := range ex.tbl.clients {
+		if wait, ok := cl.take(ctx.Request.Header.PeekBytes(cl.header), now); !ok {
+			ex.p.m.RateLimited.WithLabelValues("client").Inc()
+			ex.outcome = "rate_limited"
+			ex.fail(429, CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s); retry after the Retry-After delay",
+				cl.opts.RequestsPerSecond, cl.opts.KeyHeader), wait)
+			return false
+		}
+	}
+	ex.route = ex.tbl.match(rawPath(uri), ctx.Request.Body())
 	if ex.route == nil {
-		ex.reject(404, CodeBadRequest, fmt.Sprintf("no route serves path %q; configure a route whose path_prefix matches it", rawPath(uri)))
+		ex.reject(404, CodeBadRequest, fmt.Sprintf("no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it", rawPath(uri)))
 		return false
 	}
 	ex.up = ex.route.upstream
-	ex.up.inFlight.Add(1)
 	if n := len(ctx.Request.Body()); n > ex.route.maxBody {
 		ex.reject(413, CodeRequestTooLarge, fmt.Sprintf("request body of %d bytes is larger than route %q accepts (%d bytes); send a smaller request", n, ex.route.name, ex.route.maxBody))
 		return false
@@ -162,243 +188,35 @@ func rawPath(uri []byte) []byte {
 	return uri
 }
 
-// prepare builds the upstream request once; every attempt replays it.
+// prepare builds the parts of the upstream request that every target
+// shares; useTarget adds the target's own (URL, credentials, model).
 func (ex *exchange) prepare() {
 	ctx, req := ex.ctx, ex.req
+	rh := &ctx.Request.Header
 	ex.deadline = ex.start.Add(ex.route.deadline)
-	ex.replayable = policy.Replayable(ctx.Method(), rawPath(ctx.Request.Header.RequestURI()),
-		len(ctx.Request.Header.PeekBytes(hdrIdempotencyKey)) > 0)
+	if d, ok := policy.ClientTimeout(rh.PeekBytes(hdrStainlessTimeout), rh.PeekBytes(hdrStainlessReadTimeout),
+		rh.PeekBytes(hdrRequestTimeout), rh.PeekBytes(hdrXRequestTimeout)); ok && d < ex.route.deadline {
+		ex.deadline = ex.start.Add(d)
+	}
+	ex.replayable = policy.Replayable(ctx.Method(), rawPath(rh.RequestURI()), len(rh.PeekBytes(hdrIdempotencyKey)) > 0)
+	ex.perTarget = ex.route.retry.MaxAttempts
+	if policy.RequestedRetries(rh.PeekBytes(hdrStainlessRetryCount)) > 0 && ex.route.clientRetries > 0 {
+		ex.perTarget = min(ex.perTarget, ex.route.clientRetries)
+	}
 
-	ctx.Request.Header.CopyTo(&req.Header)
+	rh.CopyTo(&req.Header)
 	dropHopHeaders(&req.Header)
 	// The body is already read whole: a 100-continue handshake upstream
 	// would only add a round trip.
 	req.Header.DelBytes(hdrExpect)
 	req.Header.ResetConnectionClose()
 	req.Header.SetNoDefaultContentType(true)
-	ex.uri = append(append(ex.uri[:0], ex.up.base...), ctx.Request.Header.RequestURI()...)
-	req.SetRequestURIBytes(ex.uri)
-	req.SetBodyRaw(ctx.Request.Body())
 	req.Header.SetBytesKV(hdrRequestID, ex.id)
-	if ex.up.auth != nil {
-		req.Header.SetBytesKV(hdrAuthorization, ex.up.auth)
-	}
 	ip := ctx.RemoteIP().String()
 	if prior := req.Header.PeekBytes(hdrForwardedFor); len(prior) > 0 {
 		ip = string(prior) + ", " + ip
 	}
 	req.Header.SetBytesK(hdrForwardedFor, ip)
-}
-
-// run is the attempt loop: it owns "try again?" and the wait, and ends
-// with the client's response committed (or written).
-func (ex *exchange) run() {
-	for {
-		done, ok := ex.up.breaker.Allow()
-		if !ok {
-			if ex.attempts == 0 || !ex.hasReply {
-				ex.circuitOpen()
-				return
-			}
-			ex.stop = policy.StopBreakerOpen
-			ex.giveUp()
-			return
-		}
-		ex.closeBody()
-		ex.attempts++
-		out := ex.attempt()
-		ex.verdict = policy.Classify(out)
-		done(breakerResult(ex.verdict.Health))
-		ex.p.m.Attempts.WithLabelValues(ex.up.name, resultLabel(ex.verdict)).Inc()
-		ex.fault, ex.hasReply = out.Fault, out.Fault == policy.FaultNone
-
-		a := policy.Attempt{Verdict: ex.verdict, N: ex.attempts, Replayable: ex.replayable,
-			Remaining: time.Until(ex.deadline)}
-		if ex.hasReply && ex.verdict.Class == policy.ClassRetryable {
-			a.ServerWait, a.HasServerWait = policy.RetryAfter(ex.resp.Header.PeekBytes(hdrRetryAfterMS),
-				ex.resp.Header.PeekBytes(hdrRetryAfter), time.Now())
-		}
-		step := ex.route.retry.Next(a, ex.p.rand)
-		if !step.Retry {
-			ex.stop = step.Stop
-			ex.conclude()
-			return
-		}
-		ex.p.m.Retries.WithLabelValues(ex.up.name, ex.verdict.Reason.String()).Inc()
-		source := "backoff"
-		if step.FromServer {
-			source = "server"
-		}
-		ex.p.m.RetryWait.WithLabelValues(ex.up.name, source).Observe(step.Wait.Seconds())
-		if ex.nRetries < maxLoggedRetries {
-			ex.retries[ex.nRetries] = retryNote{reason: ex.verdict.Reason, wait: step.Wait}
-			ex.nRetries++
-		}
-		if step.Wait > 0 {
-			t := time.NewTimer(step.Wait)
-			<-t.C
-			t.Stop()
-		}
-	}
-}
-
-// resultLabel names an attempt's result for metrics.
-func resultLabel(v policy.Verdict) string {
-	if v.Class == policy.ClassRetryable {
-		return v.Reason.String()
-	}
-	return v.Class.String()
-}
-
-func breakerResult(h policy.Health) breaker.Result {
-	switch h {
-	case policy.HealthSuccess:
-		return breaker.Success
-	case policy.HealthFailure:
-		return breaker.Failure
-	default:
-		return breaker.Excluded
-	}
-}
-
-// attempt sends the request once and reads the response head: the status,
-// headers and the first body bytes (all of a small body). The attempt's
-// timeout is first_byte, cut short by the route's deadline.
-func (ex *exchange) attempt() policy.Outcome {
-	timeout := min(ex.up.firstByte, time.Until(ex.deadline))
-	if timeout <= 0 {
-		return policy.Outcome{Fault: policy.FaultTimeout}
-	}
-	if err := ex.up.client.DoTimeout(ex.req, ex.resp, timeout); err != nil {
-		return policy.Outcome{Fault: faultOf(err)}
-	}
-	status := ex.resp.StatusCode()
-	if f := ex.readHead(status); f != policy.FaultNone {
-		ex.closeBody()
-		return policy.Outcome{Fault: f}
-	}
-	out := policy.Outcome{Status: status}
-	if status == 429 {
-		out.InsufficientQuota = policy.InsufficientQuota(ex.head)
-	}
-	return out
-}
-
-// readHead reads the body's first bytes into ex.head before anything is
-// committed, so a body that dies before its first byte is still a
-// retryable failure. It reads a whole body when it fits (and always for
-// 429/5xx, whose bodies are inspected or kept as the last reply), and one
-// chunk of anything longer.
-func (ex *exchange) readHead(status int) policy.Fault {
-	ex.head, ex.headOff = ex.head[:0], 0
-	ex.body = ex.resp.BodyStream()
-	if ex.body == nil {
-		return policy.FaultNone
-	}
-	cl := ex.resp.Header.ContentLength()
-	whole := (cl >= 0 && cl <= headSize) || status == 429 || status >= 500
-	for len(ex.head) < cap(ex.head) {
-		n, err := ex.body.Read(ex.head[len(ex.head):cap(ex.head)])
-		ex.head = ex.head[:len(ex.head)+n]
-		if err == io.EOF {
-			ex.closeBody() // fully read: the connection goes back to the pool
-			return policy.FaultNone
-		}
-		if err != nil {
-			if isTimeout(err) {
-				return policy.FaultTimeout
-			}
-			return policy.FaultReset
-		}
-		if !whole && len(ex.head) > 0 {
-			break
-		}
-	}
-	markStreaming(ex.resp)
-	return policy.FaultNone
-}
-
-// closeBody closes the upstream body stream: a fully read one returns its
-// connection to the pool, a partly read one closes the connection, which
-// also tells a model server to stop generating.
-func (ex *exchange) closeBody() {
-	if ex.body != nil {
-		_ = ex.resp.CloseBodyStream()
-		ex.body = nil
-	}
-}
-
-// conclude answers the client once the loop stops with the last attempt.
-func (ex *exchange) conclude() {
-	switch {
-	case ex.verdict.Class == policy.ClassSuccess:
-		ex.outcome = "ok"
-		ex.commit(false)
-	case ex.verdict.Class == policy.ClassPassThrough:
-		ex.outcome = "pass_through"
-		ex.commit(false)
-	case ex.hasReply:
-		ex.giveUp()
-	default:
-		ex.noReply()
-	}
-}
-
-// giveUp returns the last upstream reply as final: Sturdy will not retry
-// it and tells the client's SDK not to either.
-func (ex *exchange) giveUp() {
-	ex.outcome = "exhausted"
-	ex.commit(true)
-}
-
-// noReply answers when no attempt produced a response.
-func (ex *exchange) noReply() {
-	status, code := 502, CodeUpstreamUnreachable
-	what := "could not reach upstream %q"
-	if ex.fault == policy.FaultReset {
-		what = "upstream %q closed the connection before responding"
-	}
-	if ex.fault == policy.FaultTimeout {
-		status, code, what = 504, CodeUpstreamTimeout, "upstream %q sent no response in time"
-	}
-	if ex.attempts > 1 {
-		code = CodeRetriesExhausted
-	}
-	msg := fmt.Sprintf(what+" (%d attempt%s, %s); retry later or check the upstream", ex.up.name,
-		ex.attempts, plural(ex.attempts), stopText(ex.stop))
-	ex.outcome = "upstream_error"
-	ex.fail(status, code, msg, 0)
-}
-
-func (ex *exchange) circuitOpen() {
-	wait := ex.up.breaker.ProbeIn(time.Now())
-	msg := fmt.Sprintf("upstream %q is failing and its circuit breaker is open; Sturdy is not sending it traffic. Retry after the Retry-After delay", ex.up.name)
-	ex.outcome = "circuit_open"
-	ex.fail(503, CodeCircuitOpen, msg, max(wait, time.Second))
-}
-
-func plural(n int) string {
-	if n == 1 {
-		return ""
-	}
-	return "s"
-}
-
-func stopText(s policy.Stop) string {
-	switch s {
-	case policy.StopMaxAttempts:
-		return "max_attempts reached"
-	case policy.StopDeadline:
-		return "route deadline reached"
-	case policy.StopNotReplayable:
-		return "request not safe to replay"
-	case policy.StopNotOn:
-		return "not in retry.on"
-	case policy.StopBreakerOpen:
-		return "circuit breaker opened"
-	default:
-		return "not retried"
-	}
 }
 
 // fail writes an error Sturdy produced itself.
@@ -431,6 +249,7 @@ func (ex *exchange) commit(final bool) {
 	passThrough := ex.verdict.Class == policy.ClassPassThrough
 	if !passThrough {
 		rh.SetBytesKV(hdrRequestID, ex.id)
+		rh.SetBytesK(hdrUpstream, ex.up.name)
 	}
 	if !passThrough || ex.attempts > 1 {
 		rh.SetBytesKV(hdrAttempts, strconv.AppendInt(nil, int64(ex.attempts), 10))
@@ -473,12 +292,13 @@ func kindOf(contentType []byte) streamKind {
 // finish logs and measures the request and returns the exchange to the
 // pool.
 func (ex *exchange) finish() {
+	ex.leaveTarget()
 	ex.logAccess()
 	ex.measure()
 	ex.closeBody()
 	ex.req.Reset()
 	ex.resp.Reset()
-	*ex = exchange{head: ex.head[:0], id: ex.id[:0], uri: ex.uri[:0], req: ex.req, resp: ex.resp}
+	*ex = exchange{head: ex.head[:0], id: ex.id[:0], uri: ex.uri[:0], req: ex.req, resp: ex.resp, body0: ex.body0[:0]}
 	exchangePool.Put(ex)
 }
 
@@ -488,7 +308,6 @@ func (ex *exchange) measure() {
 	route, up := "", ""
 	if ex.route != nil {
 		route, up = ex.route.name, ex.up.name
-		ex.up.inFlight.Add(-1)
 	}
 	m.Requests.WithLabelValues(route, up, metrics.StatusClass(ex.status), ex.outcome).Inc()
 	if ex.stop != policy.StopNone && ex.stop != policy.StopFinal {

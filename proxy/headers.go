@@ -33,6 +33,15 @@ var (
 	hdrRetryAfterMS   = []byte("Retry-After-Ms")
 	hdrAttempts       = []byte("X-Sturdy-Attempts")
 	hdrShouldRetry    = []byte("X-Should-Retry")
+	hdrUpstream       = []byte("X-Sturdy-Upstream")
+
+	hdrStainlessTimeout     = []byte("X-Stainless-Timeout")
+	hdrStainlessReadTimeout = []byte("X-Stainless-Read-Timeout")
+	hdrRequestTimeout       = []byte("Request-Timeout")
+	hdrXRequestTimeout      = []byte("X-Request-Timeout")
+	hdrStainlessRetryCount  = []byte("X-Stainless-Retry-Count")
+	hdrRateLimitRemaining   = []byte("X-Ratelimit-Remaining-Requests")
+	hdrRateLimitReset       = []byte("X-Ratelimit-Reset-Requests")
 	valFalse          = []byte("false")
 )
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
@@ -43,6 +44,49 @@ type Upstream struct {
 	MaxConnections int
 	// Breaker configures the upstream's circuit breaker.
 	Breaker breaker.Settings
+	// RateLimit paces requests to the upstream; zero RequestsPerSecond
+	// disables it.
+	RateLimit RateLimit
+	// MaxInFlight caps concurrent requests (streams included); 0 means
+	// unlimited.
+	MaxInFlight int
+	// QueueTimeout is how long a request waits for a slot under
+	// MaxInFlight.
+	QueueTimeout time.Duration
+	// RetryBudget caps retries to the upstream; the zero value means the
+	// default (ratio 0.5, 10 per second).
+	RetryBudget RetryBudget
+}
+
+// RateLimit paces requests below a provider's quota.
+type RateLimit struct {
+	// RequestsPerSecond is the sustained rate; 0 disables pacing.
+	RequestsPerSecond float64
+	// Burst is how many requests may go at once (≥ 1).
+	Burst int
+	// MaxWait is the longest a request waits for its turn.
+	MaxWait time.Duration
+}
+
+// RetryBudget caps retries: within 10 s they may add Ratio of the first
+// attempts plus MinPerSecond per second.
+type RetryBudget struct {
+	Ratio        float64
+	MinPerSecond float64
+}
+
+// Target is a fallback: an upstream, with the body's "model" rewritten to
+// Model when set.
+type Target struct {
+	Upstream string
+	Model    string
+}
+
+// ClientLimit rate-limits each client, told apart by KeyHeader's value.
+type ClientLimit struct {
+	KeyHeader         string
+	RequestsPerSecond float64
+	Burst             int
 }
 
 // Route sends requests whose path starts with PathPrefix to Upstream.
@@ -52,8 +96,22 @@ type Route struct {
 	// PathPrefix is matched bytewise against the raw request path; the
 	// longest match wins.
 	PathPrefix string
-	// Upstream is an Upstream's Name.
+	// Model, when set, is a glob the body's "model" must match.
+	Model string
+	// Upstream is an Upstream's Name: the primary target.
 	Upstream string
+	// Fallbacks are tried in order after Upstream.
+	Fallbacks []Target
+	// FirstToken, when set, bounds each attempt's wait for its first body
+	// byte below the upstream's FirstByteTimeout.
+	FirstToken time.Duration
+	// FailoverOn lists 4xx statuses that move to the next target.
+	FailoverOn []int
+	// FailoverCodes lists 400 error codes that move to the next target.
+	FailoverCodes []string
+	// AttemptsOnClientRetry caps attempts per target when the client is
+	// retrying on its own (X-Stainless-Retry-Count > 0); 0 means no cap.
+	AttemptsOnClientRetry int
 	// Deadline is the budget until the response starts, retries included.
 	Deadline time.Duration
 	// MaxBody is the largest request body accepted, in bytes.
@@ -66,6 +124,8 @@ type Route struct {
 type Options struct {
 	Upstreams []Upstream
 	Routes    []Route
+	// Clients are per-client rate limits every request must pass.
+	Clients []ClientLimit
 	// Log receives access lines and breaker transitions.
 	Log zerolog.Logger
 	// Rand returns a uniform value in [0, n) for backoff jitter; nil means
@@ -76,12 +136,25 @@ type Options struct {
 }
 
 type route struct {
-	name     string
-	prefix   []byte
-	upstream *upstream
-	deadline time.Duration
-	maxBody  int
-	retry    policy.Retry
+	name          string
+	prefix        []byte
+	model         string // glob, or "" for any
+	specificity   int    // of model; -1 without one
+	targets       []target
+	upstream      *upstream // the primary: targets[0].up
+	firstToken    time.Duration
+	failoverOn    []int
+	failoverCodes []string
+	clientRetries int
+	deadline      time.Duration
+	maxBody       int
+	retry         policy.Retry
+}
+
+// target is one upstream a route may use, with its model rewrite.
+type target struct {
+	up    *upstream
+	model string
 }
 
 // table is one generation of configuration: the routes and the
@@ -90,6 +163,7 @@ type route struct {
 type table struct {
 	routes    []*route // longest prefix first
 	upstreams []*upstream
+	clients   []*clientLimiter
 	maxBody   int
 }
 
@@ -174,13 +248,33 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 		t.upstreams = append(t.upstreams, up)
 	}
 	for _, ro := range o.Routes {
-		up := byName[ro.Upstream]
-		if up == nil {
-			return nil, nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, ro.Upstream)
+		r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
+			firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
+			clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, retry: ro.Retry}
+		if ro.Model != "" {
+			r.specificity = policy.GlobSpecificity(ro.Model)
 		}
-		t.routes = append(t.routes, &route{name: ro.Name, prefix: []byte(ro.PathPrefix), upstream: up,
-			deadline: ro.Deadline, maxBody: ro.MaxBody, retry: ro.Retry})
+		for _, tg := range append([]Target{{Upstream: ro.Upstream}}, ro.Fallbacks...) {
+			up := byName[tg.Upstream]
+			if up == nil {
+				return nil, nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, tg.Upstream)
+			}
+			r.targets = append(r.targets, target{up: up, model: tg.Model})
+		}
+		r.upstream = r.targets[0].up
+		t.routes = append(t.routes, r)
 		t.maxBody = max(t.maxBody, ro.MaxBody)
+	}
+	var prevClients []*clientLimiter
+	if prev != nil {
+		prevClients = prev.clients
+	}
+	for i, co := range o.Clients {
+		if i < len(prevClients) && prevClients[i].opts == co {
+			t.clients = append(t.clients, prevClients[i]) // keep the buckets
+			continue
+		}
+		t.clients = append(t.clients, newClientLimiter(co))
 	}
 	sort.SliceStable(t.routes, func(i, j int) bool { return len(t.routes[i].prefix) > len(t.routes[j].prefix) })
 	var dropped []*upstream
@@ -205,14 +299,34 @@ func (p *Proxy) breakerChanged(name string, from, to breaker.State) {
 	p.m.BreakerTransitions.WithLabelValues(name, to.String()).Inc()
 }
 
-// match returns the route with the longest prefix of path, or nil.
-func (t *table) match(path []byte) *route {
+// match returns the route for a request: among routes whose prefix
+// starts path and whose model glob (if any) matches the body's "model",
+// the longest prefix wins, then a route with a glob over one without,
+// then the glob with more literal characters. The body is parsed only
+// when a candidate route has a model glob.
+func (t *table) match(path, body []byte) *route {
+	var best *route
+	model, parsed := "", false
 	for _, r := range t.routes {
-		if bytes.HasPrefix(path, r.prefix) {
-			return r
+		if best != nil && len(r.prefix) < len(best.prefix) {
+			break // sorted by prefix length, longest first
+		}
+		if !bytes.HasPrefix(path, r.prefix) {
+			continue
+		}
+		if r.model != "" {
+			if !parsed {
+				model, parsed = gjson.GetBytes(body, "model").String(), true
+			}
+			if !policy.GlobMatch(r.model, model) {
+				continue
+			}
+		}
+		if best == nil || r.specificity > best.specificity {
+			best = r
 		}
 	}
-	return nil
+	return best
 }
 
 // Server returns a fasthttp server set up for proxying: bodies up to the

@@ -342,7 +342,7 @@ func TestDeadlineCapsTheWholeRequest(t *testing.T) {
 	if el := time.Since(start); el > 1500*time.Millisecond {
 		t.Fatalf("took %v with a 500ms deadline", el)
 	}
-	if code, _ := errorOf(t, body); resp.StatusCode != 504 || code != CodeUpstreamTimeout {
+	if code, _ := errorOf(t, body); resp.StatusCode != 504 || code != CodeDeadlineExceeded {
 		t.Fatalf("got %d %s", resp.StatusCode, body)
 	}
 }

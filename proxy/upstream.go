@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
 
 	"sturdy/breaker"
+	"sturdy/policy"
 )
 
 // maxIdleConnDuration keeps pooled upstream connections below the idle
@@ -39,6 +41,15 @@ type upstream struct {
 	breaker   *breaker.Breaker
 	// inFlight counts requests using this upstream, streams included.
 	inFlight atomic.Int64
+
+	// Traffic policy: pacing (nil: none), concurrency slots (nil:
+	// unlimited), retry budget, cooldowns learned from 429s.
+	limiter      *rate.Limiter
+	maxWait      time.Duration
+	slots        slots
+	queueTimeout time.Duration
+	budget       *policy.Budget
+	cooldowns    cooldowns
 }
 
 func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) (*upstream, error) {
@@ -61,6 +72,19 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 	if isTLS {
 		up.tls = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
 	}
+	if o.RateLimit.RequestsPerSecond > 0 {
+		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), max(o.RateLimit.Burst, 1))
+		up.maxWait = o.RateLimit.MaxWait
+	}
+	if o.MaxInFlight > 0 {
+		up.slots = make(slots, o.MaxInFlight)
+		up.queueTimeout = o.QueueTimeout
+	}
+	rb := o.RetryBudget
+	if rb == (RetryBudget{}) {
+		rb = RetryBudget{Ratio: 0.5, MinPerSecond: 10}
+	}
+	up.budget = &policy.Budget{Ratio: rb.Ratio, MinPerSecond: rb.MinPerSecond}
 	bs := o.Breaker
 	bs.OnStateChange = onState
 	up.breaker = breaker.New(o.Name, bs)
