@@ -342,7 +342,13 @@ func (ex *exchange) attempt(t *target) policy.Outcome {
 	if timeout <= 0 {
 		return policy.Outcome{Fault: policy.FaultTimeout}
 	}
-	if err := t.up.client.DoTimeout(ex.req, ex.resp, timeout); err != nil {
+	err := t.up.client.DoTimeout(ex.req, ex.resp, timeout)
+	if err != nil && ex.replayable && !isTimeout(err) && staleConnection(ex.resp) {
+		if timeout = min(timeout, time.Until(ex.deadline)); timeout > 0 {
+			err = t.up.client.DoTimeout(ex.req, ex.resp, timeout)
+		}
+	}
+	if err != nil {
 		return policy.Outcome{Fault: faultOf(err)}
 	}
 	status := ex.resp.StatusCode()

@@ -202,3 +202,9 @@ func freePort(t *testing.T) string {
 	ln.Close()
 	return addr
 }
+
+// io_ReadAll drains and closes a response body.
+func io_ReadAll(resp *http.Response) ([]byte, error) {
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}

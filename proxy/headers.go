@@ -42,7 +42,7 @@ var (
 	hdrStainlessRetryCount  = []byte("X-Stainless-Retry-Count")
 	hdrRateLimitRemaining   = []byte("X-Ratelimit-Remaining-Requests")
 	hdrRateLimitReset       = []byte("X-Ratelimit-Reset-Requests")
-	valFalse          = []byte("false")
+	valFalse                = []byte("false")
 )
 
 // headerDeleter is the part of fasthttp's request and response headers that

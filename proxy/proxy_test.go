@@ -774,3 +774,22 @@ func TestTraceContextPassesThroughUntouched(t *testing.T) {
 		t.Fatalf("trace headers changed: %v", r.Header)
 	}
 }
+
+func TestStaleKeepAliveConnectionIsNotAFailure(t *testing.T) {
+	// The raw chunked reply closes its connection without saying so: the
+	// next request finds a dead pooled connection.
+	up := upstreamtest.Start(t, upstreamtest.Step{Chunks: []string{"ok"}})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Routes[0].Retry.MaxAttempts = 1
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000}
+	})
+	for i := 0; i < 3; i++ {
+		time.Sleep(60 * time.Millisecond) // let the upstream close it
+		if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "ok" || resp.Header.Get("X-Sturdy-Attempts") != "1" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+		t.Fatalf("stale connections counted against the breaker: %v", st)
+	}
+}

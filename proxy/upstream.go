@@ -128,6 +128,7 @@ func (up *upstream) dial(addr string) (net.Conn, error) {
 		return nil, &dialError{err}
 	}
 	_ = tc.SetDeadline(time.Time{})
+	uc.requests.Store(0) // the handshake was not a request
 	return tc, nil
 }
 
@@ -143,6 +144,12 @@ type upstreamConn struct {
 	idle   time.Duration
 	stream atomic.Bool
 	local  connAddr
+	// requests counts the requests written on the connection; received
+	// counts the bytes read since the current one was written. Together
+	// they tell a stale keep-alive connection (see staleConnection).
+	requests atomic.Int32
+	received atomic.Int64
+	writing  atomic.Bool
 }
 
 // connAddr is the connection's local address carrying a pointer back to
@@ -166,7 +173,28 @@ func (c *upstreamConn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	return c.Conn.Read(p)
+	c.writing.Store(false)
+	n, err := c.Conn.Read(p)
+	c.received.Add(int64(n))
+	return n, err
+}
+
+func (c *upstreamConn) Write(p []byte) (int, error) {
+	if !c.writing.Swap(true) {
+		c.requests.Add(1)
+		c.received.Store(0)
+	}
+	return c.Conn.Write(p)
+}
+
+// staleConnection reports whether a failed attempt died on a pooled
+// keep-alive connection that the upstream had closed: reused, and not one
+// byte came back for this request. The request was almost surely never
+// processed, so a replayable one is sent again at once on a fresh
+// connection, without counting as an attempt.
+func staleConnection(resp *fasthttp.Response) bool {
+	a, ok := resp.LocalAddr().(*connAddr)
+	return ok && a.conn.requests.Load() > 1 && a.conn.received.Load() == 0
 }
 
 // markStreaming switches the connection resp arrived on to the idle
