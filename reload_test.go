@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,23 +17,6 @@ import (
 	"sturdy/metrics"
 	"sturdy/proxy"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 const reloadConfig = `
 upstreams:
@@ -54,7 +36,7 @@ type reloadStack struct {
 	path string
 	url  string
 	hup  chan os.Signal
-	logs *lockedBuffer
+	logs *upstreamtest.LogBuffer
 	p    *proxy.Proxy
 }
 
@@ -67,7 +49,7 @@ func startReloadable(t *testing.T, yaml string) *reloadStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &upstreamtest.LogBuffer{}
 	logger := zerolog.New(logs)
 	m := metrics.New()
 	p, err := proxy.New(proxyOptions(cfg, logger, m))
@@ -94,16 +76,7 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-func getBody(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
+var getBody = upstreamtest.Get
 
 // eventually polls cond for up to 5 s.
 func eventually(t *testing.T, what string, cond func() bool) {

@@ -57,16 +57,7 @@ func start(t *testing.T, openFor time.Duration, steps ...upstreamtest.Step) *sta
 		upstreams: []*upstreamtest.Server{up}}
 }
 
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
+var get = upstreamtest.Get
 
 func (s *stack) chat(t *testing.T) int {
 	t.Helper()

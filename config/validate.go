@@ -62,37 +62,29 @@ func (c *Config) Validate() []Problem {
 		positive("timeouts.idle", u.Timeouts.Idle)
 		positive("breaker.window", u.Breaker.Window)
 		positive("breaker.open_for", u.Breaker.OpenFor)
-		if u.MaxConnections < 1 {
-			bad(k+".max_connections", "must be at least 1")
-		}
 		b := u.Breaker
-		if b.ConsecutiveFailures < 1 {
-			bad(k+".breaker.consecutive_failures", "must be at least 1")
+		atLeast1 := func(key string, v int) {
+			if v < 1 {
+				bad(k+"."+key, "must be at least 1")
+			}
 		}
+		notNegative := func(key string, v float64, note string) {
+			if v < 0 {
+				bad(k+"."+key, "must not be negative%s", note)
+			}
+		}
+		atLeast1("max_connections", u.MaxConnections)
+		atLeast1("breaker.consecutive_failures", b.ConsecutiveFailures)
+		atLeast1("breaker.min_requests", b.MinRequests)
+		atLeast1("breaker.half_open_requests", b.HalfOpenRequests)
+		atLeast1("rate_limit.burst", u.RateLimit.Burst)
 		if b.FailureRatio <= 0 || b.FailureRatio > 1 {
 			bad(k+".breaker.failure_ratio", "must be in (0, 1]")
 		}
-		if b.MinRequests < 1 {
-			bad(k+".breaker.min_requests", "must be at least 1")
-		}
-		if b.HalfOpenRequests < 1 {
-			bad(k+".breaker.half_open_requests", "must be at least 1")
-		}
-		if u.RateLimit.RequestsPerSecond < 0 {
-			bad(k+".rate_limit.requests_per_second", "must not be negative (0 disables pacing)")
-		}
-		if u.RateLimit.Burst < 1 {
-			bad(k+".rate_limit.burst", "must be at least 1")
-		}
-		if u.MaxInFlight < 0 {
-			bad(k+".max_in_flight", "must not be negative (0 means unlimited)")
-		}
-		if u.RetryBudget.Ratio < 0 {
-			bad(k+".retry_budget.ratio", "must not be negative")
-		}
-		if u.RetryBudget.MinPerSecond < 0 {
-			bad(k+".retry_budget.min_per_second", "must not be negative")
-		}
+		notNegative("rate_limit.requests_per_second", u.RateLimit.RequestsPerSecond, " (0 disables pacing)")
+		notNegative("max_in_flight", float64(u.MaxInFlight), " (0 means unlimited)")
+		notNegative("retry_budget.ratio", u.RetryBudget.Ratio, "")
+		notNegative("retry_budget.min_per_second", u.RetryBudget.MinPerSecond, "")
 	}
 	for i, cl := range c.Clients {
 		k := fmt.Sprintf("clients[%d]", i)

@@ -178,6 +178,25 @@ func TestInsufficientQuota(t *testing.T) {
 	}
 }
 
+// nextCase is one row of a Retry.Next table.
+type nextCase struct {
+	name   string
+	policy Retry
+	in     Attempt
+	want   Step
+}
+
+func runNextTable(t *testing.T, tests []nextCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.policy.Next(tt.in, maxRand); got != tt.want {
+				t.Errorf("Next = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestRetryNext(t *testing.T) {
 	r := Retry{
 		MaxAttempts:   4,
@@ -190,12 +209,7 @@ func TestRetryNext(t *testing.T) {
 	vConnect := Classify(Outcome{Fault: FaultConnect})
 	vReset := Classify(Outcome{Fault: FaultReset})
 	hour := time.Hour
-	tests := []struct {
-		name   string
-		policy Retry
-		in     Attempt
-		want   Step
-	}{
+	tests := []nextCase{
 		{"success stops", r, Attempt{Verdict: Classify(Outcome{Status: 200}), N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopFinal}},
 		{"pass-through stops", r, Attempt{Verdict: Classify(Outcome{Status: 400}), N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopFinal}},
 		{"5xx retries with jitter bound", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, Step{Retry: true, Wait: 250 * time.Millisecond}},
@@ -214,13 +228,7 @@ func TestRetryNext(t *testing.T) {
 		{"replay_writes retries writes", Retry{MaxAttempts: 2, On: RetryOnAll, ReplayWrites: true}, Attempt{Verdict: v5xx, N: 1, Remaining: hour}, Step{Retry: true}},
 		{"reason not in retry.on", Retry{MaxAttempts: 4, On: 1 << ReasonConnect}, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopNotOn}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.policy.Next(tt.in, maxRand); got != tt.want {
-				t.Errorf("Next = %+v, want %+v", got, tt.want)
-			}
-		})
-	}
+	runNextTable(t, tests)
 }
 
 func TestRetryNextFailover(t *testing.T) {
@@ -233,12 +241,7 @@ func TestRetryNextFailover(t *testing.T) {
 	vTimeout := Classify(Outcome{Fault: FaultTimeout})
 	v404 := Classify(Outcome{Status: 404})
 	hour := time.Hour
-	tests := []struct {
-		name   string
-		policy Retry
-		in     Attempt
-		want   Step
-	}{
+	tests := []nextCase{
 		{"retry in place first", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
 			Step{Retry: true, Wait: 250 * time.Millisecond}},
 		{"target exhausted moves on", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: hour},
@@ -266,13 +269,7 @@ func TestRetryNextFailover(t *testing.T) {
 		{"deadline passed: no failover", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: 0},
 			Step{Stop: StopDeadline}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.policy.Next(tt.in, maxRand); got != tt.want {
-				t.Errorf("Next = %+v, want %+v", got, tt.want)
-			}
-		})
-	}
+	runNextTable(t, tests)
 }
 
 func TestBudgetAbsorbsTransientFaultsButCapsAnOutage(t *testing.T) {

@@ -400,3 +400,27 @@ func TestClientRetryGetsOneAttemptPerTarget(t *testing.T) {
 		t.Fatalf("first try got %d attempts, want max_attempts", up.Count()-1)
 	}
 }
+
+func TestStatusShowsTrafficPolicyState(t *testing.T) {
+	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "30"}}})
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, primary.URL, func(o *Options) {
+		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 5, Burst: 3, MaxWait: time.Second}
+		o.Upstreams[0].MaxInFlight = 7
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: time.Minute}
+		withFallbacks(o, []string{fallback.URL})
+	})
+	h.chat("")
+	st := h.p.Upstreams()
+	a := st[0]
+	if a.Cooldowns != 1 || a.CooldownUntil == nil || time.Until(*a.CooldownUntil) < 25*time.Second ||
+		a.MaxInFlight != 7 || a.SlotsInUse != 0 || a.Limiter == nil || a.Limiter.Burst != 3 || a.Limiter.Tokens >= 2.9 {
+		t.Fatalf("status %+v limiter %+v", a, a.Limiter)
+	}
+	if st[1].Limiter != nil || st[1].Cooldowns != 0 {
+		t.Fatalf("fallback status %+v", st[1])
+	}
+	if ok, _ := h.p.Ready(); !ok {
+		t.Fatal("not ready although the fallback is closed")
+	}
+}

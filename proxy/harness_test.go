@@ -2,13 +2,11 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,30 +17,12 @@ import (
 	"sturdy/policy"
 )
 
-// syncBuffer collects log output from concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // harness is a running Sturdy in front of test upstreams.
 type harness struct {
 	t    *testing.T
 	p    *Proxy
 	url  string
-	logs *syncBuffer
+	logs *upstreamtest.LogBuffer
 }
 
 // testUpstream is an upstream with test-sized timeouts and a breaker that
@@ -64,7 +44,7 @@ func testRoute(upstream string) Route {
 // after edit (if any) adjusts the options.
 func startProxy(t *testing.T, upstreamURL string, edit func(*Options)) *harness {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &upstreamtest.LogBuffer{}
 	o := Options{
 		Upstreams: []Upstream{testUpstream("up", upstreamURL)},
 		Routes:    []Route{testRoute("up")},

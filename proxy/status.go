@@ -27,6 +27,24 @@ type UpstreamStatus struct {
 	InFlight int64 `json:"in_flight"`
 	// OpenConnections counts connections open to the upstream.
 	OpenConnections int `json:"open_connections"`
+	// MaxInFlight is the configured cap (0: unlimited); SlotsInUse the
+	// slots taken under it.
+	MaxInFlight int `json:"max_in_flight"`
+	SlotsInUse  int `json:"slots_in_use"`
+	// Cooldowns counts credentials cooling down after a 429;
+	// CooldownUntil is the latest end among them.
+	Cooldowns     int        `json:"cooldowns"`
+	CooldownUntil *time.Time `json:"cooldown_until"`
+	// Limiter is the pacing state, absent without rate_limit.
+	Limiter *LimiterStatus `json:"limiter,omitempty"`
+}
+
+// LimiterStatus is an upstream's pacing limiter.
+type LimiterStatus struct {
+	RequestsPerSecond float64 `json:"requests_per_second"`
+	Burst             int     `json:"burst"`
+	// Tokens available now (negative: requests are waiting).
+	Tokens float64 `json:"tokens"`
 }
 
 // Upstreams reports the state of every configured upstream.
@@ -37,6 +55,14 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 		s := UpstreamStatus{Name: up.name, URL: up.opts.URL, Breaker: up.breaker.State().String(),
 			ProbeInMS: up.breaker.ProbeIn(now).Milliseconds(), InFlight: up.inFlight.Load(),
 			OpenConnections: up.client.ConnsCount()}
+		s.MaxInFlight, s.SlotsInUse = cap(up.slots), len(up.slots)
+		if n, until := up.cooldowns.active(now); n > 0 {
+			s.Cooldowns, s.CooldownUntil = n, &until
+		}
+		if up.limiter != nil {
+			s.Limiter = &LimiterStatus{RequestsPerSecond: float64(up.limiter.Limit()), Burst: up.limiter.Burst(),
+				Tokens: up.limiter.TokensAt(now)}
+		}
 		c := up.breaker.Counts()
 		s.Counts.Requests, s.Counts.Successes, s.Counts.Failures = c.Requests, c.TotalSuccesses, c.TotalFailures
 		s.Counts.Exclusions, s.Counts.ConsecutiveFailures = c.TotalExclusions, c.ConsecutiveFailures
@@ -50,7 +76,14 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 // routes that have none.
 func (p *Proxy) Ready() (ok bool, notReady []string) {
 	for _, r := range p.tbl.Load().routes {
-		if r.upstream.breaker.State() == breaker.StateOpen {
+		ready := false
+		for _, t := range r.targets {
+			if t.up.breaker.State() != breaker.StateOpen {
+				ready = true
+				break
+			}
+		}
+		if !ready {
 			notReady = append(notReady, r.name)
 		}
 	}
