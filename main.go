@@ -108,11 +108,18 @@ func serve(s settings, cfg *config.Config, stderr io.Writer) int {
 	srv := p.Server()
 	adminSrv := &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: log.New(logger.With().Str("component", "admin").Logger(), "", 0)}
-	logger.Info().Str("listen", ln.Addr().String()).Str("admin_listen", adminLn.Addr().String()).
+	logger.Info().Str("listen", ln.Addr().String()).Bool("tls", cfg.TLS.CertFile != "").
+		Bool("client_auth", len(cfg.Auth.Keys) > 0).Str("admin_listen", adminLn.Addr().String()).
 		Str("version", version).Msg("sturdy started")
 
 	served := make(chan error, 2)
-	go func() { served <- srv.Serve(ln) }()
+	go func() {
+		if cfg.TLS.CertFile != "" {
+			served <- srv.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+			return
+		}
+		served <- srv.Serve(ln)
+	}()
 	go func() { served <- adminSrv.Serve(adminLn) }()
 	ctx, stopWatching := context.WithCancel(context.Background())
 	defer stopWatching()
@@ -178,7 +185,9 @@ func loadConfig(s settings) (*config.Config, error) {
 
 // proxyOptions translates the config into the proxy's settings.
 func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics) proxy.Options {
-	o := proxy.Options{Log: logger, Metrics: m}
+	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys,
+		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
+			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes)}}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
 		o.Upstreams = append(o.Upstreams, proxy.Upstream{
@@ -200,6 +209,8 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			MaxInFlight:  u.MaxInFlight,
 			QueueTimeout: u.QueueTimeout.Std(),
 			RetryBudget:  proxy.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
+			CAFile:             u.TLS.CAFile,
+			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
 		})
 	}
 	for _, c := range cfg.Clients {

@@ -63,6 +63,9 @@ func (r *reloader) restartOnly(cfg *config.Config) []string {
 	if cfg.Log != r.running.Log {
 		out = append(out, "log settings take effect after a restart")
 	}
+	if cfg.Server != r.running.Server || cfg.TLS != r.running.TLS {
+		out = append(out, "server and tls settings take effect after a restart")
+	}
 	return out
 }
 

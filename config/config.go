@@ -29,6 +29,53 @@ type Config struct {
 	// Clients are per-client rate limits, each keyed by a header's value
 	// (hashed, never stored); every request must pass all of them.
 	Clients []ClientLimit `yaml:"clients"`
+	// Server bounds how clients may use the listener.
+	Server Server `yaml:"server"`
+	// TLS, when cert_file and key_file are set, serves the listener over
+	// HTTPS.
+	TLS ListenerTLS `yaml:"tls"`
+	// Auth, when it has keys, requires every client to present one as
+	// "Authorization: Bearer <key>".
+	Auth Auth `yaml:"auth"`
+}
+
+// Server bounds the client-facing listener.
+type Server struct {
+	// ReadTimeout bounds reading a whole request (headers and body); a
+	// client trickling its headers (slowloris) is cut here. Default 60s.
+	ReadTimeout Duration `yaml:"read_timeout"`
+	// IdleTimeout bounds a keep-alive connection waiting for its next
+	// request. Default 120s.
+	IdleTimeout Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes caps the request line and headers; larger gets 431.
+	// Default 32KiB.
+	MaxHeaderBytes Size `yaml:"max_header_bytes"`
+}
+
+// ListenerTLS serves the listener over TLS.
+type ListenerTLS struct {
+	// CertFile is a PEM certificate chain.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is the PEM private key.
+	KeyFile string `yaml:"key_file"`
+}
+
+// Auth is client authentication with keys Sturdy issues.
+type Auth struct {
+	// Keys are accepted client keys. ${VAR} is expanded.
+	Keys []string `yaml:"keys"`
+	// KeysFile holds more keys, one per line (blank lines and # comments
+	// ignored).
+	KeysFile string `yaml:"keys_file"`
+}
+
+// UpstreamTLS configures how Sturdy verifies an https upstream.
+type UpstreamTLS struct {
+	// CAFile adds PEM CA certificates to trust (beyond the system's).
+	CAFile string `yaml:"ca_file"`
+	// InsecureSkipVerify turns verification off. Default false; for tests
+	// against self-signed servers only.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 // ClientLimit limits each client, told apart by one header's value.
@@ -92,6 +139,11 @@ type Upstream struct {
 	// "Bearer <key>". ${VAR} is expanded from the environment; empty
 	// means unset.
 	APIKey string `yaml:"api_key"`
+	// APIKeyFile reads the API key from a file (trimmed), so it need not
+	// be in the YAML. Not together with APIKey.
+	APIKeyFile string `yaml:"api_key_file"`
+	// TLS configures verification of an https upstream.
+	TLS UpstreamTLS `yaml:"tls"`
 	// Timeouts bound each attempt.
 	Timeouts Timeouts `yaml:"timeouts"`
 	// MaxConnections caps open connections to the upstream. Default 512.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,35 @@ routes: [{name: r, upstream: a}]
 	}
 }
 
+func TestSecretsFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	keyFile, keysFile := dir+"/openai.key", dir+"/clients.keys"
+	if err := os.WriteFile(keyFile, []byte("sk-from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keysFile, []byte("# issued 2026-11\nclient-key-0000000001\n\nclient-key-0000000002\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse("t.yaml", []byte(`
+upstreams: [{name: a, url: "http://h", api_key_file: "`+keyFile+`"}]
+auth: {keys: [inline-key-00000001], keys_file: "`+keysFile+`"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstreams[0].APIKey != "sk-from-file" || len(c.Auth.Keys) != 3 || c.Auth.Keys[2] != "client-key-0000000002" {
+		t.Fatalf("api key %q, auth keys %v", c.Upstreams[0].APIKey, c.Auth.Keys)
+	}
+	_, err = Parse("t.yaml", []byte("upstreams:\n  - name: a\n    url: http://h\n    api_key_file: /nonexistent/key\n"))
+	if err == nil || !strings.Contains(err.Error(), "t.yaml:4: upstreams[0].api_key_file: cannot read") {
+		t.Fatalf("missing key file: %v", err)
+	}
+	_, err = Parse("t.yaml", []byte("upstreams: [{name: a, url: 'http://h'}]\nauth:\n  keys: [short]\n"))
+	if err == nil || !strings.Contains(err.Error(), "auth.keys[0]: too short") {
+		t.Fatalf("short key: %v", err)
+	}
+}
+
 func TestSizes(t *testing.T) {
 	tests := map[string]Size{"0": 0, "1024": 1024, "1KB": 1000, "1KiB": 1024, "32MiB": 32 << 20, "2MB": 2e6, "1 GiB": 1 << 30, "10B": 10}
 	for in, want := range tests {
@@ -130,7 +160,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		want       []string // substrings of the message, in order of lines
 	}{
 		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
-			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, clients, listen, log, routes, upstreams)"}},
+			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, auth, clients, listen, log, routes, server, tls, upstreams)"}},
 		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
 			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
 		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",

@@ -103,6 +103,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		c.expandEnv()
 		c.applyImplicitRoute()
 		c.applyDerivedDefaults()
+		problems = append(problems, c.readSecretFiles(idx)...)
 		for _, p := range c.Validate() {
 			p.Line = idx.line(p.Key)
 			problems = append(problems, p)
@@ -116,7 +117,8 @@ func Parse(name string, data []byte) (*Config, error) {
 }
 
 func defaultConfig() *Config {
-	return &Config{Listen: ":8080", AdminListen: DefaultAdminListen, Log: Log{Level: "info", Format: "json"}}
+	return &Config{Listen: ":8080", AdminListen: DefaultAdminListen, Log: Log{Level: "info", Format: "json"},
+		Server: Server{ReadTimeout: Duration(60e9), IdleTimeout: Duration(120e9), MaxHeaderBytes: 32 << 10}}
 }
 
 func defaultUpstream() Upstream {
@@ -207,6 +209,46 @@ func (c *Config) applyImplicitRoute() {
 	}
 }
 
+// readSecretFiles loads api_key_file and auth.keys_file, so secrets can
+// live outside the YAML.
+func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
+	var ps []Problem
+	bad := func(key, format string, args ...any) {
+		ps = append(ps, Problem{Key: key, Line: idx.line(key), Msg: fmt.Sprintf(format, args...)})
+	}
+	for i := range c.Upstreams {
+		u := &c.Upstreams[i]
+		if u.APIKeyFile == "" {
+			continue
+		}
+		k := fmt.Sprintf("upstreams[%d].api_key_file", i)
+		if u.APIKey != "" {
+			bad(k, "set api_key or api_key_file, not both")
+			continue
+		}
+		b, err := os.ReadFile(u.APIKeyFile)
+		if err != nil {
+			bad(k, "cannot read %q: %v", u.APIKeyFile, errors.Unwrap(err))
+			continue
+		}
+		if u.APIKey = strings.TrimSpace(string(b)); u.APIKey == "" {
+			bad(k, "%q is empty", u.APIKeyFile)
+		}
+	}
+	if f := c.Auth.KeysFile; f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			bad("auth.keys_file", "cannot read %q: %v", f, errors.Unwrap(err))
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				c.Auth.Keys = append(c.Auth.Keys, line)
+			}
+		}
+	}
+	return ps
+}
+
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
 // expandEnv replaces ${VAR} in listen and in each upstream's url and
@@ -217,6 +259,9 @@ func (c *Config) expandEnv() {
 	}
 	c.Listen = expand(c.Listen)
 	c.AdminListen = expand(c.AdminListen)
+	for i := range c.Auth.Keys {
+		c.Auth.Keys[i] = expand(c.Auth.Keys[i])
+	}
 	for i := range c.Upstreams {
 		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)
 		c.Upstreams[i].APIKey = expand(c.Upstreams[i].APIKey)

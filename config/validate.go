@@ -1,7 +1,9 @@
 package config
 
 import (
+	"crypto/x509"
 	"fmt"
+	"os"
 	"net"
 	"net/url"
 	"strings"
@@ -35,6 +37,30 @@ func (c *Config) Validate() []Problem {
 	if len(c.Upstreams) == 0 {
 		bad("upstreams", "at least one upstream is required")
 	}
+	if c.Server.ReadTimeout <= 0 {
+		bad("server.read_timeout", "must be greater than 0")
+	}
+	if c.Server.IdleTimeout <= 0 {
+		bad("server.idle_timeout", "must be greater than 0")
+	}
+	if c.Server.MaxHeaderBytes < 1024 {
+		bad("server.max_header_bytes", "must be at least 1KiB")
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		bad("tls", "set both cert_file and key_file, or neither")
+	}
+	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}} {
+		if f.path != "" {
+			if _, err := os.Stat(f.path); err != nil {
+				bad(f.key, "cannot read %q", f.path)
+			}
+		}
+	}
+	for i, k := range c.Auth.Keys {
+		if len(k) < 16 {
+			bad(fmt.Sprintf("auth.keys[%d]", i), "too short: use at least 16 characters")
+		}
+	}
 	// uniqueName checks that a name is set and not used twice among kind.
 	uniqueName := func(key, kind, name string, seen map[string]bool) {
 		switch {
@@ -51,6 +77,11 @@ func (c *Config) Validate() []Problem {
 		uniqueName(k+".name", "upstream", u.Name, names)
 		if err := checkUpstreamURL(u.URL); err != nil {
 			bad(k+".url", "%v", err)
+		}
+		if f := u.TLS.CAFile; f != "" {
+			if b, err := os.ReadFile(f); err != nil || !x509.NewCertPool().AppendCertsFromPEM(b) {
+				bad(k+".tls.ca_file", "cannot read PEM certificates from %q", f)
+			}
 		}
 		positive := func(key string, d Duration) {
 			if d <= 0 {

@@ -100,7 +100,9 @@ func (ex *exchange) useTarget(t *target) bool {
 	req.Header.DelBytes(hdrAuthorization)
 	if t.up.auth != nil {
 		req.Header.SetBytesKV(hdrAuthorization, t.up.auth)
-	} else if a := ex.ctx.Request.Header.PeekBytes(hdrAuthorization); len(a) > 0 {
+	} else if a := ex.ctx.Request.Header.PeekBytes(hdrAuthorization); len(a) > 0 && len(ex.tbl.authKeys) == 0 {
+		// With auth on, the client's Authorization is Sturdy's own key:
+		// it never goes upstream.
 		req.Header.SetBytesKV(hdrAuthorization, a)
 	}
 	body := ex.ctx.Request.Body()

@@ -24,6 +24,7 @@ const (
 	CodeRateLimited         = "rate_limited"
 	CodeUpstreamBusy        = "upstream_busy"
 	CodeDeadlineExceeded    = "deadline_exceeded"
+	CodeInvalidAPIKey       = "invalid_api_key"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.

@@ -152,6 +152,19 @@ func (ex *exchange) admit() bool {
 		ex.reject(400, CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
 		return false
 	}
+	if bothFramings(ctx.Request.Header.RawHeaders()) {
+		// Both framings at once is the classic request-smuggling shape:
+		// refuse it and close the connection, so nothing after it on the
+		// connection is read as another request.
+		ex.reject(400, CodeBadRequest, "request has both Content-Length and Transfer-Encoding; send one")
+		ctx.SetConnectionClose()
+		return false
+	}
+	if !ex.tbl.authorized(ctx.Request.Header.PeekBytes(hdrAuthorization)) {
+		ex.outcome = "unauthorized"
+		ex.fail(401, CodeInvalidAPIKey, "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\"", 0)
+		return false
+	}
 	now := time.Now()
 	for _, cl := range ex.tbl.clients {
 		if wait, ok := cl.take(ctx.Request.Header.PeekBytes(cl.header), now); !ok {

@@ -84,3 +84,22 @@ func copyResponseHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHea
 	// What the upstream did not send, Sturdy does not invent.
 	dst.SetNoDefaultContentType(true)
 }
+
+// bothFramings reports whether raw request headers carry both
+// Content-Length and Transfer-Encoding, whatever their case on the wire.
+// It scans the header lines once and allocates nothing.
+func bothFramings(raw []byte) bool {
+	var cl, te bool
+	for len(raw) > 0 {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte("\n"))
+		k, _, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			continue
+		}
+		k = bytes.TrimSpace(k)
+		cl = cl || bytes.EqualFold(k, []byte("Content-Length"))
+		te = te || bytes.EqualFold(k, []byte("Transfer-Encoding"))
+	}
+	return cl && te
+}

@@ -9,6 +9,8 @@ package proxy
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
@@ -56,6 +58,21 @@ type Upstream struct {
 	// RetryBudget caps retries to the upstream; the zero value means the
 	// default (ratio 0.5, 10 per second).
 	RetryBudget RetryBudget
+	// CAFile adds PEM CAs to trust for an https upstream.
+	CAFile string
+	// InsecureSkipVerify turns off TLS verification of the upstream.
+	InsecureSkipVerify bool
+}
+
+// ServerLimits bound how clients use the listener. Zero fields mean the
+// defaults: 60 s, 120 s, 32 KiB.
+type ServerLimits struct {
+	// ReadTimeout bounds reading a whole request, headers and body.
+	ReadTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection between requests.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes caps the request line and headers (431 above).
+	MaxHeaderBytes int
 }
 
 // RateLimit paces requests below a provider's quota.
@@ -126,6 +143,12 @@ type Options struct {
 	Routes    []Route
 	// Clients are per-client rate limits every request must pass.
 	Clients []ClientLimit
+	// AuthKeys, when set, are the keys clients must present as
+	// "Authorization: Bearer <key>"; the client's Authorization is then
+	// never forwarded upstream.
+	AuthKeys []string
+	// Server bounds the client-facing listener (fixed at New).
+	Server ServerLimits
 	// Log receives access lines and breaker transitions.
 	Log zerolog.Logger
 	// Rand returns a uniform value in [0, n) for backoff jitter; nil means
@@ -164,6 +187,7 @@ type table struct {
 	routes    []*route // longest prefix first
 	upstreams []*upstream
 	clients   []*clientLimiter
+	authKeys  [][sha256.Size]byte // hashes of the accepted client keys
 	maxBody   int
 }
 
@@ -175,6 +199,7 @@ type Proxy struct {
 	rand     func(int64) int64
 	m        *metrics.Metrics
 	maxBody  int // the server's body limit, fixed at New
+	limits   ServerLimits
 	idPrefix string
 	idSeq    atomic.Uint64
 }
@@ -197,6 +222,16 @@ func New(o Options) (*Proxy, error) {
 		return nil, err
 	}
 	p.maxBody = t.maxBody
+	p.limits = o.Server
+	if p.limits.ReadTimeout <= 0 {
+		p.limits.ReadTimeout = 60 * time.Second
+	}
+	if p.limits.IdleTimeout <= 0 {
+		p.limits.IdleTimeout = 120 * time.Second
+	}
+	if p.limits.MaxHeaderBytes <= 0 {
+		p.limits.MaxHeaderBytes = 32 << 10
+	}
 	p.tbl.Store(t)
 	return p, nil
 }
@@ -265,6 +300,9 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 		t.routes = append(t.routes, r)
 		t.maxBody = max(t.maxBody, ro.MaxBody)
 	}
+	for _, k := range o.AuthKeys {
+		t.authKeys = append(t.authKeys, sha256.Sum256([]byte(k)))
+	}
 	var prevClients []*clientLimiter
 	if prev != nil {
 		prevClients = prev.clients
@@ -297,6 +335,22 @@ func (p *Proxy) breakerChanged(name string, from, to breaker.State) {
 	ev.Str("upstream", name).Str("from", from.String()).Str("to", to.String()).Msg("breaker state change")
 	p.m.BreakerState.WithLabelValues(name).Set(float64(to))
 	p.m.BreakerTransitions.WithLabelValues(name, to.String()).Inc()
+}
+
+// authorized reports whether the request carries an accepted client key
+// (always true without auth). Every key is compared, in constant time, on
+// hashes of equal length: timing tells nothing about the keys.
+func (t *table) authorized(authorization []byte) bool {
+	if len(t.authKeys) == 0 {
+		return true
+	}
+	key, ok := bytes.CutPrefix(authorization, []byte("Bearer "))
+	got := sha256.Sum256(key)
+	match := 0
+	for i := range t.authKeys {
+		match |= subtle.ConstantTimeCompare(got[:], t.authKeys[i][:])
+	}
+	return ok && match == 1
 }
 
 // match returns the route for a request: among routes whose prefix
@@ -339,9 +393,9 @@ func (p *Proxy) Server() *fasthttp.Server {
 		ErrorHandler:                 p.handleParseError,
 		Logger:                       fasthttpLogger{p.log},
 		MaxRequestBodySize:           p.maxBody,
-		ReadBufferSize:               32 << 10,
-		ReadTimeout:                  60 * time.Second,
-		IdleTimeout:                  120 * time.Second,
+		ReadBufferSize:               p.limits.MaxHeaderBytes,
+		ReadTimeout:                  p.limits.ReadTimeout,
+		IdleTimeout:                  p.limits.IdleTimeout,
 		NoDefaultServerHeader:        true,
 		NoDefaultDate:                true,
 		NoDefaultContentType:         true,

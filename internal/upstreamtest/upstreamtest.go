@@ -7,6 +7,13 @@ package upstreamtest
 import (
 	"bufio"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"fmt"
 	"io"
 	"net"
@@ -288,6 +295,55 @@ func Serve(t testing.TB, srv *fasthttp.Server) string {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return "http://" + ln.Addr().String()
+}
+
+// SelfSigned makes a throwaway CA-less certificate for 127.0.0.1 and
+// localhost, valid for an hour, as PEM.
+func SelfSigned(t testing.TB) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: "sturdy-test"},
+		NotBefore:             time.Now().Add(-time.Minute),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+
+// StartTLS is Start over HTTPS with the given certificate; the URL is
+// https://127.0.0.1:port.
+func StartTLS(t testing.TB, certPEM, keyPEM []byte, steps ...Step) *Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{ln: ln, Addr: ln.Addr().String(), URL: "https://" + ln.Addr().String(),
+		release: make(chan struct{}), script: steps}
+	s.srv = &fasthttp.Server{Handler: s.handle, NoDefaultServerHeader: true, NoDefaultDate: true,
+		NoDefaultContentType: true, Logger: quiet{}, CloseOnShutdown: true}
+	go func() { _ = s.srv.ServeTLSEmbed(ln, certPEM, keyPEM) }()
+	t.Cleanup(s.Close)
+	return s
 }
 
 // Get fetches url and returns the status and body.

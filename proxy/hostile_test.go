@@ -1,0 +1,178 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sturdy/internal/upstreamtest"
+)
+
+func TestOversizedHeadersGet431AndTheProxyKeepsServing(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, nil)
+	for _, raw := range []string{
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 40_000) + "\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-Many: header-value-here\r\n", 2_000) + "\r\n",
+	} {
+		resp, body := h.raw(raw)
+		if code, _ := errorOf(t, body); resp.StatusCode != 431 || code != CodeBadRequest {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	if resp, _ := h.do("GET", "/v1/models", ""); resp.StatusCode != 200 || up.Count() != 1 {
+		t.Fatal("proxy stopped serving after oversized headers")
+	}
+}
+
+func TestMalformedRequestClosesTheConnection(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GARBAGE\x00\x01 not http\r\n\r\n")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("connection left open after a malformed request: %v", err)
+	}
+}
+
+func TestRequestSmugglingIsRefused(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, nil)
+	resp, body := h.raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n")
+	if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest || !resp.Close {
+		t.Fatalf("%d %s close=%v", resp.StatusCode, body, resp.Close)
+	}
+	if up.Count() != 0 {
+		t.Fatalf("upstream saw %d requests", up.Count())
+	}
+}
+
+func TestSlowlorisIsCutAndOthersAreServed(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, func(o *Options) { o.Server.ReadTimeout = 500 * time.Millisecond })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	cut := make(chan time.Duration, 1)
+	go func() {
+		// One header byte every 100 ms, for up to 5 s.
+		header := "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("s", 100)
+		for i := 0; i < len(header); i++ {
+			if _, err := conn.Write([]byte{header[i]}); err != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+			if time.Since(start) > 5*time.Second {
+				break
+			}
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.ReadAll(conn)
+		cut <- time.Since(start)
+	}()
+	// Meanwhile another client is served normally.
+	time.Sleep(200 * time.Millisecond)
+	if resp, _ := h.do("GET", "/v1/models", ""); resp.StatusCode != 200 {
+		t.Fatal("a normal client was not served during a slowloris")
+	}
+	if d := <-cut; d > 3*time.Second {
+		t.Fatalf("slowloris connection lived %v with a 500ms read timeout", d)
+	}
+}
+
+func TestClientThatStopsReadingDoesNotGrowMemory(t *testing.T) {
+	const chunk = 1 << 20
+	big := strings.Repeat("x", chunk)
+	chunks := make([]string, 64) // 64 MiB, sent as fast as the proxy takes it
+	for i := range chunks {
+		chunks[i] = big
+	}
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/octet-stream"}}, Chunks: chunks})
+	h := startProxy(t, up.URL, nil)
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse
+	}
+	before := heap()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET /v1/files/big/content HTTP/1.1\r\nHost: x\r\n\r\n")
+	time.Sleep(1500 * time.Millisecond) // the client reads nothing
+	if grown := int64(heap()) - int64(before); grown > 16<<20 {
+		t.Fatalf("heap grew %d MiB while the client did not read: the stream is being buffered", grown>>20)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil || n != int64(len(chunks)*chunk) {
+		t.Fatalf("read %d bytes, err %v", n, err)
+	}
+}
+
+func TestBinaryAndInvalidUTF8BodiesPassUntouched(t *testing.T) {
+	payload := []byte{0xff, 0xfe, 0x00, 0x01, 'a', 0xc3, 0x28, 0xe2, 0x82, '\n', 0x00}
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/octet-stream"}}, Body: string(payload)})
+	h := startProxy(t, up.URL, nil)
+	resp, body := h.do("POST", "/v1/chat/completions", string(payload), "Content-Type", "application/json")
+	if resp.StatusCode != 200 || !bytes.Equal(body, payload) || !bytes.Equal(up.Requests()[0].Body, payload) {
+		t.Fatalf("got %d %x; upstream got %x", resp.StatusCode, body, up.Requests()[0].Body)
+	}
+}
+
+func TestErrorPathsKeepServingOtherClients(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].MaxBody = 10 })
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			switch i % 4 {
+			case 0:
+				h.raw("BROKEN\r\n\r\n")
+			case 1:
+				h.raw("CONNECT x:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+			case 2:
+				h.do("POST", "/v1/chat/completions", strings.Repeat("x", 11))
+			default:
+				if resp, _ := h.do("GET", "/v1/models", ""); resp.StatusCode != 200 {
+					t.Errorf("good request failed: %d", resp.StatusCode)
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+}
