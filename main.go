@@ -206,9 +206,9 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			},
 			RateLimit: proxy.RateLimit{RequestsPerSecond: u.RateLimit.RequestsPerSecond, Burst: u.RateLimit.Burst,
 				MaxWait: u.RateLimit.MaxWait.Std()},
-			MaxInFlight:  u.MaxInFlight,
-			QueueTimeout: u.QueueTimeout.Std(),
-			RetryBudget:  proxy.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
+			MaxInFlight:        u.MaxInFlight,
+			QueueTimeout:       u.QueueTimeout.Std(),
+			RetryBudget:        proxy.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
 			CAFile:             u.TLS.CAFile,
 			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
 		})

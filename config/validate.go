@@ -3,9 +3,9 @@ package config
 import (
 	"crypto/x509"
 	"fmt"
-	"os"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 
 	"sturdy/policy"
