@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -61,44 +63,92 @@ func TestUpstreamFlagWithoutConfig(t *testing.T) {
 	}
 }
 
-// TestSIGTERMLetsInFlightStreamsFinish builds the binary, opens a slow
-// stream through it, sends SIGTERM, and checks the stream completes, new
-// connections are refused and the process exits 0.
-func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
+// buildOnce builds the sturdy binary once per test run.
+var buildOnce = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "sturdy-bin")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "sturdy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// startBinary runs the built binary with args until the test ends and
+// returns its stderr buffer.
+func startBinary(t *testing.T, args ...string) (*exec.Cmd, *upstreamtest.LogBuffer) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "sturdy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
-		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 100 * time.Millisecond})
-	addr := freeAddr(t)
-	cmd := exec.Command(bin, "-upstream", up.URL, "-listen", addr, "-admin-listen", freeAddr(t))
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	waitListening(t, addr)
-
-	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	bin, err := buildOnce()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	r := bufio.NewReader(resp.Body)
-	if _, err := r.ReadString('\n'); err != nil { // the stream has started
+	cmd := exec.Command(bin, args...)
+	logs := &upstreamtest.LogBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, logs
+}
+
+// TestSIGTERMLetsInFlightStreamsFinish opens 100 slow streams through the
+// binary, sends SIGTERM, and checks every stream completes, new
+// connections are refused and the process exits 0.
+func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 100 * time.Millisecond})
+	addr := freeAddr(t)
+	cmd, logs := startBinary(t, "-upstream", up.URL, "-listen", addr, "-admin-listen", freeAddr(t))
+	waitListening(t, addr)
+
+	const streams = 100
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: streams, MaxIdleConnsPerHost: streams}}
+	started := make(chan struct{}, streams)
+	results := make(chan error, streams)
+	for i := 0; i < streams; i++ {
+		go func() {
+			resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+			if err != nil {
+				started <- struct{}{}
+				results <- err
+				return
+			}
+			defer resp.Body.Close()
+			r := bufio.NewReader(resp.Body)
+			_, err = r.ReadString('\n') // the stream has started
+			started <- struct{}{}
+			if err != nil {
+				results <- err
+				return
+			}
+			rest, err := io.ReadAll(r)
+			if err == nil && !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+				err = fmt.Errorf("stream cut: %q", rest)
+			}
+			results <- err
+		}()
+	}
+	for i := 0; i < streams; i++ {
+		<-started
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	rest, err := io.ReadAll(r)
-	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
-		t.Fatalf("in-flight stream cut by shutdown: err=%v tail=%q", err, rest)
+	time.Sleep(100 * time.Millisecond)
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Error("new connections still accepted during shutdown")
+	}
+	for i := 0; i < streams; i++ {
+		if err := <-results; err != nil {
+			t.Fatalf("in-flight stream failed during shutdown: %v", err)
+		}
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -109,10 +159,6 @@ func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("sturdy did not exit after SIGTERM")
-	}
-	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		c.Close()
-		t.Fatal("still accepting connections after shutdown")
 	}
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if !strings.HasPrefix(line, "{") {

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sturdy/internal/upstreamtest"
+)
+
+// TestLogsCarryNoSecrets runs a full scenario through the binary at debug
+// level — successes, retries, a stream, pass-through and auth failures, a
+// rejected reload — and checks that no API key, Authorization value, body
+// or query string reaches its output.
+func TestLogsCarryNoSecrets(t *testing.T) {
+	const (
+		upstreamKey = "sk-UPSTREAM-SECRET-0001"
+		clientKey   = "sturdy-CLIENT-SECRET-0002"
+		bodyMarker  = "BODY-SECRET-0003"
+		queryMarker = "QUERY-SECRET-0004"
+	)
+	up := upstreamtest.Start(t,
+		upstreamtest.Step{Status: 503, Body: `{"error":"` + bodyMarker + `"}`},
+		upstreamtest.Step{Body: `{"echo":"` + bodyMarker + `"}`},
+		upstreamtest.Step{Status: 400, Body: `{"error":{"message":"` + bodyMarker + `"}}`},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{"data: " + bodyMarker + "\n\n"}, Fault: upstreamtest.Cut},
+		upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "60"}}, Body: bodyMarker},
+	)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "upstream.key")
+	cfgFile := filepath.Join(dir, "sturdy.yaml")
+	if err := os.WriteFile(keyFile, []byte(upstreamKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cfg := "listen: " + addr + "\nadmin_listen: " + freeAddr(t) + "\nlog: {level: debug}\nauth: {keys: [" + clientKey + "]}\n" +
+		"upstreams:\n  - {name: m, url: " + up.URL + ", api_key_file: " + keyFile + "}\n" +
+		"routes:\n  - {name: r, upstream: m, retry: {base_delay: 1ms, max_delay: 2ms}}\n"
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, logs := startBinary(t, "-config", cfgFile)
+	waitListening(t, addr)
+
+	send := func(auth string) int {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions?key="+queryMarker,
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"`+bodyMarker+`"}]}`))
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i, want := range []int{200, 400, 200, 429, 401} {
+		auth := "Bearer " + clientKey
+		if want == 401 {
+			auth = "Bearer " + clientKey + "-wrong"
+		}
+		if got := send(auth); got != want {
+			t.Fatalf("request %d: %d, want %d", i, got, want)
+		}
+	}
+	// A rejected reload logs the config problem, not the file's secrets.
+	if err := os.WriteFile(cfgFile, []byte(cfg+"bogus: "+clientKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "config rejected") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	_ = cmd.Wait()
+	out := logs.String()
+	if !strings.Contains(out, `"message":"request"`) || !strings.Contains(out, "config rejected") {
+		t.Fatalf("scenario did not run as planned:\n%s", out)
+	}
+	for _, secret := range []string{upstreamKey, clientKey, bodyMarker, queryMarker} {
+		if strings.Contains(out, secret) {
+			t.Errorf("%s reached the log:\n%s", secret, out)
+		}
+	}
+}
+
+// TestTLSListener serves the listener over TLS from the config.
+func TestTLSListener(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	certPEM, keyPEM := upstreamtest.SelfSigned(t)
+	dir := t.TempDir()
+	certFile, keyFile, cfgFile := filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem"), filepath.Join(dir, "s.yaml")
+	for f, b := range map[string][]byte{certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr := freeAddr(t)
+	cfg := "listen: " + addr + "\nadmin_listen: " + freeAddr(t) + "\ntls: {cert_file: " + certFile + ", key_file: " + keyFile + "}\n" +
+		"upstreams: [{name: m, url: " + up.URL + "}]\n"
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startBinary(t, "-config", cfgFile)
+	waitListening(t, addr)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Get("https://" + addr + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "ok" || resp.TLS == nil {
+		t.Fatalf("%d %q tls=%v", resp.StatusCode, body, resp.TLS != nil)
+	}
+}
