@@ -62,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check", false, "validate the config, print what is wrong, exit 0 (valid) or 2 (invalid)")
 	healthcheck := fs.Bool("healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks)")
 	showVersion := fs.Bool("version", false, "print version, commit and Go version")
+	demo := fs.Bool("demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -69,10 +70,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commitID(), runtime.Version())
 		return 0
 	}
+	if *demo {
+		fake, err := startDemoUpstream()
+		if err != nil {
+			fmt.Fprintln(stderr, "demo:", err)
+			return 2
+		}
+		defer fake.Close()
+		s.upstream, s.configPath = fake.URL, ""
+	}
 	cfg, err := loadConfig(s)
 	if err != nil {
 		config.WriteProblems(stderr, err)
 		return 2
+	}
+	if *demo {
+		demoConfig(cfg)
 	}
 	switch {
 	case *healthcheck:

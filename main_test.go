@@ -189,3 +189,26 @@ func waitListening(t *testing.T, addr string) {
 	}
 	t.Fatalf("sturdy never listened on %s", addr)
 }
+
+// TestDemoServesWithNoModelInstalled runs `sturdy -demo` and talks to it.
+func TestDemoServesWithNoModelInstalled(t *testing.T) {
+	addr := freeAddr(t)
+	startBinary(t, "-demo", "-listen", addr, "-admin-listen", freeAddr(t))
+	waitListening(t, addr)
+	ok := 0
+	for i := 0; i < 5; i++ {
+		resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 && strings.Contains(string(body), "chat.completion.chunk") {
+			ok++
+		}
+	}
+	if ok < 4 {
+		t.Fatalf("only %d of 5 demo requests succeeded", ok)
+	}
+}

@@ -1,0 +1,409 @@
+// Package fakellm is a fake OpenAI-compatible (and Ollama-native) model
+// server with a seeded, deterministic fault profile. The bench harness,
+// `sturdy -demo` and Sturdy's own tests use it.
+//
+// Endpoints: POST /v1/chat/completions (JSON, or SSE chat.completion.chunk
+// events with usage and [DONE] when "stream": true), POST /v1/embeddings,
+// GET /v1/models, POST /api/chat (Ollama NDJSON), GET /_stats (counters).
+//
+// Each request draws its fate from the profile in arrival order from one
+// seeded generator: the nth request always meets the same fault.
+package fakellm
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+)
+
+// Latency is a base delay plus a uniform random extra in [0, Jitter).
+type Latency struct {
+	Base   time.Duration `yaml:"base"`
+	Jitter time.Duration `yaml:"jitter"`
+}
+
+// Outage makes the server answer 503 (or reset connections) from From to
+// To after it starts.
+type Outage struct {
+	From  time.Duration `yaml:"from"`
+	To    time.Duration `yaml:"to"`
+	Reset bool          `yaml:"reset"`
+}
+
+// Profile is a fault mix. Probabilities are per request, in [0, 1], and
+// add up to at most 1; the rest of the requests are answered normally.
+type Profile struct {
+	// Seed makes the sequence of fates repeatable.
+	Seed uint64 `yaml:"seed"`
+	// Status maps an HTTP status (429, 500, 502, 503, 504 …) to its
+	// probability.
+	Status map[int]float64 `yaml:"status"`
+	// RetryAfter is sent on 429s (and 503s) as Retry-After (whole seconds)
+	// or, with RetryAfterMS, as retry-after-ms.
+	RetryAfter   time.Duration `yaml:"retry_after"`
+	RetryAfterMS bool          `yaml:"retry_after_ms"`
+	// Reset closes the connection before any response.
+	Reset float64 `yaml:"reset"`
+	// Hang answers nothing for HangFor (default 60 s).
+	Hang    float64       `yaml:"hang"`
+	HangFor time.Duration `yaml:"hang_for"`
+	// SlowFirstToken delays a stream's first chunk by SlowFirstTokenBy.
+	SlowFirstToken   float64       `yaml:"slow_first_token"`
+	SlowFirstTokenBy time.Duration `yaml:"slow_first_token_by"`
+	// Cut ends a stream abruptly after CutAfter chunks.
+	Cut      float64 `yaml:"cut"`
+	CutAfter int     `yaml:"cut_after"`
+	// Stall stops a stream after StallAfter chunks and keeps it open for
+	// HangFor.
+	Stall      float64 `yaml:"stall"`
+	StallAfter int     `yaml:"stall_after"`
+	// TTFT is the time to the first token (headers are sent at once);
+	// InterToken the gap between chunks; Tokens the number of content
+	// chunks per reply (default 16).
+	TTFT       Latency `yaml:"ttft"`
+	InterToken Latency `yaml:"inter_token"`
+	Tokens     int     `yaml:"tokens"`
+	// Outage takes the server down for a window.
+	Outage Outage `yaml:"outage"`
+}
+
+// Fates a request can meet.
+const (
+	FateOK     = "ok"
+	FateReset  = "reset"
+	FateHang   = "hang"
+	FateSlow   = "slow_first_token"
+	FateCut    = "cut"
+	FateStall  = "stall"
+	FateOutage = "outage"
+)
+
+// Stats are the server's counters.
+type Stats struct {
+	Requests int64            `json:"requests"`
+	Fates    map[string]int64 `json:"fates"`
+	// EarlyRetries counts requests that came back (same X-Request-Id)
+	// before the Retry-After their 429 asked for.
+	EarlyRetries int64 `json:"early_retries"`
+	// InOutage counts requests received during the outage window.
+	InOutage int64 `json:"in_outage"`
+}
+
+// Server is a running fake model server.
+type Server struct {
+	// URL is http://host:port.
+	URL     string
+	Addr    string
+	profile Profile
+	srv     *fasthttp.Server
+	ln      net.Listener
+	start   time.Time
+	done    chan struct{}
+
+	mu    sync.Mutex
+	rng   *rand.Rand
+	fates map[string]int64
+	// retryAt is when each request id (that got a 429) may come back.
+	retryAt map[string]time.Time
+
+	requests, early, inOutage atomic.Int64
+}
+
+// Start serves profile on addr ("127.0.0.1:0" for any free port).
+func Start(addr string, p Profile) (*Server, error) {
+	if p.Tokens <= 0 {
+		p.Tokens = 16
+	}
+	if p.HangFor <= 0 {
+		p.HangFor = 60 * time.Second
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{URL: "http://" + ln.Addr().String(), Addr: ln.Addr().String(), profile: p, ln: ln,
+		start: time.Now(), done: make(chan struct{}), rng: rand.New(rand.NewPCG(p.Seed, p.Seed^0x5eed)),
+		fates: map[string]int64{}, retryAt: map[string]time.Time{}}
+	s.srv = &fasthttp.Server{Handler: s.handle, Logger: quiet{}, CloseOnShutdown: true,
+		NoDefaultServerHeader: true, Concurrency: 1 << 20}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+type quiet struct{}
+
+func (quiet) Printf(string, ...any) {}
+
+// Close stops the server, ending hanging requests.
+func (s *Server) Close() {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	_ = s.srv.Shutdown()
+}
+
+// Stats returns the counters so far.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := make(map[string]int64, len(s.fates))
+	for k, v := range s.fates {
+		f[k] = v
+	}
+	return Stats{Requests: s.requests.Load(), Fates: f, EarlyRetries: s.early.Load(), InOutage: s.inOutage.Load()}
+}
+
+// fate draws the next request's fate and latencies.
+func (s *Server) fate(now time.Time) (fate string, status int, ttft, itl time.Duration) {
+	p := &s.profile
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	jitter := func(l Latency) time.Duration {
+		if l.Jitter <= 0 {
+			return l.Base
+		}
+		return l.Base + time.Duration(s.rng.Int64N(int64(l.Jitter)))
+	}
+	ttft, itl = jitter(p.TTFT), jitter(p.InterToken)
+	x := s.rng.Float64()
+	since := now.Sub(s.start)
+	if p.Outage.To > p.Outage.From && since >= p.Outage.From && since < p.Outage.To {
+		s.fates[FateOutage]++
+		s.inOutage.Add(1)
+		return FateOutage, 503, ttft, itl
+	}
+	for _, code := range []int{429, 500, 502, 503, 504} {
+		if x -= p.Status[code]; x < 0 {
+			s.fates[strconv.Itoa(code)]++
+			return strconv.Itoa(code), code, ttft, itl
+		}
+	}
+	for _, f := range []struct {
+		name string
+		p    float64
+	}{{FateReset, p.Reset}, {FateHang, p.Hang}, {FateSlow, p.SlowFirstToken}, {FateCut, p.Cut}, {FateStall, p.Stall}} {
+		if x -= f.p; x < 0 {
+			s.fates[f.name]++
+			return f.name, 200, ttft, itl
+		}
+	}
+	s.fates[FateOK]++
+	return FateOK, 200, ttft, itl
+}
+
+// sleep waits d unless the server closes; false if it closed.
+func (s *Server) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	if path == "/_stats" {
+		ctx.SetContentType("application/json")
+		_ = json.NewEncoder(ctx).Encode(s.Stats())
+		return
+	}
+	now := time.Now()
+	s.requests.Add(1)
+	s.noteRetry(string(ctx.Request.Header.Peek("X-Request-Id")), now)
+	fate, status, ttft, itl := s.fate(now)
+	p := &s.profile
+	switch {
+	case fate == FateOutage && p.Outage.Reset, fate == FateReset:
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) {
+			if l, ok := c.(interface{ SetLinger(int) error }); ok {
+				_ = l.SetLinger(0)
+			}
+			_ = c.Close()
+		})
+		return
+	case fate == FateHang:
+		s.sleep(p.HangFor)
+		ctx.SetConnectionClose()
+		return
+	case status != 200:
+		s.fail(ctx, status)
+		return
+	}
+	body := ctx.Request.Body()
+	model := gjson.GetBytes(body, "model").String()
+	if model == "" {
+		model = "fake-model"
+	}
+	switch path {
+	case "/v1/models":
+		ctx.SetContentType("application/json")
+		fmt.Fprintf(ctx, `{"object":"list","data":[{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}]}`, model)
+	case "/v1/embeddings":
+		s.sleep(ttft)
+		ctx.SetContentType("application/json")
+		fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[`)
+		for i := 0; i < 64; i++ {
+			if i > 0 {
+				ctx.WriteString(",")
+			}
+			fmt.Fprintf(ctx, "%.4f", float64(i%7)/7-0.5)
+		}
+		fmt.Fprintf(ctx, `]}],"model":%q,"usage":{"prompt_tokens":8,"total_tokens":8}}`, model)
+	case "/api/chat", "/api/generate":
+		s.stream(ctx, fate, model, ttft, itl, true)
+	default: // /v1/chat/completions and anything else chat-like
+		if gjson.GetBytes(body, "stream").Bool() {
+			s.stream(ctx, fate, model, ttft, itl, false)
+			return
+		}
+		if !s.sleep(ttft + time.Duration(p.Tokens-1)*itl) {
+			return
+		}
+		ctx.SetContentType("application/json")
+		fmt.Fprintf(ctx, `{"id":"chatcmpl-fake","object":"chat.completion","created":1700000000,"model":%q,`+
+			`"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],`+
+			`"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`,
+			model, content(p.Tokens), p.Tokens, 12+p.Tokens)
+	}
+}
+
+// noteRetry counts a request that returns before its 429's Retry-After.
+func (s *Server) noteRetry(id string, now time.Time) {
+	if id == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if at, ok := s.retryAt[id]; ok {
+		if now.Before(at) {
+			s.early.Add(1)
+		}
+		delete(s.retryAt, id)
+	}
+}
+
+func (s *Server) fail(ctx *fasthttp.RequestCtx, status int) {
+	p := &s.profile
+	if (status == 429 || status == 503) && p.RetryAfter > 0 {
+		if p.RetryAfterMS {
+			ctx.Response.Header.Set("retry-after-ms", strconv.FormatInt(p.RetryAfter.Milliseconds(), 10))
+		} else {
+			ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64((p.RetryAfter+time.Second-1)/time.Second), 10))
+		}
+		if id := string(ctx.Request.Header.Peek("X-Request-Id")); id != "" && status == 429 {
+			wait := p.RetryAfter
+			if !p.RetryAfterMS {
+				wait = (p.RetryAfter + time.Second - 1) / time.Second * time.Second
+			}
+			s.mu.Lock()
+			s.retryAt[id] = time.Now().Add(wait)
+			s.mu.Unlock()
+		}
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	code := map[int]string{429: "rate_limit_exceeded", 503: "overloaded"}[status]
+	fmt.Fprintf(ctx, `{"error":{"message":"fakellm: injected %d","type":"server_error","param":null,"code":%q}}`, status, code)
+}
+
+// stream sends the reply as SSE chat.completion.chunk events (or Ollama
+// NDJSON), acting out slow-first-token, cut and stall fates.
+func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl time.Duration, ndjson bool) {
+	p := s.profile
+	if fate == FateSlow {
+		ttft += p.SlowFirstTokenBy
+	}
+	if ndjson {
+		ctx.SetContentType("application/x-ndjson")
+	} else {
+		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+	}
+	if fate == FateCut {
+		// A cut must look like a dropped connection, not a clean end.
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) {
+			w := bufio.NewWriter(c)
+			ct := "text/event-stream"
+			if ndjson {
+				ct = "application/x-ndjson"
+			}
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", ct)
+			_ = w.Flush()
+			s.sleep(ttft)
+			for i := 0; i < p.CutAfter; i++ {
+				ev := event(model, i, ndjson)
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(ev), ev)
+				_ = w.Flush()
+				s.sleep(itl)
+			}
+			if l, ok := c.(interface{ SetLinger(int) error }); ok {
+				_ = l.SetLinger(0)
+			}
+			_ = c.Close()
+		})
+		return
+	}
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		if !s.sleep(ttft) {
+			return
+		}
+		for i := 0; i < p.Tokens; i++ {
+			if i > 0 && !s.sleep(itl) {
+				return
+			}
+			if fate == FateStall && i == p.StallAfter {
+				s.sleep(p.HangFor)
+				return
+			}
+			w.WriteString(event(model, i, ndjson))
+			if w.Flush() != nil {
+				return
+			}
+		}
+		if ndjson {
+			fmt.Fprintf(w, `{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, p.Tokens)
+		} else {
+			fmt.Fprintf(w, `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`+"\n\ndata: [DONE]\n\n", model, p.Tokens, 12+p.Tokens)
+		}
+		_ = w.Flush()
+	})
+}
+
+func event(model string, i int, ndjson bool) string {
+	tok := word(i)
+	if ndjson {
+		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":%q},"done":false}`+"\n", model, tok)
+	}
+	return fmt.Sprintf(`data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`+"\n\n", model, tok)
+}
+
+var words = []string{"Sturdy", " keeps", " agents", " running", " when", " model", " servers", " stumble", "."}
+
+func word(i int) string { return words[i%len(words)] }
+
+func content(n int) string {
+	out := ""
+	for i := 0; i < n; i++ {
+		out += word(i)
+	}
+	return out
+}

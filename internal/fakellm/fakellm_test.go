@@ -1,0 +1,124 @@
+package fakellm
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func start(t *testing.T, p Profile) *Server {
+	t.Helper()
+	s, err := Start("127.0.0.1:0", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func post(t *testing.T, url, body string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return nil, err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp, "READ ERROR: " + err.Error()
+	}
+	return resp, string(b)
+}
+
+func TestEndpoints(t *testing.T) {
+	s := start(t, Profile{Tokens: 4})
+	resp, body := post(t, s.URL+"/v1/chat/completions", `{"model":"m1","messages":[]}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"object":"chat.completion"`) || !strings.Contains(body, `"usage"`) {
+		t.Fatalf("chat: %d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, s.URL+"/v1/chat/completions", `{"model":"m1","stream":true}`)
+	if resp.Header.Get("Content-Type") != "text/event-stream" || strings.Count(body, "chat.completion.chunk") != 5 ||
+		!strings.HasSuffix(body, "data: [DONE]\n\n") || !strings.Contains(body, `"usage"`) {
+		t.Fatalf("sse: %s", body)
+	}
+	resp, body = post(t, s.URL+"/api/chat", `{"model":"llama3"}`)
+	lines := strings.Split(strings.TrimSpace(body), "\n")
+	if resp.Header.Get("Content-Type") != "application/x-ndjson" || len(lines) != 5 || !strings.Contains(lines[4], `"done":true`) {
+		t.Fatalf("ndjson: %s", body)
+	}
+	if _, body = post(t, s.URL+"/v1/embeddings", `{"input":"x"}`); !strings.Contains(body, `"embedding":[`) {
+		t.Fatalf("embeddings: %s", body)
+	}
+	if st := s.Stats(); st.Requests != 4 || st.Fates[FateOK] != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestFatesAreSeededAndDeterministic(t *testing.T) {
+	p := Profile{Seed: 7, Status: map[int]float64{500: 0.2, 429: 0.1}, Reset: 0.1}
+	sequence := func() string {
+		s := start(t, p)
+		var b strings.Builder
+		for i := 0; i < 60; i++ {
+			fate, _, _, _ := s.fate(time.Now())
+			b.WriteString(fate + ",")
+		}
+		return b.String()
+	}
+	a, b := sequence(), sequence()
+	if a != b {
+		t.Fatalf("same seed, different fates:\n%s\n%s", a, b)
+	}
+	if !strings.Contains(a, "500") || !strings.Contains(a, "reset") || !strings.Contains(a, "ok") {
+		t.Fatalf("mix not represented: %s", a)
+	}
+}
+
+func TestStreamFaults(t *testing.T) {
+	s := start(t, Profile{Cut: 1, CutAfter: 2, Tokens: 8})
+	_, body := post(t, s.URL+"/v1/chat/completions", `{"stream":true}`)
+	if !strings.HasPrefix(body, "READ ERROR") && strings.Contains(body, "[DONE]") {
+		t.Fatalf("cut stream ended cleanly: %q", body)
+	}
+	s2 := start(t, Profile{Stall: 1, StallAfter: 1, HangFor: 300 * time.Millisecond, Tokens: 8})
+	resp, err := http.Post(s2.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	if !strings.HasPrefix(first, "data: ") {
+		t.Fatalf("stall: first line %q", first)
+	}
+}
+
+func TestOutageWindowAndEarlyRetries(t *testing.T) {
+	s := start(t, Profile{Outage: Outage{From: 0, To: 200 * time.Millisecond}})
+	if resp, _ := post(t, s.URL+"/v1/chat/completions", `{}`); resp.StatusCode != 503 {
+		t.Fatalf("during outage: %d", resp.StatusCode)
+	}
+	time.Sleep(250 * time.Millisecond)
+	if resp, _ := post(t, s.URL+"/v1/chat/completions", `{}`); resp.StatusCode != 200 {
+		t.Fatalf("after outage: %d", resp.StatusCode)
+	}
+	s2 := start(t, Profile{Status: map[int]float64{429: 1}, RetryAfter: time.Second})
+	req, _ := http.NewRequest("POST", s2.URL+"/v1/chat/completions", strings.NewReader(`{}`))
+	req.Header.Set("X-Request-Id", "r1")
+	for i := 0; i < 2; i++ {
+		resp, err := http.DefaultClient.Do(req.Clone(req.Context()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Header.Get("Retry-After") != "1" {
+			t.Fatalf("Retry-After %q", resp.Header.Get("Retry-After"))
+		}
+		req.Body = io.NopCloser(strings.NewReader(`{}`))
+	}
+	if st := s2.Stats(); st.EarlyRetries != 1 {
+		t.Fatalf("early retries %d, want 1", st.EarlyRetries)
+	}
+}
