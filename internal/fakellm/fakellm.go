@@ -153,6 +153,19 @@ func (s *Server) Close() {
 	_ = s.srv.Shutdown()
 }
 
+// Reset restarts the clock of the outage window and zeroes the counters
+// (the fault sequence goes on), so a measurement starts clean.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.start = time.Now()
+	s.fates = map[string]int64{}
+	s.retryAt = map[string]time.Time{}
+	s.requests.Store(0)
+	s.early.Store(0)
+	s.inOutage.Store(0)
+}
+
 // Stats returns the counters so far.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
@@ -169,6 +182,7 @@ func (s *Server) fate(now time.Time) (fate string, status int, ttft, itl time.Du
 	p := &s.profile
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	start := s.start
 	jitter := func(l Latency) time.Duration {
 		if l.Jitter <= 0 {
 			return l.Base
@@ -177,7 +191,7 @@ func (s *Server) fate(now time.Time) (fate string, status int, ttft, itl time.Du
 	}
 	ttft, itl = jitter(p.TTFT), jitter(p.InterToken)
 	x := s.rng.Float64()
-	since := now.Sub(s.start)
+	since := now.Sub(start)
 	if p.Outage.To > p.Outage.From && since >= p.Outage.From && since < p.Outage.To {
 		s.fates[FateOutage]++
 		s.inOutage.Add(1)

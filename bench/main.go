@@ -1,0 +1,303 @@
+// Command bench is Sturdy's fault-injection load harness. It runs a
+// scenario — a fault regime of the fake model server and the load to send
+// through it — against the fake server directly, through Sturdy, and
+// through any peer proxy (nginx, HAProxy) in the same run, and reports
+// them side by side: a Markdown table on stdout, a JSON file and an SVG
+// latency chart.
+//
+//	go run ./bench -scenario overhead
+//	go run ./bench -scenario all -duration 20s
+//	go run ./bench -scenario flaky -target http://127.0.0.1:8080 -fake http://127.0.0.1:18000
+//	bench/peers/run.sh overhead        # adds nginx and HAProxy
+//
+// Scenarios: overhead, flaky, ratelimited, outage, storm, streams (see
+// bench/README.md). Load is open-loop where a rate is given (latency is
+// measured from each request's scheduled start: no coordinated omission)
+// and closed-loop otherwise; connections are kept alive.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sturdy/internal/fakellm"
+)
+
+// target is one thing load is sent through.
+type target struct {
+	name string
+	url  string
+	// pids lists the processes whose CPU and memory are measured (none
+	// for the fake server itself).
+	pids func() []int
+	// start, if set, starts the target for a scenario and returns its
+	// stop function.
+	start func(sc *scenario, fakeURL string) (stop func(), err error)
+}
+
+// peerFlag collects -peer name=url@comm.
+type peerFlag []target
+
+func (p *peerFlag) String() string { return "" }
+
+func (p *peerFlag) Set(v string) error {
+	name, rest, ok := strings.Cut(v, "=")
+	if !ok {
+		return fmt.Errorf("want name=url[@comm], got %q", v)
+	}
+	u, comm, _ := strings.Cut(rest, "@")
+	t := target{name: name, url: strings.TrimSuffix(u, "/")}
+	if comm != "" {
+		t.pids = func() []int { return pidsByComm(comm) }
+	}
+	*p = append(*p, t)
+	return nil
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, or all")
+	var s settings
+	fs.DurationVar(&s.duration, "duration", 10*time.Second, "length of each load run")
+	fs.Float64Var(&s.rate, "rate", 2000, "requests per second of the overhead latency run")
+	fs.IntVar(&s.conns, "conns", 32, "connections of closed-loop runs")
+	fs.IntVar(&s.streams, "streams", 1000, "concurrent streams of the streams scenario")
+	fs.IntVar(&s.storm, "clients", 200, "concurrent clients of the storm scenario")
+	fakeListen := fs.String("fake-listen", "127.0.0.1:18000", "address of the fake model server (peer configs point here)")
+	sturdyBin := fs.String("sturdy", "", "sturdy binary to measure (default: build this checkout)")
+	sturdyListen := fs.String("sturdy-listen", "127.0.0.1:18080", "address Sturdy listens on during the run")
+	targetURL := fs.String("target", "", "measure only this URL (a proxy you started in front of -fake)")
+	fakeURL := fs.String("fake", "", "with -target: the fake server's URL, for its counters")
+	noDirect := fs.Bool("no-direct", false, "skip the direct (no proxy) baseline")
+	out := fs.String("out", "bench-results.json", "JSON results file")
+	chart := fs.String("chart", "bench-latency.svg", "SVG latency CDF chart")
+	var peers peerFlag
+	fs.Var(&peers, "peer", "also measure a peer proxy: name=url[@process-name], repeatable")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var todo []*scenario
+	if *name == "all" {
+		todo = scenarios
+	} else if sc := findScenario(*name); sc != nil {
+		todo = []*scenario{sc}
+	} else {
+		fmt.Fprintf(stderr, "unknown scenario %q\n", *name)
+		return 2
+	}
+
+	var targets []target
+	if *targetURL != "" {
+		targets = []target{{name: "target", url: strings.TrimSuffix(*targetURL, "/")}}
+	} else {
+		if !*noDirect {
+			targets = append(targets, target{name: "direct", url: "http://" + *fakeListen})
+		}
+		bin := *sturdyBin
+		if bin == "" {
+			var err error
+			if bin, err = buildSturdy(); err != nil {
+				fmt.Fprintln(stderr, err)
+				return 1
+			}
+		}
+		targets = append(targets, sturdyTarget(bin, *sturdyListen))
+		targets = append(targets, peers...)
+	}
+
+	var results []scenarioResult
+	for _, sc := range todo {
+		res := scenarioResult{Scenario: sc.name, About: sc.about}
+		for _, t := range targets {
+			tr, err := runTarget(sc, s, t, *fakeListen, *fakeURL, *targetURL != "", stderr)
+			if err != nil {
+				fmt.Fprintf(stderr, "%s via %s: %v\n", sc.name, t.name, err)
+				return 1
+			}
+			res.Targets = append(res.Targets, tr)
+		}
+		writeMarkdown(stdout, res)
+		results = append(results, res)
+	}
+	if *out != "" {
+		b, _ := json.MarshalIndent(map[string]any{"machine": machine(), "settings": s.json(), "results": results}, "", "  ")
+		if err := os.WriteFile(*out, b, 0o644); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	if *chart != "" {
+		if err := os.WriteFile(*chart, latencyChart(results), 0o644); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "wrote %s and %s\n", *out, *chart)
+	return 0
+}
+
+// runTarget runs every load run of sc through t, each against a fresh
+// fake server with the scenario's profile.
+func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, external bool, stderr io.Writer) (targetResult, error) {
+	tr := targetResult{Target: t.name}
+	for _, spec := range sc.runs(s) {
+		var fake *fakellm.Server
+		if !external {
+			var err error
+			if fake, err = fakellm.Start(fakeListen, sc.profile(s)); err != nil {
+				return tr, fmt.Errorf("fake server: %w", err)
+			}
+		}
+		stop := func() {}
+		if t.start != nil {
+			var err error
+			if stop, err = t.start(sc, "http://"+fakeListen); err != nil {
+				fake.Close()
+				return tr, err
+			}
+		}
+		if fake != nil {
+			fake.Reset() // the outage window and counters start with the load
+		}
+		var pids []int
+		if t.pids != nil {
+			pids = t.pids()
+		}
+		cpu0 := procCPU(pids)
+		body := chatBody
+		if spec.stream {
+			body = streamBody
+		}
+		label := fmt.Sprintf("%s/%s via %s", sc.name, spec.name, t.name)
+		start := time.Now()
+		recs := load{url: t.url + spec.path, body: body, stream: spec.stream, rate: spec.rate, workers: spec.conns,
+			duration: s.duration, once: spec.once, progress: func(sent, done int64) {
+				fmt.Fprintf(stderr, "\r%-45s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
+			}}.run()
+		elapsed := time.Since(start)
+		fmt.Fprintf(stderr, "\r%-45s done: %d requests in %.1fs%20s\n", label, len(recs), elapsed.Seconds(), "")
+		var st fakellm.Stats
+		switch {
+		case fake != nil:
+			st = fake.Stats()
+		case fakeURL != "":
+			st = fetchStats(fakeURL)
+		}
+		rr := summarize(spec, recs, elapsed, st, procCPU(pids)-cpu0, procPeakRSS(pids), len(pids) > 0)
+		if sc.figures != nil {
+			rr.Figures = sc.figures(s, spec, recs, st)
+		}
+		tr.Runs = append(tr.Runs, rr)
+		stop()
+		if fake != nil {
+			fake.Close()
+		}
+	}
+	return tr, nil
+}
+
+func fetchStats(url string) fakellm.Stats {
+	var st fakellm.Stats
+	resp, err := http.Get(strings.TrimSuffix(url, "/") + "/_stats")
+	if err == nil {
+		_ = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+	}
+	return st
+}
+
+// buildSturdy builds this checkout's sturdy binary into a temp dir.
+func buildSturdy() (string, error) {
+	dir, err := os.MkdirTemp("", "sturdy-bench")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "sturdy")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building sturdy: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// repoRoot finds the module root from the working directory.
+func repoRoot() string {
+	dir, _ := os.Getwd()
+	for d := dir; d != filepath.Dir(d); d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	return dir
+}
+
+// sturdyTarget runs the sturdy binary with each scenario's settings.
+func sturdyTarget(bin, listen string) target {
+	var pid int
+	return target{
+		name: "sturdy",
+		url:  "http://" + listen,
+		pids: func() []int { return []int{pid} },
+		start: func(sc *scenario, fakeURL string) (func(), error) {
+			dir, err := os.MkdirTemp("", "sturdy-bench-cfg")
+			if err != nil {
+				return nil, err
+			}
+			admin, err := freeAddr()
+			if err != nil {
+				return nil, err
+			}
+			cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    url: %s\n"+
+				"    max_connections: 4096\n    timeouts: {connect: 1s, first_byte: 30s, idle: 30s}\n%s", listen, admin, fakeURL, sc.sturdy)
+			path := filepath.Join(dir, "sturdy.yaml")
+			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+				return nil, err
+			}
+			cmd := exec.Command(bin, "-config", path)
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				return nil, err
+			}
+			pid = cmd.Process.Pid
+			stop := func() {
+				_ = cmd.Process.Signal(os.Interrupt)
+				_ = cmd.Wait()
+				os.RemoveAll(dir)
+			}
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if c, err := net.DialTimeout("tcp", listen, 100*time.Millisecond); err == nil {
+					c.Close()
+					return stop, nil
+				}
+				if time.Now().After(end) {
+					stop()
+					return nil, fmt.Errorf("sturdy did not listen on %s", listen)
+				}
+			}
+		},
+	}
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}

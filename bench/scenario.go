@@ -1,0 +1,228 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"sturdy/internal/fakellm"
+)
+
+// settings are the knobs of a harness run (flags).
+type settings struct {
+	duration time.Duration // per load run
+	rate     float64       // open-loop rate of the overhead latency run
+	conns    int           // closed-loop connections of the overhead run
+	streams  int           // concurrent streams of the streams scenario
+	storm    int           // concurrent clients of the storm scenario
+}
+
+// runSpec is one load run of a scenario.
+type runSpec struct {
+	name   string
+	path   string
+	stream bool
+	rate   float64
+	conns  int
+	once   bool
+}
+
+// scenario is a named fault regime, the load to send through it, and the
+// Sturdy settings it is measured with.
+type scenario struct {
+	name    string
+	about   string
+	profile func(s settings) fakellm.Profile
+	runs    func(s settings) []runSpec
+	// sturdy is the upstream/route YAML fragment (breaker, retry) used.
+	sturdy string
+	// figures computes the scenario's own numbers from one run.
+	figures func(s settings, run runSpec, recs []record, st fakellm.Stats) []figure
+}
+
+// figure is one named result number.
+type figure struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"`
+}
+
+var chatBody = []byte(`{"model":"fake-model","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 30) +
+	`"},{"role":"user","content":"Summarise the state of the cluster in one line."}]}`) // ~1 KiB
+
+var streamBody = []byte(`{"model":"fake-model","stream":true,"messages":[{"role":"user","content":"Tell me a story."}]}`)
+
+const flakyP = 0.20
+
+var scenarios = []*scenario{
+	{
+		name:    "overhead",
+		about:   "no faults: capacity with 32 connections, added latency at a fixed unsaturated rate, streamed replies",
+		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
+		runs: func(s settings) []runSpec {
+			return []runSpec{
+				{name: "capacity", path: "/v1/chat/completions", conns: s.conns},
+				{name: fmt.Sprintf("latency@%g/s", s.rate), path: "/v1/chat/completions", rate: s.rate, conns: 512},
+				{name: "streamed", path: "/v1/chat/completions", stream: true, conns: s.conns},
+			}
+		},
+		sturdy: defaultSturdy,
+	},
+	{
+		name:  "flaky",
+		about: "20 % transient faults (429 with retry-after-ms, 500, 502, 503, reset) at 300 req/s",
+		profile: func(settings) fakellm.Profile {
+			q := flakyP / 5
+			return fakellm.Profile{Seed: 42, Status: map[int]float64{429: q, 500: q, 502: q, 503: q}, Reset: q,
+				RetryAfter: 5 * time.Millisecond, RetryAfterMS: true, Tokens: 8}
+		},
+		runs: func(s settings) []runSpec {
+			return []runSpec{{name: "flaky", path: "/v1/chat/completions", rate: 300, conns: 512}}
+		},
+		sturdy: `    breaker: {consecutive_failures: 50, failure_ratio: 0.9, min_requests: 1000}
+routes:
+  - name: default
+    upstream: fake
+    retry: {max_attempts: 4, base_delay: 5ms, max_delay: 50ms}
+`,
+		figures: func(_ settings, _ runSpec, recs []record, st fakellm.Stats) []figure {
+			n := 4.0
+			best := 1 - math.Pow(flakyP, n)
+			return []figure{
+				{"success", 100 * successRate(recs), "%"},
+				{"theoretical_best", 100 * best, "%"},
+				{"amplification", float64(st.Requests) / float64(len(recs)), "x"},
+				{"expected_amplification", (1 - math.Pow(flakyP, n)) / (1 - flakyP), "x"},
+			}
+		},
+	},
+	{
+		name:  "ratelimited",
+		about: "30 % 429s with Retry-After: 1 — no retry may land before the server said it may",
+		profile: func(settings) fakellm.Profile {
+			return fakellm.Profile{Seed: 7, Status: map[int]float64{429: 0.3}, RetryAfter: time.Second, Tokens: 8}
+		},
+		runs: func(s settings) []runSpec {
+			return []runSpec{{name: "ratelimited", path: "/v1/chat/completions", rate: 100, conns: 1024}}
+		},
+		sturdy: `    breaker: {consecutive_failures: 50}
+routes:
+  - name: default
+    upstream: fake
+    retry: {max_attempts: 4, max_retry_after: 5s}
+`,
+		figures: func(_ settings, _ runSpec, recs []record, st fakellm.Stats) []figure {
+			return []figure{{"success", 100 * successRate(recs), "%"}, {"early_retries", float64(st.EarlyRetries), ""},
+				{"amplification", float64(st.Requests) / float64(len(recs)), "x"}}
+		},
+	},
+	{
+		name:  "outage",
+		about: "the upstream is down for the middle third of the run: breaker reaction, fast-fail latency, recovery",
+		profile: func(s settings) fakellm.Profile {
+			return fakellm.Profile{Tokens: 8, Outage: fakellm.Outage{From: s.duration / 3, To: 2 * s.duration / 3}}
+		},
+		runs: func(s settings) []runSpec {
+			return []runSpec{{name: "outage", path: "/v1/chat/completions", rate: 200, conns: 512}}
+		},
+		sturdy: outageSturdy,
+		figures: func(s settings, _ runSpec, recs []record, st fakellm.Stats) []figure {
+			from, to := s.duration/3, 2*s.duration/3
+			open, recovered := -1.0, -1.0
+			var fast []record
+			for _, r := range recs {
+				if r.fastFail {
+					fast = append(fast, r)
+					if open < 0 && r.at >= from {
+						open = (r.at - from).Seconds()
+					}
+				}
+				if recovered < 0 && r.at >= to && ok(r) {
+					recovered = (r.at - to).Seconds()
+				}
+			}
+			ff := latencies(fast, all, total)
+			return []figure{
+				{"breaker_open_after", open, "s"}, {"fast_fail_p99", ms(ff, 99), "ms"}, {"fast_fails", float64(len(fast)), ""},
+				{"upstream_requests_in_outage", float64(st.InOutage), ""}, {"recovered_after", recovered, "s"},
+			}
+		},
+	},
+	{
+		name:  "storm",
+		about: "many concurrent clients hammer an upstream that is down: upstream load must stay bounded",
+		profile: func(s settings) fakellm.Profile {
+			return fakellm.Profile{Tokens: 8, Outage: fakellm.Outage{From: 0, To: s.duration}}
+		},
+		runs: func(s settings) []runSpec {
+			return []runSpec{{name: fmt.Sprintf("storm x%d", s.storm), path: "/v1/chat/completions", conns: s.storm}}
+		},
+		sturdy: outageSturdy,
+		figures: func(s settings, _ runSpec, recs []record, st fakellm.Stats) []figure {
+			secs := s.duration.Seconds()
+			return []figure{{"client_rps", float64(len(recs)) / secs, "/s"}, {"upstream_rps", float64(st.InOutage) / secs, "/s"},
+				{"upstream_per_client_request", float64(st.InOutage) / float64(max(len(recs), 1)), "x"}}
+		},
+	},
+	{
+		name:  "streams",
+		about: "many concurrent SSE streams: time to first token, inter-chunk delay, memory per open stream",
+		profile: func(s settings) fakellm.Profile {
+			return fakellm.Profile{Tokens: 40, TTFT: fakellm.Latency{Base: 50 * time.Millisecond},
+				InterToken: fakellm.Latency{Base: s.duration / 50}}
+		},
+		runs: func(s settings) []runSpec {
+			return []runSpec{{name: fmt.Sprintf("%d streams", s.streams), path: "/v1/chat/completions", stream: true,
+				conns: s.streams, once: true}}
+		},
+		sturdy: defaultSturdy,
+		figures: func(_ settings, _ runSpec, recs []record, _ fakellm.Stats) []figure {
+			ttft := latencies(recs, ok, firstByte)
+			var gaps time.Duration
+			n := 0
+			for _, r := range recs {
+				if ok(r) && r.gap > 0 {
+					gaps += r.gap
+					n++
+				}
+			}
+			return []figure{{"ttft_p50", ms(ttft, 50), "ms"}, {"ttft_p99", ms(ttft, 99), "ms"},
+				{"mean_chunk_gap", float64(gaps) / float64(max(n, 1)) / 1e6, "ms"}, {"success", 100 * successRate(recs), "%"}}
+		},
+	},
+}
+
+const defaultSturdy = `routes:
+  - name: default
+    upstream: fake
+`
+
+const outageSturdy = `    breaker: {consecutive_failures: 5, open_for: 2s}
+routes:
+  - name: default
+    upstream: fake
+    retry: {max_attempts: 2, base_delay: 10ms, max_delay: 20ms}
+`
+
+func successRate(recs []record) float64 {
+	if len(recs) == 0 {
+		return 0
+	}
+	n := 0
+	for _, r := range recs {
+		if ok(r) {
+			n++
+		}
+	}
+	return float64(n) / float64(len(recs))
+}
+
+func findScenario(name string) *scenario {
+	for _, s := range scenarios {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
