@@ -65,9 +65,12 @@ func (l load) run() []record {
 		recs = append(recs, r)
 		mu.Unlock()
 	}
-	stopProgress := make(chan struct{})
-	if l.progress != nil {
+	stopProgress, progressDone := make(chan struct{}), make(chan struct{})
+	if l.progress == nil {
+		close(progressDone)
+	} else {
 		go func() {
+			defer close(progressDone)
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
@@ -129,6 +132,7 @@ func (l load) run() []record {
 	}
 	wg.Wait()
 	close(stopProgress)
+	<-progressDone
 	sort.Slice(recs, func(i, j int) bool { return recs[i].at < recs[j].at })
 	return recs
 }

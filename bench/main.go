@@ -36,6 +36,8 @@ import (
 type target struct {
 	name string
 	url  string
+	// direct targets the fake server itself (its URL is known per run).
+	direct bool
 	// pids lists the processes whose CPU and memory are measured (none
 	// for the fake server itself).
 	pids func() []int
@@ -105,7 +107,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		targets = []target{{name: "target", url: strings.TrimSuffix(*targetURL, "/")}}
 	} else {
 		if !*noDirect {
-			targets = append(targets, target{name: "direct", url: "http://" + *fakeListen})
+			targets = append(targets, target{name: "direct", direct: true})
 		}
 		bin := *sturdyBin
 		if bin == "" {
@@ -162,10 +164,14 @@ func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, e
 				return tr, fmt.Errorf("fake server: %w", err)
 			}
 		}
+		url := t.url
+		if t.direct {
+			url = fake.URL
+		}
 		stop := func() {}
 		if t.start != nil {
 			var err error
-			if stop, err = t.start(sc, "http://"+fakeListen); err != nil {
+			if stop, err = t.start(sc, fake.URL); err != nil {
 				fake.Close()
 				return tr, err
 			}
@@ -184,7 +190,7 @@ func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, e
 		}
 		label := fmt.Sprintf("%s/%s via %s", sc.name, spec.name, t.name)
 		start := time.Now()
-		recs := load{url: t.url + spec.path, body: body, stream: spec.stream, rate: spec.rate, workers: spec.conns,
+		recs := load{url: url + spec.path, body: body, stream: spec.stream, rate: spec.rate, workers: spec.conns,
 			duration: s.duration, once: spec.once, progress: func(sent, done int64) {
 				fmt.Fprintf(stderr, "\r%-45s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
 			}}.run()

@@ -146,25 +146,31 @@ func (s Settings) normalized() Settings {
 	return s
 }
 
-// Allow asks whether an attempt may go to the upstream. When ok, done must
-// be called exactly once with the attempt's result, as soon as it is known
-// (at response headers, not at the end of a stream). When not ok, the
-// breaker is open (or half-open with all probes taken).
-func (b *Breaker) Allow() (done func(Result), ok bool) {
+// Ticket is an allowed attempt's pass: report its result with Done.
+type Ticket struct{ report func(error) }
+
+// Done reports the attempt's result, exactly once, as soon as it is known
+// (at response headers, not at the end of a stream).
+func (t Ticket) Done(r Result) {
+	switch r {
+	case Success:
+		t.report(nil)
+	case Failure:
+		t.report(errFailure)
+	default:
+		t.report(errExcluded)
+	}
+}
+
+// Allow asks whether an attempt may go to the upstream. When ok, the
+// ticket's Done must be called once with the attempt's result. When not
+// ok, the breaker is open (or half-open with all probes taken).
+func (b *Breaker) Allow() (t Ticket, ok bool) {
 	report, err := b.cb.Allow()
 	if err != nil {
-		return nil, false
+		return Ticket{}, false
 	}
-	return func(r Result) {
-		switch r {
-		case Success:
-			report(nil)
-		case Failure:
-			report(errFailure)
-		default:
-			report(errExcluded)
-		}
-	}, true
+	return Ticket{report: report}, true
 }
 
 // ProbeIn returns how long until the open breaker lets a probe through;

@@ -11,11 +11,11 @@ import (
 func report(t *testing.T, b *Breaker, r Result, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		done, ok := b.Allow()
+		ticket, ok := b.Allow()
 		if !ok {
 			t.Fatalf("attempt %d of %d refused; state %v", i+1, n, b.State())
 		}
-		done(r)
+		ticket.Done(r)
 	}
 }
 
@@ -95,8 +95,8 @@ func TestHalfOpenProbesThenCloses(t *testing.T) {
 	if !ok1 || !ok2 || ok3 {
 		t.Fatalf("half-open allowed %v %v %v; want exactly 2 probes", ok1, ok2, ok3)
 	}
-	d1(Success)
-	d2(Success)
+	d1.Done(Success)
+	d2.Done(Success)
 	if b.State() != StateClosed {
 		t.Fatalf("state %v after 2 good probes, want closed", b.State())
 	}

@@ -100,6 +100,9 @@ func RateLimitExhausted(remaining, reset []byte) (time.Duration, bool) {
 // RequestedRetries parses X-Stainless-Retry-Count: how many times the
 // client has already retried this request itself (0 when absent).
 func RequestedRetries(h []byte) int {
+	if len(h) == 0 {
+		return 0
+	}
 	n, err := strconv.Atoi(string(bytes.TrimSpace(h)))
 	if err != nil || n < 0 {
 		return 0

@@ -133,10 +133,11 @@ func (ex *exchange) leaveTarget() {
 func (ex *exchange) tryTarget(t *target) bool {
 	up := t.up
 	for {
-		if !ex.gate(up) {
+		now, ok := ex.gate(up)
+		if !ok {
 			return false
 		}
-		done, ok := up.breaker.Allow()
+		ticket, ok := up.breaker.Allow()
 		if !ok {
 			if ex.n > 0 { // it opened between our retries
 				ex.stop = policy.StopBreakerOpen
@@ -148,26 +149,27 @@ func (ex *exchange) tryTarget(t *target) bool {
 		ex.attempts++
 		ex.n++
 		if ex.n == 1 {
-			up.budget.FirstAttempt(time.Now())
+			up.budget.FirstAttempt(now)
 		}
-		out := ex.attempt(t)
+		out := ex.attempt(t, now)
+		now = time.Now()
 		ex.verdict = policy.Classify(out)
-		done(breakerResult(ex.verdict.Health))
+		ticket.Done(breakerResult(ex.verdict.Health))
 		ex.fault, ex.hasReply = out.Fault, out.Fault == policy.FaultNone
 		result := resultLabel(ex.verdict)
-		ex.p.m.Attempts.WithLabelValues(up.name, result).Inc()
+		up.countAttempt(ex.p, result)
 		ex.noteAttempt(result)
 
 		a := policy.Attempt{Verdict: ex.verdict, N: ex.n, Total: ex.attempts, Replayable: ex.replayable,
-			Remaining: time.Until(ex.deadline), HasFallback: ex.ti+1 < len(ex.route.targets)}
+			Remaining: ex.deadline.Sub(now), HasFallback: ex.ti+1 < len(ex.route.targets)}
 		if ex.hasReply {
-			a.ServerWait, a.HasServerWait = ex.learnRateLimits(up)
+			a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
 			a.FailoverStatus = ex.verdict.Class == policy.ClassPassThrough && ex.failoverStatus()
 		}
 		retry := ex.route.retry
 		retry.MaxAttempts = ex.perTarget
 		step := retry.Next(a, ex.p.rand)
-		if step.Retry && !up.budget.TryRetry(time.Now()) {
+		if step.Retry && !up.budget.TryRetry(now) {
 			ex.p.m.BudgetExhausted.WithLabelValues(up.name).Inc()
 			if a.HasFallback && (ex.replayable || ex.verdict.Reason == policy.ReasonConnect) {
 				step = policy.Step{Failover: true}
@@ -200,14 +202,15 @@ func (ex *exchange) tryTarget(t *target) bool {
 // gate clears the way for one attempt on up: a cooldown learned from a
 // 429 for this request's credential, and pacing. It may wait, but never
 // past the deadline, and it does not wait for a cooldown when a fallback
-// can take the request at once. false: ex.obstacle says why.
-func (ex *exchange) gate(up *upstream) bool {
+// can take the request at once. It returns the time the attempt may
+// start; false: ex.obstacle says why.
+func (ex *exchange) gate(up *upstream) (time.Time, bool) {
 	now := time.Now()
 	if left := up.cooldowns.remaining(ex.credFor(up), now); left > 0 {
 		hasFallback := ex.ti+1 < len(ex.route.targets)
-		if hasFallback || left > ex.route.retry.MaxRetryAfter || left >= time.Until(ex.deadline) {
+		if hasFallback || left > ex.route.retry.MaxRetryAfter || left >= ex.deadline.Sub(now) {
 			ex.block(obstacleCooldown, up, left)
-			return false
+			return now, false
 		}
 		sleep(left)
 		now = time.Now()
@@ -218,11 +221,14 @@ func (ex *exchange) gate(up *upstream) bool {
 		if d > up.maxWait || d >= ex.deadline.Sub(now) {
 			r.CancelAt(now)
 			ex.block(obstacleRateLimited, up, d)
-			return false
+			return now, false
 		}
-		sleep(d)
+		if d > 0 {
+			sleep(d)
+			now = time.Now()
+		}
 	}
-	return true
+	return now, true
 }
 
 // credFor keys up's cooldowns: the upstream's own key when Sturdy injects
@@ -238,9 +244,8 @@ func (ex *exchange) credFor(up *upstream) uint64 {
 // Retry-After (returned as the server's wait) and OpenAI's
 // x-ratelimit-remaining-requests: 0 (on any reply) put the upstream in
 // cooldown for this credential until then.
-func (ex *exchange) learnRateLimits(up *upstream) (wait time.Duration, ok bool) {
+func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool) {
 	h := &ex.resp.Header
-	now := time.Now()
 	if ex.verdict.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekBytes(hdrRetryAfterMS), h.PeekBytes(hdrRetryAfter), now)
 	}
@@ -336,8 +341,8 @@ func breakerResult(h policy.Health) breaker.Result {
 // headers and the first body bytes (all of a small body). The attempt's
 // timeout is the upstream's first_byte, or the route's first_token when
 // shorter, cut short by the deadline.
-func (ex *exchange) attempt(t *target) policy.Outcome {
-	timeout := min(t.up.firstByte, time.Until(ex.deadline))
+func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
+	timeout := min(t.up.firstByte, ex.deadline.Sub(now))
 	if ex.route.firstToken > 0 {
 		timeout = min(timeout, ex.route.firstToken)
 	}

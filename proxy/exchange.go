@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -56,6 +57,7 @@ type exchange struct {
 	id         []byte
 	uri        []byte
 	body0      []byte // a rewritten body (model changed for a target)
+	scratch    []byte // for header values built per request
 
 	// req and resp live as long as the pooled exchange.
 	req  *fasthttp.Request
@@ -225,11 +227,15 @@ func (ex *exchange) prepare() {
 	req.Header.ResetConnectionClose()
 	req.Header.SetNoDefaultContentType(true)
 	req.Header.SetBytesKV(hdrRequestID, ex.id)
-	ip := ctx.RemoteIP().String()
+	xff := ex.scratch[:0]
 	if prior := req.Header.PeekBytes(hdrForwardedFor); len(prior) > 0 {
-		ip = string(prior) + ", " + ip
+		xff = append(append(xff, prior...), ", "...)
 	}
-	req.Header.SetBytesK(hdrForwardedFor, ip)
+	if a, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
+		xff = a.Unmap().AppendTo(xff)
+	}
+	req.Header.SetBytesKV(hdrForwardedFor, xff)
+	ex.scratch = xff
 }
 
 // fail writes an error Sturdy produced itself.
@@ -247,7 +253,7 @@ func (ex *exchange) fail(status int, code, msg string, retryAfter time.Duration)
 	ex.bytesOut = int64(len(ex.ctx.Response.Body()))
 	ex.ctx.Response.Header.SetBytesKV(hdrRequestID, ex.id)
 	if ex.attempts > 0 {
-		ex.ctx.Response.Header.SetBytesKV(hdrAttempts, strconv.AppendInt(nil, int64(ex.attempts), 10))
+		ex.setAttemptsHeader()
 	}
 	ex.ttfb = time.Since(ex.start)
 }
@@ -265,7 +271,7 @@ func (ex *exchange) commit(final bool) {
 		rh.SetBytesK(hdrUpstream, ex.up.name)
 	}
 	if !passThrough || ex.attempts > 1 {
-		rh.SetBytesKV(hdrAttempts, strconv.AppendInt(nil, int64(ex.attempts), 10))
+		ex.setAttemptsHeader()
 	}
 	// A 429 insufficient_quota is passed through, but no retry can help it.
 	if final || (passThrough && ex.status == 429) {
@@ -287,6 +293,12 @@ func (ex *exchange) commit(final bool) {
 	cl := ex.resp.Header.ContentLength()
 	ex.chunked = cl < 0
 	ctx.Response.SetBodyStream(ex, max(cl, -1))
+}
+
+// setAttemptsHeader sets x-sturdy-attempts on the client's response.
+func (ex *exchange) setAttemptsHeader() {
+	ex.scratch = strconv.AppendInt(ex.scratch[:0], int64(ex.attempts), 10)
+	ex.ctx.Response.Header.SetBytesKV(hdrAttempts, ex.scratch)
 }
 
 func kindOf(contentType []byte) streamKind {
@@ -311,7 +323,8 @@ func (ex *exchange) finish() {
 	ex.closeBody()
 	ex.req.Reset()
 	ex.resp.Reset()
-	*ex = exchange{head: ex.head[:0], id: ex.id[:0], uri: ex.uri[:0], req: ex.req, resp: ex.resp, body0: ex.body0[:0]}
+	*ex = exchange{head: ex.head[:0], id: ex.id[:0], uri: ex.uri[:0], req: ex.req, resp: ex.resp, body0: ex.body0[:0],
+		scratch: ex.scratch[:0]}
 	exchangePool.Put(ex)
 }
 
@@ -326,14 +339,14 @@ func (ex *exchange) measure() {
 	if ex.stop != policy.StopNone && ex.stop != policy.StopFinal {
 		m.GiveUps.WithLabelValues(up, ex.stop.String()).Inc()
 	}
-	if ex.route != nil {
-		m.TimeToFirstByte.WithLabelValues(route).Observe(ex.ttfb.Seconds())
-		stream := "false"
+	if r := ex.route; r != nil {
+		r.ttfb.Observe(ex.ttfb.Seconds())
+		dur := r.durPlain
 		if ex.streaming {
-			stream = "true"
+			dur = r.durStream
 			m.OpenStreams.Dec()
 		}
-		m.Duration.WithLabelValues(route, stream).Observe(time.Since(ex.start).Seconds())
+		dur.Observe(time.Since(ex.start).Seconds())
 	}
 	m.InFlight.Dec()
 }

@@ -48,19 +48,20 @@ var (
 // headerDeleter is the part of fasthttp's request and response headers that
 // dropHopHeaders needs.
 type headerDeleter interface {
-	Peek(key string) []byte
+	PeekBytes(key []byte) []byte
 	DelBytes(key []byte)
 }
 
 // dropHopHeaders removes hop-by-hop headers and every header the
-// Connection header names.
+// Connection header names. It looks before it deletes (a lookup is cheaper
+// than a delete): most messages carry none but Connection: keep-alive.
 func dropHopHeaders(h headerDeleter) {
-	if conn := h.Peek("Connection"); len(conn) > 0 {
-		// fasthttp may hand back its internal buffer; deleting headers
+	if conn := h.PeekBytes(hdrConnection); len(conn) > 0 &&
+		!bytes.EqualFold(conn, []byte("keep-alive")) && !bytes.EqualFold(conn, []byte("close")) {
+		// fasthttp hands back its internal buffer; deleting headers
 		// reshuffles it, so work on a copy (rare: few clients name extra
 		// headers in Connection).
-		var buf [128]byte
-		names := append(buf[:0], conn...)
+		names := append([]byte(nil), conn...)
 		for len(names) > 0 {
 			var name []byte
 			name, names, _ = bytes.Cut(names, []byte(","))
@@ -70,7 +71,9 @@ func dropHopHeaders(h headerDeleter) {
 		}
 	}
 	for _, k := range hopHeaders {
-		h.DelBytes(k)
+		if h.PeekBytes(k) != nil {
+			h.DelBytes(k)
+		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -172,6 +173,8 @@ type route struct {
 	deadline      time.Duration
 	maxBody       int
 	retry         policy.Retry
+	// Histograms of this route, resolved once.
+	ttfb, durPlain, durStream prometheus.Observer
 }
 
 // target is one upstream a route may use, with its model rewrite.
@@ -289,6 +292,9 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 		if ro.Model != "" {
 			r.specificity = policy.GlobSpecificity(ro.Model)
 		}
+		r.ttfb = p.m.TimeToFirstByte.WithLabelValues(ro.Name)
+		r.durPlain = p.m.Duration.WithLabelValues(ro.Name, "false")
+		r.durStream = p.m.Duration.WithLabelValues(ro.Name, "true")
 		for _, tg := range append([]Target{{Upstream: ro.Upstream}}, ro.Fallbacks...) {
 			up := byName[tg.Upstream]
 			if up == nil {
@@ -445,8 +451,17 @@ func asSmallBuffer(err error, target **fasthttp.ErrSmallBuffer) bool {
 	return ok
 }
 
-// newRequestID returns a process-unique request id.
+// appendRequestID appends a process-unique request id: a random prefix
+// per process and a sequence number, in hex.
 func (p *Proxy) appendRequestID(dst []byte) []byte {
 	dst = append(dst, p.idPrefix...)
-	return fmt.Appendf(dst, "%08x", p.idSeq.Add(1))
+	n := p.idSeq.Add(1)
+	var digits [16]byte
+	i := len(digits)
+	for n > 0 || i > len(digits)-8 {
+		i--
+		digits[i] = "0123456789abcdef"[n&15]
+		n >>= 4
+	}
+	return append(dst, digits[i:]...)
 }

@@ -8,9 +8,11 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
@@ -52,6 +54,19 @@ type upstream struct {
 	queueTimeout time.Duration
 	budget       *policy.Budget
 	cooldowns    cooldowns
+
+	// attempts holds this upstream's attempt counters by result, resolved
+	// once instead of per request.
+	attempts sync.Map // result label → prometheus.Counter
+}
+
+// countAttempt counts an attempt's result.
+func (up *upstream) countAttempt(p *Proxy, result string) {
+	c, ok := up.attempts.Load(result)
+	if !ok {
+		c, _ = up.attempts.LoadOrStore(result, p.m.Attempts.WithLabelValues(up.name, result))
+	}
+	c.(prometheus.Counter).Inc()
 }
 
 func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) (*upstream, error) {
