@@ -26,6 +26,9 @@ type runSpec struct {
 	rate   float64
 	conns  int
 	once   bool
+	// window, when set, is how long an open-loop run starts requests
+	// (default: the run's duration).
+	window time.Duration
 }
 
 // scenario is a named fault regime, the load to send through it, and the
@@ -167,14 +170,15 @@ routes:
 	},
 	{
 		name:  "streams",
-		about: "many concurrent SSE streams: time to first token, inter-chunk delay, memory per open stream",
+		about: "many concurrent SSE streams, opened over 2 s and all open together: time to first token, inter-chunk delay, memory per open stream",
 		profile: func(s settings) fakellm.Profile {
 			return fakellm.Profile{Tokens: 40, TTFT: fakellm.Latency{Base: 50 * time.Millisecond},
 				InterToken: fakellm.Latency{Base: s.duration / 50}}
 		},
 		runs: func(s settings) []runSpec {
+			window := min(2*time.Second, s.duration/4)
 			return []runSpec{{name: fmt.Sprintf("%d streams", s.streams), path: "/v1/chat/completions", stream: true,
-				conns: s.streams, once: true}}
+				conns: s.streams + 16, rate: float64(s.streams) / window.Seconds(), window: window}}
 		},
 		sturdy: defaultSturdy,
 		figures: func(_ settings, _ runSpec, recs []record, _ fakellm.Stats) []figure {

@@ -339,12 +339,12 @@ func breakerResult(h policy.Health) breaker.Result {
 
 // attempt sends the request once and reads the response head: the status,
 // headers and the first body bytes (all of a small body). The attempt's
-// timeout is the upstream's first_byte, or the route's first_token when
-// shorter, cut short by the deadline.
+// timeout is the upstream's first_byte, or for a stream the route's
+// first_token when shorter, cut short by the deadline.
 func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 	timeout := min(t.up.firstByte, ex.deadline.Sub(now))
-	if ex.route.firstToken > 0 {
-		timeout = min(timeout, ex.route.firstToken)
+	if ex.firstToken > 0 {
+		timeout = min(timeout, ex.firstToken)
 	}
 	if timeout <= 0 {
 		return policy.Outcome{Fault: policy.FaultTimeout}

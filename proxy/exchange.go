@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"sturdy/metrics"
@@ -72,6 +73,9 @@ type exchange struct {
 
 	attempts  int // across all targets
 	perTarget int // attempts allowed on each target
+	// firstToken bounds each attempt's first body byte when the request
+	// asks for a stream (route first_token); 0: no such bound.
+	firstToken time.Duration
 	retries   [maxLoggedRetries]retryNote
 	nRetries  int
 	// Targets: ti indexes route.targets; n counts attempts on it; cred
@@ -214,6 +218,9 @@ func (ex *exchange) prepare() {
 		ex.deadline = ex.start.Add(d)
 	}
 	ex.replayable = policy.Replayable(ctx.Method(), rawPath(rh.RequestURI()), len(rh.PeekBytes(hdrIdempotencyKey)) > 0)
+	if ex.route.firstToken > 0 {
+		ex.firstToken = firstTokenLimit(ex.route.firstToken, rawPath(rh.RequestURI()), ctx.Request.Body())
+	}
 	ex.perTarget = ex.route.retry.MaxAttempts
 	if policy.RequestedRetries(rh.PeekBytes(hdrStainlessRetryCount)) > 0 && ex.route.clientRetries > 0 {
 		ex.perTarget = min(ex.perTarget, ex.route.clientRetries)
@@ -293,6 +300,19 @@ func (ex *exchange) commit(final bool) {
 	cl := ex.resp.Header.ContentLength()
 	ex.chunked = cl < 0
 	ctx.Response.SetBodyStream(ex, max(cl, -1))
+}
+
+// firstTokenLimit returns the route's first_token for requests that ask
+// for a stream — "stream": true in the body, or Ollama's /api/chat and
+// /api/generate, which stream unless told "stream": false — and 0 for the
+// rest: a non-streamed reply's first byte comes only when generation ends.
+func firstTokenLimit(limit time.Duration, path, body []byte) time.Duration {
+	s := gjson.GetBytes(body, "stream")
+	ollama := bytes.HasSuffix(path, []byte("/api/chat")) || bytes.HasSuffix(path, []byte("/api/generate"))
+	if s.Bool() || (ollama && s.Type != gjson.False) {
+		return limit
+	}
+	return 0
 }
 
 // setAttemptsHeader sets x-sturdy-attempts on the client's response.

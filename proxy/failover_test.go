@@ -167,6 +167,22 @@ func TestStreamFailsOverBeforeFirstByteAndOnFirstTokenLimit(t *testing.T) {
 	}
 }
 
+func TestFirstTokenAppliesOnlyToStreams(t *testing.T) {
+	slow := upstreamtest.Start(t, upstreamtest.Step{Delay: 600 * time.Millisecond, Body: "whole reply"})
+	h := startProxy(t, slow.URL, func(o *Options) { o.Routes[0].FirstToken = 200 * time.Millisecond })
+	if resp, body := h.chat(`{"stream":false}`); resp.StatusCode != 200 || string(body) != "whole reply" {
+		t.Fatalf("non-streamed request cut by first_token: %d %q", resp.StatusCode, body)
+	}
+	for path, want := range map[string]time.Duration{"/api/chat": 200 * time.Millisecond, "/v1/chat/completions": 0} {
+		if got := firstTokenLimit(200*time.Millisecond, []byte(path), []byte(`{"model":"m"}`)); got != want {
+			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+	if got := firstTokenLimit(time.Second, []byte("/api/chat"), []byte(`{"stream":false}`)); got != 0 {
+		t.Errorf("ollama stream:false: %v", got)
+	}
+}
+
 func TestModelGlobsPickTheRoute(t *testing.T) {
 	gpt := upstreamtest.Start(t, upstreamtest.Step{Body: "gpt"})
 	mini := upstreamtest.Start(t, upstreamtest.Step{Body: "mini"})
