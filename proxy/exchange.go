@@ -76,8 +76,8 @@ type exchange struct {
 	// firstToken bounds each attempt's first body byte when the request
 	// asks for a stream (route first_token); 0: no such bound.
 	firstToken time.Duration
-	retries   [maxLoggedRetries]retryNote
-	nRetries  int
+	retries    [maxLoggedRetries]retryNote
+	nRetries   int
 	// Targets: ti indexes route.targets; n counts attempts on it; cred
 	// keys its cooldowns; slot is the upstream whose max_in_flight slot
 	// is held; tried logs each target's fate; obstacle is why the last
