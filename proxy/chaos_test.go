@@ -42,6 +42,21 @@ func removeToxic(t *testing.T, p *toxiproxy.Proxy, kind string) {
 	}
 }
 
+// chaosStack is a scripted upstream behind Toxiproxy with one toxic,
+// behind Sturdy with chaosEdit's bounds (and edit's, if any).
+func chaosStack(t *testing.T, step upstreamtest.Step, kind, stream, attrs string, edit func(*Options)) (*harness, *toxiproxy.Proxy) {
+	t.Helper()
+	up := upstreamtest.Start(t, step)
+	tp, url := chaos(t, up.Addr)
+	addToxic(t, tp, kind, stream, attrs)
+	return startProxy(t, url, func(o *Options) {
+		chaosEdit(o)
+		if edit != nil {
+			edit(o)
+		}
+	}), tp
+}
+
 // chaosEdit gives every chaos test the same, short bounds.
 func chaosEdit(o *Options) {
 	o.Upstreams[0].FirstByteTimeout = 700 * time.Millisecond
@@ -50,10 +65,7 @@ func chaosEdit(o *Options) {
 }
 
 func TestChaosLatencyWithinBoundsSucceeds(t *testing.T) {
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	tp, url := chaos(t, up.Addr)
-	addToxic(t, tp, "latency", "downstream", `{"latency":300}`)
-	h := startProxy(t, url, chaosEdit)
+	h, _ := chaosStack(t, upstreamtest.Step{Body: "ok"}, "latency", "downstream", `{"latency":300}`, nil)
 	start := time.Now()
 	resp, body := h.chat("")
 	if el := time.Since(start); resp.StatusCode != 200 || string(body) != "ok" || el < 300*time.Millisecond {
@@ -62,10 +74,7 @@ func TestChaosLatencyWithinBoundsSucceeds(t *testing.T) {
 }
 
 func TestChaosLatencyPastFirstByteIsATimeoutNotAHang(t *testing.T) {
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	tp, url := chaos(t, up.Addr)
-	addToxic(t, tp, "latency", "downstream", `{"latency":2000}`)
-	h := startProxy(t, url, chaosEdit)
+	h, _ := chaosStack(t, upstreamtest.Step{Body: "ok"}, "latency", "downstream", `{"latency":2000}`, nil)
 	start := time.Now()
 	resp, body := h.chat("")
 	// 3 attempts × 700 ms first_byte + backoff: well under 4 s.
@@ -76,10 +85,7 @@ func TestChaosLatencyPastFirstByteIsATimeoutNotAHang(t *testing.T) {
 
 func TestChaosBandwidthLimitedStreamArrivesIntact(t *testing.T) {
 	chunks := upstreamtest.SSE(upstreamtest.Words(40, strings.Repeat("y", 500))...)
-	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: chunks})
-	tp, url := chaos(t, up.Addr)
-	addToxic(t, tp, "bandwidth", "downstream", `{"rate":40}`) // 40 KB/s: ~25 KB takes ~0.6 s
-	h := startProxy(t, url, chaosEdit)
+	h, _ := chaosStack(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: chunks}, "bandwidth", "downstream", `{"rate":40}`, nil)
 	resp, body := h.chat(`{"stream":true}`)
 	if resp.StatusCode != 200 || string(body) != strings.Join(chunks, "") {
 		t.Fatalf("%d, %d bytes of %d", resp.StatusCode, len(body), len(strings.Join(chunks, "")))
@@ -87,10 +93,7 @@ func TestChaosBandwidthLimitedStreamArrivesIntact(t *testing.T) {
 }
 
 func TestChaosResetPeerIsRetriedThenReportedClearly(t *testing.T) {
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	tp, url := chaos(t, up.Addr)
-	addToxic(t, tp, "reset_peer", "upstream", `{"timeout":0}`)
-	h := startProxy(t, url, chaosEdit)
+	h, tp := chaosStack(t, upstreamtest.Step{Body: "ok"}, "reset_peer", "upstream", `{"timeout":0}`, nil)
 	start := time.Now()
 	resp, body := h.chat("")
 	code, _ := errorOf(t, body)
@@ -104,10 +107,8 @@ func TestChaosResetPeerIsRetriedThenReportedClearly(t *testing.T) {
 }
 
 func TestChaosTimeoutToxicEndsAtFirstByte(t *testing.T) {
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	tp, url := chaos(t, up.Addr)
-	addToxic(t, tp, "timeout", "downstream", `{"timeout":0}`)
-	h := startProxy(t, url, func(o *Options) { chaosEdit(o); o.Routes[0].Retry.MaxAttempts = 1 })
+	h, _ := chaosStack(t, upstreamtest.Step{Body: "ok"}, "timeout", "downstream", `{"timeout":0}`,
+		func(o *Options) { o.Routes[0].Retry.MaxAttempts = 1 })
 	start := time.Now()
 	resp, body := h.chat("")
 	if code, _ := errorOf(t, body); resp.StatusCode != 504 || code != CodeUpstreamTimeout || time.Since(start) > 2*time.Second {
@@ -116,10 +117,7 @@ func TestChaosTimeoutToxicEndsAtFirstByte(t *testing.T) {
 }
 
 func TestChaosSlowCloseDoesNotDelayTheAnswer(t *testing.T) {
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	tp, url := chaos(t, up.Addr)
-	addToxic(t, tp, "slow_close", "downstream", `{"delay":1500}`)
-	h := startProxy(t, url, chaosEdit)
+	h, _ := chaosStack(t, upstreamtest.Step{Body: "ok"}, "slow_close", "downstream", `{"delay":1500}`, nil)
 	for i := 0; i < 3; i++ {
 		start := time.Now()
 		if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "ok" || time.Since(start) > time.Second {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"sturdy/internal/upstreamtest"
 )
 
 var soakFor = flag.Duration("soak", 3*time.Second, "how long TestSoak runs (e.g. -soak=60s)")
@@ -27,7 +29,7 @@ var soakFor = flag.Duration("soak", 3*time.Second, "how long TestSoak runs (e.g.
 // every reply echoes the request id, so cross-talk would show.
 func soakUpstream(t *testing.T) string {
 	var n atomic.Int64
-	srv := &fasthttp.Server{Logger: quiet{}, Handler: func(ctx *fasthttp.RequestCtx) {
+	srv := &fasthttp.Server{Logger: upstreamtest.Quiet{}, Handler: func(ctx *fasthttp.RequestCtx) {
 		i := n.Add(1)
 		id := string(ctx.Request.Header.Peek("X-Request-Id"))
 		switch {
@@ -59,10 +61,6 @@ func soakUpstream(t *testing.T) string {
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return "http://" + ln.Addr().String()
 }
-
-type quiet struct{}
-
-func (quiet) Printf(string, ...any) {}
 
 // busyGoroutines counts goroutines, leaving out fasthttp's idle pooled
 // workers: they wait for work by design and expire on their own.

@@ -108,7 +108,7 @@ func Start(t testing.TB, steps ...Step) *Server {
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
 		NoDefaultContentType:  true,
-		Logger:                quiet{},
+		Logger:                Quiet{},
 		CloseOnShutdown:       true,
 	}
 	go func() { _ = s.srv.Serve(ln) }()
@@ -116,9 +116,11 @@ func Start(t testing.TB, steps ...Step) *Server {
 	return s
 }
 
-type quiet struct{}
+// Quiet is a fasthttp.Logger that drops everything: test servers' noise.
+type Quiet struct{}
 
-func (quiet) Printf(string, ...any) {}
+// Printf drops the message.
+func (Quiet) Printf(string, ...any) {}
 
 // Close stops the server and releases hanging steps.
 func (s *Server) Close() {
@@ -340,7 +342,7 @@ func StartTLS(t testing.TB, certPEM, keyPEM []byte, steps ...Step) *Server {
 	s := &Server{ln: ln, Addr: ln.Addr().String(), URL: "https://" + ln.Addr().String(),
 		release: make(chan struct{}), script: steps}
 	s.srv = &fasthttp.Server{Handler: s.handle, NoDefaultServerHeader: true, NoDefaultDate: true,
-		NoDefaultContentType: true, Logger: quiet{}, CloseOnShutdown: true}
+		NoDefaultContentType: true, Logger: Quiet{}, CloseOnShutdown: true}
 	go func() { _ = s.srv.ServeTLSEmbed(ln, certPEM, keyPEM) }()
 	t.Cleanup(s.Close)
 	return s
