@@ -76,9 +76,20 @@ var buildOnce = sync.OnceValues(func() (string, error) {
 	return bin, nil
 })
 
-// startBinary runs the built binary with args until the test ends and
-// returns its stderr buffer.
-func startBinary(t *testing.T, args ...string) (*exec.Cmd, *upstreamtest.LogBuffer) {
+// sturdyProc is a running sturdy binary.
+type sturdyProc struct {
+	cmd    *exec.Cmd
+	logs   *upstreamtest.LogBuffer
+	addr   string        // its listen address
+	exited chan struct{} // closed when it has exited; err is then set
+	err    error
+}
+
+// runBinary runs the built binary until the test ends. args gets a
+// listen and an admin address; ports are picked free, and if the binary
+// cannot bind them (another test took one meanwhile) it is started again
+// on new ones. It returns once the binary accepts connections.
+func runBinary(t *testing.T, args func(listen, admin string) []string) *sturdyProc {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -87,14 +98,47 @@ func startBinary(t *testing.T, args ...string) (*exec.Cmd, *upstreamtest.LogBuff
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, args...)
-	logs := &upstreamtest.LogBuffer{}
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	for try := 1; ; try++ {
+		p := &sturdyProc{logs: &upstreamtest.LogBuffer{}, addr: freeAddr(t), exited: make(chan struct{})}
+		p.cmd = exec.Command(bin, args(p.addr, freeAddr(t))...)
+		p.cmd.Stderr = p.logs
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+		t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.exited })
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if c, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond); err == nil {
+				c.Close()
+				return p
+			}
+			select {
+			case <-p.exited:
+			case <-time.After(20 * time.Millisecond):
+				if time.Now().Before(deadline) {
+					continue
+				}
+				t.Fatalf("sturdy never listened on %s:\n%s", p.addr, p.logs.String())
+			}
+			break
+		}
+		if out := p.logs.String(); try >= 3 || !strings.Contains(out, "cannot") {
+			t.Fatalf("sturdy exited (%v) before listening:\n%s", p.err, out)
+		}
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return cmd, logs
+}
+
+// waitExit waits for the process to end and returns its exit error.
+func (p *sturdyProc) waitExit(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(within):
+		t.Fatalf("sturdy did not exit within %v:\n%s", within, p.logs.String())
+		return nil
+	}
 }
 
 // TestSIGTERMLetsInFlightStreamsFinish opens 100 slow streams through the
@@ -103,9 +147,10 @@ func startBinary(t *testing.T, args ...string) (*exec.Cmd, *upstreamtest.LogBuff
 func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 100 * time.Millisecond})
-	addr := freeAddr(t)
-	cmd, logs := startBinary(t, "-upstream", up.URL, "-listen", addr, "-admin-listen", freeAddr(t))
-	waitListening(t, addr)
+	p := runBinary(t, func(listen, admin string) []string {
+		return []string{"-upstream", up.URL, "-listen", listen, "-admin-listen", admin}
+	})
+	addr := p.addr
 
 	const streams = 100
 	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: streams, MaxIdleConnsPerHost: streams}}
@@ -137,7 +182,7 @@ func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
 	for i := 0; i < streams; i++ {
 		<-started
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -150,17 +195,10 @@ func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
 			t.Fatalf("in-flight stream failed during shutdown: %v", err)
 		}
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit: %v\n%s", err, logs.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("sturdy did not exit after SIGTERM")
+	if err := p.waitExit(t, 10*time.Second); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.logs.String())
 	}
-	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(p.logs.String()), "\n") {
 		if !strings.HasPrefix(line, "{") {
 			t.Fatalf("non-JSON log line: %q", line)
 		}
@@ -177,24 +215,11 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func waitListening(t *testing.T, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("sturdy never listened on %s", addr)
-}
-
 // TestDemoServesWithNoModelInstalled runs `sturdy -demo` and talks to it.
 func TestDemoServesWithNoModelInstalled(t *testing.T) {
-	addr := freeAddr(t)
-	startBinary(t, "-demo", "-listen", addr, "-admin-listen", freeAddr(t))
-	waitListening(t, addr)
+	addr := runBinary(t, func(listen, admin string) []string {
+		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
+	}).addr
 	ok := 0
 	for i := 0; i < 5; i++ {
 		resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -187,19 +188,22 @@ func TestEnvironmentOverrides(t *testing.T) {
 }
 
 func TestHealthcheckFlag(t *testing.T) {
-	addr := freeAddr(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
 	var out, errb bytes.Buffer
-	if code := run([]string{"-healthcheck", "-admin-listen", addr}, &out, &errb); code != 1 {
+	if code := run([]string{"-healthcheck", "-admin-listen", freeAddr(t)}, &out, &errb); code != 1 {
 		t.Fatalf("healthcheck with nothing listening: exit %d", code)
 	}
-	srv := &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/healthz" {
 			_, _ = w.Write([]byte("ok\n"))
 		}
 	}), ReadHeaderTimeout: time.Second}
-	go func() { _ = srv.ListenAndServe() }()
+	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	waitListening(t, addr)
 	if code := run([]string{"-healthcheck", "-admin-listen", addr}, &out, &errb); code != 0 {
 		t.Fatalf("healthcheck: exit %d, %s", code, errb.String())
 	}

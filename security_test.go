@@ -38,15 +38,17 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(upstreamKey), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
-	cfg := "listen: " + addr + "\nadmin_listen: " + freeAddr(t) + "\nlog: {level: debug}\nauth: {keys: [" + clientKey + "]}\n" +
-		"upstreams:\n  - {name: m, url: " + up.URL + ", api_key_file: " + keyFile + "}\n" +
-		"routes:\n  - {name: r, upstream: m, retry: {base_delay: 1ms, max_delay: 2ms}}\n"
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd, logs := startBinary(t, "-config", cfgFile)
-	waitListening(t, addr)
+	var cfg string
+	p := runBinary(t, func(listen, admin string) []string {
+		cfg = "listen: " + listen + "\nadmin_listen: " + admin + "\nlog: {level: debug}\nauth: {keys: [" + clientKey + "]}\n" +
+			"upstreams:\n  - {name: m, url: " + up.URL + ", api_key_file: " + keyFile + "}\n" +
+			"routes:\n  - {name: r, upstream: m, retry: {base_delay: 1ms, max_delay: 2ms}}\n"
+		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"-config", cfgFile}
+	})
+	addr, logs := p.addr, p.logs
 
 	send := func(auth string) int {
 		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions?key="+queryMarker,
@@ -77,8 +79,8 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	for !strings.Contains(logs.String(), "config rejected") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	_ = cmd.Process.Signal(os.Interrupt)
-	_ = cmd.Wait()
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	_ = p.waitExit(t, 10*time.Second)
 	out := logs.String()
 	if !strings.Contains(out, `"message":"request"`) || !strings.Contains(out, "config rejected") {
 		t.Fatalf("scenario did not run as planned:\n%s", out)
@@ -101,14 +103,14 @@ func TestTLSListener(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	addr := freeAddr(t)
-	cfg := "listen: " + addr + "\nadmin_listen: " + freeAddr(t) + "\ntls: {cert_file: " + certFile + ", key_file: " + keyFile + "}\n" +
-		"upstreams: [{name: m, url: " + up.URL + "}]\n"
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	startBinary(t, "-config", cfgFile)
-	waitListening(t, addr)
+	addr := runBinary(t, func(listen, admin string) []string {
+		cfg := "listen: " + listen + "\nadmin_listen: " + admin + "\ntls: {cert_file: " + certFile + ", key_file: " + keyFile + "}\n" +
+			"upstreams: [{name: m, url: " + up.URL + "}]\n"
+		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"-config", cfgFile}
+	}).addr
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(certPEM)
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}

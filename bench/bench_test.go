@@ -17,14 +17,10 @@ func TestScenarioSmoke(t *testing.T) {
 		t.Skip("builds and runs the sturdy binary")
 	}
 	dir := t.TempDir()
-	sturdyAddr, err := freeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out, chart := filepath.Join(dir, "r.json"), filepath.Join(dir, "c.svg")
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"-scenario", "all", "-duration", "1s", "-rate", "200", "-conns", "4", "-streams", "20", "-clients", "10",
-		"-fake-listen", "127.0.0.1:0", "-sturdy-listen", sturdyAddr, "-out", out, "-chart", chart}, &stdout, &stderr)
+		"-fake-listen", "127.0.0.1:0", "-out", out, "-chart", chart}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}

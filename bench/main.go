@@ -17,6 +17,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -41,9 +42,9 @@ type target struct {
 	// pids lists the processes whose CPU and memory are measured (none
 	// for the fake server itself).
 	pids func() []int
-	// start, if set, starts the target for a scenario and returns its
-	// stop function.
-	start func(sc *scenario, fakeURL string) (stop func(), err error)
+	// start, if set, starts the target for a scenario and returns the URL
+	// it serves on and its stop function.
+	start func(sc *scenario, fakeURL string) (url string, stop func(), err error)
 }
 
 // peerFlag collects -peer name=url@comm.
@@ -81,7 +82,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&s.storm, "clients", 200, "concurrent clients of the storm scenario")
 	fakeListen := fs.String("fake-listen", "127.0.0.1:18000", "address of the fake model server (peer configs point here)")
 	sturdyBin := fs.String("sturdy", "", "sturdy binary to measure (default: build this checkout)")
-	sturdyListen := fs.String("sturdy-listen", "127.0.0.1:18080", "address Sturdy listens on during the run")
+	sturdyListen := fs.String("sturdy-listen", "auto", "address Sturdy listens on during the run (auto: a free loopback port)")
 	targetURL := fs.String("target", "", "measure only this URL (a proxy you started in front of -fake)")
 	fakeURL := fs.String("fake", "", "with -target: the fake server's URL, for its counters")
 	noDirect := fs.Bool("no-direct", false, "skip the direct (no proxy) baseline")
@@ -171,7 +172,7 @@ func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, e
 		stop := func() {}
 		if t.start != nil {
 			var err error
-			if stop, err = t.start(sc, fake.URL); err != nil {
+			if url, stop, err = t.start(sc, fake.URL); err != nil {
 				fake.Close()
 				return tr, err
 			}
@@ -256,50 +257,83 @@ func repoRoot() string {
 	return dir
 }
 
-// sturdyTarget runs the sturdy binary with each scenario's settings.
+// sturdyTarget runs the sturdy binary with each scenario's settings, on
+// listen ("auto": a free loopback port, picked again if another process
+// takes it first).
 func sturdyTarget(bin, listen string) target {
 	var pid int
 	return target{
 		name: "sturdy",
-		url:  "http://" + listen,
 		pids: func() []int { return []int{pid} },
-		start: func(sc *scenario, fakeURL string) (func(), error) {
-			dir, err := os.MkdirTemp("", "sturdy-bench-cfg")
-			if err != nil {
-				return nil, err
-			}
-			admin, err := freeAddr()
-			if err != nil {
-				return nil, err
-			}
-			cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    url: %s\n"+
-				"    max_connections: 4096\n    timeouts: {connect: 1s, first_byte: 30s, idle: 30s}\n%s", listen, admin, fakeURL, sc.sturdy)
-			path := filepath.Join(dir, "sturdy.yaml")
-			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-				return nil, err
-			}
-			cmd := exec.Command(bin, "-config", path)
-			cmd.Stderr = os.Stderr
-			if err := cmd.Start(); err != nil {
-				return nil, err
-			}
-			pid = cmd.Process.Pid
-			stop := func() {
-				_ = cmd.Process.Signal(os.Interrupt)
-				_ = cmd.Wait()
-				os.RemoveAll(dir)
-			}
-			for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				if c, err := net.DialTimeout("tcp", listen, 100*time.Millisecond); err == nil {
-					c.Close()
-					return stop, nil
+		start: func(sc *scenario, fakeURL string) (string, func(), error) {
+			for try := 1; ; try++ {
+				addr := listen
+				if addr == "auto" {
+					var err error
+					if addr, err = freeAddr(); err != nil {
+						return "", nil, err
+					}
 				}
-				if time.Now().After(end) {
-					stop()
-					return nil, fmt.Errorf("sturdy did not listen on %s", listen)
+				stop, exited, err := startSturdy(bin, addr, sc, fakeURL, &pid)
+				switch {
+				case err == nil:
+					return "http://" + addr, stop, nil
+				case exited && listen == "auto" && try < 3:
+					continue // lost a race for the port
+				default:
+					return "", nil, err
 				}
 			}
 		},
+	}
+}
+
+// startSturdy starts one sturdy process listening on addr and waits until
+// it accepts connections; exited tells whether it died trying.
+func startSturdy(bin, addr string, sc *scenario, fakeURL string, pid *int) (stop func(), exited bool, err error) {
+	dir, err := os.MkdirTemp("", "sturdy-bench-cfg")
+	if err != nil {
+		return nil, false, err
+	}
+	admin, err := freeAddr()
+	if err != nil {
+		return nil, false, err
+	}
+	cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    url: %s\n"+
+		"    max_connections: 4096\n    timeouts: {connect: 1s, first_byte: 30s, idle: 30s}\n%s", addr, admin, fakeURL, sc.sturdy)
+	path := filepath.Join(dir, "sturdy.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return nil, false, err
+	}
+	cmd := exec.Command(bin, "-config", path)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		return nil, false, err
+	}
+	*pid = cmd.Process.Pid
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	stop = func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-done
+		os.RemoveAll(dir)
+	}
+	for end := time.Now().Add(10 * time.Second); ; {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return stop, false, nil
+		}
+		select {
+		case <-done:
+			os.RemoveAll(dir)
+			return nil, true, fmt.Errorf("sturdy exited before listening on %s: %s", addr, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(end) {
+			stop()
+			return nil, false, fmt.Errorf("sturdy did not listen on %s", addr)
+		}
 	}
 }
 
