@@ -156,6 +156,9 @@ func (ex *exchange) tryTarget(t *target) bool {
 		ex.verdict = policy.Classify(out)
 		ticket.Done(breakerResult(ex.verdict.Health))
 		ex.fault, ex.hasReply = out.Fault, out.Fault == policy.FaultNone
+		if ex.hasReply {
+			ex.replyUp = up
+		}
 		result := resultLabel(ex.verdict)
 		up.countAttempt(ex.p, result)
 		ex.noteAttempt(result)

@@ -87,6 +87,7 @@ type exchange struct {
 	cred     uint64
 	slot     *upstream
 	entered  *upstream // whose in-flight count this request is in
+	replyUp  *upstream // the upstream that sent the last reply
 	tried    [maxLoggedTargets]targetNote
 	nTried   int
 	obstacle obstacle
@@ -270,6 +271,8 @@ func (ex *exchange) fail(status int, code, msg string, retryAfter time.Duration)
 // whole, else as a stream. final marks a reply Sturdy gave up retrying.
 func (ex *exchange) commit(final bool) {
 	ctx, rh := ex.ctx, &ex.ctx.Response.Header
+	// The reply may be an earlier target's, when later ones were skipped.
+	ex.up = ex.replyUp
 	ex.status = ex.resp.StatusCode()
 	copyResponseHeaders(rh, &ex.resp.Header)
 	passThrough := ex.verdict.Class == policy.ClassPassThrough

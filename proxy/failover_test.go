@@ -440,3 +440,22 @@ func TestStatusShowsTrafficPolicyState(t *testing.T) {
 		t.Fatal("not ready although the fallback is closed")
 	}
 }
+
+func TestLastReplyNamesTheUpstreamThatSentIt(t *testing.T) {
+	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Body: "primary busy"})
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Status: 500})
+	h := startProxy(t, primary.URL, func(o *Options) {
+		o.Routes[0].Retry.MaxAttempts = 1
+		withFallbacks(o, []string{fallback.URL})
+		o.Upstreams[1].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: time.Minute}
+	})
+	h.chat("") // opens the fallback's breaker
+	resp, body := h.chat("")
+	if resp.StatusCode != 503 || string(body) != "primary busy" || resp.Header.Get("X-Sturdy-Upstream") != "up" ||
+		resp.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("%d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	if l := h.accessLines(2)[1]; l["upstream"] != "up" || l["stop"] != "no_target_available" {
+		t.Fatalf("access line %v", l)
+	}
+}
