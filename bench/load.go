@@ -30,7 +30,6 @@ type record struct {
 type load struct {
 	url      string
 	body     []byte
-	stream   bool
 	rate     float64       // open loop: requests per second (0: closed loop)
 	workers  int           // closed loop: concurrent clients; open loop: max in flight
 	duration time.Duration // how long requests are started

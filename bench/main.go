@@ -195,7 +195,7 @@ func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, e
 		if spec.window > 0 {
 			window = spec.window
 		}
-		recs := load{url: url + spec.path, body: body, stream: spec.stream, rate: spec.rate, workers: spec.conns,
+		recs := load{url: url + spec.path, body: body, rate: spec.rate, workers: spec.conns,
 			duration: window, once: spec.once, progress: func(sent, done int64) {
 				fmt.Fprintf(stderr, "\r%-45s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
 			}}.run()

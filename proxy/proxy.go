@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"reflect"
@@ -434,21 +435,13 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	case err == fasthttp.ErrBodyTooLarge:
 		status, code = 413, CodeRequestTooLarge
 		msg = fmt.Sprintf("request body is larger than the %d bytes Sturdy accepts; send a smaller request", p.maxBody)
-	case asSmallBuffer(err, &small):
+	case errors.As(err, &small):
 		status, msg = 431, "request headers are too large"
 	}
 	writeError(ctx, status, code, msg, errorDetails{}, 0)
 	ctx.SetConnectionClose()
 	p.log.Info().Str(fieldOutcome, "rejected").Int(fieldStatus, status).Str("error", code).Msg("request")
 	p.m.Requests.WithLabelValues("", "", metrics.StatusClass(status), "rejected").Inc()
-}
-
-func asSmallBuffer(err error, target **fasthttp.ErrSmallBuffer) bool {
-	e, ok := err.(*fasthttp.ErrSmallBuffer)
-	if ok {
-		*target = e
-	}
-	return ok
 }
 
 // appendRequestID appends a process-unique request id: a random prefix

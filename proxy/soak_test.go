@@ -53,13 +53,7 @@ func soakUpstream(t *testing.T) string {
 			fmt.Fprintf(ctx, `{"id":%q}`, id)
 		}
 	}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return upstreamtest.Serve(t, srv)
 }
 
 // busyGoroutines counts goroutines, leaving out fasthttp's idle pooled
