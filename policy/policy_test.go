@@ -266,6 +266,12 @@ func TestRetryNextFailover(t *testing.T) {
 			Step{Stop: StopFinal}},
 		{"write that reached the server never fails over", r, Attempt{Verdict: v5xx, N: 2, Total: 2, HasFallback: true, Remaining: hour},
 			Step{Stop: StopNotReplayable}},
+		{"budget spent fails over", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, HasFallback: true, BudgetSpent: true,
+			Remaining: hour}, Step{Failover: true}},
+		{"budget spent without fallback stops", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, BudgetSpent: true,
+			Remaining: hour}, Step{Stop: StopBudget}},
+		{"budget spent on a server wait stops", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, BudgetSpent: true,
+			ServerWait: time.Second, HasServerWait: true, Remaining: hour}, Step{Stop: StopBudget}},
 		{"deadline passed: no failover", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: 0},
 			Step{Stop: StopDeadline}},
 	}

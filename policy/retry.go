@@ -165,6 +165,9 @@ type Attempt struct {
 	// FailoverStatus is true when a pass-through reply matched the route's
 	// failover_on statuses or failover_codes.
 	FailoverStatus bool
+	// BudgetSpent is true when the upstream's retry budget refused a retry
+	// in place: the next target is tried if one may be, else Sturdy stops.
+	BudgetSpent bool
 	// Replayable is Replayable() of the request.
 	Replayable bool
 	// ServerWait is the wait the upstream asked for (Retry-After or
@@ -191,7 +194,8 @@ type Step struct {
 }
 
 // Next decides what follows attempt a: a retry on the same target after
-// a wait, a failover to the next target, or a stop. A server-given wait is
+// a wait, a failover to the next target, or a stop. A caller whose retry
+// budget refuses the retry Next chose asks again with a.BudgetSpent set. A server-given wait is
 // used exactly; otherwise the full-jitter backoff draws one with rnd. A
 // wait that would reach the deadline is never started. Where retrying in
 // place must stop, the next target is tried instead if one is left, the
@@ -235,11 +239,16 @@ func (r Retry) Next(a Attempt, rnd func(int64) int64) Step {
 			return orFailover(Step{Stop: StopDeadline, Wait: a.ServerWait, FromServer: true})
 		case a.N >= r.MaxAttempts:
 			return orFailover(Step{Stop: StopMaxAttempts})
+		case a.BudgetSpent:
+			return orFailover(Step{Stop: StopBudget})
 		}
 		return Step{Retry: true, Wait: a.ServerWait, FromServer: true}
 	}
 	if a.N >= r.MaxAttempts {
 		return orFailover(Step{Stop: StopMaxAttempts})
+	}
+	if a.BudgetSpent {
+		return orFailover(Step{Stop: StopBudget})
 	}
 	wait := r.Backoff.Delay(a.N, rnd)
 	if wait >= a.Remaining {

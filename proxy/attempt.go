@@ -161,7 +161,7 @@ func (ex *exchange) tryTarget(t *target) bool {
 		}
 		result := resultLabel(ex.verdict)
 		up.countAttempt(ex.p, result)
-		ex.noteAttempt(result)
+		ex.noteResult(result, true)
 
 		a := policy.Attempt{Verdict: ex.verdict, N: ex.n, Total: ex.attempts, Replayable: ex.replayable,
 			Remaining: ex.deadline.Sub(now), HasFallback: ex.ti+1 < len(ex.route.targets)}
@@ -174,11 +174,8 @@ func (ex *exchange) tryTarget(t *target) bool {
 		step := retry.Next(a, ex.p.rand)
 		if step.Retry && !up.budget.TryRetry(now) {
 			ex.p.m.BudgetExhausted.WithLabelValues(up.name).Inc()
-			if a.HasFallback && (ex.replayable || ex.verdict.Reason == policy.ReasonConnect) {
-				step = policy.Step{Failover: true}
-			} else {
-				step = policy.Step{Stop: policy.StopBudget}
-			}
+			a.BudgetSpent = true
+			step = retry.Next(a, ex.p.rand)
 		}
 		switch {
 		case step.Failover:
@@ -287,7 +284,7 @@ func (ex *exchange) failoverStatus() bool {
 // that clears soonest.
 func (ex *exchange) block(kind obstacleKind, up *upstream, wait time.Duration) {
 	ex.p.m.TargetSkips.WithLabelValues(up.name, kind.String()).Inc()
-	ex.noteAttempt(kind.String())
+	ex.noteResult(kind.String(), false)
 	if ex.obstacle.kind == obstacleNone || wait < ex.obstacle.wait {
 		ex.obstacle = obstacle{kind: kind, upstream: up.name, wait: wait}
 	}
@@ -300,11 +297,12 @@ func (ex *exchange) note(upstream, model string) {
 	}
 }
 
-func (ex *exchange) noteAttempt(result string) {
-	if ex.nTried > 0 && ex.nTried <= maxLoggedTargets {
+// noteResult records how the current target's last attempt ended, or,
+// with attempted false, why it was skipped.
+func (ex *exchange) noteResult(result string, attempted bool) {
+	if ex.nTried > 0 {
 		n := &ex.tried[ex.nTried-1]
-		if result != obstacleBreaker.String() && result != obstacleCooldown.String() &&
-			result != obstacleRateLimited.String() && result != obstacleBusy.String() {
+		if attempted {
 			n.attempts++
 		}
 		n.result = result
