@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"runtime"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"sturdy/internal/fakellm"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -36,8 +36,7 @@ func soakUpstream(t *testing.T) string {
 		case i%20 == 0:
 			ctx.SetStatusCode(503)
 		case i%20 == 10:
-			ctx.HijackSetNoResponse(true)
-			ctx.Hijack(func(c net.Conn) { _ = c.Close() })
+			fakellm.ResetBeforeResponse(ctx)
 		case i%3 == 0:
 			ctx.SetContentType("text/event-stream")
 			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {

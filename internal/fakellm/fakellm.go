@@ -216,6 +216,21 @@ func (s *Server) fate(now time.Time) (fate string, status int, ttft, itl time.Du
 	return FateOK, 200, ttft, itl
 }
 
+// ResetConn closes c with a TCP reset (linger 0), the way a crashed or
+// overloaded server drops a connection.
+func ResetConn(c net.Conn) {
+	if l, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = l.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// ResetBeforeResponse drops the request's connection without answering.
+func ResetBeforeResponse(ctx *fasthttp.RequestCtx) {
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(ResetConn)
+}
+
 // sleep waits d unless the server closes; false if it closed.
 func (s *Server) sleep(d time.Duration) bool {
 	if d <= 0 {
@@ -245,13 +260,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	p := &s.profile
 	switch {
 	case fate == FateOutage && p.Outage.Reset, fate == FateReset:
-		ctx.HijackSetNoResponse(true)
-		ctx.Hijack(func(c net.Conn) {
-			if l, ok := c.(interface{ SetLinger(int) error }); ok {
-				_ = l.SetLinger(0)
-			}
-			_ = c.Close()
-		})
+		ResetBeforeResponse(ctx)
 		return
 	case fate == FateHang:
 		s.sleep(p.HangFor)
@@ -369,10 +378,7 @@ func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl 
 				_ = w.Flush()
 				s.sleep(itl)
 			}
-			if l, ok := c.(interface{ SetLinger(int) error }); ok {
-				_ = l.SetLinger(0)
-			}
-			_ = c.Close()
+			ResetConn(c)
 		})
 		return
 	}

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"sturdy/internal/fakellm"
 )
 
 // Fault is a transport misbehaviour of a step.
@@ -185,13 +187,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	switch {
 	case step.Fault == Reset:
-		ctx.HijackSetNoResponse(true)
-		ctx.Hijack(func(c net.Conn) {
-			if l, ok := c.(interface{ SetLinger(int) error }); ok {
-				_ = l.SetLinger(0)
-			}
-			_ = c.Close()
-		})
+		fakellm.ResetBeforeResponse(ctx)
 	case step.Fault == Hang:
 		s.sleep(MaxHang)
 		ctx.HijackSetNoResponse(true)
@@ -238,9 +234,7 @@ func (s *Server) writeChunked(c net.Conn, status int, step Step) {
 	}
 	switch step.Fault {
 	case Cut:
-		if l, ok := c.(interface{ SetLinger(int) error }); ok {
-			_ = l.SetLinger(0)
-		}
+		fakellm.ResetConn(c) // the deferred Close is then a no-op
 		return
 	case Stall:
 		s.sleep(MaxHang)
