@@ -420,10 +420,10 @@ func (ex *exchange) closeBody() {
 func (ex *exchange) conclude() {
 	switch {
 	case ex.verdict.Class == policy.ClassSuccess:
-		ex.outcome = "ok"
+		ex.outcome = outcomeOK
 		ex.commit(false)
 	case ex.verdict.Class == policy.ClassPassThrough:
-		ex.outcome = "pass_through"
+		ex.outcome = outcomePassThrough
 		ex.commit(false)
 	case ex.hasReply:
 		ex.giveUp()
@@ -453,7 +453,7 @@ func (ex *exchange) noTargetLeft() {
 // giveUp returns the last upstream reply as final: Sturdy will not retry
 // it and tells the client's SDK not to either.
 func (ex *exchange) giveUp() {
-	ex.outcome = "exhausted"
+	ex.outcome = outcomeExhausted
 	ex.commit(true)
 }
 
@@ -462,15 +462,15 @@ func (ex *exchange) obstructed() {
 	o := ex.obstacle
 	switch o.kind {
 	case obstacleBreaker:
-		ex.outcome = "circuit_open"
+		ex.outcome = outcomeCircuitOpen
 		ex.fail(503, CodeCircuitOpen, fmt.Sprintf("upstream %q is failing and its circuit breaker is open%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
 			o.upstream, ex.alsoTried()), o.wait)
 	case obstacleBusy:
-		ex.outcome = "upstream_busy"
+		ex.outcome = outcomeUpstreamBusy
 		ex.fail(503, CodeUpstreamBusy, fmt.Sprintf("upstream %q is running as many requests as it is allowed (max_in_flight)%s; retry after the Retry-After delay",
 			o.upstream, ex.alsoTried()), o.wait)
 	default:
-		ex.outcome = "rate_limited"
+		ex.outcome = outcomeRateLimited
 		ex.p.m.RateLimited.WithLabelValues(o.kind.String()).Inc()
 		ex.fail(429, CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s; retry after the Retry-After delay",
 			o.upstream, o.kind, ex.alsoTried()), o.wait)
@@ -495,7 +495,7 @@ func (ex *exchange) noReply() {
 		what = "the request's deadline passed before any upstream answered; last: upstream %q"
 	}
 	msg := fmt.Sprintf(what+" (%s); retry later or check the upstream", ex.up.name, ex.triedText())
-	ex.outcome = "upstream_error"
+	ex.outcome = outcomeUpstreamError
 	ex.fail(status, code, msg, 0)
 }
 

@@ -168,7 +168,7 @@ func (ex *exchange) admit() bool {
 		return false
 	}
 	if !ex.tbl.authorized(ctx.Request.Header.PeekBytes(hdrAuthorization)) {
-		ex.outcome = "unauthorized"
+		ex.outcome = outcomeUnauthorized
 		ex.fail(401, CodeInvalidAPIKey, "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\"", 0)
 		return false
 	}
@@ -176,7 +176,7 @@ func (ex *exchange) admit() bool {
 	for _, cl := range ex.tbl.clients {
 		if wait, ok := cl.take(ctx.Request.Header.PeekBytes(cl.header), now); !ok {
 			ex.p.m.RateLimited.WithLabelValues("client").Inc()
-			ex.outcome = "rate_limited"
+			ex.outcome = outcomeRateLimited
 			ex.fail(429, CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s); retry after the Retry-After delay",
 				cl.opts.RequestsPerSecond, cl.opts.KeyHeader), wait)
 			return false
@@ -196,7 +196,7 @@ func (ex *exchange) admit() bool {
 }
 
 func (ex *exchange) reject(status int, code, msg string) {
-	ex.outcome = "rejected"
+	ex.outcome = outcomeRejected
 	ex.fail(status, code, msg, 0)
 }
 

@@ -440,8 +440,8 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	writeError(ctx, status, code, msg, errorDetails{}, 0)
 	ctx.SetConnectionClose()
-	p.log.Info().Str(fieldOutcome, "rejected").Int(fieldStatus, status).Str("error", code).Msg("request")
-	p.m.Requests.WithLabelValues("", "", metrics.StatusClass(status), "rejected").Inc()
+	p.log.Info().Str(fieldOutcome, outcomeRejected).Int(fieldStatus, status).Str("error", code).Msg("request")
+	p.m.Requests.WithLabelValues("", "", metrics.StatusClass(status), outcomeRejected).Inc()
 }
 
 // appendRequestID appends a process-unique request id: a random prefix

@@ -67,7 +67,7 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	ex.broken = err
-	ex.outcome = "stream_interrupted"
+	ex.outcome = outcomeStreamInterrupted
 	ex.closeBody()
 	if !ex.chunked || ex.kind == streamOther {
 		return 0, errStreamAborted
@@ -113,8 +113,8 @@ func (ex *exchange) interruptionTail() []byte {
 // closes the connection, so the model server stops generating), logs the
 // request and releases the exchange.
 func (ex *exchange) CloseWithError(err error) error {
-	if err != nil && ex.broken == nil && ex.outcome != "stream_interrupted" {
-		ex.outcome = "client_gone"
+	if err != nil && ex.broken == nil && ex.outcome != outcomeStreamInterrupted {
+		ex.outcome = outcomeClientGone
 		ex.status = 499
 	}
 	ex.closeBody()
