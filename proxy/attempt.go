@@ -61,7 +61,6 @@ type targetNote struct {
 // response committed (or written). One deadline and max_total_attempts
 // span all targets.
 func (ex *exchange) run() {
-	ex.cred = credHash(ex.ctx.Request.Header.PeekBytes(hdrAuthorization))
 	for ; ex.ti < len(ex.route.targets); ex.ti++ {
 		t := &ex.route.targets[ex.ti]
 		if !ex.useTarget(t) {
@@ -206,7 +205,7 @@ func (ex *exchange) tryTarget(t *target) bool {
 // start; false: ex.obstacle says why.
 func (ex *exchange) gate(up *upstream) (time.Time, bool) {
 	now := time.Now()
-	if left := up.cooldowns.remaining(ex.credFor(up), now); left > 0 {
+	if left := up.cooldownLeft(ex, now); left > 0 {
 		hasFallback := ex.ti+1 < len(ex.route.targets)
 		if hasFallback || left > ex.route.retry.MaxRetryAfter || left >= ex.deadline.Sub(now) {
 			ex.block(obstacleCooldown, up, left)
@@ -236,6 +235,9 @@ func (ex *exchange) gate(up *upstream) (time.Time, bool) {
 func (ex *exchange) credFor(up *upstream) uint64 {
 	if up.auth != nil {
 		return 0
+	}
+	if !ex.credKnown {
+		ex.cred, ex.credKnown = credHash(ex.ctx.Request.Header.PeekBytes(hdrAuthorization)), true
 	}
 	return ex.cred
 }

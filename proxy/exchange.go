@@ -82,19 +82,20 @@ type exchange struct {
 	// keys its cooldowns; slot is the upstream whose max_in_flight slot
 	// is held; tried logs each target's fate; obstacle is why the last
 	// unusable target could not be used.
-	ti       int
-	n        int
-	cred     uint64
-	slot     *upstream
-	entered  *upstream // whose in-flight count this request is in
-	replyUp  *upstream // the upstream that sent the last reply
-	tried    [maxLoggedTargets]targetNote
-	nTried   int
-	obstacle obstacle
-	hasReply bool // the last attempt produced a status (no fault)
-	verdict  policy.Verdict
-	fault    policy.Fault
-	stop     policy.Stop
+	ti        int
+	n         int
+	cred      uint64
+	credKnown bool
+	slot      *upstream
+	entered   *upstream // whose in-flight count this request is in
+	replyUp   *upstream // the upstream that sent the last reply
+	tried     [maxLoggedTargets]targetNote
+	nTried    int
+	obstacle  obstacle
+	hasReply  bool // the last attempt produced a status (no fault)
+	verdict   policy.Verdict
+	fault     policy.Fault
+	stop      policy.Stop
 
 	// Response side.
 	status    int

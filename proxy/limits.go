@@ -3,6 +3,7 @@ package proxy
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -24,8 +25,12 @@ const maxTrackedKeys = 10_000
 // One 429 is learned once: requests arriving meanwhile do not rediscover
 // it.
 type cooldowns struct {
-	mu    sync.Mutex
-	until map[uint64]time.Time
+	// latest is the UnixNano end of the latest cooldown ever set: before
+	// it no lock is taken, so an upstream that never sent a 429 costs its
+	// requests one atomic load.
+	latest atomic.Int64
+	mu     sync.Mutex
+	until  map[uint64]time.Time
 }
 
 // set records a cooldown for cred until t (an earlier one never shortens
@@ -47,18 +52,35 @@ func (c *cooldowns) set(cred uint64, t time.Time) {
 	if t.After(c.until[cred]) {
 		c.until[cred] = t
 	}
+	if n := t.UnixNano(); n > c.latest.Load() {
+		c.latest.Store(n) // under mu: no lost update
+	}
 }
 
-// remaining returns how long cred's cooldown lasts from now (0: none).
-func (c *cooldowns) remaining(cred uint64, now time.Time) time.Duration {
+// possible reports whether any cooldown may still be in force at now
+// (one atomic load): only then is a credential worth hashing and the lock
+// worth taking.
+func (c *cooldowns) possible(now time.Time) bool { return now.UnixNano() < c.latest.Load() }
+
+// cooldownLeft returns how long up's cooldown for ex's credential lasts
+// from now (0: none). With no cooldown in force it is one atomic load.
+func (up *upstream) cooldownLeft(ex *exchange, now time.Time) time.Duration {
+	if !up.cooldowns.possible(now) {
+		return 0
+	}
+	return up.cooldowns.remaining(ex.credFor(up), now)
+}
+
+// remaining returns how long key's cooldown lasts from now (0: none).
+func (c *cooldowns) remaining(key uint64, now time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	u, ok := c.until[cred]
+	u, ok := c.until[key]
 	if !ok {
 		return 0
 	}
 	if !u.After(now) {
-		delete(c.until, cred)
+		delete(c.until, key)
 		return 0
 	}
 	return u.Sub(now)
