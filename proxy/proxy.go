@@ -438,9 +438,11 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.As(err, &small):
 		status, msg = 431, "request headers are too large"
 	}
+	id := p.appendRequestID(nil)
 	writeError(ctx, status, code, msg, errorDetails{}, 0)
+	ctx.Response.Header.SetBytesKV(hdrRequestID, id)
 	ctx.SetConnectionClose()
-	p.log.Info().Str(fieldOutcome, outcomeRejected).Int(fieldStatus, status).Str("error", code).Msg("request")
+	p.log.Info().Bytes(fieldID, id).Str(fieldOutcome, outcomeRejected).Int(fieldStatus, status).Str(fieldError, code).Msg("request")
 	p.m.Requests.WithLabelValues("", "", metrics.StatusClass(status), outcomeRejected).Inc()
 }
 

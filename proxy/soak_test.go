@@ -150,9 +150,6 @@ func TestSoak(t *testing.T) {
 			t.Fatalf("request %s answered %d times", id, n)
 		}
 	}
-	if answered := int64(len(seen)); answered > sent.Load() {
-		t.Fatalf("%d answers for %d requests", answered, sent.Load())
-	}
 	if f := failed.Load(); f*200 > sent.Load() { // ≤ 0.5 %
 		t.Fatalf("%d of %d requests failed despite retries", f, sent.Load())
 	}
