@@ -97,69 +97,106 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return serve(s, cfg, stderr)
 }
 
-// serve runs the proxy and the admin listener until SIGINT/SIGTERM.
+// serve runs Sturdy until SIGINT/SIGTERM and returns the exit code.
 func serve(s settings, cfg *config.Config, stderr io.Writer) int {
-	logger := newLogger(cfg.Log, stderr)
+	in, err := start(s, cfg, newLogger(cfg.Log, stderr))
+	if err != nil {
+		return 2 // start logged why
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	return in.run(sig)
+}
+
+// instance is a running Sturdy: the proxy and its listener, the admin
+// listener, and the reloader watching SIGHUP and the config file.
+type instance struct {
+	log      zerolog.Logger
+	p        *proxy.Proxy
+	ln       net.Listener
+	adminLn  net.Listener
+	adminSrv *http.Server
+	// served receives a server's error if one stops on its own.
+	served chan error
+	hup    chan os.Signal
+	// stopWatching ends the reloader; watching closes when it has.
+	stopWatching context.CancelFunc
+	watching     <-chan struct{}
+}
+
+// start builds the proxy from cfg, binds both listeners, and starts
+// serving and reloading (on SIGHUP and when the config file changes). An
+// error has been logged.
+func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, error) {
 	m := metrics.New()
 	p, err := proxy.New(proxyOptions(cfg, logger, m))
 	if err != nil {
 		logger.Error().Err(err).Msg("invalid configuration")
-		return 2
+		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
+	in := &instance{log: logger, p: p, served: make(chan error, 2), hup: make(chan os.Signal, 1)}
+	if in.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		logger.Error().Err(err).Str("listen", cfg.Listen).Msg("cannot listen; set listen, -listen or STURDY_LISTEN")
-		return 2
+		return nil, err
 	}
-	adminLn, err := net.Listen("tcp", cfg.AdminListen)
-	if err != nil {
-		ln.Close()
+	if in.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		in.ln.Close()
 		logger.Error().Err(err).Str("admin_listen", cfg.AdminListen).
 			Msg("cannot bind the admin listener; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN")
-		return 2
+		return nil, err
 	}
-	srv := p.Server()
-	adminSrv := &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
+	in.adminSrv = &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: log.New(logger.With().Str("component", "admin").Logger(), "", 0)}
-	logger.Info().Str("listen", ln.Addr().String()).Bool("tls", cfg.TLS.CertFile != "").
-		Bool("client_auth", len(cfg.Auth.Keys) > 0).Str("admin_listen", adminLn.Addr().String()).
+	logger.Info().Str("listen", in.ln.Addr().String()).Bool("tls", cfg.TLS.CertFile != "").
+		Bool("client_auth", len(cfg.Auth.Keys) > 0).Str("admin_listen", in.adminLn.Addr().String()).
 		Str("version", version).Msg("sturdy started")
-
-	served := make(chan error, 2)
+	srv := p.Server()
 	go func() {
 		if cfg.TLS.CertFile != "" {
-			served <- srv.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+			in.served <- srv.ServeTLS(in.ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
 			return
 		}
-		served <- srv.Serve(ln)
+		in.served <- srv.Serve(in.ln)
 	}()
-	go func() { served <- adminSrv.Serve(adminLn) }()
-	ctx, stopWatching := context.WithCancel(context.Background())
-	defer stopWatching()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	go func() { in.served <- in.adminSrv.Serve(in.adminLn) }()
+	signal.Notify(in.hup, syscall.SIGHUP)
+	var ctx context.Context
+	ctx, in.stopWatching = context.WithCancel(context.Background())
 	r := &reloader{s: s, p: p, m: m, log: logger, running: cfg}
-	r.start(ctx, hup)
+	in.watching = r.start(ctx, in.hup)
+	return in, nil
+}
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+// run serves until a signal arrives on stop (or a server fails), then
+// shuts down; it returns the exit code.
+func (in *instance) run(stop <-chan os.Signal) int {
 	select {
-	case err := <-served:
-		logger.Error().Err(err).Msg("server stopped")
+	case err := <-in.served:
+		in.log.Error().Err(err).Msg("server stopped")
+		in.shutdown(time.Second)
 		return 1
-	case s := <-sig:
-		logger.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight requests")
+	case s := <-stop:
+		in.log.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight requests")
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	err = srv.ShutdownWithContext(shutdownCtx)
-	p.CloseIdleConnections()
-	_ = adminSrv.Shutdown(shutdownCtx)
-	if err != nil {
-		logger.Warn().Err(err).Msg("shutdown grace period over; remaining connections closed")
-	}
-	logger.Info().Msg("stopped")
+	in.shutdown(shutdownGrace)
+	in.log.Info().Msg("stopped")
 	return 0
+}
+
+// shutdown stops reloading, ends the waits of requests in flight, lets
+// them and their streams finish within grace, and closes both listeners.
+func (in *instance) shutdown(grace time.Duration) {
+	signal.Stop(in.hup)
+	in.stopWatching()
+	<-in.watching
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := in.p.Shutdown(ctx)
+	_ = in.adminSrv.Shutdown(ctx)
+	if err != nil {
+		in.log.Warn().Err(err).Msg("shutdown grace period over; remaining connections closed")
+	}
 }
 
 // loadConfig reads the file, or builds the embedded default, and applies
@@ -242,18 +279,22 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			Deadline:              r.Deadline.Std(),
 			MaxBody:               int(r.MaxBody),
 			Retry: policy.Retry{
-				MaxAttempts:       r.Retry.MaxAttempts,
-				Backoff:           policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
-				MaxRetryAfter:     r.Retry.MaxRetryAfter.Std(),
-				On:                on,
-				ReplayWrites:      r.Retry.ReplayWrites,
-				MaxTotalAttempts:  r.Retry.MaxTotalAttempts,
-				OnTimeoutFailover: r.Retry.OnTimeout == "failover",
+				MaxAttempts:      r.Retry.MaxAttempts,
+				Backoff:          policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
+				MaxRetryAfter:    r.Retry.MaxRetryAfter.Std(),
+				On:               on,
+				ReplayWrites:     r.Retry.ReplayWrites,
+				MaxTotalAttempts: r.Retry.MaxTotalAttempts,
+				OnTimeout:        onTimeout[r.Retry.OnTimeout],
 			},
 		})
 	}
 	return o
 }
+
+// onTimeout maps retry.on_timeout to policy's values ("" is the default).
+var onTimeout = map[string]policy.OnTimeout{"": policy.OnTimeoutDefault, "retry": policy.OnTimeoutRetry,
+	"failover": policy.OnTimeoutFailover}
 
 // newLogger builds the process logger and routes the standard library's
 // log package through it, so with format json every line is JSON.

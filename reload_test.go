@@ -2,21 +2,19 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
-	"sturdy/metrics"
-	"sturdy/proxy"
 )
 
 const reloadConfig = `
@@ -31,39 +29,37 @@ routes:
   - {name: chat, path_prefix: /, upstream: model, retry: {max_attempts: 1}}
 `
 
-// reloadStack is Sturdy started from a config file with a reloader
-// watching it, as serve() wires them.
+// reloadStack is Sturdy started from a config file by start(), the
+// wiring serve() runs, on free loopback ports.
 type reloadStack struct {
 	path string
 	url  string
-	hup  chan os.Signal
 	logs *upstreamtest.LogBuffer
-	p    *proxy.Proxy
+	in   *instance
 }
 
 func startReloadable(t *testing.T, yaml string) *reloadStack {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sturdy.yaml")
 	writeFile(t, path, yaml)
-	s := settings{configPath: path}
+	return startFrom(t, path)
+}
+
+// startFrom starts Sturdy on the config file at path.
+func startFrom(t *testing.T, path string) *reloadStack {
+	t.Helper()
+	s := settings{configPath: path, listen: "127.0.0.1:0", adminListen: "127.0.0.1:0"}
 	cfg, err := loadConfig(s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &upstreamtest.LogBuffer{}
-	logger := zerolog.New(logs)
-	m := metrics.New()
-	p, err := proxy.New(proxyOptions(cfg, logger, m))
+	in, err := start(s, cfg, zerolog.New(logs))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("start: %v\n%s", err, logs.String())
 	}
-	t.Cleanup(p.CloseIdleConnections)
-	r := &reloader{s: s, p: p, m: m, log: logger, running: cfg}
-	ctx, cancel := context.WithCancel(context.Background())
-	hup := make(chan os.Signal, 1)
-	done := r.start(ctx, hup)
-	t.Cleanup(func() { cancel(); <-done })
-	return &reloadStack{path: path, url: upstreamtest.Serve(t, p.Server()), hup: hup, logs: logs, p: p}
+	t.Cleanup(func() { in.shutdown(5 * time.Second) })
+	return &reloadStack{path: path, url: "http://" + in.ln.Addr().String(), logs: logs, in: in}
 }
 
 func writeFile(t *testing.T, path, content string) {
@@ -132,17 +128,35 @@ func TestInvalidConfigIsRejectedAndTheOldOneKeepsServing(t *testing.T) {
 	}
 }
 
+// TestSIGHUPReloads sends the process a real SIGHUP. The config file is a
+// symlink into another directory and the file it names is changed in
+// place: the file watcher (on the symlink's directory) cannot see that, so
+// only the signal can make Sturdy reload.
 func TestSIGHUPReloads(t *testing.T) {
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
 	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
 	yaml := strings.NewReplacer("STEADY", a.URL).Replace(reloadConfig)
-	s := startReloadable(t, strings.ReplaceAll(yaml, "MODEL", a.URL))
-	// Write in place without a rename, then signal: the SIGHUP path.
-	if err := os.WriteFile(s.path, []byte(strings.ReplaceAll(yaml, "MODEL", b.URL)), 0o600); err != nil {
+	real := filepath.Join(t.TempDir(), "real.yaml")
+	writeFile(t, real, strings.ReplaceAll(yaml, "MODEL", a.URL))
+	link := filepath.Join(t.TempDir(), "sturdy.yaml")
+	if err := os.Symlink(real, link); err != nil {
 		t.Fatal(err)
 	}
-	s.hup <- os.Interrupt
+	s := startFrom(t, link)
+	if err := os.WriteFile(real, []byte(strings.ReplaceAll(yaml, "MODEL", b.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * reloadDebounce)
+	if _, body := getBody(t, s.url+"/v1/models"); body != "from A" {
+		t.Fatalf("reloaded without a signal: the test cannot tell SIGHUP worked (%q)", body)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "requests to reach B", func() bool { _, body := getBody(t, s.url+"/v1/models"); return body == "from B" })
+	if !strings.Contains(s.logs.String(), `"reason":"SIGHUP"`) {
+		t.Fatalf("reload not logged as SIGHUP: %s", s.logs.String())
+	}
 }
 
 func TestInFlightStreamSurvivesReload(t *testing.T) {

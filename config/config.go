@@ -12,7 +12,9 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Config is the whole configuration file.
+// Config is the whole configuration file. The defaults its comments name
+// are filled in by the package that uses each value (proxy, policy,
+// breaker); a key left out of the file stays zero here.
 type Config struct {
 	// Listen is the client-facing address. Default ":8080".
 	Listen string `yaml:"listen"`
@@ -37,6 +39,10 @@ type Config struct {
 	// Auth, when it has keys, requires every client to present one as
 	// "Authorization: Bearer <key>".
 	Auth Auth `yaml:"auth"`
+
+	// written holds the keys the file set (dotted paths → line), so a
+	// written zero is told from a key left out.
+	written map[string]int
 }
 
 // Server bounds the client-facing listener.

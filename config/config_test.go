@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -13,80 +14,77 @@ func TestDefaultConfigIsValid(t *testing.T) {
 	if ps := c.Validate(); len(ps) > 0 {
 		t.Fatalf("default config invalid: %+v", ps)
 	}
-	if c.Listen != ":8080" || c.Upstreams[0].URL != DefaultUpstreamURL || len(c.Routes) != 1 || c.Routes[0].PathPrefix != "/" {
+	if c.Listen != ":8080" || c.AdminListen != DefaultAdminListen || c.Upstreams[0].URL != DefaultUpstreamURL ||
+		len(c.Routes) != 1 || c.Routes[0].Upstream != "default" {
 		t.Fatalf("unexpected default: %+v", c)
 	}
-	r := c.Routes[0]
-	if r.Retry.MaxAttempts != 4 || r.Retry.BaseDelay.Std() != 250*time.Millisecond || r.MaxBody != 32<<20 ||
-		r.Deadline.Std() != 120*time.Second || len(r.Retry.On) != 5 {
-		t.Fatalf("route defaults wrong: %+v", r)
+	// The defaults of values used elsewhere belong to the packages that use
+	// them (proxy, policy, breaker): config leaves them zero.
+	if r := c.Routes[0]; r.Retry.MaxAttempts != 0 || r.MaxBody != 0 || r.Deadline != 0 || r.Retry.On != nil {
+		t.Fatalf("config wrote a default of its own: %+v", r)
 	}
 }
 
-func TestParseFillsDefaultsAndKeepsExplicitValues(t *testing.T) {
+func TestParseKeepsWrittenValuesAndLeavesTheRestZero(t *testing.T) {
 	c, err := Parse("t.yaml", []byte(`
 listen: "127.0.0.1:9000"
+clients:
+  - {requests_per_second: 2.5}
 upstreams:
   - name: a
     url: http://127.0.0.1:1/prefix/
     timeouts: {first_byte: 5s}
+    rate_limit: {requests_per_second: 50}
 routes:
   - name: r
     upstream: a
     max_body: 1KiB
-    retry: {max_attempts: 2, on: [5xx]}
+    retry: {max_attempts: 2, on: [5xx], on_timeout: retry}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	u := c.Upstreams[0]
-	if u.Timeouts.FirstByte.Std() != 5*time.Second || u.Timeouts.Connect.Std() != 2*time.Second || u.MaxConnections != 512 {
-		t.Errorf("upstream timeouts/defaults: %+v", u)
+	if u.Timeouts.FirstByte.Std() != 5*time.Second || u.Timeouts.Connect != 0 || u.MaxConnections != 0 ||
+		u.RateLimit.RequestsPerSecond != 50 || u.RateLimit.Burst != 0 || u.QueueTimeout != 0 {
+		t.Errorf("upstream: %+v", u)
 	}
 	r := c.Routes[0]
-	if r.PathPrefix != "/" || r.MaxBody != 1024 || r.Retry.MaxAttempts != 2 || len(r.Retry.On) != 1 || r.Retry.On[0] != "5xx" ||
-		r.Retry.MaxDelay.Std() != 8*time.Second {
+	if r.PathPrefix != "" || r.MaxBody != 1024 || r.Retry.MaxAttempts != 2 || len(r.Retry.On) != 1 || r.Retry.On[0] != "5xx" ||
+		r.Retry.MaxDelay != 0 || r.Retry.OnTimeout != "retry" || r.Retry.MaxTotalAttempts != 0 {
 		t.Errorf("route: %+v", r)
+	}
+	if cl := c.Clients[0]; cl.KeyHeader != "" || cl.Burst != 0 || cl.RequestsPerSecond != 2.5 {
+		t.Errorf("client: %+v", cl)
 	}
 }
 
-func TestTrafficPolicyDefaults(t *testing.T) {
-	c, err := Parse("t.yaml", []byte(`
-clients:
-  - {requests_per_second: 2.5}
-upstreams:
-  - {name: a, url: "http://h", rate_limit: {requests_per_second: 50}}
-  - {name: b, url: "http://h"}
-routes:
-  - name: chat
-    upstream: a
-    model: "gpt-4o*"
-    fallbacks: [{upstream: b, model: llama3.1}]
-  - name: plain
-    path_prefix: /x/
-    upstream: a
-    retry: {max_attempts: 2}
-`))
-	if err != nil {
-		t.Fatal(err)
+func TestAWrittenZeroIsValidatedAsWritten(t *testing.T) {
+	base := "upstreams:\n  - name: a\n    url: http://h\n%s\nroutes:\n  - name: r\n    upstream: a\n%s\n"
+	for _, tt := range []struct{ upstream, route, key string }{
+		{"    timeouts: {connect: 0s}", "", "upstreams[0].timeouts.connect: must be greater than 0"},
+		{"    queue_timeout: 0s", "", "upstreams[0].queue_timeout: must be greater than 0"},
+		{"    max_connections: 0", "", "upstreams[0].max_connections: must be at least 1"},
+		{"    breaker: {failure_ratio: 0}", "", "upstreams[0].breaker.failure_ratio: must be in (0, 1]"},
+		{"    rate_limit: {requests_per_second: 5, burst: 0}", "", "upstreams[0].rate_limit.burst: must be at least 1"},
+		{"    retry_budget: {ratio: 0}", "", "upstreams[0].retry_budget.ratio: must be greater than 0"},
+		{"", "    deadline: 0s", "routes[0].deadline: must be greater than 0"},
+		{"", "    max_body: 0", "routes[0].max_body: must be at least 1 byte"},
+		{"", "    retry: {max_attempts: 0}", "routes[0].retry.max_attempts: must be at least 1"},
+		{"", "    retry: {base_delay: 0s}", "routes[0].retry.base_delay: must be greater than 0"},
+		{"", "    retry: {on: []}", "routes[0].retry.on: list at least one reason"},
+		{"", "    retry: {on_timeout: \"\"}", "routes[0].retry.on_timeout: must be failover or retry"},
+		{"", "    path_prefix: \"\"", "routes[0].path_prefix: must start with /"},
+	} {
+		_, err := Parse("t.yaml", []byte(fmt.Sprintf(base, tt.upstream, tt.route)))
+		if err == nil || !strings.Contains(err.Error(), tt.key) {
+			t.Errorf("%q %q: %v, want %q", tt.upstream, tt.route, err, tt.key)
+		}
 	}
-	if cl := c.Clients[0]; cl.KeyHeader != "Authorization" || cl.Burst != 3 {
-		t.Errorf("client defaults: %+v", cl)
-	}
-	a := c.Upstreams[0]
-	if a.RateLimit.Burst != 50 || a.RateLimit.MaxWait.Std() != 2*time.Second || a.QueueTimeout.Std() != 5*time.Second ||
-		a.RetryBudget.Ratio != 0.5 || a.RetryBudget.MinPerSecond != 10 || a.MaxInFlight != 0 {
-		t.Errorf("upstream defaults: %+v", a)
-	}
-	chat, plain := c.Routes[0].Retry, c.Routes[1].Retry
-	if chat.MaxTotalAttempts != 5 || chat.OnTimeout != "failover" || chat.AttemptsOnClientRetry != 1 {
-		t.Errorf("chat retry: %+v", chat)
-	}
-	if plain.MaxTotalAttempts != 2 || plain.OnTimeout != "retry" {
-		t.Errorf("plain retry: %+v", plain)
-	}
-	if f := c.Routes[0].Fallbacks[0]; f.Upstream != "b" || f.Model != "llama3.1" {
-		t.Errorf("fallback: %+v", f)
+	// Where 0 has a meaning of its own it is accepted.
+	meaningful := "    rate_limit: {requests_per_second: 0}\n    max_in_flight: 0"
+	if _, err := Parse("t.yaml", []byte(fmt.Sprintf(base, meaningful, "    first_token: 0s"))); err != nil {
+		t.Errorf("meaningful zeros refused: %v", err)
 	}
 }
 

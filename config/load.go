@@ -66,11 +66,8 @@ func Default(url string) *Config {
 		url = DefaultUpstreamURL
 	}
 	c := defaultConfig()
-	u := defaultUpstream()
-	u.Name, u.URL = "default", url
-	c.Upstreams = []Upstream{u}
+	c.Upstreams = []Upstream{{Name: "default", URL: url}}
 	c.applyImplicitRoute()
-	c.applyDerivedDefaults()
 	return c
 }
 
@@ -100,9 +97,9 @@ func Parse(name string, data []byte) (*Config, error) {
 		}
 	}
 	if len(problems) == 0 {
+		c.written = idx.lines
 		c.expandEnv()
 		c.applyImplicitRoute()
-		c.applyDerivedDefaults()
 		problems = append(problems, c.readSecretFiles(idx)...)
 		for _, p := range c.Validate() {
 			p.Line = idx.line(p.Key)
@@ -116,96 +113,25 @@ func Parse(name string, data []byte) (*Config, error) {
 	return c, nil
 }
 
+// defaultConfig holds the defaults that are config's own: the listen
+// addresses and logging. Every other default belongs to the package that
+// uses the value (proxy, policy, breaker): a key left out stays zero here.
 func defaultConfig() *Config {
-	return &Config{Listen: ":8080", AdminListen: DefaultAdminListen, Log: Log{Level: "info", Format: "json"},
-		Server: Server{ReadTimeout: Duration(60e9), IdleTimeout: Duration(120e9), MaxHeaderBytes: 32 << 10}}
+	return &Config{Listen: ":8080", AdminListen: DefaultAdminListen, Log: Log{Level: "info", Format: "json"}}
 }
 
-func defaultUpstream() Upstream {
-	return Upstream{
-		Timeouts:       Timeouts{Connect: Duration(2e9), FirstByte: Duration(60e9), Idle: Duration(30e9)},
-		MaxConnections: 512,
-		Breaker: Breaker{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20,
-			Window: Duration(30e9), OpenFor: Duration(15e9), HalfOpenRequests: 1},
-		RateLimit:    RateLimit{MaxWait: Duration(2e9)},
-		QueueTimeout: Duration(5e9),
-		RetryBudget:  RetryBudget{Ratio: 0.5, MinPerSecond: 10},
-	}
-}
-
-func defaultRoute() Route {
-	return Route{
-		PathPrefix: "/",
-		Deadline:   Duration(120e9),
-		MaxBody:    32 << 20,
-		Retry: Retry{MaxAttempts: 4, BaseDelay: Duration(250e6), MaxDelay: Duration(8e9),
-			MaxRetryAfter: Duration(30e9), On: []string{"429", "5xx", "connect", "reset", "timeout"},
-			AttemptsOnClientRetry: 1},
-	}
-}
-
-// UnmarshalYAML fills the defaults before decoding, so an absent key keeps
-// its default and a present one, even zero, is validated as written.
-func (u *Upstream) UnmarshalYAML(n *yaml.Node) error {
-	*u = defaultUpstream()
-	type plain Upstream
-	return n.Decode((*plain)(u))
-}
-
-// UnmarshalYAML fills the defaults before decoding; see Upstream's.
-func (r *Route) UnmarshalYAML(n *yaml.Node) error {
-	*r = defaultRoute()
-	type plain Route
-	return n.Decode((*plain)(r))
-}
-
-// UnmarshalYAML fills the defaults before decoding; see Upstream's.
-func (l *ClientLimit) UnmarshalYAML(n *yaml.Node) error {
-	*l = ClientLimit{KeyHeader: "Authorization"}
-	type plain ClientLimit
-	return n.Decode((*plain)(l))
-}
-
-// applyDerivedDefaults fills the defaults that depend on other keys.
-func (c *Config) applyDerivedDefaults() {
-	for i := range c.Routes {
-		r := &c.Routes[i]
-		if r.Retry.MaxTotalAttempts == 0 {
-			r.Retry.MaxTotalAttempts = max(r.Retry.MaxAttempts, 1) + len(r.Fallbacks)
-		}
-		if r.Retry.OnTimeout == "" {
-			r.Retry.OnTimeout = "retry"
-			if len(r.Fallbacks) > 0 {
-				r.Retry.OnTimeout = "failover"
-			}
-		}
-	}
-	for i := range c.Clients {
-		if c.Clients[i].Burst == 0 {
-			c.Clients[i].Burst = burstFor(c.Clients[i].RequestsPerSecond)
-		}
-	}
-	for i := range c.Upstreams {
-		if rl := &c.Upstreams[i].RateLimit; rl.Burst == 0 {
-			rl.Burst = burstFor(rl.RequestsPerSecond)
-		}
-	}
-}
-
-// burstFor is the default burst of a rate: one second's worth, at least 1.
-func burstFor(rps float64) int {
-	b := int(rps)
-	if float64(b) < rps {
-		b++
-	}
-	return max(b, 1)
+// written reports whether key (a dotted path such as
+// "routes[0].retry.max_attempts") was written in the file: a written
+// value is validated as written, even zero, while a key left out takes
+// its default.
+func (c *Config) isWritten(key string) bool {
+	_, ok := c.written[key]
+	return ok
 }
 
 func (c *Config) applyImplicitRoute() {
 	if len(c.Routes) == 0 && len(c.Upstreams) == 1 {
-		r := defaultRoute()
-		r.Name, r.Upstream = "default", c.Upstreams[0].Name
-		c.Routes = []Route{r}
+		c.Routes = []Route{{Name: "default", Upstream: c.Upstreams[0].Name}}
 	}
 }
 

@@ -11,178 +11,208 @@ import (
 	"sturdy/policy"
 )
 
+// problems collects what Validate finds. A key left out of the file is
+// zero and takes its default where the value is used; a key written is
+// checked as written, so a zero that means nothing is an error.
+type problems struct {
+	c  *Config
+	ps []Problem
+}
+
+func (p *problems) bad(key, format string, args ...any) {
+	p.ps = append(p.ps, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
+}
+
+// positive checks a duration or number that must be above 0 when written.
+func positive[T Duration | float64](p *problems, key string, v T) {
+	if v < 0 || (v == 0 && p.c.isWritten(key)) {
+		p.bad(key, "must be greater than 0 (leave it out for the default)")
+	}
+}
+
+// atLeast1 checks a count that must be 1 or more when written.
+func atLeast1[T int | Size](p *problems, key string, v T) {
+	if v < 0 || (v == 0 && p.c.isWritten(key)) {
+		p.bad(key, "must be at least 1")
+	}
+}
+
+// notNegative checks a value whose 0 has a meaning of its own (note).
+func notNegative[T int | float64](p *problems, key string, v T, note string) {
+	if v < 0 {
+		p.bad(key, "must not be negative%s", note)
+	}
+}
+
 // Validate checks a decoded config and returns every problem, each naming
 // its key (lines are filled in by Parse).
 func (c *Config) Validate() []Problem {
-	var ps []Problem
-	bad := func(key, format string, args ...any) {
-		ps = append(ps, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
+	p := &problems{c: c}
+	c.validateServer(p)
+	if len(c.Upstreams) == 0 {
+		p.bad("upstreams", "at least one upstream is required")
 	}
+	names := map[string]bool{}
+	for i := range c.Upstreams {
+		c.validateUpstream(p, i, names)
+	}
+	for i, cl := range c.Clients {
+		k := fmt.Sprintf("clients[%d]", i)
+		if c.isWritten(k+".key_header") && strings.TrimSpace(cl.KeyHeader) == "" {
+			p.bad(k+".key_header", "must not be empty (leave it out for Authorization)")
+		}
+		if cl.RequestsPerSecond <= 0 {
+			p.bad(k+".requests_per_second", "must be greater than 0")
+		}
+		atLeast1(p, k+".burst", cl.Burst)
+	}
+	if len(c.Routes) == 0 && len(c.Upstreams) > 1 {
+		p.bad("routes", "at least one route is required when there are several upstreams")
+	}
+	routeNames := map[string]bool{}
+	for i := range c.Routes {
+		c.validateRoute(p, i, names, routeNames)
+	}
+	return p.ps
+}
+
+// validateServer checks the listeners, logging, TLS and auth.
+func (c *Config) validateServer(p *problems) {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen", "invalid address %q (want host:port or :port)", c.Listen)
+		p.bad("listen", "invalid address %q (want host:port or :port)", c.Listen)
 	}
 	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
-		bad("admin_listen", "invalid address %q (want host:port, e.g. 127.0.0.1:9090)", c.AdminListen)
+		p.bad("admin_listen", "invalid address %q (want host:port, e.g. 127.0.0.1:9090)", c.AdminListen)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
-		bad("log.level", "unknown level %q (want debug, info, warn or error)", c.Log.Level)
+		p.bad("log.level", "unknown level %q (want debug, info, warn or error)", c.Log.Level)
 	}
 	switch c.Log.Format {
 	case "json", "console":
 	default:
-		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
+		p.bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
 	}
-	if len(c.Upstreams) == 0 {
-		bad("upstreams", "at least one upstream is required")
-	}
-	if c.Server.ReadTimeout <= 0 {
-		bad("server.read_timeout", "must be greater than 0")
-	}
-	if c.Server.IdleTimeout <= 0 {
-		bad("server.idle_timeout", "must be greater than 0")
-	}
-	if c.Server.MaxHeaderBytes < 1024 {
-		bad("server.max_header_bytes", "must be at least 1KiB")
+	positive(p, "server.read_timeout", c.Server.ReadTimeout)
+	positive(p, "server.idle_timeout", c.Server.IdleTimeout)
+	if h := c.Server.MaxHeaderBytes; h < 0 || (c.isWritten("server.max_header_bytes") && h < 1024) {
+		p.bad("server.max_header_bytes", "must be at least 1KiB")
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		bad("tls", "set both cert_file and key_file, or neither")
+		p.bad("tls", "set both cert_file and key_file, or neither")
 	}
 	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}} {
 		if f.path != "" {
 			if _, err := os.Stat(f.path); err != nil {
-				bad(f.key, "cannot read %q", f.path)
+				p.bad(f.key, "cannot read %q", f.path)
 			}
 		}
 	}
 	for i, k := range c.Auth.Keys {
 		if len(k) < 16 {
-			bad(fmt.Sprintf("auth.keys[%d]", i), "too short: use at least 16 characters")
+			p.bad(fmt.Sprintf("auth.keys[%d]", i), "too short: use at least 16 characters")
 		}
 	}
-	// uniqueName checks that a name is set and not used twice among kind.
-	uniqueName := func(key, kind, name string, seen map[string]bool) {
+}
+
+// uniqueName checks that a name is set and not used twice among kind.
+func (p *problems) uniqueName(key, kind, name string, seen map[string]bool) {
+	switch {
+	case name == "":
+		p.bad(key, "required")
+	case seen[name]:
+		p.bad(key, "duplicate %s name %q", kind, name)
+	}
+	seen[name] = true
+}
+
+// validateUpstream checks upstreams[i] and adds its name to names.
+func (c *Config) validateUpstream(p *problems, i int, names map[string]bool) {
+	u, k := c.Upstreams[i], fmt.Sprintf("upstreams[%d].", i)
+	p.uniqueName(k+"name", "upstream", u.Name, names)
+	if err := checkUpstreamURL(u.URL); err != nil {
+		p.bad(k+"url", "%v", err)
+	}
+	if f := u.TLS.CAFile; f != "" {
+		if b, err := os.ReadFile(f); err != nil || !x509.NewCertPool().AppendCertsFromPEM(b) {
+			p.bad(k+"tls.ca_file", "cannot read PEM certificates from %q", f)
+		}
+	}
+	positive(p, k+"timeouts.connect", u.Timeouts.Connect)
+	positive(p, k+"timeouts.first_byte", u.Timeouts.FirstByte)
+	positive(p, k+"timeouts.idle", u.Timeouts.Idle)
+	positive(p, k+"breaker.window", u.Breaker.Window)
+	positive(p, k+"breaker.open_for", u.Breaker.OpenFor)
+	positive(p, k+"rate_limit.max_wait", u.RateLimit.MaxWait)
+	positive(p, k+"queue_timeout", u.QueueTimeout)
+	positive(p, k+"retry_budget.ratio", u.RetryBudget.Ratio)
+	positive(p, k+"retry_budget.min_per_second", u.RetryBudget.MinPerSecond)
+	atLeast1(p, k+"max_connections", u.MaxConnections)
+	atLeast1(p, k+"breaker.consecutive_failures", u.Breaker.ConsecutiveFailures)
+	atLeast1(p, k+"breaker.min_requests", u.Breaker.MinRequests)
+	atLeast1(p, k+"breaker.half_open_requests", u.Breaker.HalfOpenRequests)
+	atLeast1(p, k+"rate_limit.burst", u.RateLimit.Burst)
+	if r := u.Breaker.FailureRatio; r < 0 || r > 1 || (r == 0 && c.isWritten(k+"breaker.failure_ratio")) {
+		p.bad(k+"breaker.failure_ratio", "must be in (0, 1]")
+	}
+	notNegative(p, k+"rate_limit.requests_per_second", u.RateLimit.RequestsPerSecond, " (0 disables pacing)")
+	notNegative(p, k+"max_in_flight", u.MaxInFlight, " (0 means unlimited)")
+}
+
+// validateRoute checks routes[i] against the upstream names and adds its
+// name to routeNames.
+func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]bool) {
+	r, k := c.Routes[i], fmt.Sprintf("routes[%d].", i)
+	p.uniqueName(k+"name", "route", r.Name, routeNames)
+	if c.isWritten(k+"path_prefix") && !strings.HasPrefix(r.PathPrefix, "/") {
+		p.bad(k+"path_prefix", "must start with / (got %q)", r.PathPrefix)
+	}
+	knownUpstream := func(key, name string) {
 		switch {
 		case name == "":
-			bad(key, "required")
-		case seen[name]:
-			bad(key, "duplicate %s name %q", kind, name)
-		}
-		seen[name] = true
-	}
-	names := map[string]bool{}
-	for i, u := range c.Upstreams {
-		k := fmt.Sprintf("upstreams[%d]", i)
-		uniqueName(k+".name", "upstream", u.Name, names)
-		if err := checkUpstreamURL(u.URL); err != nil {
-			bad(k+".url", "%v", err)
-		}
-		if f := u.TLS.CAFile; f != "" {
-			if b, err := os.ReadFile(f); err != nil || !x509.NewCertPool().AppendCertsFromPEM(b) {
-				bad(k+".tls.ca_file", "cannot read PEM certificates from %q", f)
-			}
-		}
-		positive := func(key string, d Duration) {
-			if d <= 0 {
-				bad(k+"."+key, "must be greater than 0")
-			}
-		}
-		positive("timeouts.connect", u.Timeouts.Connect)
-		positive("timeouts.first_byte", u.Timeouts.FirstByte)
-		positive("timeouts.idle", u.Timeouts.Idle)
-		positive("breaker.window", u.Breaker.Window)
-		positive("breaker.open_for", u.Breaker.OpenFor)
-		b := u.Breaker
-		atLeast1 := func(key string, v int) {
-			if v < 1 {
-				bad(k+"."+key, "must be at least 1")
-			}
-		}
-		notNegative := func(key string, v float64, note string) {
-			if v < 0 {
-				bad(k+"."+key, "must not be negative%s", note)
-			}
-		}
-		atLeast1("max_connections", u.MaxConnections)
-		atLeast1("breaker.consecutive_failures", b.ConsecutiveFailures)
-		atLeast1("breaker.min_requests", b.MinRequests)
-		atLeast1("breaker.half_open_requests", b.HalfOpenRequests)
-		atLeast1("rate_limit.burst", u.RateLimit.Burst)
-		if b.FailureRatio <= 0 || b.FailureRatio > 1 {
-			bad(k+".breaker.failure_ratio", "must be in (0, 1]")
-		}
-		notNegative("rate_limit.requests_per_second", u.RateLimit.RequestsPerSecond, " (0 disables pacing)")
-		notNegative("max_in_flight", float64(u.MaxInFlight), " (0 means unlimited)")
-		notNegative("retry_budget.ratio", u.RetryBudget.Ratio, "")
-		notNegative("retry_budget.min_per_second", u.RetryBudget.MinPerSecond, "")
-	}
-	for i, cl := range c.Clients {
-		k := fmt.Sprintf("clients[%d]", i)
-		if strings.TrimSpace(cl.KeyHeader) == "" {
-			bad(k+".key_header", "required (e.g. Authorization)")
-		}
-		if cl.RequestsPerSecond <= 0 {
-			bad(k+".requests_per_second", "must be greater than 0")
-		}
-		if cl.Burst < 1 {
-			bad(k+".burst", "must be at least 1")
+			p.bad(key, "required")
+		case !names[name]:
+			p.bad(key, "unknown upstream %q (known: %s)", name, strings.Join(c.upstreamNames(), ", "))
 		}
 	}
-	if len(c.Routes) == 0 && len(c.Upstreams) > 1 {
-		bad("routes", "at least one route is required when there are several upstreams")
+	knownUpstream(k+"upstream", r.Upstream)
+	for j, f := range r.Fallbacks {
+		knownUpstream(fmt.Sprintf("%sfallbacks[%d].upstream", k, j), f.Upstream)
 	}
-	routeNames := map[string]bool{}
-	for i, r := range c.Routes {
-		k := fmt.Sprintf("routes[%d]", i)
-		uniqueName(k+".name", "route", r.Name, routeNames)
-		if !strings.HasPrefix(r.PathPrefix, "/") {
-			bad(k+".path_prefix", "must start with / (got %q)", r.PathPrefix)
-		}
-		knownUpstream := func(key, name string) {
-			switch {
-			case name == "":
-				bad(key, "required")
-			case !names[name]:
-				bad(key, "unknown upstream %q (known: %s)", name, strings.Join(c.upstreamNames(), ", "))
-			}
-		}
-		knownUpstream(k+".upstream", r.Upstream)
-		for j, f := range r.Fallbacks {
-			knownUpstream(fmt.Sprintf("%s.fallbacks[%d].upstream", k, j), f.Upstream)
-		}
-		for j, st := range r.FailoverOn {
-			if st < 400 || st > 499 || st == 429 {
-				bad(fmt.Sprintf("%s.failover_on[%d]", k, j), "must be a 4xx status other than 429 (got %d)", st)
-			}
-		}
-		if rt := r.Retry; rt.OnTimeout != "failover" && rt.OnTimeout != "retry" {
-			bad(k+".retry.on_timeout", "must be failover or retry (got %q)", rt.OnTimeout)
-		}
-		if r.Retry.MaxTotalAttempts < 1 {
-			bad(k+".retry.max_total_attempts", "must be at least 1")
-		}
-		if r.Retry.AttemptsOnClientRetry < 1 {
-			bad(k+".retry.attempts_on_client_retry", "must be at least 1")
-		}
-		if r.Deadline <= 0 {
-			bad(k+".deadline", "must be greater than 0")
-		}
-		if r.MaxBody < 1 {
-			bad(k+".max_body", "must be at least 1 byte")
-		}
-		rt := r.Retry
-		if rt.MaxAttempts < 1 {
-			bad(k+".retry.max_attempts", "must be at least 1 (1 disables retries), got %d", rt.MaxAttempts)
-		}
-		if rt.MaxDelay < rt.BaseDelay {
-			bad(k+".retry.max_delay", "must not be below base_delay (%v)", rt.BaseDelay)
-		}
-		if _, err := policy.ParseRetryOn(rt.On); err != nil {
-			bad(k+".retry.on", "%v", err)
+	for j, st := range r.FailoverOn {
+		if st < 400 || st > 499 || st == 429 {
+			p.bad(fmt.Sprintf("%sfailover_on[%d]", k, j), "must be a 4xx status other than 429 (got %d)", st)
 		}
 	}
-	return ps
+	positive(p, k+"deadline", r.Deadline)
+	if r.MaxBody < 0 || (r.MaxBody == 0 && c.isWritten(k+"max_body")) {
+		p.bad(k+"max_body", "must be at least 1 byte")
+	}
+	c.validateRetry(p, k+"retry.", r.Retry)
+}
+
+// validateRetry checks a route's retry policy; k ends in "retry.".
+func (c *Config) validateRetry(p *problems, k string, rt Retry) {
+	if rt.MaxAttempts < 0 || (rt.MaxAttempts == 0 && c.isWritten(k+"max_attempts")) {
+		p.bad(k+"max_attempts", "must be at least 1 (1 disables retries), got %d", rt.MaxAttempts)
+	}
+	atLeast1(p, k+"max_total_attempts", rt.MaxTotalAttempts)
+	atLeast1(p, k+"attempts_on_client_retry", rt.AttemptsOnClientRetry)
+	positive(p, k+"base_delay", rt.BaseDelay)
+	positive(p, k+"max_delay", rt.MaxDelay)
+	positive(p, k+"max_retry_after", rt.MaxRetryAfter)
+	if rt.BaseDelay > 0 && rt.MaxDelay > 0 && rt.MaxDelay < rt.BaseDelay {
+		p.bad(k+"max_delay", "must not be below base_delay (%v)", rt.BaseDelay)
+	}
+	if c.isWritten(k+"on_timeout") && rt.OnTimeout != "failover" && rt.OnTimeout != "retry" {
+		p.bad(k+"on_timeout", "must be failover or retry (got %q)", rt.OnTimeout)
+	}
+	if _, err := policy.ParseRetryOn(rt.On); err != nil {
+		p.bad(k+"on", "%v", err)
+	} else if rt.On != nil && len(rt.On) == 0 {
+		p.bad(k+"on", "list at least one reason (to never retry, set max_attempts: 1)")
+	}
 }
 
 func (c *Config) upstreamNames() []string {

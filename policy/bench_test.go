@@ -21,12 +21,12 @@ func BenchmarkReplayable(b *testing.B) {
 	}
 }
 
-func BenchmarkRetryNext(b *testing.B) {
+func BenchmarkDecide(b *testing.B) {
 	b.ReportAllocs()
 	r := Retry{MaxAttempts: 4, Backoff: Backoff{Base: 250 * time.Millisecond, Max: 8 * time.Second}, MaxRetryAfter: 30 * time.Second, On: RetryOnAll}
 	a := Attempt{Verdict: Classify(Outcome{Status: 503}), N: 1, Total: 1, Replayable: true, Remaining: time.Minute}
 	for i := 0; i < b.N; i++ {
-		_ = r.Next(a, maxRand)
+		_ = r.Decide(a, maxRand)
 	}
 }
 
@@ -36,6 +36,8 @@ func BenchmarkBudget(b *testing.B) {
 	now := time.Now()
 	for i := 0; i < b.N; i++ {
 		bu.FirstAttempt(now)
-		_ = bu.TryRetry(now)
+		if bu.Allows(now) {
+			bu.Spend(now)
+		}
 	}
 }

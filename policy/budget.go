@@ -48,12 +48,14 @@ func (b *Budget) FirstAttempt(now time.Time) {
 	b.mu.Unlock()
 }
 
-// TryRetry spends one retry from the budget, or reports false when it is
-// spent.
-func (b *Budget) TryRetry(now time.Time) bool {
+// Allows reports whether the budget has a retry left now. It only looks:
+// the caller decides (Retry.Decide) and then calls Spend. Two requests
+// that look at once may both spend the last retry, so under concurrency
+// the cap can be passed by at most the number of requests deciding at the
+// same instant.
+func (b *Budget) Allows(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	cur := b.bucket(now)
 	var firsts, retries float64
 	oldest := now.Unix() - int64(len(b.buckets)) + 1
 	for i := range b.buckets {
@@ -62,9 +64,12 @@ func (b *Budget) TryRetry(now time.Time) bool {
 			retries += bk.retries
 		}
 	}
-	if retries+1 > b.Ratio*firsts+b.MinPerSecond*budgetWindow.Seconds() {
-		return false
-	}
-	cur.retries++
-	return true
+	return retries+1 <= b.Ratio*firsts+b.MinPerSecond*budgetWindow.Seconds()
+}
+
+// Spend records a retry sent to the upstream.
+func (b *Budget) Spend(now time.Time) {
+	b.mu.Lock()
+	b.bucket(now).retries++
+	b.mu.Unlock()
 }

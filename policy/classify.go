@@ -19,6 +19,12 @@ const (
 	FaultTimeout
 	// FaultClientGone: the client went away; nobody is left to answer.
 	FaultClientGone
+	// FaultStale: the connection closed before one byte came back, on a
+	// pooled keep-alive connection that had already carried a request:
+	// most likely the upstream closed it while it was idle and never saw
+	// this request (though a server that reads a request and then resets
+	// looks the same).
+	FaultStale
 )
 
 // String returns the fault's name as used in config (`retry.on`) and logs.
@@ -32,6 +38,8 @@ func (f Fault) String() string {
 		return "timeout"
 	case FaultClientGone:
 		return "client_gone"
+	case FaultStale:
+		return "stale"
 	default:
 		return "none"
 	}
@@ -92,6 +100,9 @@ const (
 	ReasonConnect
 	ReasonReset
 	ReasonTimeout
+	// ReasonStale: a stale keep-alive connection (FaultStale). It is not
+	// a `retry.on` reason: see Retry.Decide for how it is replayed.
+	ReasonStale
 )
 
 // String returns the reason as written in `retry.on`.
@@ -107,6 +118,8 @@ func (r Reason) String() string {
 		return "reset"
 	case ReasonTimeout:
 		return "timeout"
+	case ReasonStale:
+		return "stale"
 	default:
 		return ""
 	}
@@ -122,7 +135,8 @@ const (
 	// HealthFailure: the upstream is failing (5xx, connect, reset, timeout).
 	HealthFailure
 	// HealthExcluded: says nothing about the upstream's health (429,
-	// client gone); neither counts nor resets a run of failures.
+	// client gone, a stale pooled connection); neither counts nor resets a
+	// run of failures.
 	HealthExcluded
 )
 
@@ -145,6 +159,8 @@ func Classify(o Outcome) Verdict {
 		return Verdict{Class: ClassRetryable, Reason: ReasonTimeout, Health: HealthFailure}
 	case FaultClientGone:
 		return Verdict{Class: ClassClientGone, Health: HealthExcluded}
+	case FaultStale:
+		return Verdict{Class: ClassRetryable, Reason: ReasonStale, Health: HealthExcluded}
 	}
 	switch {
 	case o.Status == 429 && o.InsufficientQuota:

@@ -178,26 +178,36 @@ func TestInsufficientQuota(t *testing.T) {
 	}
 }
 
-// nextCase is one row of a Retry.Next table.
-type nextCase struct {
+// decideCase is one row of a Retry.Decide table.
+type decideCase struct {
 	name   string
 	policy Retry
 	in     Attempt
-	want   Step
+	want   Decision
 }
 
-func runNextTable(t *testing.T, tests []nextCase) {
+func runDecideTable(t *testing.T, tests []decideCase) {
 	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.policy.Next(tt.in, maxRand); got != tt.want {
-				t.Errorf("Next = %+v, want %+v", got, tt.want)
+			if got := tt.policy.Decide(tt.in, maxRand); got != tt.want {
+				t.Errorf("Decide = %+v, want %+v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestRetryNext(t *testing.T) {
+// Shorthands for the decisions in the tables.
+func retryAfter(d time.Duration) Decision {
+	return Decision{Action: ActionAttempt, Wait: d, Source: WaitBackoff}
+}
+func serverWait(d time.Duration) Decision {
+	return Decision{Action: ActionAttempt, Wait: d, Source: WaitServer}
+}
+func stopWith(s Stop) Decision     { return Decision{Action: ActionStop, Stop: s} }
+func failoverWith(s Stop) Decision { return Decision{Action: ActionFailover, Stop: s} }
+
+func TestDecide(t *testing.T) {
 	r := Retry{
 		MaxAttempts:   4,
 		Backoff:       Backoff{Base: 250 * time.Millisecond, Max: 8 * time.Second},
@@ -209,73 +219,192 @@ func TestRetryNext(t *testing.T) {
 	vConnect := Classify(Outcome{Fault: FaultConnect})
 	vReset := Classify(Outcome{Fault: FaultReset})
 	hour := time.Hour
-	tests := []nextCase{
-		{"success stops", r, Attempt{Verdict: Classify(Outcome{Status: 200}), N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopFinal}},
-		{"pass-through stops", r, Attempt{Verdict: Classify(Outcome{Status: 400}), N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopFinal}},
-		{"5xx retries with jitter bound", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, Step{Retry: true, Wait: 250 * time.Millisecond}},
-		{"third retry bound is 1s", r, Attempt{Verdict: v5xx, N: 3, Replayable: true, Remaining: hour}, Step{Retry: true, Wait: time.Second}},
-		{"max attempts reached", r, Attempt{Verdict: v5xx, N: 4, Replayable: true, Remaining: hour}, Step{Stop: StopMaxAttempts}},
-		{"max_attempts 1 never retries", Retry{MaxAttempts: 1, On: RetryOnAll}, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopMaxAttempts}},
-		{"retry-after honoured exactly", r, Attempt{Verdict: v429, N: 1, Replayable: true, ServerWait: 3 * time.Second, HasServerWait: true, Remaining: hour}, Step{Retry: true, Wait: 3 * time.Second, FromServer: true}},
-		{"retry-after zero", r, Attempt{Verdict: v429, N: 1, Replayable: true, HasServerWait: true, Remaining: hour}, Step{Retry: true, FromServer: true}},
-		{"retry-after too long", r, Attempt{Verdict: v429, N: 1, Replayable: true, ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, Step{Stop: StopRetryAfterTooLong, Wait: time.Minute, FromServer: true}},
-		{"retry-after past deadline", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, ServerWait: 5 * time.Second, HasServerWait: true, Remaining: 4 * time.Second}, Step{Stop: StopDeadline, Wait: 5 * time.Second, FromServer: true}},
-		{"backoff past deadline", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: 100 * time.Millisecond}, Step{Stop: StopDeadline, Wait: 250 * time.Millisecond}},
-		{"deadline already passed", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: -time.Second}, Step{Stop: StopDeadline}},
-		{"write not replayed on 5xx", r, Attempt{Verdict: v5xx, N: 1, Replayable: false, Remaining: hour}, Step{Stop: StopNotReplayable}},
-		{"write not replayed on reset", r, Attempt{Verdict: vReset, N: 1, Replayable: false, Remaining: hour}, Step{Stop: StopNotReplayable}},
-		{"write retried on connect", r, Attempt{Verdict: vConnect, N: 1, Replayable: false, Remaining: hour}, Step{Retry: true, Wait: 250 * time.Millisecond}},
-		{"replay_writes retries writes", Retry{MaxAttempts: 2, On: RetryOnAll, ReplayWrites: true}, Attempt{Verdict: v5xx, N: 1, Remaining: hour}, Step{Retry: true}},
-		{"reason not in retry.on", Retry{MaxAttempts: 4, On: 1 << ReasonConnect}, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, Step{Stop: StopNotOn}},
+	tests := []decideCase{
+		{"success stops", r, Attempt{Verdict: Classify(Outcome{Status: 200}), N: 1, Replayable: true, Remaining: hour}, stopWith(StopFinal)},
+		{"pass-through stops", r, Attempt{Verdict: Classify(Outcome{Status: 400}), N: 1, Replayable: true, Remaining: hour}, stopWith(StopFinal)},
+		{"client gone stops", r, Attempt{Verdict: Classify(Outcome{Fault: FaultClientGone}), N: 1, Replayable: true, Remaining: hour}, stopWith(StopFinal)},
+		{"5xx retries with jitter bound", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, retryAfter(250 * time.Millisecond)},
+		{"third retry bound is 1s", r, Attempt{Verdict: v5xx, N: 3, Replayable: true, Remaining: hour}, retryAfter(time.Second)},
+		{"max attempts reached", r, Attempt{Verdict: v5xx, N: 4, Replayable: true, Remaining: hour}, stopWith(StopMaxAttempts)},
+		{"max_attempts 1 never retries", Retry{MaxAttempts: 1, On: RetryOnAll}, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, stopWith(StopMaxAttempts)},
+		{"retry-after honoured exactly", r, Attempt{Verdict: v429, N: 1, Replayable: true, ServerWait: 3 * time.Second, HasServerWait: true, Remaining: hour}, serverWait(3 * time.Second)},
+		{"retry-after zero", r, Attempt{Verdict: v429, N: 1, Replayable: true, HasServerWait: true, Remaining: hour}, serverWait(0)},
+		{"retry-after too long", r, Attempt{Verdict: v429, N: 1, Replayable: true, ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, stopWith(StopRetryAfterTooLong)},
+		{"retry-after past deadline", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, ServerWait: 5 * time.Second, HasServerWait: true, Remaining: 4 * time.Second}, stopWith(StopDeadline)},
+		{"retry-after at max attempts", r, Attempt{Verdict: v429, N: 4, Replayable: true, ServerWait: time.Second, HasServerWait: true, Remaining: hour}, stopWith(StopMaxAttempts)},
+		{"backoff past deadline", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: 100 * time.Millisecond}, stopWith(StopDeadline)},
+		{"deadline already passed", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: -time.Second}, stopWith(StopDeadline)},
+		{"write not replayed on 5xx", r, Attempt{Verdict: v5xx, N: 1, Replayable: false, Remaining: hour}, stopWith(StopNotReplayable)},
+		{"write not replayed on reset", r, Attempt{Verdict: vReset, N: 1, Replayable: false, Remaining: hour}, stopWith(StopNotReplayable)},
+		{"write retried on connect", r, Attempt{Verdict: vConnect, N: 1, Replayable: false, Remaining: hour}, retryAfter(250 * time.Millisecond)},
+		{"replay_writes retries writes", Retry{MaxAttempts: 2, On: RetryOnAll, ReplayWrites: true}, Attempt{Verdict: v5xx, N: 1, Remaining: hour}, retryAfter(0)},
+		{"reason not in retry.on", Retry{MaxAttempts: 4, On: 1 << ReasonConnect}, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, stopWith(StopNotOn)},
 	}
-	runNextTable(t, tests)
+	runDecideTable(t, tests)
 }
 
-func TestRetryNextFailover(t *testing.T) {
+func TestDecideFailover(t *testing.T) {
 	r := Retry{MaxAttempts: 2, MaxTotalAttempts: 4, Backoff: Backoff{Base: 250 * time.Millisecond, Max: time.Second},
-		MaxRetryAfter: 30 * time.Second, On: RetryOnAll}
+		MaxRetryAfter: 30 * time.Second, On: RetryOnAll, OnTimeout: OnTimeoutRetry}
 	withTimeoutFailover := r
-	withTimeoutFailover.OnTimeoutFailover = true
+	withTimeoutFailover.OnTimeout = OnTimeoutFailover
 	v5xx := Classify(Outcome{Status: 503})
 	v429 := Classify(Outcome{Status: 429})
 	vTimeout := Classify(Outcome{Fault: FaultTimeout})
 	v404 := Classify(Outcome{Status: 404})
 	hour := time.Hour
-	tests := []nextCase{
+	tests := []decideCase{
 		{"retry in place first", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
-			Step{Retry: true, Wait: 250 * time.Millisecond}},
+			retryAfter(250 * time.Millisecond)},
 		{"target exhausted moves on", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: hour},
-			Step{Failover: true}},
+			failoverWith(StopMaxAttempts)},
 		{"no fallback left stops", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, Remaining: hour},
-			Step{Stop: StopMaxAttempts}},
+			stopWith(StopMaxAttempts)},
 		{"total budget across targets", r, Attempt{Verdict: v5xx, N: 1, Total: 4, Replayable: true, HasFallback: true, Remaining: hour},
-			Step{Stop: StopMaxAttempts}},
+			stopWith(StopMaxAttempts)},
 		{"retry-after too long fails over", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, HasFallback: true,
-			ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, Step{Failover: true}},
+			ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, failoverWith(StopRetryAfterTooLong)},
 		{"retry-after past deadline fails over", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, HasFallback: true,
-			ServerWait: 5 * time.Second, HasServerWait: true, Remaining: 2 * time.Second}, Step{Failover: true}},
+			ServerWait: 5 * time.Second, HasServerWait: true, Remaining: 2 * time.Second}, failoverWith(StopDeadline)},
 		{"timeout fails over when on_timeout is failover", withTimeoutFailover, Attempt{Verdict: vTimeout, N: 1, Total: 1, Replayable: true,
-			HasFallback: true, Remaining: hour}, Step{Failover: true}},
+			HasFallback: true, Remaining: hour}, Decision{Action: ActionFailover}},
 		{"timeout retried in place otherwise", r, Attempt{Verdict: vTimeout, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
-			Step{Retry: true, Wait: 250 * time.Millisecond}},
+			retryAfter(250 * time.Millisecond)},
+		{"on_timeout failover without fallback retries", withTimeoutFailover, Attempt{Verdict: vTimeout, N: 1, Total: 1, Replayable: true,
+			Remaining: hour}, retryAfter(250 * time.Millisecond)},
 		{"failover_on 404 fails over", r, Attempt{Verdict: v404, N: 1, Total: 1, Replayable: true, HasFallback: true, FailoverStatus: true,
-			Remaining: hour}, Step{Failover: true}},
+			Remaining: hour}, Decision{Action: ActionFailover}},
 		{"failover_on 404 without fallback passes through", r, Attempt{Verdict: v404, N: 1, Total: 1, Replayable: true, FailoverStatus: true,
-			Remaining: hour}, Step{Stop: StopFinal}},
+			Remaining: hour}, stopWith(StopFinal)},
+		{"failover_on never sends a write elsewhere", r, Attempt{Verdict: v404, N: 1, Total: 1, HasFallback: true, FailoverStatus: true,
+			Remaining: hour}, stopWith(StopFinal)},
 		{"plain 404 passes through", r, Attempt{Verdict: v404, N: 1, Total: 1, Replayable: true, HasFallback: true, Remaining: hour},
-			Step{Stop: StopFinal}},
+			stopWith(StopFinal)},
 		{"write that reached the server never fails over", r, Attempt{Verdict: v5xx, N: 2, Total: 2, HasFallback: true, Remaining: hour},
-			Step{Stop: StopNotReplayable}},
+			stopWith(StopNotReplayable)},
 		{"budget spent fails over", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, HasFallback: true, BudgetSpent: true,
-			Remaining: hour}, Step{Failover: true}},
+			Remaining: hour}, failoverWith(StopBudget)},
 		{"budget spent without fallback stops", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, BudgetSpent: true,
-			Remaining: hour}, Step{Stop: StopBudget}},
+			Remaining: hour}, stopWith(StopBudget)},
 		{"budget spent on a server wait stops", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, BudgetSpent: true,
-			ServerWait: time.Second, HasServerWait: true, Remaining: hour}, Step{Stop: StopBudget}},
+			ServerWait: time.Second, HasServerWait: true, Remaining: hour}, stopWith(StopBudget)},
+		{"budget spent does not matter at max attempts", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, BudgetSpent: true,
+			Remaining: hour}, stopWith(StopMaxAttempts)},
 		{"deadline passed: no failover", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, HasFallback: true, Remaining: 0},
-			Step{Stop: StopDeadline}},
+			stopWith(StopDeadline)},
 	}
-	runNextTable(t, tests)
+	runDecideTable(t, tests)
+}
+
+func TestDecideStale(t *testing.T) {
+	r := Retry{MaxAttempts: 1, MaxTotalAttempts: 3, Backoff: Backoff{Base: 250 * time.Millisecond}, On: RetryOnAll}
+	onlyConnect := Retry{MaxAttempts: 2, On: 1 << ReasonConnect}
+	stale := Classify(Outcome{Fault: FaultStale})
+	hour := time.Hour
+	replay := Decision{Action: ActionAttempt, Replay: true}
+	tests := []decideCase{
+		{"replayed at once, even at max_attempts 1", r, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, Remaining: hour}, replay},
+		{"replayed whatever retry.on says", onlyConnect, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, Remaining: hour}, replay},
+		{"replayed even with the budget spent", r, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, BudgetSpent: true, Remaining: hour}, replay},
+		{"counts toward max_total_attempts", r, Attempt{Verdict: stale, N: 1, Total: 3, Replayable: true, Remaining: hour}, stopWith(StopMaxAttempts)},
+		{"not past the deadline", r, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, Remaining: 0}, stopWith(StopDeadline)},
+		{"a second one in a row is a reset", r, Attempt{Verdict: stale, N: 1, Total: 2, AfterStale: true, Replayable: true, Remaining: hour},
+			stopWith(StopMaxAttempts)},
+		{"a second one retried as a reset", Retry{MaxAttempts: 2, MaxTotalAttempts: 3, Backoff: Backoff{Base: time.Second}, On: RetryOnAll},
+			Attempt{Verdict: stale, N: 1, Total: 2, AfterStale: true, Replayable: true, Remaining: hour}, retryAfter(time.Second)},
+		{"a write is not replayed", r, Attempt{Verdict: stale, N: 1, Total: 1, Remaining: hour}, stopWith(StopNotReplayable)},
+	}
+	runDecideTable(t, tests)
+	if v := Classify(Outcome{Fault: FaultStale}); v.Health != HealthExcluded || v.Reason != ReasonStale {
+		t.Fatalf("a stale connection must not count against the breaker: %+v", v)
+	}
+}
+
+func TestClear(t *testing.T) {
+	hour := time.Hour
+	tests := []struct {
+		name string
+		in   Gate
+		want Decision
+	}{
+		{"nothing in the way", Gate{Remaining: hour}, Decision{Action: ActionAttempt}},
+		{"cooldown waited without a fallback", Gate{Obstacle: ObstacleCooldown, Wait: time.Second, MaxWait: 30 * time.Second, Remaining: hour},
+			Decision{Action: ActionAttempt, Wait: time.Second, Source: WaitCooldown}},
+		{"cooldown with a fallback fails over", Gate{Obstacle: ObstacleCooldown, Wait: time.Second, MaxWait: 30 * time.Second, Remaining: hour, HasFallback: true},
+			Decision{Action: ActionFailover}},
+		{"cooldown above max_retry_after refuses", Gate{Obstacle: ObstacleCooldown, Wait: time.Minute, MaxWait: 30 * time.Second, Remaining: hour},
+			stopWith(StopNone)},
+		{"cooldown past the deadline refuses", Gate{Obstacle: ObstacleCooldown, Wait: 2 * time.Second, MaxWait: 30 * time.Second, Remaining: time.Second},
+			stopWith(StopNone)},
+		{"cooldown after attempts elsewhere", Gate{Obstacle: ObstacleCooldown, Wait: time.Minute, MaxWait: 30 * time.Second, Remaining: hour, Total: 2},
+			stopWith(StopUnavailable)},
+		{"pacing waited even with a fallback", Gate{Obstacle: ObstaclePacing, Wait: time.Second, MaxWait: 2 * time.Second, Remaining: hour, HasFallback: true},
+			Decision{Action: ActionAttempt, Wait: time.Second, Source: WaitPacing}},
+		{"pacing no wait", Gate{Obstacle: ObstaclePacing, MaxWait: 2 * time.Second, Remaining: hour},
+			Decision{Action: ActionAttempt, Source: WaitPacing}},
+		{"pacing past max_wait fails over", Gate{Obstacle: ObstaclePacing, Wait: 3 * time.Second, MaxWait: 2 * time.Second, Remaining: hour, HasFallback: true},
+			Decision{Action: ActionFailover}},
+		{"pacing at the deadline refuses", Gate{Obstacle: ObstaclePacing, Wait: time.Second, MaxWait: 2 * time.Second, Remaining: time.Second},
+			stopWith(StopNone)},
+		{"pacing with the deadline passed refuses", Gate{Obstacle: ObstaclePacing, MaxWait: 2 * time.Second, Remaining: 0},
+			stopWith(StopNone)},
+		{"open breaker fails over", Gate{Obstacle: ObstacleBreaker, Wait: time.Second, Remaining: hour, HasFallback: true},
+			Decision{Action: ActionFailover}},
+		{"open breaker is never waited for", Gate{Obstacle: ObstacleBreaker, Wait: time.Millisecond, MaxWait: 0, Remaining: hour},
+			stopWith(StopNone)},
+		{"breaker opened between retries", Gate{Obstacle: ObstacleBreaker, Wait: time.Second, Remaining: hour, N: 2, Total: 2},
+			stopWith(StopBreakerOpen)},
+		{"busy fails over", Gate{Obstacle: ObstacleBusy, Remaining: hour, HasFallback: true}, Decision{Action: ActionFailover}},
+		{"busy refuses", Gate{Obstacle: ObstacleBusy, Remaining: hour}, stopWith(StopNone)},
+		{"busy after attempts elsewhere", Gate{Obstacle: ObstacleBusy, Remaining: hour, Total: 1}, stopWith(StopUnavailable)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Clear(tt.in); got != tt.want {
+				t.Errorf("Clear = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRetryWithDefaults(t *testing.T) {
+	def := Retry{}.WithDefaults(0)
+	want := Retry{MaxAttempts: 4, Backoff: Backoff{Base: 250 * time.Millisecond, Max: 8 * time.Second}, MaxRetryAfter: 30 * time.Second,
+		On: RetryOnAll, MaxTotalAttempts: 4, OnTimeout: OnTimeoutRetry}
+	if def != want {
+		t.Errorf("defaults %+v, want %+v", def, want)
+	}
+	withFallbacks := Retry{MaxAttempts: 2}.WithDefaults(3)
+	if withFallbacks.MaxTotalAttempts != 5 || withFallbacks.OnTimeout != OnTimeoutFailover {
+		t.Errorf("with fallbacks: %+v", withFallbacks)
+	}
+	set := Retry{MaxAttempts: 1, Backoff: Backoff{Base: 10 * time.Second}, MaxRetryAfter: time.Second, On: 1 << ReasonConnect,
+		MaxTotalAttempts: 9, OnTimeout: OnTimeoutRetry}
+	got := set.WithDefaults(2)
+	set.Backoff.Max = 10 * time.Second // the cap is never below the base
+	if got != set {
+		t.Errorf("explicit values changed: %+v, want %+v", got, set)
+	}
+}
+
+func TestEveryStopHasANameAndText(t *testing.T) {
+	for s := StopNotOn; s <= StopClientGone; s++ {
+		if s.String() == "" || s.Text() == "" || !s.Ended() {
+			t.Errorf("stop %d: name %q, text %q", s, s.String(), s.Text())
+		}
+	}
+	if StopNone.Ended() || StopFinal.Ended() || Stop(200).String() != "" {
+		t.Error("StopNone/StopFinal/out of range")
+	}
+}
+
+// tryRetry spends a retry when the budget allows one, as the loop does.
+func tryRetry(b *Budget, now time.Time) bool {
+	if !b.Allows(now) {
+		return false
+	}
+	b.Spend(now)
+	return true
 }
 
 func TestBudgetAbsorbsTransientFaultsButCapsAnOutage(t *testing.T) {
@@ -286,7 +415,7 @@ func TestBudgetAbsorbsTransientFaultsButCapsAnOutage(t *testing.T) {
 	for ms := 0; ms < 30_000; ms += 10 { // 100 requests per second for 30 s
 		now := start.Add(time.Duration(ms) * time.Millisecond)
 		b.FirstAttempt(now)
-		if ms%40 == 0 && !b.TryRetry(now) { // a retry for every 4th request
+		if ms%40 == 0 && !tryRetry(b, now) { // a retry for every 4th request
 			denied++
 		}
 	}
@@ -302,7 +431,7 @@ func TestBudgetAbsorbsTransientFaultsButCapsAnOutage(t *testing.T) {
 		b.FirstAttempt(now)
 		firsts++
 		for i := 0; i < 3; i++ {
-			if b.TryRetry(now) {
+			if tryRetry(b, now) {
 				retries++
 			}
 		}
@@ -321,14 +450,14 @@ func TestBudgetMinPerSecondWithoutTraffic(t *testing.T) {
 	now := time.Unix(5_000, 0)
 	granted := 0
 	for i := 0; i < 100; i++ {
-		if b.TryRetry(now) {
+		if tryRetry(b, now) {
 			granted++
 		}
 	}
 	if granted != 20 { // 2 per second over the 10 s window
 		t.Fatalf("granted %d, want 20", granted)
 	}
-	if !b.TryRetry(now.Add(11 * time.Second)) {
+	if !tryRetry(b, now.Add(11*time.Second)) {
 		t.Fatal("budget did not refill after the window")
 	}
 }

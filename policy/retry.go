@@ -7,7 +7,7 @@ import (
 )
 
 // RetryOn is the set of reasons a route retries on (`retry.on`). The zero
-// value retries on nothing.
+// value holds no reason; in a Retry it means the default, RetryOnAll.
 type RetryOn uint8
 
 // RetryOnAll is every reason: 429, 5xx, connect, reset and timeout.
@@ -73,186 +73,79 @@ func (b Backoff) Bound(n int) time.Duration {
 	return bound
 }
 
-// Retry is a route's retry policy (`retry:` in the config).
+// OnTimeout says what follows an attempt that timed out.
+type OnTimeout uint8
+
+// The choices of `retry.on_timeout`.
+const (
+	// OnTimeoutDefault is OnTimeoutFailover when the route has a fallback,
+	// else OnTimeoutRetry (see Retry.WithDefaults).
+	OnTimeoutDefault OnTimeout = iota
+	// OnTimeoutRetry retries in place.
+	OnTimeoutRetry
+	// OnTimeoutFailover moves to the next target.
+	OnTimeoutFailover
+)
+
+// Defaults of Retry, filled by WithDefaults where a field is zero.
+const (
+	DefaultMaxAttempts   = 4
+	DefaultBaseDelay     = 250 * time.Millisecond
+	DefaultMaxDelay      = 8 * time.Second
+	DefaultMaxRetryAfter = 30 * time.Second
+)
+
+// Retry is a route's retry policy (`retry:` in the config). A zero field
+// means its default; WithDefaults fills them in.
 type Retry struct {
-	// MaxAttempts counts the first attempt; 1 disables retries.
+	// MaxAttempts counts the first attempt on each target; 1 disables
+	// retries. Default 4.
 	MaxAttempts int
-	// Backoff is Sturdy's own wait when the server gives none.
+	// Backoff is Sturdy's own wait when the server gives none. Default
+	// base 250 ms, max 8 s.
 	Backoff Backoff
 	// MaxRetryAfter is the longest server-given wait Sturdy honours; a
-	// longer one goes back to the client at once.
+	// longer one goes back to the client at once. Default 30 s.
 	MaxRetryAfter time.Duration
-	// On is the set of reasons retried.
+	// On is the set of reasons retried. Zero means RetryOnAll.
 	On RetryOn
 	// ReplayWrites retries non-replayable writes on every reason, not only
 	// on connect.
 	ReplayWrites bool
-	// MaxTotalAttempts caps attempts across all of a route's targets; zero
-	// means MaxAttempts.
+	// MaxTotalAttempts caps attempts across all of a route's targets.
+	// Default MaxAttempts plus the number of fallbacks.
 	MaxTotalAttempts int
-	// OnTimeoutFailover moves to the next target after a timeout instead
-	// of retrying in place.
-	OnTimeoutFailover bool
+	// OnTimeout says whether a timeout fails over or retries in place.
+	// Default: fail over when there is a fallback.
+	OnTimeout OnTimeout
 }
 
-// Stop says why the attempt loop stops (StopNone: it does not).
-type Stop uint8
-
-// The reasons to stop trying.
-const (
-	StopNone Stop = iota
-	// StopFinal: the outcome is not a failure to retry (success,
-	// pass-through, client gone).
-	StopFinal
-	// StopNotOn: the failure's reason is not in `retry.on`.
-	StopNotOn
-	// StopNotReplayable: the request may have reached the upstream and is
-	// not safe to send twice.
-	StopNotReplayable
-	// StopMaxAttempts: max_attempts reached.
-	StopMaxAttempts
-	// StopRetryAfterTooLong: the server asked for a wait above
-	// max_retry_after.
-	StopRetryAfterTooLong
-	// StopDeadline: the wait would pass the route's deadline.
-	StopDeadline
-	// StopBreakerOpen: the upstream's breaker opened between attempts.
-	StopBreakerOpen
-	// StopBudget: the upstream's retry budget is spent.
-	StopBudget
-	// StopUnavailable: no target is left to try (breakers open, cooling
-	// down after a 429, rate-limited or busy).
-	StopUnavailable
-)
-
-// String returns the stop reason as logged.
-func (s Stop) String() string {
-	switch s {
-	case StopFinal:
-		return "final"
-	case StopNotOn:
-		return "not_in_retry_on"
-	case StopNotReplayable:
-		return "not_replayable"
-	case StopMaxAttempts:
-		return "max_attempts"
-	case StopRetryAfterTooLong:
-		return "retry_after_too_long"
-	case StopDeadline:
-		return "deadline"
-	case StopBreakerOpen:
-		return "breaker_open"
-	case StopBudget:
-		return "retry_budget"
-	case StopUnavailable:
-		return "no_target_available"
-	default:
-		return ""
+// WithDefaults returns r with every zero field set to its default, for a
+// route with the given number of fallbacks.
+func (r Retry) WithDefaults(fallbacks int) Retry {
+	if r.MaxAttempts <= 0 {
+		r.MaxAttempts = DefaultMaxAttempts
 	}
-}
-
-// Attempt is what the loop knows after one attempt, as input to Next.
-type Attempt struct {
-	// Verdict is the attempt's classification.
-	Verdict Verdict
-	// N is the number of attempts made on the current target, this one
-	// included (≥ 1).
-	N int
-	// Total is the number of attempts made across all targets (≥ N).
-	Total int
-	// HasFallback is true when another target remains to fail over to.
-	HasFallback bool
-	// FailoverStatus is true when a pass-through reply matched the route's
-	// failover_on statuses or failover_codes.
-	FailoverStatus bool
-	// BudgetSpent is true when the upstream's retry budget refused a retry
-	// in place: the next target is tried if one may be, else Sturdy stops.
-	BudgetSpent bool
-	// Replayable is Replayable() of the request.
-	Replayable bool
-	// ServerWait is the wait the upstream asked for (Retry-After or
-	// retry-after-ms); HasServerWait says whether it asked at all.
-	ServerWait    time.Duration
-	HasServerWait bool
-	// Remaining is the time left until the route's deadline.
-	Remaining time.Duration
-}
-
-// Step is the decision for what follows an attempt.
-type Step struct {
-	// Retry is true when another attempt on the same target follows
-	// after Wait.
-	Retry bool
-	// Failover is true when the next target is tried (at once).
-	Failover bool
-	// Wait is how long to wait before the next attempt.
-	Wait time.Duration
-	// FromServer is true when Wait is the server's, not our backoff.
-	FromServer bool
-	// Stop says why no attempt follows, when Retry is false.
-	Stop Stop
-}
-
-// Next decides what follows attempt a: a retry on the same target after
-// a wait, a failover to the next target, or a stop. A caller whose retry
-// budget refuses the retry Next chose asks again with a.BudgetSpent set. A server-given wait is
-// used exactly; otherwise the full-jitter backoff draws one with rnd. A
-// wait that would reach the deadline is never started. Where retrying in
-// place must stop, the next target is tried instead if one is left, the
-// request is safe to send elsewhere and max_total_attempts allows.
-func (r Retry) Next(a Attempt, rnd func(int64) int64) Step {
-	v := a.Verdict
-	maxTotal := r.MaxTotalAttempts
-	if maxTotal <= 0 {
-		maxTotal = r.MaxAttempts
+	if r.Backoff.Base <= 0 {
+		r.Backoff.Base = DefaultBaseDelay
 	}
-	safe := a.Replayable || v.Reason == ReasonConnect || r.ReplayWrites
-	canFailover := a.HasFallback && a.Total < maxTotal && a.Remaining > 0
-	// orFailover moves to the next target when it can, else stops.
-	orFailover := func(stop Step) Step {
-		if canFailover && safe {
-			return Step{Failover: true}
+	if r.Backoff.Max <= 0 {
+		r.Backoff.Max = max(DefaultMaxDelay, r.Backoff.Base)
+	}
+	if r.MaxRetryAfter <= 0 {
+		r.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if r.On == 0 {
+		r.On = RetryOnAll
+	}
+	if r.MaxTotalAttempts <= 0 {
+		r.MaxTotalAttempts = r.MaxAttempts + fallbacks
+	}
+	if r.OnTimeout == OnTimeoutDefault {
+		r.OnTimeout = OnTimeoutRetry
+		if fallbacks > 0 {
+			r.OnTimeout = OnTimeoutFailover
 		}
-		return stop
 	}
-	switch {
-	case v.Class == ClassPassThrough && a.FailoverStatus && canFailover && a.Replayable:
-		return Step{Failover: true}
-	case v.Class != ClassRetryable:
-		return Step{Stop: StopFinal}
-	case !r.On.Has(v.Reason):
-		return Step{Stop: StopNotOn}
-	case !safe:
-		return Step{Stop: StopNotReplayable}
-	case a.Remaining <= 0:
-		return Step{Stop: StopDeadline}
-	case a.Total >= maxTotal:
-		return Step{Stop: StopMaxAttempts}
-	case v.Reason == ReasonTimeout && r.OnTimeoutFailover && canFailover:
-		return Step{Failover: true}
-	}
-	if a.HasServerWait {
-		switch {
-		case a.ServerWait > r.MaxRetryAfter:
-			return orFailover(Step{Stop: StopRetryAfterTooLong, Wait: a.ServerWait, FromServer: true})
-		case a.ServerWait >= a.Remaining:
-			return orFailover(Step{Stop: StopDeadline, Wait: a.ServerWait, FromServer: true})
-		case a.N >= r.MaxAttempts:
-			return orFailover(Step{Stop: StopMaxAttempts})
-		case a.BudgetSpent:
-			return orFailover(Step{Stop: StopBudget})
-		}
-		return Step{Retry: true, Wait: a.ServerWait, FromServer: true}
-	}
-	if a.N >= r.MaxAttempts {
-		return orFailover(Step{Stop: StopMaxAttempts})
-	}
-	if a.BudgetSpent {
-		return orFailover(Step{Stop: StopBudget})
-	}
-	wait := r.Backoff.Delay(a.N, rnd)
-	if wait >= a.Remaining {
-		return orFailover(Step{Stop: StopDeadline, Wait: wait})
-	}
-	return Step{Retry: true, Wait: wait}
+	return r
 }

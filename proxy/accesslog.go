@@ -4,8 +4,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-
-	"sturdy/policy"
 )
 
 // Access-log field names.
@@ -43,6 +41,7 @@ const (
 	outcomeUnauthorized      = "unauthorized"       // no accepted client key
 	outcomeStreamInterrupted = "stream_interrupted" // the upstream failed mid-stream
 	outcomeClientGone        = "client_gone"        // the client left mid-response
+	outcomeShuttingDown      = "shutting_down"      // a wait ended by shutdown, no reply at hand
 )
 
 // retryList logs the retries of a request as [{"reason":..,"wait_ms":..}].
@@ -82,31 +81,31 @@ func (ex *exchange) logAccess() {
 	if !ev.Enabled() {
 		return
 	}
-	ctx := ex.ctx
-	ev.Bytes(fieldID, ex.id).
+	ctx, lp, out, n := ex.ctx, &ex.loop, &ex.out, &ex.notes
+	ev.Bytes(fieldID, ex.req.id).
 		Bytes(fieldMethod, ctx.Method()).
 		Bytes(fieldPath, rawPath(ctx.Request.Header.RequestURI()))
-	if ex.route != nil {
-		ev.Str(fieldRoute, ex.route.name).Str(fieldUpstream, ex.up.name).
-			Str(fieldBreaker, ex.up.breaker.State().String())
+	if ex.req.route != nil {
+		ev.Str(fieldRoute, ex.req.route.name).Str(fieldUpstream, lp.up.name).
+			Str(fieldBreaker, lp.up.breaker.State().String())
 	}
-	ev.Int(fieldStatus, ex.status).Int(fieldAttempts, ex.attempts)
-	if ex.nTried > 0 {
-		ev.Array(fieldTargets, targetList(ex.tried[:ex.nTried]))
+	ev.Int(fieldStatus, out.status).Int(fieldAttempts, lp.attempts)
+	if n.nTried > 0 {
+		ev.Array(fieldTargets, targetList(n.tried[:n.nTried]))
 	}
-	if ex.nRetries > 0 {
-		ev.Array(fieldRetries, retryList(ex.retries[:ex.nRetries]))
+	if n.nRetries > 0 {
+		ev.Array(fieldRetries, retryList(n.retries[:n.nRetries]))
 	}
-	if ex.stop != policy.StopNone && ex.stop != policy.StopFinal {
-		ev.Str(fieldStop, ex.stop.String())
+	if lp.stop.Ended() {
+		ev.Str(fieldStop, lp.stop.String())
 	}
-	if ex.errCode != "" {
-		ev.Str(fieldError, ex.errCode)
+	if out.errCode != "" {
+		ev.Str(fieldError, out.errCode)
 	}
-	ev.Bool(fieldStream, ex.streaming).
-		Int64(fieldBytesOut, ex.bytesOut).
-		Float64(fieldTTFB, float64(ex.ttfb)/float64(time.Millisecond)).
-		Float64(fieldDuration, float64(time.Since(ex.start))/float64(time.Millisecond)).
-		Str(fieldOutcome, ex.outcome).
+	ev.Bool(fieldStream, out.streaming).
+		Int64(fieldBytesOut, out.bytesOut).
+		Float64(fieldTTFB, float64(out.ttfb)/float64(time.Millisecond)).
+		Float64(fieldDuration, float64(time.Since(ex.req.start))/float64(time.Millisecond)).
+		Str(fieldOutcome, out.outcome).
 		Msg("request")
 }

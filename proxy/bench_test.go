@@ -52,9 +52,7 @@ func BenchmarkProxiedRequest(b *testing.B) {
 		if err != nil {
 			return nil, err
 		}
-		uc := &upstreamConn{Conn: c, idle: up0.idle}
-		uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
-		return uc, nil
+		return up0.wrap(c), nil
 	}
 	ln := fasthttputil.NewInmemoryListener()
 	srv := p.Server()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -12,23 +13,81 @@ import (
 	"sturdy/policy"
 )
 
-// Codes of the errors Sturdy writes itself (error.code in the body).
+// Codes of the errors Sturdy writes itself (error.code in the body). Each
+// has one row in errorTable.
 const (
-	CodeRetriesExhausted    = "retries_exhausted"
-	CodeCircuitOpen         = "circuit_open"
-	CodeUpstreamUnreachable = "upstream_unreachable"
-	CodeUpstreamTimeout     = "upstream_timeout"
-	CodeRequestTooLarge     = "request_too_large"
 	CodeBadRequest          = "bad_request"
-	CodeStreamInterrupted   = "stream_interrupted"
-	CodeRateLimited         = "rate_limited"
-	CodeUpstreamBusy        = "upstream_busy"
-	CodeDeadlineExceeded    = "deadline_exceeded"
+	CodeHeadersTooLarge     = "request_headers_too_large"
+	CodeRequestTooLarge     = "request_too_large"
+	CodeRouteNotFound       = "route_not_found"
 	CodeInvalidAPIKey       = "invalid_api_key"
+	CodeRateLimited         = "rate_limited"
+	CodeCircuitOpen         = "circuit_open"
+	CodeUpstreamBusy        = "upstream_busy"
+	CodeUpstreamUnreachable = "upstream_unreachable"
+	CodeRetriesExhausted    = "retries_exhausted"
+	CodeUpstreamTimeout     = "upstream_timeout"
+	CodeDeadlineExceeded    = "deadline_exceeded"
+	CodeShuttingDown        = "shutting_down"
+	CodeStreamInterrupted   = "stream_interrupted"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.
 const ErrorType = "sturdy_error"
+
+// errorSpec is one row of Sturdy's error vocabulary.
+type errorSpec struct {
+	code string
+	// status is the HTTP status; 0 for an error sent inside a stream.
+	status int
+	// message is a format: the facts of the case fill its verbs.
+	message string
+	// when says when it is sent, as in the README's table.
+	when string
+}
+
+// errorTable is every error Sturdy writes itself: code → status, message.
+// README's table of codes is checked against it by a test.
+var errorTable = []errorSpec{
+	{CodeBadRequest, 400, "bad request: %s",
+		"malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`"},
+	{CodeHeadersTooLarge, 431, "request line and headers are larger than the %d bytes Sturdy accepts; send fewer or smaller headers",
+		"request line and headers over `server.max_header_bytes`"},
+	{CodeRequestTooLarge, 413, "request body is larger than %s accepts (%d bytes); send a smaller request",
+		"body over the route's `max_body`"},
+	{CodeRouteNotFound, 404, "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
+		"no route's `path_prefix` (and `model`) matches the request"},
+	{CodeInvalidAPIKey, 401, "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\"",
+		"`auth` is on and the request has no accepted `Authorization: Bearer <key>`"},
+	{CodeRateLimited, 429, "%s; retry after the Retry-After delay",
+		"the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
+	{CodeCircuitOpen, 503, "upstream %q is failing and its circuit breaker is open%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
+		"the upstream's breaker is open; `Retry-After` = seconds until the next probe"},
+	{CodeUpstreamBusy, 503, "upstream %q is running as many requests as it is allowed (max_in_flight)%s; retry after the Retry-After delay",
+		"the upstream's `max_in_flight` slots stayed full for `queue_timeout`"},
+	{CodeUpstreamUnreachable, 502, "upstream %q %s (%s); retry later or check the upstream",
+		"one attempt, no response (connect failure or reset)"},
+	{CodeRetriesExhausted, 502, "upstream %q %s (%s); retry later or check the upstream",
+		"several attempts, none produced a response, the last failed to connect or was reset"},
+	{CodeUpstreamTimeout, 504, "upstream %q sent no response in time (%s); retry later, or allow more time (timeouts.first_byte, the request's timeout)",
+		"the last attempt (of one or several) sent no response within `first_byte` / `first_token`"},
+	{CodeDeadlineExceeded, 504, "the request's deadline passed before any upstream answered; last: upstream %q (%s); retry later or check the upstream",
+		"the request's deadline (route or client) passed before any upstream answered; the message names every target tried"},
+	{CodeShuttingDown, 503, "Sturdy is shutting down and stopped waiting to try upstream %q again (%s); retry the request",
+		"Sturdy began shutting down while the request waited (backoff, `Retry-After`, cooldown, pacing, a `max_in_flight` slot) and no upstream reply was at hand"},
+	{CodeStreamInterrupted, 0, "%s from upstream %q; the output so far is incomplete: retry the request",
+		"sent *inside* a stream that failed after it started (see below)"},
+}
+
+// specOf returns code's row of errorTable.
+func specOf(code string) errorSpec {
+	for _, s := range errorTable {
+		if s.code == code {
+			return s
+		}
+	}
+	panic("proxy: error code " + code + " is not in errorTable")
+}
 
 // errorDetails is the "sturdy" object of an error body: what Sturdy knows
 // about the failure. Zero fields are left out.
@@ -37,6 +96,21 @@ type errorDetails struct {
 	Attempts     int    `json:"attempts,omitempty"`
 	LastStatus   int    `json:"last_status,omitempty"`
 	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
+}
+
+// apiError is one error Sturdy answers with: a row of errorTable with the
+// facts of the case.
+type apiError struct {
+	spec       errorSpec
+	msg        string
+	details    errorDetails
+	retryAfter time.Duration // 0: no Retry-After
+}
+
+// newError builds the error for code; args fill its message's verbs.
+func newError(code string, args ...any) *apiError {
+	s := specOf(code)
+	return &apiError{spec: s, msg: fmt.Sprintf(s.message, args...)}
 }
 
 type errorBody struct {
@@ -49,30 +123,34 @@ type errorBody struct {
 	} `json:"error"`
 }
 
-// errorJSON renders an OpenAI-shaped error body.
-func errorJSON(code, message string, d errorDetails) []byte {
+// body renders the OpenAI-shaped error body.
+func (e *apiError) body() []byte {
 	var b errorBody
-	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Sturdy = message, ErrorType, code, d
+	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Sturdy = e.msg, ErrorType, e.spec.code, e.details
+	if e.retryAfter > 0 {
+		b.Error.Sturdy.RetryAfterMS = e.retryAfter.Milliseconds()
+	}
 	out, _ := json.Marshal(&b) // cannot fail: plain strings and ints
 	return out
 }
 
-// writeError answers the client with an error Sturdy wrote itself: an
-// OpenAI-shaped body, x-should-retry: false so SDKs do not multiply our
-// retries, and Retry-After/retry-after-ms when a wait is known.
-func writeError(ctx *fasthttp.RequestCtx, status int, code, message string, d errorDetails, retryAfter time.Duration) {
+// write answers the client with the error: its status, an OpenAI-shaped
+// body, x-should-retry: false so SDKs do not multiply our retries, and
+// Retry-After/retry-after-ms when a wait is known. Every error response
+// Sturdy writes goes through here.
+func (e *apiError) write(ctx *fasthttp.RequestCtx, requestID []byte) {
 	r := &ctx.Response
 	r.Reset()
-	r.SetStatusCode(status)
+	r.SetStatusCode(e.spec.status)
 	r.Header.SetContentType("application/json")
 	r.Header.SetBytesKV(hdrShouldRetry, valFalse)
-	if retryAfter > 0 {
-		secs := int64((retryAfter + time.Second - 1) / time.Second)
+	r.Header.SetBytesKV(hdrRequestID, requestID)
+	if e.retryAfter > 0 {
+		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
 		r.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(nil, max(secs, 1), 10))
-		r.Header.SetBytesKV(hdrRetryAfterMS, strconv.AppendInt(nil, retryAfter.Milliseconds(), 10))
-		d.RetryAfterMS = retryAfter.Milliseconds()
+		r.Header.SetBytesKV(hdrRetryAfterMS, strconv.AppendInt(nil, e.retryAfter.Milliseconds(), 10))
 	}
-	r.SetBody(errorJSON(code, message, d))
+	r.SetBody(e.body())
 }
 
 // dialError marks a failure to open a connection: the request provably

@@ -10,6 +10,7 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
+	"sturdy/policy"
 )
 
 // withFallbacks adds upstreams named b, c … for the given URLs as the
@@ -111,7 +112,7 @@ func TestTimeoutFailsOverWithoutRetryingInPlace(t *testing.T) {
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) {
 		o.Upstreams[0].FirstByteTimeout = 200 * time.Millisecond
-		o.Routes[0].Retry.OnTimeoutFailover = true
+		o.Routes[0].Retry.OnTimeout = policy.OnTimeoutFailover
 		withFallbacks(o, []string{fallback.URL})
 	})
 	if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "ok" {

@@ -23,7 +23,7 @@ func TestOversizedHeadersGet431AndTheProxyKeepsServing(t *testing.T) {
 		"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-Many: header-value-here\r\n", 2_000) + "\r\n",
 	} {
 		resp, body := h.raw(raw)
-		if code, _ := errorOf(t, body); resp.StatusCode != 431 || code != CodeBadRequest || resp.Header.Get("X-Request-Id") == "" {
+		if code, _ := errorOf(t, body); resp.StatusCode != 431 || code != CodeHeadersTooLarge || resp.Header.Get("X-Request-Id") == "" {
 			t.Fatalf("%d %s", resp.StatusCode, body)
 		}
 	}

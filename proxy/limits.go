@@ -149,24 +149,37 @@ func (l *clientLimiter) take(key []byte, now time.Time) (wait time.Duration, ok 
 // slots bounds the requests in flight to an upstream (max_in_flight).
 type slots chan struct{}
 
-// acquire takes a slot, waiting up to wait; false when none freed in time.
-func (s slots) acquire(wait time.Duration) bool {
+// slotResult is how acquire ended.
+type slotResult uint8
+
+const (
+	slotTaken     slotResult = iota
+	slotTimedOut             // none freed within the wait
+	slotCancelled            // cancel or gone fired first
+)
+
+// acquire takes a slot, waiting up to wait unless cancel or gone is
+// closed first.
+func (s slots) acquire(wait time.Duration, cancel, gone <-chan struct{}) slotResult {
 	select {
 	case s <- struct{}{}:
-		return true
+		return slotTaken
 	default:
 	}
 	if wait <= 0 {
-		return false
+		return slotTimedOut
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case s <- struct{}{}:
-		return true
+		return slotTaken
 	case <-t.C:
-		return false
+		return slotTimedOut
+	case <-cancel:
+	case <-gone:
 	}
+	return slotCancelled
 }
 
 func (s slots) release() { <-s }

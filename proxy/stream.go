@@ -1,10 +1,33 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 )
+
+// Stream kinds decide how a failed stream is ended for the client.
+type streamKind uint8
+
+const (
+	streamOther  streamKind = iota // abort the connection
+	streamSSE                      // final data: {"error":...} event
+	streamNDJSON                   // final {"error":"..."} line
+)
+
+func kindOf(contentType []byte) streamKind {
+	mt, _, _ := bytes.Cut(contentType, []byte(";"))
+	mt = bytes.TrimSpace(mt)
+	switch {
+	case bytes.EqualFold(mt, []byte("text/event-stream")):
+		return streamSSE
+	case bytes.EqualFold(mt, []byte("application/x-ndjson")), bytes.EqualFold(mt, []byte("application/ndjson")),
+		bytes.EqualFold(mt, []byte("application/jsonl")), bytes.EqualFold(mt, []byte("application/x-jsonlines")):
+		return streamNDJSON
+	}
+	return streamOther
+}
 
 // Read is the client's response body once a reply is committed as a
 // stream: first the bytes read before commit, then the upstream body as
@@ -13,34 +36,35 @@ import (
 // an error line, and anything else by aborting the connection: a failed
 // stream never ends as if it had succeeded.
 func (ex *exchange) Read(p []byte) (int, error) {
-	if ex.headOff < len(ex.head) {
-		n := copy(p, ex.head[ex.headOff:])
-		ex.headOff += n
+	rp, out := &ex.reply, &ex.out
+	if rp.headOff < len(rp.head) {
+		n := copy(p, rp.head[rp.headOff:])
+		rp.headOff += n
 		return ex.sent(p[:n]), nil
 	}
-	if ex.tail != nil {
-		if len(ex.tail) == 0 {
+	if out.tail != nil {
+		if len(out.tail) == 0 {
 			return 0, io.EOF
 		}
-		n := copy(p, ex.tail)
-		ex.tail = ex.tail[n:]
+		n := copy(p, out.tail)
+		out.tail = out.tail[n:]
 		return ex.sent(p[:n]), nil
 	}
-	if ex.broken != nil {
+	if out.broken != nil {
 		return 0, errStreamAborted
 	}
-	if ex.body == nil {
+	if rp.body == nil {
 		return 0, io.EOF
 	}
-	if err := ex.pending; err != nil {
-		ex.pending = nil
+	if err := out.pending; err != nil {
+		out.pending = nil
 		return ex.upstreamEnded(err, p)
 	}
-	n, err := ex.body.Read(p)
+	n, err := rp.body.Read(p)
 	if n > 0 {
 		// fasthttp ignores an error returned with data; keep it for the
 		// next call.
-		ex.pending = err
+		out.pending = err
 		return ex.sent(p[:n]), nil
 	}
 	if err == nil {
@@ -50,11 +74,12 @@ func (ex *exchange) Read(p []byte) (int, error) {
 }
 
 func (ex *exchange) sent(b []byte) int {
-	ex.bytesOut += int64(len(b))
+	out := &ex.out
+	out.bytesOut += int64(len(b))
 	if len(b) >= 2 {
-		ex.lastByte = [2]byte{b[len(b)-2], b[len(b)-1]}
+		out.lastByte = [2]byte{b[len(b)-2], b[len(b)-1]}
 	} else if len(b) == 1 {
-		ex.lastByte = [2]byte{ex.lastByte[1], b[0]}
+		out.lastByte = [2]byte{out.lastByte[1], b[0]}
 	}
 	return len(b)
 }
@@ -62,19 +87,20 @@ func (ex *exchange) sent(b []byte) int {
 // upstreamEnded handles the end of the upstream body: EOF ends the client
 // stream cleanly, anything else is a mid-stream failure.
 func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
+	out := &ex.out
 	if err == io.EOF {
 		ex.closeBody()
 		return 0, io.EOF
 	}
-	ex.broken = err
-	ex.outcome = outcomeStreamInterrupted
+	out.broken = err
+	out.outcome = outcomeStreamInterrupted
 	ex.closeBody()
-	if !ex.chunked || ex.kind == streamOther {
+	if !out.chunked || out.kind == streamOther {
 		return 0, errStreamAborted
 	}
-	ex.tail = ex.interruptionTail()
-	n := copy(p, ex.tail)
-	ex.tail = ex.tail[n:]
+	out.tail = ex.interruptionTail()
+	n := copy(p, out.tail)
+	out.tail = out.tail[n:]
 	return ex.sent(p[:n]), nil
 }
 
@@ -82,25 +108,27 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 // sends: it first finishes whatever line or event was cut, then reports
 // the failure in the stream's own format. SSE gets no [DONE] after it.
 func (ex *exchange) interruptionTail() []byte {
+	out, up := &ex.out, ex.loop.up
 	what := "the upstream stream failed mid-response"
-	if isTimeout(ex.broken) {
-		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", ex.up.idle)
+	if isTimeout(out.broken) {
+		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.idle)
 	}
-	msg := fmt.Sprintf("%s from upstream %q; the output so far is incomplete: retry the request", what, ex.up.name)
+	e := newError(CodeStreamInterrupted, what, up.name)
 	var b []byte
-	switch ex.kind {
+	switch out.kind {
 	case streamSSE:
-		if ex.lastByte != [2]byte{'\n', '\n'} && ex.bytesOut > 0 {
+		if out.lastByte != [2]byte{'\n', '\n'} && out.bytesOut > 0 {
 			b = append(b, "\n\n"...)
 		}
+		e.details = errorDetails{Upstream: up.name, Attempts: ex.loop.attempts, LastStatus: out.status}
 		b = append(b, "data: "...)
-		b = append(b, errorJSON(CodeStreamInterrupted, msg, errorDetails{Upstream: ex.up.name, Attempts: ex.attempts, LastStatus: ex.status})...)
+		b = append(b, e.body()...)
 		b = append(b, "\n\n"...)
 	default:
-		if ex.lastByte[1] != '\n' && ex.bytesOut > 0 {
+		if out.lastByte[1] != '\n' && out.bytesOut > 0 {
 			b = append(b, '\n')
 		}
-		line, _ := json.Marshal(map[string]string{"error": msg})
+		line, _ := json.Marshal(map[string]string{"error": e.msg})
 		b = append(b, line...)
 		b = append(b, '\n')
 	}
@@ -113,9 +141,9 @@ func (ex *exchange) interruptionTail() []byte {
 // closes the connection, so the model server stops generating), logs the
 // request and releases the exchange.
 func (ex *exchange) CloseWithError(err error) error {
-	if err != nil && ex.broken == nil && ex.outcome != outcomeStreamInterrupted {
-		ex.outcome = outcomeClientGone
-		ex.status = 499
+	if err != nil && ex.out.broken == nil && ex.out.outcome != outcomeStreamInterrupted {
+		ex.out.outcome = outcomeClientGone
+		ex.out.status = 499
 	}
 	ex.closeBody()
 	ex.finish()

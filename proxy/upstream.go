@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -19,15 +18,6 @@ import (
 	"sturdy/breaker"
 	"sturdy/policy"
 )
-
-// maxIdleConnDuration keeps pooled upstream connections below the idle
-// timeouts of common model servers (vLLM closes after 5 s), so Sturdy
-// rarely sends a request on a connection the server is closing.
-const maxIdleConnDuration = 4 * time.Second
-
-// upstreamReadBuffer also caps the size of an upstream's response headers:
-// hosted APIs send many.
-const upstreamReadBuffer = 64 << 10
 
 // upstream is one model server: its connection pool and its breaker.
 type upstream struct {
@@ -69,12 +59,12 @@ func (up *upstream) countAttempt(p *Proxy, result string) {
 	c.(prometheus.Counter).Inc()
 }
 
+// newUpstream builds an upstream from o, its defaults filled.
 func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) (*upstream, error) {
 	u, err := url.Parse(o.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: invalid url %q", o.Name, o.URL)
 	}
-	isTLS := u.Scheme == "https"
 	up := &upstream{
 		name:      o.Name,
 		opts:      o,
@@ -82,43 +72,30 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 		firstByte: o.FirstByteTimeout,
 		idle:      o.IdleTimeout,
 		connect:   o.ConnectTimeout,
+		budget:    &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
 	}
 	if o.APIKey != "" {
 		up.auth = []byte("Bearer " + o.APIKey)
 	}
-	if isTLS {
-		up.tls = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify} // #nosec G402 -- opt-in, documented as test-only
-		if o.CAFile != "" {
-			pool, err := x509.SystemCertPool()
-			if err != nil {
-				pool = x509.NewCertPool()
-			}
-			pem, err := os.ReadFile(o.CAFile)
-			if err != nil || !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("upstream %q: cannot read PEM certificates from ca_file %q", o.Name, o.CAFile)
-			}
-			up.tls.RootCAs = pool
+	if u.Scheme == "https" {
+		if up.tls, err = tlsConfig(o, u.Hostname()); err != nil {
+			return nil, err
 		}
 	}
 	if o.RateLimit.RequestsPerSecond > 0 {
-		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), max(o.RateLimit.Burst, 1))
+		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), o.RateLimit.Burst)
 		up.maxWait = o.RateLimit.MaxWait
 	}
 	if o.MaxInFlight > 0 {
 		up.slots = make(slots, o.MaxInFlight)
 		up.queueTimeout = o.QueueTimeout
 	}
-	rb := o.RetryBudget
-	if rb == (RetryBudget{}) {
-		rb = RetryBudget{Ratio: 0.5, MinPerSecond: 10}
-	}
-	up.budget = &policy.Budget{Ratio: rb.Ratio, MinPerSecond: rb.MinPerSecond}
 	bs := o.Breaker
 	bs.OnStateChange = onState
 	up.breaker = breaker.New(o.Name, bs)
 	up.client = &fasthttp.HostClient{
-		Addr:                fasthttp.AddMissingPort(u.Host, isTLS),
-		IsTLS:               isTLS,
+		Addr:                fasthttp.AddMissingPort(u.Host, up.tls != nil),
+		IsTLS:               up.tls != nil,
 		Dial:                up.dial,
 		MaxConns:            o.MaxConnections,
 		MaxConnWaitTimeout:  o.FirstByteTimeout,
@@ -135,100 +112,21 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 	return up, nil
 }
 
-// dial opens a connection within the connect timeout, TLS handshake
-// included, and wraps it so reads of a streamed body are bounded by the
-// idle timeout instead of one deadline for the whole stream.
-func (up *upstream) dial(addr string) (net.Conn, error) {
-	d := net.Dialer{Timeout: up.connect}
-	c, err := d.Dial("tcp", addr)
+// tlsConfig verifies an https upstream by its host name, trusting the
+// system's CAs and o.CAFile's.
+func tlsConfig(o Upstream, host string) (*tls.Config, error) {
+	c := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify} // #nosec G402 -- opt-in, documented as test-only
+	if o.CAFile == "" {
+		return c, nil
+	}
+	pool, err := x509.SystemCertPool()
 	if err != nil {
-		return nil, &dialError{err}
+		pool = x509.NewCertPool()
 	}
-	uc := &upstreamConn{Conn: c, idle: up.idle}
-	uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
-	if up.tls == nil {
-		return uc, nil
+	pem, err := os.ReadFile(o.CAFile)
+	if err != nil || !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("upstream %q: cannot read PEM certificates from ca_file %q", o.Name, o.CAFile)
 	}
-	tc := tls.Client(uc, up.tls)
-	_ = tc.SetDeadline(time.Now().Add(up.connect))
-	if err := tc.Handshake(); err != nil {
-		_ = c.Close()
-		return nil, &dialError{err}
-	}
-	_ = tc.SetDeadline(time.Time{})
-	uc.requests.Store(0) // the handshake was not a request
-	return tc, nil
-}
-
-// upstreamConn is an upstream connection with two read regimes. Until the
-// proxy has the first body bytes it keeps fasthttp's absolute deadline
-// (first_byte, set by DoTimeout before reading the response). Once the
-// proxy calls streaming(), every Read gets a fresh deadline of idle, so a
-// long stream is never cut while it keeps flowing and a stalled one is.
-// fasthttp sets a new deadline before each request on a pooled
-// connection, which resets the regime.
-type upstreamConn struct {
-	net.Conn
-	idle   time.Duration
-	stream atomic.Bool
-	local  connAddr
-	// requests counts the requests written on the connection; received
-	// counts the bytes read since the current one was written. Together
-	// they tell a stale keep-alive connection (see staleConnection).
-	requests atomic.Int32
-	received atomic.Int64
-	writing  atomic.Bool
-}
-
-// connAddr is the connection's local address carrying a pointer back to
-// the connection: fasthttp exposes it as Response.LocalAddr(), which is
-// how the proxy finds the connection a response arrived on.
-type connAddr struct {
-	net.Addr
-	conn *upstreamConn
-}
-
-func (c *upstreamConn) LocalAddr() net.Addr { return &c.local }
-
-func (c *upstreamConn) SetReadDeadline(t time.Time) error {
-	c.stream.Store(false)
-	return c.Conn.SetReadDeadline(t)
-}
-
-func (c *upstreamConn) Read(p []byte) (int, error) {
-	if c.stream.Load() {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
-			return 0, err
-		}
-	}
-	c.writing.Store(false)
-	n, err := c.Conn.Read(p)
-	c.received.Add(int64(n))
-	return n, err
-}
-
-func (c *upstreamConn) Write(p []byte) (int, error) {
-	if !c.writing.Swap(true) {
-		c.requests.Add(1)
-		c.received.Store(0)
-	}
-	return c.Conn.Write(p)
-}
-
-// staleConnection reports whether a failed attempt died on a pooled
-// keep-alive connection that the upstream had closed: reused, and not one
-// byte came back for this request. The request was almost surely never
-// processed, so a replayable one is sent again at once on a fresh
-// connection, without counting as an attempt.
-func staleConnection(resp *fasthttp.Response) bool {
-	a, ok := resp.LocalAddr().(*connAddr)
-	return ok && a.conn.requests.Load() > 1 && a.conn.received.Load() == 0
-}
-
-// markStreaming switches the connection resp arrived on to the idle
-// regime.
-func markStreaming(resp *fasthttp.Response) {
-	if a, ok := resp.LocalAddr().(*connAddr); ok {
-		a.conn.stream.Store(true)
-	}
+	c.RootCAs = pool
+	return c, nil
 }

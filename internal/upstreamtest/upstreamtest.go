@@ -57,7 +57,8 @@ type Step struct {
 	// Body is sent with a Content-Length when Chunks is empty.
 	Body string
 	// Chunks, when set, are sent chunked, one per write with ChunkDelay
-	// between them (and before the first when FirstDelay is set).
+	// between them (and before the first when FirstDelay is set), on a
+	// connection that closes after the reply ("Connection: close").
 	Chunks     []string
 	ChunkDelay time.Duration
 	FirstDelay time.Duration
@@ -65,6 +66,10 @@ type Step struct {
 	Delay time.Duration
 	// Fault acts out a transport failure.
 	Fault Fault
+	// SilentClose leaves "Connection: close" out of a chunked reply,
+	// although the connection still closes after it: the client's next
+	// request on it finds a stale keep-alive connection.
+	SilentClose bool
 }
 
 // Request is what the upstream saw of one request.
@@ -212,6 +217,9 @@ func (s *Server) writeChunked(c net.Conn, status int, step Step) {
 	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\n", status, fasthttp.StatusMessage(status))
 	for _, h := range step.Header {
 		fmt.Fprintf(w, "%s: %s\r\n", h[0], h[1])
+	}
+	if !step.SilentClose {
+		fmt.Fprintf(w, "Connection: close\r\n")
 	}
 	fmt.Fprintf(w, "Transfer-Encoding: chunked\r\n\r\n")
 	if err := w.Flush(); err != nil {

@@ -1,0 +1,255 @@
+package policy
+
+import "time"
+
+// Action is what the attempt loop does next.
+type Action uint8
+
+// The actions of a Decision.
+const (
+	// ActionAttempt: make an attempt on the current target, after Wait.
+	// After an outcome it is a retry in place; at a gate it lets the
+	// attempt go ahead.
+	ActionAttempt Action = iota
+	// ActionFailover: leave the current target for the route's next one,
+	// at once.
+	ActionFailover
+	// ActionStop: try nothing more and answer the client.
+	ActionStop
+)
+
+// String names the action for tests and debugging.
+func (a Action) String() string {
+	switch a {
+	case ActionAttempt:
+		return "attempt"
+	case ActionFailover:
+		return "failover"
+	default:
+		return "stop"
+	}
+}
+
+// WaitSource says who set a wait.
+type WaitSource uint8
+
+// The sources of a wait.
+const (
+	WaitNone     WaitSource = iota
+	WaitBackoff             // Sturdy's own full-jitter backoff
+	WaitServer              // the upstream's Retry-After / retry-after-ms
+	WaitCooldown            // a cooldown learned from an earlier reply
+	WaitPacing              // the upstream's rate_limit
+)
+
+// String names the source as in the retry-wait metric ("" for WaitNone).
+func (s WaitSource) String() string {
+	switch s {
+	case WaitBackoff:
+		return "backoff"
+	case WaitServer:
+		return "server"
+	case WaitCooldown:
+		return "cooldown"
+	case WaitPacing:
+		return "pacing"
+	default:
+		return ""
+	}
+}
+
+// Decision is everything the attempt loop needs to carry out what follows
+// an attempt (Retry.Decide) or stands before one (Clear).
+type Decision struct {
+	// Action is what to do.
+	Action Action
+	// Wait is how long to wait first (ActionAttempt only), and Source who
+	// asked for it.
+	Wait   time.Duration
+	Source WaitSource
+	// Stop says why the loop stops (ActionStop), or why it left the
+	// target (ActionFailover; StopNone when a rule sent it on, such as
+	// failover_on or on_timeout). Only ActionStop's is the request's.
+	Stop Stop
+	// Replay marks the immediate resend after a stale connection: it is
+	// counted as an attempt, but not against max_attempts of the target,
+	// the retry budget or the breaker.
+	Replay bool
+}
+
+// Attempt is what the loop knows after one attempt, as input to Decide.
+type Attempt struct {
+	// Verdict is the attempt's classification.
+	Verdict Verdict
+	// N is the number of attempts made on the current target, this one
+	// included (≥ 1); a stale replay shares the number of the attempt it
+	// replays.
+	N int
+	// Total is the number of attempts made across all targets, stale ones
+	// included (≥ N).
+	Total int
+	// AfterStale is true when this attempt was itself a stale replay.
+	AfterStale bool
+	// HasFallback is true when another target remains to fail over to.
+	HasFallback bool
+	// FailoverStatus is true when a pass-through reply matched the route's
+	// failover_on statuses or failover_codes.
+	FailoverStatus bool
+	// BudgetSpent is true when the upstream's retry budget (peeked at,
+	// not spent) allows no retry now.
+	BudgetSpent bool
+	// Replayable is Replayable() of the request.
+	Replayable bool
+	// ServerWait is the wait the upstream asked for (Retry-After or
+	// retry-after-ms); HasServerWait says whether it asked at all.
+	ServerWait    time.Duration
+	HasServerWait bool
+	// Remaining is the time left until the request's deadline.
+	Remaining time.Duration
+}
+
+// Decide says what follows attempt a: a retry on the same target after a
+// wait, a failover to the next target, or a stop, with the reason. It is
+// the one place that decision is made; r should have its defaults filled
+// (WithDefaults).
+//
+// A server-given wait is used exactly; otherwise the full-jitter backoff
+// draws one with rnd. A wait that would reach the deadline is never
+// started. Where retrying in place must stop, the next target is tried
+// instead if one is left, the request is safe to send elsewhere and
+// max_total_attempts allows. A stale connection is resent at once, once
+// per attempt, for a replayable request; otherwise it counts as a reset.
+func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
+	v := a.Verdict
+	maxTotal := r.MaxTotalAttempts
+	if maxTotal <= 0 {
+		maxTotal = r.MaxAttempts
+	}
+	if v.Reason == ReasonStale {
+		if a.Replayable && !a.AfterStale {
+			switch {
+			case a.Remaining <= 0:
+				return Decision{Action: ActionStop, Stop: StopDeadline}
+			case a.Total >= maxTotal:
+				return Decision{Action: ActionStop, Stop: StopMaxAttempts}
+			}
+			return Decision{Action: ActionAttempt, Replay: true}
+		}
+		v.Reason = ReasonReset
+	}
+	safe := a.Replayable || v.Reason == ReasonConnect || r.ReplayWrites
+	canFailover := a.HasFallback && a.Total < maxTotal && a.Remaining > 0
+	// leave moves to the next target when it can, else stops.
+	leave := func(stop Stop) Decision {
+		if canFailover && safe {
+			return Decision{Action: ActionFailover, Stop: stop}
+		}
+		return Decision{Action: ActionStop, Stop: stop}
+	}
+	stop := func(s Stop) Decision { return Decision{Action: ActionStop, Stop: s} }
+	switch {
+	case v.Class == ClassPassThrough && a.FailoverStatus && canFailover && a.Replayable:
+		return Decision{Action: ActionFailover}
+	case v.Class != ClassRetryable:
+		return stop(StopFinal)
+	case !r.On.Has(v.Reason):
+		return stop(StopNotOn)
+	case !safe:
+		return stop(StopNotReplayable)
+	case a.Remaining <= 0:
+		return stop(StopDeadline)
+	case a.Total >= maxTotal:
+		return stop(StopMaxAttempts)
+	case v.Reason == ReasonTimeout && r.OnTimeout == OnTimeoutFailover && canFailover:
+		return Decision{Action: ActionFailover}
+	case a.HasServerWait && a.ServerWait > r.MaxRetryAfter:
+		return leave(StopRetryAfterTooLong)
+	case a.HasServerWait && a.ServerWait >= a.Remaining:
+		return leave(StopDeadline)
+	case a.N >= r.MaxAttempts:
+		return leave(StopMaxAttempts)
+	case a.BudgetSpent:
+		return leave(StopBudget)
+	case a.HasServerWait:
+		return Decision{Action: ActionAttempt, Wait: a.ServerWait, Source: WaitServer}
+	}
+	wait := r.Backoff.Delay(a.N, rnd)
+	if wait >= a.Remaining {
+		return leave(StopDeadline)
+	}
+	return Decision{Action: ActionAttempt, Wait: wait, Source: WaitBackoff}
+}
+
+// Obstacle is what may stand before an attempt on a target.
+type Obstacle uint8
+
+// The obstacles.
+const (
+	ObstacleNone Obstacle = iota
+	// ObstacleBreaker: the breaker is open (or half-open, probes taken).
+	ObstacleBreaker
+	// ObstacleCooldown: cooling down after a 429 for this credential.
+	ObstacleCooldown
+	// ObstaclePacing: the rate limiter's next turn is later than now.
+	ObstaclePacing
+	// ObstacleBusy: no max_in_flight slot freed within queue_timeout.
+	ObstacleBusy
+)
+
+// String names the obstacle as in logs and the target-skips metric.
+func (o Obstacle) String() string {
+	switch o {
+	case ObstacleBreaker:
+		return "breaker_open"
+	case ObstacleCooldown:
+		return "cooldown"
+	case ObstaclePacing:
+		return "rate_limited"
+	case ObstacleBusy:
+		return "busy"
+	default:
+		return ""
+	}
+}
+
+// Gate is what the loop knows of one obstacle, as input to Clear.
+type Gate struct {
+	// Obstacle is what stands in the way.
+	Obstacle Obstacle
+	// Wait is how long until it clears, as far as known.
+	Wait time.Duration
+	// MaxWait is the longest it may be waited for: max_retry_after for a
+	// cooldown, rate_limit.max_wait for pacing. A breaker or a busy
+	// target (whose wait for a slot is already over) is never waited for.
+	MaxWait time.Duration
+	// Remaining is the time left until the request's deadline.
+	Remaining time.Duration
+	// HasFallback is true when another target remains.
+	HasFallback bool
+	// N counts the attempts made on this target; Total across all.
+	N, Total int
+}
+
+// Clear decides what an obstacle before an attempt means: wait for it
+// (ActionAttempt with the wait), fail over to the next target, or refuse
+// (ActionStop) when none is left. A cooldown is waited for only when no
+// fallback can take the request at once; pacing is waited for up to its
+// max_wait. No wait is started that would reach the deadline.
+func Clear(g Gate) Decision {
+	fits := g.Wait <= g.MaxWait && g.Wait < g.Remaining
+	switch {
+	case g.Obstacle == ObstacleNone:
+		return Decision{Action: ActionAttempt}
+	case g.Obstacle == ObstacleCooldown && fits && !g.HasFallback:
+		return Decision{Action: ActionAttempt, Wait: g.Wait, Source: WaitCooldown}
+	case g.Obstacle == ObstaclePacing && fits:
+		return Decision{Action: ActionAttempt, Wait: g.Wait, Source: WaitPacing}
+	case g.HasFallback:
+		return Decision{Action: ActionFailover}
+	case g.Obstacle == ObstacleBreaker && g.N > 0:
+		return Decision{Action: ActionStop, Stop: StopBreakerOpen}
+	case g.Total > 0:
+		return Decision{Action: ActionStop, Stop: StopUnavailable}
+	}
+	return Decision{Action: ActionStop}
+}

@@ -1,0 +1,28 @@
+// Package proxy is Sturdy's fasthttp handler. A request goes through
+// rooms named for their phase, calls going one way:
+//
+//	handler.go  admit, route, prepare   Handle → admit → prepare
+//	loop.go     targets, gates, waits   run → onTarget → gate / try → wait
+//	attempt.go  send, read the head     attempt → readHead
+//	respond.go  commit, errors          respond → commit | obstructed | noReply → fail
+//	stream.go   the body after commit   Read → upstreamEnded → CloseWithError
+//
+// Who decides what:
+//   - classify an attempt: policy.Classify, on the Outcome attempt reports;
+//   - after an attempt, retry in place / fail over / stop, the wait and
+//     who set it, the stop reason: policy.Retry.Decide, called once in try;
+//   - before an attempt, wait / fail over / refuse for a cooldown, pacing,
+//     an open breaker or a busy upstream: policy.Clear, called in clear;
+//   - retry budget: peeked in try (policy.Budget.Allows), spent in retrying;
+//   - breaker outcome: policy.Classify's Health, reported by try (Ticket.Done);
+//   - waits end early on shutdown: wait (and slots.acquire), ex.gone the
+//     hook for a client that left;
+//   - commit and the answer: respond; every error body: errorTable, written
+//     by apiError.write (errors.go).
+//
+// The exchange's state is split into named parts (exchange.go): the
+// outbound request, the loop's state, the last upstream reply, the
+// client's response and the access log's notes. Options and their
+// defaults are in options.go, the routing table in table.go, the upstream
+// transport in upstream.go and transport.go.
+package proxy

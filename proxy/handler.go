@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"sturdy/policy"
+)
+
+// Handle serves one client request: admit it, pick its route, run the
+// attempt loop, and (unless a stream goes on) log and release it.
+func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
+	ex := exchangePool.Get().(*exchange)
+	ex.p, ex.ctx, ex.tbl = p, ctx, p.tbl.Load()
+	ex.req.start = time.Now()
+	p.m.InFlight.Inc()
+	ex.req.id = ex.requestID(ex.req.id[:0])
+	if err := ex.admit(); err != nil {
+		ex.fail(err)
+		ex.finish()
+		return
+	}
+	ex.prepare()
+	ex.run()
+	if !ex.out.streaming {
+		ex.finish()
+	}
+}
+
+// requestID takes the client's X-Request-Id when sane, else makes one.
+func (ex *exchange) requestID(dst []byte) []byte {
+	if v := ex.ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 128 && printable(v) {
+		return append(dst, v...)
+	}
+	return ex.p.appendRequestID(dst)
+}
+
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// admit refuses what Sturdy will not forward — proxy requests (CONNECT,
+// absolute URIs), smuggling-shaped framing, clients without an accepted
+// key or over their rate limit, paths no route serves, bodies over the
+// route's max — and picks the route.
+func (ex *exchange) admit() *apiError {
+	ctx := ex.ctx
+	uri := ctx.Request.Header.RequestURI()
+	ex.out.outcome = outcomeRejected
+	if ctx.IsConnect() || len(uri) == 0 || uri[0] != '/' {
+		return newError(CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
+	}
+	if bothFramings(ctx.Request.Header.RawHeaders()) {
+		// Both framings at once is the classic request-smuggling shape:
+		// refuse it and close the connection, so nothing after it on the
+		// connection is read as another request.
+		ctx.SetConnectionClose()
+		return newError(CodeBadRequest, "the request has both Content-Length and Transfer-Encoding; send one")
+	}
+	if !ex.tbl.authorized(ctx.Request.Header.PeekBytes(hdrAuthorization)) {
+		ex.out.outcome = outcomeUnauthorized
+		return newError(CodeInvalidAPIKey)
+	}
+	now := time.Now()
+	for _, cl := range ex.tbl.clients {
+		if wait, ok := cl.take(ctx.Request.Header.PeekBytes(cl.header), now); !ok {
+			ex.p.m.RateLimited.WithLabelValues("client").Inc()
+			ex.out.outcome = outcomeRateLimited
+			e := newError(CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s)",
+				cl.opts.RequestsPerSecond, cl.opts.KeyHeader))
+			e.retryAfter = wait
+			return e
+		}
+	}
+	r := ex.tbl.match(rawPath(uri), ctx.Request.Body())
+	if r == nil {
+		return newError(CodeRouteNotFound, rawPath(uri))
+	}
+	ex.req.route, ex.loop.up = r, r.targets[0].up
+	if n := len(ctx.Request.Body()); n > r.maxBody {
+		return newError(CodeRequestTooLarge, fmt.Sprintf("route %q", r.name), r.maxBody)
+	}
+	ex.out.outcome = ""
+	return nil
+}
+
+// rawPath is the request URI up to the query, as received.
+func rawPath(uri []byte) []byte {
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		return uri[:i]
+	}
+	return uri
+}
+
+// prepare fixes what the request's attempts share: its deadline, whether
+// it may be replayed, its first-token bound,
+// the request's retry policy, and the upstream request's headers (useTarget adds each target's URL,
+// credentials and model).
+func (ex *exchange) prepare() {
+	ctx, r, q := ex.ctx, ex.req.route, &ex.req
+	rh := &ctx.Request.Header
+	q.deadline = q.start.Add(r.deadline)
+	if d, ok := policy.ClientTimeout(rh.PeekBytes(hdrStainlessTimeout), rh.PeekBytes(hdrStainlessReadTimeout),
+		rh.PeekBytes(hdrRequestTimeout), rh.PeekBytes(hdrXRequestTimeout)); ok && d < r.deadline {
+		q.deadline = q.start.Add(d)
+	}
+	path := rawPath(rh.RequestURI())
+	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekBytes(hdrIdempotencyKey)) > 0)
+	if r.firstToken > 0 {
+		q.firstToken = firstTokenLimit(r.firstToken, path, ctx.Request.Body())
+	}
+	q.retry = r.retry
+	if policy.RequestedRetries(rh.PeekBytes(hdrStainlessRetryCount)) > 0 {
+		// The client is retrying on its own: its retries and ours multiply.
+		q.retry.MaxAttempts = min(q.retry.MaxAttempts, r.clientRetries)
+	}
+
+	h := &q.msg.Header
+	rh.CopyTo(h)
+	dropHopHeaders(h)
+	// The body is already read whole: a 100-continue handshake upstream
+	// would only add a round trip.
+	h.DelBytes(hdrExpect)
+	h.ResetConnectionClose()
+	h.SetNoDefaultContentType(true)
+	h.SetBytesKV(hdrRequestID, q.id)
+	xff := q.scratch[:0]
+	if prior := h.PeekBytes(hdrForwardedFor); len(prior) > 0 {
+		xff = append(append(xff, prior...), ", "...)
+	}
+	if a, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
+		xff = a.Unmap().AppendTo(xff)
+	}
+	h.SetBytesKV(hdrForwardedFor, xff)
+	q.scratch = xff
+}
+
+// firstTokenLimit returns the route's first_token for requests that ask
+// for a stream — "stream": true in the body, or Ollama's /api/chat and
+// /api/generate, which stream unless told "stream": false — and 0 for the
+// rest: a non-streamed reply's first byte comes only when generation ends.
+func firstTokenLimit(limit time.Duration, path, body []byte) time.Duration {
+	s := gjson.GetBytes(body, "stream")
+	ollama := bytes.HasSuffix(path, []byte("/api/chat")) || bytes.HasSuffix(path, []byte("/api/generate"))
+	if s.Bool() || (ollama && s.Type != gjson.False) {
+		return limit
+	}
+	return 0
+}

@@ -1,0 +1,361 @@
+package proxy
+
+import (
+	"slices"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"sturdy/breaker"
+	"sturdy/policy"
+)
+
+// run is the attempt loop. It walks the route's targets in order and on
+// each carries out policy's decisions — wait, attempt, fail over, stop —
+// then answers the client (respond). One deadline and max_total_attempts
+// span all targets.
+func (ex *exchange) run() {
+	targets := ex.req.route.targets
+	for ex.loop.ti = 0; ex.loop.ti < len(targets); ex.loop.ti++ {
+		t := &targets[ex.loop.ti]
+		if ex.onTarget(t) != policy.ActionFailover || !ex.hasFallback() {
+			break
+		}
+		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.name).Inc()
+	}
+	ex.respond()
+}
+
+// onTarget runs attempts on t until policy says to fail over or to stop,
+// and returns which.
+func (ex *exchange) onTarget(t *target) policy.Action {
+	if a := ex.useTarget(t); a != policy.ActionAttempt {
+		return a
+	}
+	for {
+		if a := ex.gate(t.up); a != policy.ActionAttempt {
+			return a
+		}
+		ticket, ok := t.up.breaker.Allow()
+		if !ok {
+			probe := max(t.up.breaker.ProbeIn(time.Now()), time.Second)
+			return ex.carry(ex.clear(policy.ObstacleBreaker, t.up, probe, 0))
+		}
+		d := ex.try(t, ticket)
+		if d.Action != policy.ActionAttempt {
+			return ex.carry(d)
+		}
+		if !ex.wait(d.Wait) {
+			return policy.ActionStop
+		}
+	}
+}
+
+// carry records what the loop needs of a decision (the stop reason, a
+// spent budget) and returns its action.
+func (ex *exchange) carry(d policy.Decision) policy.Action {
+	if d.Stop == policy.StopBudget {
+		ex.p.m.BudgetExhausted.WithLabelValues(ex.loop.up.name).Inc()
+	}
+	if d.Action == policy.ActionStop {
+		ex.loop.stop = d.Stop
+	}
+	return d.Action
+}
+
+// hasFallback reports whether a target follows the current one.
+func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.targets) }
+
+// useTarget makes t the current target: it takes a max_in_flight slot
+// (waiting up to queue_timeout) and rebuilds the request's target-specific
+// parts (URL, credentials, model).
+func (ex *exchange) useTarget(t *target) policy.Action {
+	ex.leaveTarget()
+	lp := &ex.loop
+	lp.up, lp.n, lp.replaying = t.up, 0, false
+	ex.note(t.up.name, t.model)
+	if t.up.slots != nil {
+		switch t.up.slots.acquire(min(t.up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
+		case slotTimedOut:
+			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0))
+		case slotCancelled:
+			return ex.interrupted()
+		}
+		lp.slot = t.up
+	}
+	t.up.inFlight.Add(1)
+	lp.entered = t.up
+
+	q := &ex.req
+	q.uri = append(append(q.uri[:0], t.up.base...), ex.ctx.Request.Header.RequestURI()...)
+	q.msg.SetRequestURIBytes(q.uri)
+	q.msg.Header.DelBytes(hdrAuthorization)
+	if t.up.auth != nil {
+		q.msg.Header.SetBytesKV(hdrAuthorization, t.up.auth)
+	} else if a := ex.ctx.Request.Header.PeekBytes(hdrAuthorization); len(a) > 0 && len(ex.tbl.authKeys) == 0 {
+		// With auth on, the client's Authorization is Sturdy's own key:
+		// it never goes upstream.
+		q.msg.Header.SetBytesKV(hdrAuthorization, a)
+	}
+	body := ex.ctx.Request.Body()
+	if t.model != "" && gjson.GetBytes(body, "model").String() != t.model {
+		// Only the "model" value changes; every other byte stays.
+		if rewritten, err := sjson.SetBytes(append(q.body[:0], body...), "model", t.model); err == nil {
+			q.body, body = rewritten, rewritten
+		}
+	}
+	q.msg.SetBodyRaw(body)
+	return policy.ActionAttempt
+}
+
+// leaveTarget gives back what the current target holds.
+func (ex *exchange) leaveTarget() {
+	if ex.loop.slot != nil {
+		ex.loop.slot.slots.release()
+		ex.loop.slot = nil
+	}
+	if ex.loop.entered != nil {
+		ex.loop.entered.inFlight.Add(-1)
+		ex.loop.entered = nil
+	}
+}
+
+// gate clears the way for one attempt on up: a cooldown learned from a
+// 429 for this request's credential, then pacing. It waits where policy
+// says to; otherwise it returns the failover or stop policy chose.
+func (ex *exchange) gate(up *upstream) policy.Action {
+	now := time.Now()
+	if left := up.cooldownLeft(ex, now); left > 0 {
+		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter)
+		if d.Action != policy.ActionAttempt {
+			return ex.carry(d)
+		}
+		if !ex.wait(d.Wait) {
+			return policy.ActionStop
+		}
+		now = time.Now()
+	}
+	if up.limiter == nil {
+		return policy.ActionAttempt
+	}
+	r := up.limiter.ReserveN(now, 1)
+	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), up.maxWait)
+	if d.Action != policy.ActionAttempt {
+		r.CancelAt(now)
+		return ex.carry(d)
+	}
+	if !ex.wait(d.Wait) {
+		r.Cancel()
+		return policy.ActionStop
+	}
+	return policy.ActionAttempt
+}
+
+// clear asks policy what an obstacle before an attempt on up means — it
+// clears in wait and may be waited for up to maxWait — and records a
+// refusal.
+func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time.Duration) policy.Decision {
+	d := policy.Clear(policy.Gate{Obstacle: kind, Wait: wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
+		HasFallback: ex.hasFallback(), N: ex.loop.n, Total: ex.loop.attempts})
+	if d.Action != policy.ActionAttempt {
+		ex.block(kind, up, wait)
+	}
+	return d
+}
+
+// block records why a target could not be used, keeping the obstacle
+// that clears soonest.
+func (ex *exchange) block(kind policy.Obstacle, up *upstream, wait time.Duration) {
+	ex.p.m.TargetSkips.WithLabelValues(up.name, kind.String()).Inc()
+	ex.noteResult(kind.String(), false)
+	lp := &ex.loop
+	lp.blocked = true
+	if lp.obstacle.kind == policy.ObstacleNone || wait < lp.obstacle.wait {
+		lp.obstacle = obstacle{kind: kind, upstream: up.name, wait: wait}
+	}
+}
+
+// try makes one attempt on t, reports it to the breaker, counts and notes
+// it, and returns policy's decision on what follows.
+func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
+	up, lp := t.up, &ex.loop
+	ex.closeBody() // the previous attempt's reply, if any
+	afterStale := lp.replaying
+	if !afterStale {
+		lp.n++
+	}
+	lp.attempts++
+	lp.replaying, lp.blocked = false, false
+	now := time.Now()
+	if lp.n == 1 && !afterStale {
+		up.budget.FirstAttempt(now)
+	}
+	out := ex.attempt(t, now)
+	now = time.Now()
+	lp.verdict, lp.fault = policy.Classify(out), out.Fault
+	ticket.Done(breakerResult(lp.verdict.Health))
+	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
+		ex.reply.up = up
+	}
+	result := resultLabel(lp.verdict)
+	up.countAttempt(ex.p, result)
+	ex.noteResult(result, true)
+
+	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts, AfterStale: afterStale,
+		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback()}
+	if ex.reply.has {
+		a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
+		a.FailoverStatus = lp.verdict.Class == policy.ClassPassThrough && ex.failoverStatus()
+	}
+	if lp.verdict.Class == policy.ClassRetryable {
+		a.BudgetSpent = !up.budget.Allows(now)
+	}
+	d := ex.req.retry.Decide(a, ex.p.rand)
+	if d.Action == policy.ActionAttempt {
+		ex.retrying(up, d, now)
+	}
+	return d
+}
+
+// retrying counts and notes a retry policy chose, and spends the budget
+// unless it is a stale replay.
+func (ex *exchange) retrying(up *upstream, d policy.Decision, now time.Time) {
+	reason := ex.loop.verdict.Reason
+	ex.loop.replaying = d.Replay
+	if !d.Replay {
+		up.budget.Spend(now)
+		ex.p.m.RetryWait.WithLabelValues(up.name, d.Source.String()).Observe(d.Wait.Seconds())
+	}
+	ex.p.m.Retries.WithLabelValues(up.name, reason.String()).Inc()
+	if n := &ex.notes; n.nRetries < maxLoggedRetries {
+		n.retries[n.nRetries] = retryNote{reason: reason, wait: d.Wait}
+		n.nRetries++
+	}
+}
+
+// wait waits d, unless Sturdy shuts down (or, once watched, the client
+// leaves) first; false means it ended early and ex.loop.stop says why.
+// The timer is always stopped.
+func (ex *exchange) wait(d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ex.p.stopping:
+	case <-ex.gone():
+	}
+	ex.interrupted()
+	return false
+}
+
+// gone is closed when the client has left. Nothing watches the client
+// connection yet, so it is nil (never ready): the hook where client
+// cancellation plugs in.
+func (ex *exchange) gone() <-chan struct{} { return nil }
+
+// interrupted records why a wait ended early — shutdown, else the client
+// left — and stops the loop.
+func (ex *exchange) interrupted() policy.Action {
+	ex.loop.stop = policy.StopClientGone
+	select {
+	case <-ex.p.stopping:
+		ex.loop.stop = policy.StopShutdown
+	default:
+	}
+	return policy.ActionStop
+}
+
+// credFor keys up's cooldowns: the upstream's own key when Sturdy injects
+// one (all clients share it), else the client's Authorization.
+func (ex *exchange) credFor(up *upstream) uint64 {
+	if up.auth != nil {
+		return 0
+	}
+	if !ex.req.credKnown {
+		ex.req.cred, ex.req.credKnown = credHash(ex.ctx.Request.Header.PeekBytes(hdrAuthorization)), true
+	}
+	return ex.req.cred
+}
+
+// learnRateLimits reads the reply's rate-limit headers: a 429's
+// Retry-After (returned as the server's wait) and OpenAI's
+// x-ratelimit-remaining-requests: 0 (on any reply) put the upstream in
+// cooldown for this credential until then.
+func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool) {
+	h := &ex.reply.msg.Header
+	if ex.loop.verdict.Class == policy.ClassRetryable {
+		wait, ok = policy.RetryAfter(h.PeekBytes(hdrRetryAfterMS), h.PeekBytes(hdrRetryAfter), now)
+	}
+	until := time.Time{}
+	if ok && ex.loop.verdict.Reason == policy.Reason429 {
+		until = now.Add(wait)
+	}
+	if d, exhausted := policy.RateLimitExhausted(h.PeekBytes(hdrRateLimitRemaining), h.PeekBytes(hdrRateLimitReset)); exhausted {
+		if t := now.Add(d); t.After(until) {
+			until = t
+		}
+	}
+	if !until.IsZero() && until.After(now) {
+		up.cooldowns.set(ex.credFor(up), until)
+		ex.p.m.Cooldowns.WithLabelValues(up.name).Inc()
+	}
+	return wait, ok
+}
+
+// failoverStatus reports whether a pass-through reply is one the route
+// fails over on: a status in failover_on, or a 400 whose error code is in
+// failover_codes.
+func (ex *exchange) failoverStatus() bool {
+	status, r := ex.reply.msg.StatusCode(), ex.req.route
+	if slices.Contains(r.failoverOn, status) {
+		return true
+	}
+	if status != 400 || len(r.failoverCodes) == 0 {
+		return false
+	}
+	code := gjson.GetBytes(ex.reply.head, "error.code").String()
+	return code != "" && slices.Contains(r.failoverCodes, code)
+}
+
+func (ex *exchange) note(upstream, model string) {
+	if n := &ex.notes; n.nTried < maxLoggedTargets {
+		n.tried[n.nTried] = targetNote{upstream: upstream, model: model}
+		n.nTried++
+	}
+}
+
+// noteResult records how the current target's last attempt ended, or,
+// with attempted false, why it was skipped.
+func (ex *exchange) noteResult(result string, attempted bool) {
+	if ex.notes.nTried > 0 {
+		n := &ex.notes.tried[ex.notes.nTried-1]
+		if attempted {
+			n.attempts++
+		}
+		n.result = result
+	}
+}
+
+// resultLabel names an attempt's result for metrics and logs.
+func resultLabel(v policy.Verdict) string {
+	if v.Class == policy.ClassRetryable {
+		return v.Reason.String()
+	}
+	return v.Class.String()
+}
+
+func breakerResult(h policy.Health) breaker.Result {
+	switch h {
+	case policy.HealthSuccess:
+		return breaker.Success
+	case policy.HealthFailure:
+		return breaker.Failure
+	default:
+		return breaker.Excluded
+	}
+}

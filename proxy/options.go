@@ -1,0 +1,230 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"sturdy/breaker"
+	"sturdy/metrics"
+	"sturdy/policy"
+)
+
+// Defaults of the options. A zero field means its default; where zero has
+// a meaning of its own (no pacing, unlimited, off) its doc comment says so.
+const (
+	DefaultConnectTimeout   = 2 * time.Second
+	DefaultFirstByteTimeout = 60 * time.Second
+	DefaultIdleTimeout      = 30 * time.Second
+	DefaultMaxConnections   = 512
+	DefaultQueueTimeout     = 5 * time.Second
+	DefaultPacingMaxWait    = 2 * time.Second
+	DefaultBudgetRatio      = 0.5
+	DefaultBudgetPerSecond  = 10
+	DefaultDeadline         = 120 * time.Second
+	DefaultMaxBody          = 32 << 20
+	DefaultClientRetries    = 1
+	DefaultKeyHeader        = "Authorization"
+	DefaultReadTimeout      = 60 * time.Second
+	DefaultServerIdle       = 120 * time.Second
+	DefaultMaxHeaderBytes   = 32 << 10
+)
+
+// Upstream configures one model server.
+type Upstream struct {
+	// Name identifies the upstream in routes, logs and error bodies.
+	Name string
+	// URL is scheme://host[:port][/prefix]; the request URI is appended.
+	URL string
+	// APIKey, when set, replaces the client's Authorization header.
+	APIKey string
+	// ConnectTimeout bounds dialling and the TLS handshake. Default 2 s.
+	ConnectTimeout time.Duration
+	// FirstByteTimeout runs from sending the request to the first body
+	// byte. Default 60 s.
+	FirstByteTimeout time.Duration
+	// IdleTimeout bounds each gap between reads of a streamed body.
+	// Default 30 s.
+	IdleTimeout time.Duration
+	// MaxConnections caps open connections (one per in-flight request).
+	// Default 512.
+	MaxConnections int
+	// Breaker configures the upstream's circuit breaker; its zero fields
+	// take breaker's defaults.
+	Breaker breaker.Settings
+	// RateLimit paces requests to the upstream; zero RequestsPerSecond
+	// means no pacing.
+	RateLimit RateLimit
+	// MaxInFlight caps concurrent requests (streams included); 0 means
+	// unlimited.
+	MaxInFlight int
+	// QueueTimeout is how long a request waits for a slot under
+	// MaxInFlight. Default 5 s.
+	QueueTimeout time.Duration
+	// RetryBudget caps retries to the upstream.
+	RetryBudget RetryBudget
+	// CAFile adds PEM CAs to trust for an https upstream.
+	CAFile string
+	// InsecureSkipVerify turns off TLS verification of the upstream.
+	InsecureSkipVerify bool
+}
+
+// withDefaults returns u with its zero fields set to their defaults.
+func (u Upstream) withDefaults() Upstream {
+	orDefault(&u.ConnectTimeout, DefaultConnectTimeout)
+	orDefault(&u.FirstByteTimeout, DefaultFirstByteTimeout)
+	orDefault(&u.IdleTimeout, DefaultIdleTimeout)
+	orDefault(&u.MaxConnections, DefaultMaxConnections)
+	orDefault(&u.QueueTimeout, DefaultQueueTimeout)
+	if u.RateLimit.RequestsPerSecond > 0 {
+		orDefault(&u.RateLimit.MaxWait, DefaultPacingMaxWait)
+		orDefault(&u.RateLimit.Burst, burstFor(u.RateLimit.RequestsPerSecond))
+	}
+	orDefault(&u.RetryBudget.Ratio, DefaultBudgetRatio)
+	orDefault(&u.RetryBudget.MinPerSecond, DefaultBudgetPerSecond)
+	return u
+}
+
+// ServerLimits bound how clients use the listener (fixed at New).
+type ServerLimits struct {
+	// ReadTimeout bounds reading a whole request, headers and body.
+	// Default 60 s.
+	ReadTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection between requests.
+	// Default 120 s.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes caps the request line and headers (431 above).
+	// Default 32 KiB.
+	MaxHeaderBytes int
+}
+
+func (s ServerLimits) withDefaults() ServerLimits {
+	orDefault(&s.ReadTimeout, DefaultReadTimeout)
+	orDefault(&s.IdleTimeout, DefaultServerIdle)
+	orDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	return s
+}
+
+// RateLimit paces requests below a provider's quota.
+type RateLimit struct {
+	// RequestsPerSecond is the sustained rate; 0 means no pacing.
+	RequestsPerSecond float64
+	// Burst is how many requests may go at once. Default: the rate
+	// rounded up, at least 1.
+	Burst int
+	// MaxWait is the longest a request waits for its turn. Default 2 s.
+	MaxWait time.Duration
+}
+
+// RetryBudget caps retries: within 10 s they may add Ratio of the first
+// attempts plus MinPerSecond per second. Defaults 0.5 and 10.
+type RetryBudget struct {
+	Ratio        float64
+	MinPerSecond float64
+}
+
+// Target is a fallback: an upstream, with the body's "model" rewritten to
+// Model when set.
+type Target struct {
+	Upstream string
+	Model    string
+}
+
+// ClientLimit rate-limits each client, told apart by KeyHeader's value.
+type ClientLimit struct {
+	// KeyHeader names the header that tells clients apart. Default
+	// Authorization.
+	KeyHeader string
+	// RequestsPerSecond is each client's sustained rate (> 0).
+	RequestsPerSecond float64
+	// Burst is how many requests a client may send at once. Default: the
+	// rate rounded up, at least 1.
+	Burst int
+}
+
+func (c ClientLimit) withDefaults() ClientLimit {
+	orDefault(&c.KeyHeader, DefaultKeyHeader)
+	orDefault(&c.Burst, burstFor(c.RequestsPerSecond))
+	return c
+}
+
+// Route sends requests whose path starts with PathPrefix to Upstream.
+type Route struct {
+	// Name identifies the route in logs.
+	Name string
+	// PathPrefix is matched bytewise against the raw request path; the
+	// longest match wins. Empty matches every path, like "/".
+	PathPrefix string
+	// Model, when set, is a glob the body's "model" must match.
+	Model string
+	// Upstream is an Upstream's Name: the primary target.
+	Upstream string
+	// Fallbacks are tried in order after Upstream.
+	Fallbacks []Target
+	// FirstToken, when set, bounds each attempt's wait for its first body
+	// byte below the upstream's FirstByteTimeout, for streamed requests;
+	// 0 means off.
+	FirstToken time.Duration
+	// FailoverOn lists 4xx statuses that move to the next target.
+	FailoverOn []int
+	// FailoverCodes lists 400 error codes that move to the next target.
+	FailoverCodes []string
+	// AttemptsOnClientRetry caps attempts per target when the client is
+	// retrying on its own (X-Stainless-Retry-Count > 0). Default 1.
+	AttemptsOnClientRetry int
+	// Deadline is the budget until the response starts, retries included.
+	// Default 120 s.
+	Deadline time.Duration
+	// MaxBody is the largest request body accepted, in bytes. Default
+	// 32 MiB.
+	MaxBody int
+	// Retry is the route's retry policy; its zero fields take policy's
+	// defaults (Retry.WithDefaults).
+	Retry policy.Retry
+}
+
+func (r Route) withDefaults() Route {
+	orDefault(&r.AttemptsOnClientRetry, DefaultClientRetries)
+	orDefault(&r.Deadline, DefaultDeadline)
+	orDefault(&r.MaxBody, DefaultMaxBody)
+	r.Retry = r.Retry.WithDefaults(len(r.Fallbacks))
+	return r
+}
+
+// Options configures a Proxy.
+type Options struct {
+	Upstreams []Upstream
+	Routes    []Route
+	// Clients are per-client rate limits every request must pass.
+	Clients []ClientLimit
+	// AuthKeys, when set, are the keys clients must present as
+	// "Authorization: Bearer <key>"; the client's Authorization is then
+	// never forwarded upstream.
+	AuthKeys []string
+	// Server bounds the client-facing listener (fixed at New).
+	Server ServerLimits
+	// Log receives access lines and breaker transitions.
+	Log zerolog.Logger
+	// Rand returns a uniform value in [0, n) for backoff jitter; nil means
+	// math/rand/v2.
+	Rand func(n int64) int64
+	// Metrics receives the proxy's measurements; nil means a private set.
+	Metrics *metrics.Metrics
+}
+
+// orDefault sets *v to def when it is zero (or negative).
+func orDefault[T int | float64 | time.Duration | string](v *T, def T) {
+	var zero T
+	if *v == zero || (*v < zero) {
+		*v = def
+	}
+}
+
+// burstFor is the default burst of a rate: one second's worth, at least 1.
+func burstFor(rps float64) int {
+	b := int(rps)
+	if float64(b) < rps {
+		b++
+	}
+	return max(b, 1)
+}

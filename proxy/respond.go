@@ -1,0 +1,177 @@
+package proxy
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"sturdy/policy"
+)
+
+// respond answers the client once the attempt loop has stopped: with the
+// last upstream reply when the last attempt produced one (as final when
+// it was a failure), else with what stood in the way of the last target,
+// else with why no attempt produced a reply.
+func (ex *exchange) respond() {
+	lp := &ex.loop
+	switch {
+	case ex.reply.has && lp.verdict.Class == policy.ClassSuccess:
+		ex.out.outcome = outcomeOK
+		ex.commit(false)
+	case ex.reply.has && lp.verdict.Class == policy.ClassPassThrough:
+		ex.out.outcome = outcomePassThrough
+		ex.commit(false)
+	case ex.reply.has:
+		ex.out.outcome = outcomeExhausted
+		ex.commit(true)
+	case lp.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
+		ex.obstructed()
+	case lp.stop == policy.StopShutdown:
+		ex.out.outcome = outcomeShuttingDown
+		ex.fail(newError(CodeShuttingDown, lp.up.name, ex.triedText()))
+	default:
+		ex.noReply()
+	}
+}
+
+// commit sends the upstream's reply to the client: status and headers as
+// received (minus hop-by-hop), then the body — at once when it is already
+// whole, else as a stream. final marks a reply Sturdy gave up retrying.
+func (ex *exchange) commit(final bool) {
+	ctx, rh, src := ex.ctx, &ex.ctx.Response.Header, ex.reply.msg
+	// The reply may be an earlier target's, when later ones were skipped.
+	ex.loop.up = ex.reply.up
+	ex.out.status = src.StatusCode()
+	copyResponseHeaders(rh, &src.Header)
+	passThrough := ex.loop.verdict.Class == policy.ClassPassThrough
+	if !passThrough {
+		rh.SetBytesKV(hdrRequestID, ex.req.id)
+		rh.SetBytesK(hdrUpstream, ex.loop.up.name)
+	}
+	if !passThrough || ex.loop.attempts > 1 {
+		ex.setAttemptsHeader()
+	}
+	// A 429 insufficient_quota is passed through, but no retry can help it.
+	if final || (passThrough && ex.out.status == 429) {
+		rh.SetBytesKV(hdrShouldRetry, valFalse)
+	}
+	ex.out.ttfb = time.Since(ex.req.start)
+	if ex.reply.body == nil {
+		if ctx.IsHead() {
+			ctx.Response.SkipBody = true
+			return
+		}
+		ctx.Response.SetBody(ex.reply.head)
+		ex.out.bytesOut = int64(len(ex.reply.head))
+		return
+	}
+	ex.out.streaming = true
+	ex.p.m.OpenStreams.Inc()
+	ex.out.kind = kindOf(src.Header.ContentType())
+	cl := src.Header.ContentLength()
+	ex.out.chunked = cl < 0
+	ctx.SetBodyStream(ex, max(cl, -1))
+}
+
+// setAttemptsHeader sets x-sturdy-attempts on the client's response.
+func (ex *exchange) setAttemptsHeader() {
+	ex.req.scratch = strconv.AppendInt(ex.req.scratch[:0], int64(ex.loop.attempts), 10)
+	ex.ctx.Response.Header.SetBytesKV(hdrAttempts, ex.req.scratch)
+}
+
+// fail answers with an error Sturdy produced itself (see errorTable).
+func (ex *exchange) fail(e *apiError) {
+	ex.closeBody()
+	e.details.Attempts = ex.loop.attempts
+	if ex.loop.up != nil {
+		e.details.Upstream = ex.loop.up.name
+	}
+	if ex.reply.has {
+		e.details.LastStatus = ex.reply.msg.StatusCode()
+	}
+	e.write(ex.ctx, ex.req.id)
+	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
+	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
+	if ex.loop.attempts > 0 {
+		ex.setAttemptsHeader()
+	}
+	ex.out.ttfb = time.Since(ex.req.start)
+}
+
+// obstructed answers when no target could take the request at all.
+func (ex *exchange) obstructed() {
+	o := ex.loop.obstacle
+	var e *apiError
+	switch o.kind {
+	case policy.ObstacleBreaker:
+		ex.out.outcome = outcomeCircuitOpen
+		e = newError(CodeCircuitOpen, o.upstream, ex.alsoTried())
+	case policy.ObstacleBusy:
+		ex.out.outcome = outcomeUpstreamBusy
+		e = newError(CodeUpstreamBusy, o.upstream, ex.alsoTried())
+	default:
+		ex.out.outcome = outcomeRateLimited
+		ex.p.m.RateLimited.WithLabelValues(o.kind.String()).Inc()
+		e = newError(CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s", o.upstream, o.kind, ex.alsoTried()))
+	}
+	e.retryAfter = o.wait
+	ex.fail(e)
+}
+
+// noReply answers when attempts were made but none produced a response.
+func (ex *exchange) noReply() {
+	up, tried := ex.loop.up.name, ex.triedText()
+	failed := "could not be reached"
+	if ex.loop.fault == policy.FaultReset || ex.loop.fault == policy.FaultStale {
+		failed = "closed the connection before responding"
+	}
+	var e *apiError
+	switch {
+	case ex.loop.stop == policy.StopDeadline || time.Until(ex.req.deadline) <= 0:
+		e = newError(CodeDeadlineExceeded, up, tried)
+	case ex.loop.fault == policy.FaultTimeout:
+		e = newError(CodeUpstreamTimeout, up, tried)
+	case ex.loop.attempts > 1:
+		e = newError(CodeRetriesExhausted, up, failed, tried)
+	default:
+		e = newError(CodeUpstreamUnreachable, up, failed, tried)
+	}
+	ex.out.outcome = outcomeUpstreamError
+	ex.fail(e)
+}
+
+// triedText names what was tried: "ollama: 2 attempts, last timeout; …",
+// and why retrying stopped.
+func (ex *exchange) triedText() string {
+	var b strings.Builder
+	for i, n := range ex.notes.tried[:ex.notes.nTried] {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(n.upstream)
+		if n.model != "" {
+			b.WriteString(" as " + n.model)
+		}
+		fmt.Fprintf(&b, ": %d attempt%s, last %s", n.attempts, plural(n.attempts), n.result)
+	}
+	if ex.loop.stop.Ended() {
+		b.WriteString("; " + ex.loop.stop.Text())
+	}
+	return b.String()
+}
+
+// alsoTried lists the targets tried before the obstacle, if any.
+func (ex *exchange) alsoTried() string {
+	if ex.notes.nTried <= 1 {
+		return ""
+	}
+	return " (tried " + ex.triedText() + ")"
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}

@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"sturdy/internal/upstreamtest"
+	"sturdy/policy"
+)
+
+// TestShutdownEndsEveryWait puts a request into each kind of wait —
+// backoff, Retry-After, cooldown, pacing, a max_in_flight slot — then
+// shuts the proxy down: the wait ends at once, and the request gets its
+// last upstream reply if it had one, else 503 shutting_down.
+func TestShutdownEndsEveryWait(t *testing.T) {
+	long := 20 * time.Second
+	slowRetry := func(o *Options) {
+		o.Routes[0].Retry.Backoff = policy.Backoff{Base: long, Max: long}
+		o.Routes[0].Deadline = time.Minute
+	}
+	tests := []struct {
+		name   string
+		steps  []upstreamtest.Step
+		noUp   bool // nothing listens: every attempt fails to connect
+		edit   func(*Options)
+		prime  func(h *harness) // requests that set the wait up
+		status int
+		code   string // "" for the upstream's own reply
+	}{
+		{name: "backoff with a reply", steps: []upstreamtest.Step{{Status: 503, Body: "busy"}}, edit: slowRetry, status: 503},
+		{name: "backoff without a reply", noUp: true, edit: slowRetry, status: 503, code: CodeShuttingDown},
+		{name: "retry-after", steps: []upstreamtest.Step{{Status: 429, Header: [][2]string{{"Retry-After", "15"}}, Body: "later"}},
+			edit: func(o *Options) { o.Routes[0].Retry.MaxRetryAfter = time.Minute; o.Routes[0].Deadline = time.Minute }, status: 429},
+		{name: "cooldown", steps: []upstreamtest.Step{{Status: 429, Header: [][2]string{{"Retry-After", "15"}}, Body: "later"}},
+			edit: func(o *Options) {
+				o.Routes[0].Retry.MaxAttempts = 1
+				o.Routes[0].Retry.MaxRetryAfter = time.Minute
+				o.Routes[0].Deadline = time.Minute
+			},
+			prime: func(h *harness) { h.chat("") }, status: 503, code: CodeShuttingDown},
+		{name: "pacing", steps: []upstreamtest.Step{{Body: "ok"}},
+			edit: func(o *Options) {
+				o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
+				o.Routes[0].Deadline = time.Minute
+			},
+			prime: func(h *harness) { h.chat("") }, status: 503, code: CodeShuttingDown},
+		{name: "max_in_flight slot", steps: []upstreamtest.Step{{Delay: 1500 * time.Millisecond, Body: "slow"}},
+			edit:  func(o *Options) { o.Upstreams[0].MaxInFlight = 1; o.Upstreams[0].QueueTimeout = long },
+			prime: func(h *harness) { go h.chat(""); time.Sleep(200 * time.Millisecond) }, status: 503, code: CodeShuttingDown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			url := "http://" + freePort(t)
+			if !tt.noUp {
+				url = upstreamtest.Start(t, tt.steps...).URL
+			}
+			h := startProxy(t, url, tt.edit)
+			if tt.prime != nil {
+				tt.prime(h)
+			}
+			type result struct {
+				resp *http.Response
+				body []byte
+			}
+			done := make(chan result, 1)
+			go func() { resp, body := h.chat(""); done <- result{resp, body} }()
+			time.Sleep(300 * time.Millisecond) // well into its wait
+			stopped := time.Now()
+			go func() { _ = h.p.Shutdown(context.Background()) }()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the wait did not end on shutdown")
+			}
+			if took := time.Since(stopped); took > time.Second {
+				t.Errorf("answered %v after shutdown began", took)
+			}
+			if r.resp.StatusCode != tt.status || r.resp.Header.Get("X-Should-Retry") != "false" {
+				t.Fatalf("%d %q, x-should-retry %q; want %d", r.resp.StatusCode, r.body, r.resp.Header.Get("X-Should-Retry"), tt.status)
+			}
+			if tt.code != "" {
+				if code, _ := errorOf(t, r.body); code != tt.code {
+					t.Fatalf("code %s, want %s: %s", code, tt.code, r.body)
+				}
+			}
+			lines := h.accessLines(1)
+			if last := lines[len(lines)-1]; tt.code == "" && last["stop"] != "shutting_down" {
+				t.Fatalf("access line: %v", last)
+			}
+		})
+	}
+}

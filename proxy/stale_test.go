@@ -1,0 +1,94 @@
+package proxy
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"sturdy/breaker"
+	"sturdy/internal/upstreamtest"
+)
+
+// staleAttempts is the attempts metric of up's stale connections.
+func (h *harness) staleAttempts() float64 {
+	var m dto.Metric
+	if err := h.p.m.Attempts.WithLabelValues("up", "stale").Write(&m); err != nil {
+		h.t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestStaleKeepAliveConnectionIsCountedButNotAFailure(t *testing.T) {
+	// The raw chunked reply closes its connection without saying so: the
+	// next request finds a dead pooled connection.
+	up := upstreamtest.Start(t, upstreamtest.Step{Chunks: []string{"ok"}, SilentClose: true})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Routes[0].Retry.MaxAttempts = 2
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000}
+	})
+	for i := 0; i < 3; i++ {
+		time.Sleep(60 * time.Millisecond) // let the upstream close it
+		resp, body := h.chat("")
+		want := "2" // the stale attempt, then the resend on a fresh connection
+		if i == 0 {
+			want = "1"
+		}
+		if resp.StatusCode != 200 || string(body) != "ok" || resp.Header.Get("X-Sturdy-Attempts") != want {
+			t.Fatalf("request %d: %d %q, x-sturdy-attempts %q, want %s", i, resp.StatusCode, body, resp.Header.Get("X-Sturdy-Attempts"), want)
+		}
+	}
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+		t.Fatalf("stale connections counted against the breaker: %v", st)
+	}
+	if n := h.staleAttempts(); n != 2 {
+		t.Fatalf("attempts{result=stale} = %v, want 2", n)
+	}
+	lines := h.accessLines(3)
+	if lines[2]["attempts"] != 2.0 || len(lines[2]["retries"].([]any)) != 1 {
+		t.Fatalf("access line does not show the resend: %v", lines[2])
+	}
+}
+
+// TestStaleResendIsReportedAsTheUpstreamSawIt: an upstream that reads a
+// request on a reused connection and resets it looks stale, but it did
+// receive the request. Every request the upstream received must show up
+// in x-sturdy-attempts, the log and the metrics.
+func TestStaleResendIsReportedAsTheUpstreamSawIt(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "first"}, upstreamtest.Step{Fault: upstreamtest.Reset},
+		upstreamtest.Step{Body: "second"})
+	h := startProxy(t, up.URL, nil)
+	reported := 0
+	for _, want := range []string{"first", "second"} {
+		resp, body := h.chat("")
+		if resp.StatusCode != 200 || string(body) != want {
+			t.Fatalf("%d %q, want %q", resp.StatusCode, body, want)
+		}
+		n, err := strconv.Atoi(resp.Header.Get("X-Sturdy-Attempts"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reported += n
+	}
+	if up.Count() != 3 || reported != 3 || h.staleAttempts() != 1 {
+		t.Fatalf("upstream received %d requests, Sturdy reported %d attempts (%v stale)", up.Count(), reported, h.staleAttempts())
+	}
+}
+
+func TestStaleConnectionIsNotResentPastMaxTotalAttempts(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Chunks: []string{"ok"}, SilentClose: true})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Routes[0].Retry.MaxAttempts = 1 // one send, and no more
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000}
+	})
+	h.chat("")
+	time.Sleep(60 * time.Millisecond)
+	resp, body := h.chat("")
+	if code, _ := errorOf(t, body); resp.StatusCode != 502 || code != CodeUpstreamUnreachable || up.Count() != 1 {
+		t.Fatalf("%d %s, upstream saw %d", resp.StatusCode, body, up.Count())
+	}
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+		t.Fatalf("a stale connection counted against the breaker: %v", st)
+	}
+}

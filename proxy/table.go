@@ -1,0 +1,186 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"reflect"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
+
+	"sturdy/policy"
+)
+
+// table is one generation of configuration: the routes and the
+// upstreams they use. A request works with the table it started with, so
+// a reload never changes a request in flight.
+type table struct {
+	routes    []*route // longest prefix first
+	upstreams []*upstream
+	clients   []*clientLimiter
+	authKeys  [][sha256.Size]byte // hashes of the accepted client keys
+	maxBody   int
+}
+
+type route struct {
+	name          string
+	prefix        []byte
+	model         string // glob, or "" for any
+	specificity   int    // of model; -1 without one
+	targets       []target
+	firstToken    time.Duration
+	failoverOn    []int
+	failoverCodes []string
+	clientRetries int
+	deadline      time.Duration
+	maxBody       int
+	retry         policy.Retry
+	// Histograms of this route, resolved once.
+	ttfb, durPlain, durStream prometheus.Observer
+}
+
+// target is one upstream a route may use, with its model rewrite.
+type target struct {
+	up    *upstream
+	model string
+}
+
+// buildTable builds a table from o, reusing the upstreams of prev whose
+// options are unchanged; it also returns prev's upstreams left out.
+func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) {
+	t := &table{}
+	byName, err := p.buildUpstreams(t, o.Upstreams, prev)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, ro := range o.Routes {
+		r, err := p.buildRoute(ro.withDefaults(), byName)
+		if err != nil {
+			return nil, nil, err
+		}
+		t.routes = append(t.routes, r)
+		t.maxBody = max(t.maxBody, r.maxBody)
+	}
+	sort.SliceStable(t.routes, func(i, j int) bool { return len(t.routes[i].prefix) > len(t.routes[j].prefix) })
+	for _, k := range o.AuthKeys {
+		t.authKeys = append(t.authKeys, sha256.Sum256([]byte(k)))
+	}
+	var prevClients []*clientLimiter
+	if prev != nil {
+		prevClients = prev.clients
+	}
+	for i, co := range o.Clients {
+		co = co.withDefaults()
+		if i < len(prevClients) && prevClients[i].opts == co {
+			t.clients = append(t.clients, prevClients[i]) // keep the buckets
+			continue
+		}
+		t.clients = append(t.clients, newClientLimiter(co))
+	}
+	var dropped []*upstream
+	if prev != nil {
+		for _, up := range prev.upstreams {
+			if byName[up.name] != up {
+				dropped = append(dropped, up)
+			}
+		}
+	}
+	return t, dropped, nil
+}
+
+// buildUpstreams adds o's upstreams to t, reusing those of prev whose
+// options are unchanged (their connections and breaker state survive).
+func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[string]*upstream, error) {
+	reuse := map[string]*upstream{}
+	if prev != nil {
+		for _, up := range prev.upstreams {
+			reuse[up.name] = up
+		}
+	}
+	byName := map[string]*upstream{}
+	for _, uo := range opts {
+		uo = uo.withDefaults()
+		up := reuse[uo.Name]
+		if up == nil || !reflect.DeepEqual(up.opts, uo) {
+			var err error
+			if up, err = newUpstream(uo, p.breakerChanged); err != nil {
+				return nil, err
+			}
+			p.m.BreakerState.WithLabelValues(up.name).Set(0)
+		}
+		byName[uo.Name] = up
+		t.upstreams = append(t.upstreams, up)
+	}
+	return byName, nil
+}
+
+// buildRoute builds one route (its defaults filled) over the upstreams.
+func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error) {
+	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
+		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
+		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, retry: ro.Retry}
+	if ro.Model != "" {
+		r.specificity = policy.GlobSpecificity(ro.Model)
+	}
+	r.ttfb = p.m.TimeToFirstByte.WithLabelValues(ro.Name)
+	r.durPlain = p.m.Duration.WithLabelValues(ro.Name, "false")
+	r.durStream = p.m.Duration.WithLabelValues(ro.Name, "true")
+	for _, tg := range append([]Target{{Upstream: ro.Upstream}}, ro.Fallbacks...) {
+		up := byName[tg.Upstream]
+		if up == nil {
+			return nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, tg.Upstream)
+		}
+		r.targets = append(r.targets, target{up: up, model: tg.Model})
+	}
+	return r, nil
+}
+
+// authorized reports whether the request carries an accepted client key
+// (always true without auth). Every key is compared, in constant time, on
+// hashes of equal length: timing tells nothing about the keys.
+func (t *table) authorized(authorization []byte) bool {
+	if len(t.authKeys) == 0 {
+		return true
+	}
+	key, ok := bytes.CutPrefix(authorization, []byte("Bearer "))
+	got := sha256.Sum256(key)
+	match := 0
+	for i := range t.authKeys {
+		match |= subtle.ConstantTimeCompare(got[:], t.authKeys[i][:])
+	}
+	return ok && match == 1
+}
+
+// match returns the route for a request: among routes whose prefix
+// starts path and whose model glob (if any) matches the body's "model",
+// the longest prefix wins, then a route with a glob over one without,
+// then the glob with more literal characters. The body is parsed only
+// when a candidate route has a model glob.
+func (t *table) match(path, body []byte) *route {
+	var best *route
+	model, parsed := "", false
+	for _, r := range t.routes {
+		if best != nil && len(r.prefix) < len(best.prefix) {
+			break // sorted by prefix length, longest first
+		}
+		if !bytes.HasPrefix(path, r.prefix) {
+			continue
+		}
+		if r.model != "" {
+			if !parsed {
+				model, parsed = gjson.GetBytes(body, "model").String(), true
+			}
+			if !policy.GlobMatch(r.model, model) {
+				continue
+			}
+		}
+		if best == nil || r.specificity > best.specificity {
+			best = r
+		}
+	}
+	return best
+}

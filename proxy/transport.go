@@ -1,0 +1,122 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// maxIdleConnDuration keeps pooled upstream connections below the idle
+// timeouts of common model servers (vLLM closes after 5 s), so Sturdy
+// rarely sends a request on a connection the server is closing.
+const maxIdleConnDuration = 4 * time.Second
+
+// upstreamReadBuffer also caps the size of an upstream's response headers:
+// hosted APIs send many.
+const upstreamReadBuffer = 64 << 10
+
+// dial opens a connection within the connect timeout, TLS handshake
+// included, and wraps it so reads of a streamed body are bounded by the
+// idle timeout instead of one deadline for the whole stream.
+func (up *upstream) dial(addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: up.connect}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	uc := up.wrap(c)
+	if up.tls == nil {
+		return uc, nil
+	}
+	tc := tls.Client(uc, up.tls)
+	_ = tc.SetDeadline(time.Now().Add(up.connect))
+	if err := tc.Handshake(); err != nil {
+		_ = c.Close()
+		return nil, &dialError{err}
+	}
+	_ = tc.SetDeadline(time.Time{})
+	uc.requests.Store(0) // the handshake was not a request
+	return tc, nil
+}
+
+// wrap makes c an upstreamConn with up's idle timeout.
+func (up *upstream) wrap(c net.Conn) *upstreamConn {
+	uc := &upstreamConn{Conn: c, idle: up.idle}
+	uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
+	return uc
+}
+
+// upstreamConn is an upstream connection with two read regimes. Until the
+// proxy has the first body bytes it keeps fasthttp's absolute deadline
+// (first_byte, set by DoTimeout before reading the response). Once the
+// proxy calls streaming(), every Read gets a fresh deadline of idle, so a
+// long stream is never cut while it keeps flowing and a stalled one is.
+// fasthttp sets a new deadline before each request on a pooled
+// connection, which resets the regime.
+type upstreamConn struct {
+	net.Conn
+	idle   time.Duration
+	stream atomic.Bool
+	local  connAddr
+	// requests counts the requests written on the connection; received
+	// counts the bytes read since the current one was written. Together
+	// they tell a stale keep-alive connection (see staleConnection).
+	requests atomic.Int32
+	received atomic.Int64
+	writing  atomic.Bool
+}
+
+// connAddr is the connection's local address carrying a pointer back to
+// the connection: fasthttp exposes it as Response.LocalAddr(), which is
+// how the proxy finds the connection a response arrived on.
+type connAddr struct {
+	net.Addr
+	conn *upstreamConn
+}
+
+func (c *upstreamConn) LocalAddr() net.Addr { return &c.local }
+
+func (c *upstreamConn) SetReadDeadline(t time.Time) error {
+	c.stream.Store(false)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *upstreamConn) Read(p []byte) (int, error) {
+	if c.stream.Load() {
+		if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+			return 0, err
+		}
+	}
+	c.writing.Store(false)
+	n, err := c.Conn.Read(p)
+	c.received.Add(int64(n))
+	return n, err
+}
+
+func (c *upstreamConn) Write(p []byte) (int, error) {
+	if !c.writing.Swap(true) {
+		c.requests.Add(1)
+		c.received.Store(0)
+	}
+	return c.Conn.Write(p)
+}
+
+// staleConnection reports whether a failed attempt died on a pooled
+// keep-alive connection that the upstream had closed: reused, and not one
+// byte came back for this request. The request was most likely never
+// processed; policy decides whether it is sent again (Retry.Decide).
+func staleConnection(resp *fasthttp.Response) bool {
+	a, ok := resp.LocalAddr().(*connAddr)
+	return ok && a.conn.requests.Load() > 1 && a.conn.received.Load() == 0
+}
+
+// markStreaming switches the connection resp arrived on to the idle
+// regime.
+func markStreaming(resp *fasthttp.Response) {
+	if a, ok := resp.LocalAddr().(*connAddr); ok {
+		a.conn.stream.Store(true)
+	}
+}
