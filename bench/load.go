@@ -37,13 +37,24 @@ type load struct {
 	progress func(sent, done int64)
 }
 
+// runner is one execution of a load: its client and what it recorded.
+type runner struct {
+	l          load
+	client     *fasthttp.HostClient
+	start      time.Time
+	mu         sync.Mutex
+	recs       []record
+	sent, done atomic.Int64
+	wg         sync.WaitGroup
+}
+
 // run executes l and returns every request's record.
 func (l load) run() []record {
 	u, err := url.Parse(l.url)
 	if err != nil {
 		panic(err)
 	}
-	client := &fasthttp.HostClient{
+	r := &runner{l: l, client: &fasthttp.HostClient{
 		Addr:                      u.Host,
 		MaxConns:                  l.workers + 16,
 		MaxConnWaitTimeout:        time.Minute,
@@ -51,89 +62,106 @@ func (l load) run() []record {
 		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
 		StreamResponseBody:        true,
 		ReadBufferSize:            64 << 10,
-	}
-	defer client.CloseIdleConnections()
-	var mu sync.Mutex
-	var recs []record
-	var sent, done atomic.Int64
-	start := time.Now()
-	one := func(at time.Duration) {
-		r := l.do(client, start, at)
-		done.Add(1)
-		mu.Lock()
-		recs = append(recs, r)
-		mu.Unlock()
-	}
-	stopProgress, progressDone := make(chan struct{}), make(chan struct{})
-	if l.progress == nil {
-		close(progressDone)
+	}}
+	defer r.client.CloseIdleConnections()
+	r.start = time.Now()
+	stopProgress := r.reportProgress()
+	if l.rate > 0 {
+		r.openLoop()
 	} else {
+		r.closedLoop()
+	}
+	r.wg.Wait()
+	stopProgress()
+	sort.Slice(r.recs, func(i, j int) bool { return r.recs[i].at < r.recs[j].at })
+	return r.recs
+}
+
+// one sends the request scheduled at at and records it.
+func (r *runner) one(at time.Duration) {
+	rec := r.l.do(r.client, r.start, at)
+	r.done.Add(1)
+	r.add(rec)
+}
+
+func (r *runner) add(rec record) {
+	r.mu.Lock()
+	r.recs = append(r.recs, rec)
+	r.mu.Unlock()
+}
+
+// openLoop starts requests at the load's constant rate; one over the
+// in-flight cap counts as a failure at its scheduled time.
+func (r *runner) openLoop() {
+	interval := time.Duration(float64(time.Second) / r.l.rate)
+	inflight := make(chan struct{}, max(r.l.workers, 1))
+	for i := 0; ; i++ {
+		at := time.Duration(i) * interval
+		if at >= r.l.duration {
+			return
+		}
+		if d := time.Until(r.start.Add(at)); d > 0 {
+			time.Sleep(d)
+		}
+		select {
+		case inflight <- struct{}{}:
+		default:
+			r.add(record{at: at, latency: time.Since(r.start.Add(at))})
+			continue
+		}
+		r.sent.Add(1)
+		r.wg.Add(1)
 		go func() {
-			defer close(progressDone)
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
+			defer r.wg.Done()
+			r.one(at)
+			<-inflight
+		}()
+	}
+}
+
+// closedLoop runs the load's workers, each sending its next request when
+// the last one ended (or only one, with once).
+func (r *runner) closedLoop() {
+	for w := 0; w < r.l.workers; w++ {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
 			for {
-				select {
-				case <-t.C:
-					l.progress(sent.Load(), done.Load())
-				case <-stopProgress:
+				at := time.Since(r.start)
+				if at >= r.l.duration {
+					return
+				}
+				r.sent.Add(1)
+				r.one(at)
+				if r.l.once {
 					return
 				}
 			}
 		}()
 	}
-	var wg sync.WaitGroup
-	if l.rate > 0 {
-		interval := time.Duration(float64(time.Second) / l.rate)
-		inflight := make(chan struct{}, max(l.workers, 1))
-		for i := 0; ; i++ {
-			at := time.Duration(i) * interval
-			if at >= l.duration {
-				break
-			}
-			if d := time.Until(start.Add(at)); d > 0 {
-				time.Sleep(d)
-			}
-			select {
-			case inflight <- struct{}{}:
-			default: // over the in-flight cap: counted as a failure at its scheduled time
-				mu.Lock()
-				recs = append(recs, record{at: at, latency: time.Since(start.Add(at))})
-				mu.Unlock()
-				continue
-			}
-			sent.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				one(at)
-				<-inflight
-			}()
-		}
-	} else {
-		for w := 0; w < l.workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					at := time.Since(start)
-					if at >= l.duration {
-						return
-					}
-					sent.Add(1)
-					one(at)
-					if l.once {
-						return
-					}
-				}
-			}()
-		}
+}
+
+// reportProgress calls the load's progress func every second until the
+// returned stop is called.
+func (r *runner) reportProgress() (stop func()) {
+	if r.l.progress == nil {
+		return func() {}
 	}
-	wg.Wait()
-	close(stopProgress)
-	<-progressDone
-	sort.Slice(recs, func(i, j int) bool { return recs[i].at < recs[j].at })
-	return recs
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				r.l.progress(r.sent.Load(), r.done.Load())
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-exited }
 }
 
 var circuitOpen = []byte(`"code":"circuit_open"`)

@@ -70,63 +70,63 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// command is the command line of one bench run.
+type command struct {
+	s                                settings
+	name, fakeListen, sturdyBin      string
+	sturdyListen, targetURL, fakeURL string
+	out, chart                       string
+	noDirect                         bool
+	peers                            peerFlag
+}
+
+// parseCommand reads the flags.
+func parseCommand(args []string, stderr io.Writer) (*command, error) {
+	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	name := fs.String("scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, or all")
-	var s settings
-	fs.DurationVar(&s.duration, "duration", 10*time.Second, "length of each load run")
-	fs.Float64Var(&s.rate, "rate", 2000, "requests per second of the overhead latency run")
-	fs.IntVar(&s.conns, "conns", 32, "connections of closed-loop runs")
-	fs.IntVar(&s.streams, "streams", 1000, "concurrent streams of the streams scenario")
-	fs.IntVar(&s.storm, "clients", 200, "concurrent clients of the storm scenario")
-	fakeListen := fs.String("fake-listen", "127.0.0.1:18000", "address of the fake model server (peer configs point here)")
-	sturdyBin := fs.String("sturdy", "", "sturdy binary to measure (default: build this checkout)")
-	sturdyListen := fs.String("sturdy-listen", "auto", "address Sturdy listens on during the run (auto: a free loopback port)")
-	targetURL := fs.String("target", "", "measure only this URL (a proxy you started in front of -fake)")
-	fakeURL := fs.String("fake", "", "with -target: the fake server's URL, for its counters")
-	noDirect := fs.Bool("no-direct", false, "skip the direct (no proxy) baseline")
-	out := fs.String("out", "bench-results.json", "JSON results file")
-	chart := fs.String("chart", "bench-latency.svg", "SVG latency CDF chart")
-	var peers peerFlag
-	fs.Var(&peers, "peer", "also measure a peer proxy: name=url[@process-name], repeatable")
-	if err := fs.Parse(args); err != nil {
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, or all")
+	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
+	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
+	fs.IntVar(&c.s.conns, "conns", 32, "connections of closed-loop runs")
+	fs.IntVar(&c.s.streams, "streams", 1000, "concurrent streams of the streams scenario")
+	fs.IntVar(&c.s.storm, "clients", 200, "concurrent clients of the storm scenario")
+	fs.StringVar(&c.fakeListen, "fake-listen", "127.0.0.1:18000", "address of the fake model server (peer configs point here)")
+	fs.StringVar(&c.sturdyBin, "sturdy", "", "sturdy binary to measure (default: build this checkout)")
+	fs.StringVar(&c.sturdyListen, "sturdy-listen", "auto", "address Sturdy listens on during the run (auto: a free loopback port)")
+	fs.StringVar(&c.targetURL, "target", "", "measure only this URL (a proxy you started in front of -fake)")
+	fs.StringVar(&c.fakeURL, "fake", "", "with -target: the fake server's URL, for its counters")
+	fs.BoolVar(&c.noDirect, "no-direct", false, "skip the direct (no proxy) baseline")
+	fs.StringVar(&c.out, "out", "bench-results.json", "JSON results file")
+	fs.StringVar(&c.chart, "chart", "bench-latency.svg", "SVG latency CDF chart")
+	fs.Var(&c.peers, "peer", "also measure a peer proxy: name=url[@process-name], repeatable")
+	return c, fs.Parse(args)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	c, err := parseCommand(args, stderr)
+	if err != nil {
 		return 2
 	}
-	var todo []*scenario
-	if *name == "all" {
-		todo = scenarios
-	} else if sc := findScenario(*name); sc != nil {
+	todo := scenarios
+	if c.name != "all" {
+		sc := findScenario(c.name)
+		if sc == nil {
+			fmt.Fprintf(stderr, "unknown scenario %q\n", c.name)
+			return 2
+		}
 		todo = []*scenario{sc}
-	} else {
-		fmt.Fprintf(stderr, "unknown scenario %q\n", *name)
-		return 2
 	}
-
-	var targets []target
-	if *targetURL != "" {
-		targets = []target{{name: "target", url: strings.TrimSuffix(*targetURL, "/")}}
-	} else {
-		if !*noDirect {
-			targets = append(targets, target{name: "direct", direct: true})
-		}
-		bin := *sturdyBin
-		if bin == "" {
-			var err error
-			if bin, err = buildSturdy(); err != nil {
-				fmt.Fprintln(stderr, err)
-				return 1
-			}
-		}
-		targets = append(targets, sturdyTarget(bin, *sturdyListen))
-		targets = append(targets, peers...)
+	targets, err := c.targets()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
 	}
-
 	var results []scenarioResult
 	for _, sc := range todo {
 		res := scenarioResult{Scenario: sc.name, About: sc.about}
 		for _, t := range targets {
-			tr, err := runTarget(sc, s, t, *fakeListen, *fakeURL, *targetURL != "", stderr)
+			tr, err := runTarget(sc, c.s, t, c.fakeListen, c.fakeURL, c.targetURL != "", stderr)
 			if err != nil {
 				fmt.Fprintf(stderr, "%s via %s: %v\n", sc.name, t.name, err)
 				return 1
@@ -136,21 +136,47 @@ func run(args []string, stdout, stderr io.Writer) int {
 		writeMarkdown(stdout, res)
 		results = append(results, res)
 	}
-	if *out != "" {
-		b, _ := json.MarshalIndent(map[string]any{"machine": machine(), "settings": s.json(), "results": results}, "", "  ")
-		if err := os.WriteFile(*out, b, 0o644); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
+	if err := c.write(results); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
 	}
-	if *chart != "" {
-		if err := os.WriteFile(*chart, latencyChart(results), 0o644); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-	}
-	fmt.Fprintf(stderr, "wrote %s and %s\n", *out, *chart)
+	fmt.Fprintf(stderr, "wrote %s and %s\n", c.out, c.chart)
 	return 0
+}
+
+// targets lists what the run measures: one -target, or direct, Sturdy
+// (built from this checkout unless -sturdy names a binary) and the peers.
+func (c *command) targets() ([]target, error) {
+	if c.targetURL != "" {
+		return []target{{name: "target", url: strings.TrimSuffix(c.targetURL, "/")}}, nil
+	}
+	var targets []target
+	if !c.noDirect {
+		targets = append(targets, target{name: "direct", direct: true})
+	}
+	bin := c.sturdyBin
+	if bin == "" {
+		var err error
+		if bin, err = buildSturdy(); err != nil {
+			return nil, err
+		}
+	}
+	targets = append(targets, sturdyTarget(bin, c.sturdyListen))
+	return append(targets, c.peers...), nil
+}
+
+// write saves the JSON results and the latency chart.
+func (c *command) write(results []scenarioResult) error {
+	if c.out != "" {
+		b, _ := json.MarshalIndent(map[string]any{"machine": machine(), "settings": c.s.json(), "results": results}, "", "  ")
+		if err := os.WriteFile(c.out, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if c.chart != "" {
+		return os.WriteFile(c.chart, latencyChart(results), 0o644)
+	}
+	return nil
 }
 
 // runTarget runs every load run of sc through t, each against a fresh
@@ -180,45 +206,51 @@ func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, e
 		if fake != nil {
 			fake.Reset() // the outage window and counters start with the load
 		}
-		var pids []int
-		if t.pids != nil {
-			pids = t.pids()
-		}
-		cpu0 := procCPU(pids)
-		body := chatBody
-		if spec.stream {
-			body = streamBody
-		}
-		label := fmt.Sprintf("%s/%s via %s", sc.name, spec.name, t.name)
-		start := time.Now()
-		window := s.duration
-		if spec.window > 0 {
-			window = spec.window
-		}
-		recs := load{url: url + spec.path, body: body, rate: spec.rate, workers: spec.conns,
-			duration: window, once: spec.once, progress: func(sent, done int64) {
-				fmt.Fprintf(stderr, "\r%-45s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
-			}}.run()
-		elapsed := time.Since(start)
-		fmt.Fprintf(stderr, "\r%-45s done: %d requests in %.1fs%20s\n", label, len(recs), elapsed.Seconds(), "")
-		var st fakellm.Stats
-		switch {
-		case fake != nil:
-			st = fake.Stats()
-		case fakeURL != "":
-			st = fetchStats(fakeURL)
-		}
-		rr := summarize(spec, recs, elapsed, st, procCPU(pids)-cpu0, procPeakRSS(pids), len(pids) > 0)
-		if sc.figures != nil {
-			rr.Figures = sc.figures(s, spec, recs, st)
-		}
-		tr.Runs = append(tr.Runs, rr)
+		tr.Runs = append(tr.Runs, measureRun(sc, s, spec, t, url, fake, fakeURL, stderr))
 		stop()
 		if fake != nil {
 			fake.Close()
 		}
 	}
 	return tr, nil
+}
+
+// measureRun runs one load against url and summarizes it with the fake
+// server's counters and the proxy processes' CPU and memory.
+func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fake *fakellm.Server, fakeURL string, stderr io.Writer) runResult {
+	var pids []int
+	if t.pids != nil {
+		pids = t.pids()
+	}
+	cpu0 := procCPU(pids)
+	body := chatBody
+	if spec.stream {
+		body = streamBody
+	}
+	label := fmt.Sprintf("%s/%s via %s", sc.name, spec.name, t.name)
+	start := time.Now()
+	window := s.duration
+	if spec.window > 0 {
+		window = spec.window
+	}
+	recs := load{url: url + spec.path, body: body, rate: spec.rate, workers: spec.conns,
+		duration: window, once: spec.once, progress: func(sent, done int64) {
+			fmt.Fprintf(stderr, "\r%-45s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
+		}}.run()
+	elapsed := time.Since(start)
+	fmt.Fprintf(stderr, "\r%-45s done: %d requests in %.1fs%20s\n", label, len(recs), elapsed.Seconds(), "")
+	var st fakellm.Stats
+	switch {
+	case fake != nil:
+		st = fake.Stats()
+	case fakeURL != "":
+		st = fetchStats(fakeURL)
+	}
+	rr := summarize(spec, recs, elapsed, st, procCPU(pids)-cpu0, procPeakRSS(pids), len(pids) > 0)
+	if sc.figures != nil {
+		rr.Figures = sc.figures(s, spec, recs, st)
+	}
+	return rr
 }
 
 func fetchStats(url string) fakellm.Stats {

@@ -101,20 +101,41 @@ func orDash(v float64) string {
 // latencyChart draws each target's latency CDF, one panel per scenario
 // run, as an SVG a person can open in a browser.
 func latencyChart(results []scenarioResult) []byte {
-	type panel struct {
-		title  string
-		series map[string][][2]float64
-		order  []string
+	panels := chartPanels(results)
+	const pw, ph = 460, 260
+	cols := 2
+	rows := (len(panels) + cols - 1) / cols
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`, cols*pw, rows*ph+20)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`)
+	for i, p := range panels {
+		p.draw(&b, float64(i%cols*pw+chartPad), float64(i/cols*ph+30), float64(pw-chartPad-20), float64(ph-chartPad-40))
 	}
-	var panels []panel
+	b.WriteString("</svg>\n")
+	return b.Bytes()
+}
+
+// chartPad is the room left of and below each panel for its axes.
+const chartPad = 50
+
+// chartPanel is one run of one scenario: a latency CDF per target.
+type chartPanel struct {
+	title  string
+	series map[string][][2]float64
+	order  []string
+}
+
+// chartPanels makes one panel per scenario run, its targets in order.
+func chartPanels(results []scenarioResult) []chartPanel {
+	var panels []chartPanel
 	for _, res := range results {
-		runs := map[string]*panel{}
+		runs := map[string]*chartPanel{}
 		var names []string
 		for _, t := range res.Targets {
 			for _, r := range t.Runs {
 				p := runs[r.Run]
 				if p == nil {
-					p = &panel{title: res.Scenario + " · " + r.Run, series: map[string][][2]float64{}}
+					p = &chartPanel{title: res.Scenario + " · " + r.Run, series: map[string][][2]float64{}}
 					runs[r.Run] = p
 					names = append(names, r.Run)
 				}
@@ -126,56 +147,56 @@ func latencyChart(results []scenarioResult) []byte {
 			panels = append(panels, *runs[n])
 		}
 	}
-	const pw, ph, pad = 460, 260, 50
-	cols := 2
-	rows := (len(panels) + cols - 1) / cols
-	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`, cols*pw, rows*ph+20)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`)
-	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"}
-	for i, p := range panels {
-		x0, y0 := float64(i%cols*pw+pad), float64(i/cols*ph+30)
-		w, h := float64(pw-pad-20), float64(ph-pad-40)
-		maxMs := 0.001
-		for _, s := range p.series {
-			for _, pt := range s {
-				maxMs = math.Max(maxMs, pt[1])
-			}
-		}
-		minMs := maxMs
-		for _, s := range p.series {
-			for _, pt := range s {
-				if pt[1] > 0 {
-					minMs = math.Min(minMs, pt[1])
-				}
-			}
-		}
-		lo, hi := math.Log10(math.Max(minMs/2, 0.001)), math.Log10(maxMs*1.5)
-		xOf := func(v float64) float64 { return x0 + w*(math.Log10(math.Max(v, 0.001))-lo)/(hi-lo) }
-		yOf := func(q float64) float64 { return y0 + h - h*q/100 }
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-weight="bold">%s — latency CDF (log ms)</text>`, x0, y0-10, esc(p.title))
-		fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#999"/>`, x0, y0, w, h)
-		for e := math.Ceil(lo); e <= hi; e++ {
-			x := xOf(math.Pow(10, e))
-			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#eee"/><text x="%.1f" y="%.0f" text-anchor="middle">%g</text>`,
-				x, y0, x, y0+h, x, y0+h+14, math.Pow(10, e))
-		}
-		for _, q := range []float64{50, 90, 99} {
-			fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">p%g</text><line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/>`,
-				x0-4, yOf(q)+4, q, x0, yOf(q), x0+w, yOf(q))
-		}
-		for k, name := range p.order {
-			var pts []string
-			for _, pt := range p.series[name] {
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(pt[1]), yOf(pt[0])))
-			}
-			c := colors[k%len(colors)]
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, c, strings.Join(pts, " "))
-			fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" fill="%s">%s</text>`, x0+w-90, y0+h-10-float64(k)*13, c, esc(name))
+	return panels
+}
+
+// span returns the smallest positive and the largest latency of the panel.
+func (p chartPanel) span() (minMs, maxMs float64) {
+	maxMs = 0.001
+	for _, s := range p.series {
+		for _, pt := range s {
+			maxMs = math.Max(maxMs, pt[1])
 		}
 	}
-	b.WriteString("</svg>\n")
-	return b.Bytes()
+	minMs = maxMs
+	for _, s := range p.series {
+		for _, pt := range s {
+			if pt[1] > 0 {
+				minMs = math.Min(minMs, pt[1])
+			}
+		}
+	}
+	return minMs, maxMs
+}
+
+// draw writes the panel at x0, y0 with a plot area w × h: a log-ms axis,
+// p50/p90/p99 lines and a polyline per target.
+func (p chartPanel) draw(b *bytes.Buffer, x0, y0, w, h float64) {
+	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"}
+	minMs, maxMs := p.span()
+	lo, hi := math.Log10(math.Max(minMs/2, 0.001)), math.Log10(maxMs*1.5)
+	xOf := func(v float64) float64 { return x0 + w*(math.Log10(math.Max(v, 0.001))-lo)/(hi-lo) }
+	yOf := func(q float64) float64 { return y0 + h - h*q/100 }
+	fmt.Fprintf(b, `<text x="%.0f" y="%.0f" font-weight="bold">%s — latency CDF (log ms)</text>`, x0, y0-10, esc(p.title))
+	fmt.Fprintf(b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#999"/>`, x0, y0, w, h)
+	for e := math.Ceil(lo); e <= hi; e++ {
+		x := xOf(math.Pow(10, e))
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#eee"/><text x="%.1f" y="%.0f" text-anchor="middle">%g</text>`,
+			x, y0, x, y0+h, x, y0+h+14, math.Pow(10, e))
+	}
+	for _, q := range []float64{50, 90, 99} {
+		fmt.Fprintf(b, `<text x="%.0f" y="%.1f" text-anchor="end">p%g</text><line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/>`,
+			x0-4, yOf(q)+4, q, x0, yOf(q), x0+w, yOf(q))
+	}
+	for k, name := range p.order {
+		var pts []string
+		for _, pt := range p.series[name] {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(pt[1]), yOf(pt[0])))
+		}
+		c := colors[k%len(colors)]
+		fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, c, strings.Join(pts, " "))
+		fmt.Fprintf(b, `<text x="%.0f" y="%.0f" fill="%s">%s</text>`, x0+w-90, y0+h-10-float64(k)*13, c, esc(name))
+	}
 }
 
 func esc(s string) string {

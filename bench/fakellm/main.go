@@ -39,20 +39,10 @@ func main() {
 	tokens := flag.Int("tokens", 16, "content chunks per reply")
 	flag.Parse()
 
-	var p fakellm.Profile
-	if *profileFile != "" {
-		f, err := os.Open(*profileFile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(2)
-		}
-		dec := yaml.NewDecoder(f)
-		dec.KnownFields(true)
-		if err := dec.Decode(&p); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", *profileFile, err)
-			os.Exit(2)
-		}
-		f.Close()
+	p, err := readProfile(*profileFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -78,7 +68,7 @@ func main() {
 	apply("itl", func() { p.InterToken.Base = *itl })
 	apply("tokens", func() { p.Tokens = *tokens })
 
-	s, err := fakellm.Start(*listen, p)
+	s, err := fakellm.Start(*listen, *p)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -90,5 +80,24 @@ func main() {
 	s.Close()
 	st := s.Stats()
 	fmt.Fprintf(os.Stderr, "served %d requests: %v (early retries %d)\n", st.Requests, st.Fates, st.EarlyRetries)
+}
 
+// readProfile reads a fault profile from a YAML file (unknown keys are
+// errors); an empty name is the empty profile.
+func readProfile(name string) (*fakellm.Profile, error) {
+	var p fakellm.Profile
+	if name == "" {
+		return &p, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	return &p, nil
 }

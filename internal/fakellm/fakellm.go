@@ -281,15 +281,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		fmt.Fprintf(ctx, `{"object":"list","data":[{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}]}`, model)
 	case "/v1/embeddings":
 		s.sleep(ttft)
-		ctx.SetContentType("application/json")
-		fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[`)
-		for i := 0; i < 64; i++ {
-			if i > 0 {
-				ctx.WriteString(",")
-			}
-			fmt.Fprintf(ctx, "%.4f", float64(i%7)/7-0.5)
-		}
-		fmt.Fprintf(ctx, `]}],"model":%q,"usage":{"prompt_tokens":8,"total_tokens":8}}`, model)
+		writeEmbedding(ctx, model)
 	case "/api/chat", "/api/generate":
 		s.stream(ctx, fate, model, ttft, itl, true)
 	default: // /v1/chat/completions and anything else chat-like
@@ -306,6 +298,20 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			`"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`,
 			model, content(p.Tokens), p.Tokens, 12+p.Tokens)
 	}
+}
+
+// writeEmbedding answers an embeddings request with a fixed 64-dimension
+// vector.
+func writeEmbedding(ctx *fasthttp.RequestCtx, model string) {
+	ctx.SetContentType("application/json")
+	fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[`)
+	for i := 0; i < 64; i++ {
+		if i > 0 {
+			ctx.WriteString(",")
+		}
+		fmt.Fprintf(ctx, "%.4f", float64(i%7)/7-0.5)
+	}
+	fmt.Fprintf(ctx, `]}],"model":%q,"usage":{"prompt_tokens":8,"total_tokens":8}}`, model)
 }
 
 // noteRetry counts a request that returns before its 429's Retry-After.
