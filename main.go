@@ -184,12 +184,11 @@ func (in *instance) run(stop <-chan os.Signal) int {
 	return 0
 }
 
-// shutdown stops reloading, ends the waits of requests in flight, lets
-// them and their streams finish within grace, and closes both listeners.
+// shutdown ends the waits of requests in flight, lets them and their
+// streams finish within grace, closes both listeners, then stops
+// reloading. SIGHUP stays handled until then: its default action would
+// end the process mid-grace.
 func (in *instance) shutdown(grace time.Duration) {
-	signal.Stop(in.hup)
-	in.stopWatching()
-	<-in.watching
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	err := in.p.Shutdown(ctx)
@@ -197,6 +196,9 @@ func (in *instance) shutdown(grace time.Duration) {
 	if err != nil {
 		in.log.Warn().Err(err).Msg("shutdown grace period over; remaining connections closed")
 	}
+	in.stopWatching()
+	<-in.watching
+	signal.Stop(in.hup)
 }
 
 // loadConfig reads the file, or builds the embedded default, and applies

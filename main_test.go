@@ -237,3 +237,42 @@ func TestDemoServesWithNoModelInstalled(t *testing.T) {
 		t.Fatalf("only %d of 5 demo requests succeeded", ok)
 	}
 }
+
+// TestSIGHUPDuringShutdownDoesNotKill sends SIGHUP while a SIGTERM'd
+// binary drains a slow request: the request still completes and the
+// process exits 0 (SIGHUP's default action would end it at once).
+func TestSIGHUPDuringShutdownDoesNotKill(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Delay: 1500 * time.Millisecond, Body: "slow but whole"})
+	p := runBinary(t, func(listen, admin string) []string {
+		return []string{"-upstream", up.URL, "-listen", listen, "-admin-listen", admin}
+	})
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Get("http://" + p.addr + "/v1/models")
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); up.Count() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the upstream")
+		}
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if body := <-done; body != "slow but whole" {
+		t.Fatalf("in-flight request during shutdown: %q", body)
+	}
+	if err := p.waitExit(t, 10*time.Second); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.logs.String())
+	}
+}

@@ -36,8 +36,8 @@ func BenchmarkBudget(b *testing.B) {
 	now := time.Now()
 	for i := 0; i < b.N; i++ {
 		bu.FirstAttempt(now)
-		if bu.Allows(now) {
-			bu.Spend(now)
+		if bu.Reserve(now) {
+			bu.Cancel(now)
 		}
 	}
 }

@@ -48,12 +48,11 @@ func (b *Budget) FirstAttempt(now time.Time) {
 	b.mu.Unlock()
 }
 
-// Allows reports whether the budget has a retry left now. It only looks:
-// the caller decides (Retry.Decide) and then calls Spend. Two requests
-// that look at once may both spend the last retry, so under concurrency
-// the cap can be passed by at most the number of requests deciding at the
-// same instant.
-func (b *Budget) Allows(now time.Time) bool {
+// Reserve takes one retry from the budget if one is left now, and reports
+// whether it did. The caller decides (Retry.Decide, told whether the
+// budget had one) and gives the retry back with Cancel when it does not
+// send it. Taking before deciding keeps the cap exact under concurrency.
+func (b *Budget) Reserve(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var firsts, retries float64
@@ -64,12 +63,18 @@ func (b *Budget) Allows(now time.Time) bool {
 			retries += bk.retries
 		}
 	}
-	return retries+1 <= b.Ratio*firsts+b.MinPerSecond*budgetWindow.Seconds()
+	if retries+1 > b.Ratio*firsts+b.MinPerSecond*budgetWindow.Seconds() {
+		return false
+	}
+	b.bucket(now).retries++
+	return true
 }
 
-// Spend records a retry sent to the upstream.
-func (b *Budget) Spend(now time.Time) {
+// Cancel gives back a retry Reserve took at now and that was not sent.
+func (b *Budget) Cancel(now time.Time) {
 	b.mu.Lock()
-	b.bucket(now).retries++
+	if bk := b.bucket(now); bk.retries > 0 {
+		bk.retries--
+	}
 	b.mu.Unlock()
 }

@@ -77,6 +77,10 @@ type Decision struct {
 	Replay bool
 }
 
+// SpendsBudget reports whether carrying d out sends a retry the retry
+// budget pays for: a retry in place that is not a stale replay.
+func (d Decision) SpendsBudget() bool { return d.Action == ActionAttempt && !d.Replay }
+
 // Attempt is what the loop knows after one attempt, as input to Decide.
 type Attempt struct {
 	// Verdict is the attempt's classification.
@@ -95,8 +99,8 @@ type Attempt struct {
 	// FailoverStatus is true when a pass-through reply matched the route's
 	// failover_on statuses or failover_codes.
 	FailoverStatus bool
-	// BudgetSpent is true when the upstream's retry budget (peeked at,
-	// not spent) allows no retry now.
+	// BudgetSpent is true when the upstream's retry budget has no retry
+	// left now (Budget.Reserve refused one).
 	BudgetSpent bool
 	// Replayable is Replayable() of the request.
 	Replayable bool

@@ -315,6 +315,9 @@ func TestDecideStale(t *testing.T) {
 		{"a write is not replayed", r, Attempt{Verdict: stale, N: 1, Total: 1, Remaining: hour}, stopWith(StopNotReplayable)},
 	}
 	runDecideTable(t, tests)
+	if replay.SpendsBudget() || !retryAfter(0).SpendsBudget() || stopWith(StopBudget).SpendsBudget() {
+		t.Error("only a retry in place that is not a stale replay spends the budget")
+	}
 	if v := Classify(Outcome{Fault: FaultStale}); v.Health != HealthExcluded || v.Reason != ReasonStale {
 		t.Fatalf("a stale connection must not count against the breaker: %+v", v)
 	}
@@ -398,13 +401,25 @@ func TestEveryStopHasANameAndText(t *testing.T) {
 	}
 }
 
-// tryRetry spends a retry when the budget allows one, as the loop does.
-func tryRetry(b *Budget, now time.Time) bool {
-	if !b.Allows(now) {
-		return false
+// tryRetry takes a retry from the budget and keeps it, as the loop does
+// for a retry it sends.
+func tryRetry(b *Budget, now time.Time) bool { return b.Reserve(now) }
+
+func TestBudgetCancelGivesTheRetryBack(t *testing.T) {
+	b := &Budget{Ratio: 0, MinPerSecond: 0.1} // one retry per 10 s window
+	now := time.Unix(7_000, 0)
+	if !b.Reserve(now) || b.Reserve(now) {
+		t.Fatal("want exactly one retry")
 	}
-	b.Spend(now)
-	return true
+	b.Cancel(now)
+	if !b.Reserve(now) {
+		t.Fatal("a cancelled retry was not given back")
+	}
+	b.Cancel(now)
+	b.Cancel(now) // more cancels than reservations never go below zero
+	if !b.Reserve(now) || b.Reserve(now) {
+		t.Fatal("cancel went below zero")
+	}
 }
 
 func TestBudgetAbsorbsTransientFaultsButCapsAnOutage(t *testing.T) {

@@ -13,7 +13,8 @@
 //     who set it, the stop reason: policy.Retry.Decide, called once in try;
 //   - before an attempt, wait / fail over / refuse for a cooldown, pacing,
 //     an open breaker or a busy upstream: policy.Clear, called in clear;
-//   - retry budget: peeked in try (policy.Budget.Allows), spent in retrying;
+//   - retry budget: reserved in try before Decide (policy.Budget.Reserve),
+//     given back when the retry is not sent;
 //   - breaker outcome: policy.Classify's Health, reported by try (Ticket.Done);
 //   - waits end early on shutdown: wait (and slots.acquire), ex.gone the
 //     hook for a client that left;

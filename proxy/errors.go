@@ -44,39 +44,56 @@ type errorSpec struct {
 	message string
 	// when says when it is sent, as in the README's table.
 	when string
+	// sdkRetries leaves x-should-retry out, so the client's SDK may retry
+	// (elsewhere): set only where no upstream was asked to answer.
+	sdkRetries bool
 }
 
 // errorTable is every error Sturdy writes itself: code → status, message.
 // README's table of codes is checked against it by a test.
 var errorTable = []errorSpec{
-	{CodeBadRequest, 400, "bad request: %s",
-		"malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`"},
-	{CodeHeadersTooLarge, 431, "request line and headers are larger than the %d bytes Sturdy accepts; send fewer or smaller headers",
-		"request line and headers over `server.max_header_bytes`"},
-	{CodeRequestTooLarge, 413, "request body is larger than %s accepts (%d bytes); send a smaller request",
-		"body over the route's `max_body`"},
-	{CodeRouteNotFound, 404, "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
-		"no route's `path_prefix` (and `model`) matches the request"},
-	{CodeInvalidAPIKey, 401, "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\"",
-		"`auth` is on and the request has no accepted `Authorization: Bearer <key>`"},
-	{CodeRateLimited, 429, "%s; retry after the Retry-After delay",
-		"the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
-	{CodeCircuitOpen, 503, "upstream %q is failing and its circuit breaker is open%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
-		"the upstream's breaker is open; `Retry-After` = seconds until the next probe"},
-	{CodeUpstreamBusy, 503, "upstream %q is running as many requests as it is allowed (max_in_flight)%s; retry after the Retry-After delay",
-		"the upstream's `max_in_flight` slots stayed full for `queue_timeout`"},
-	{CodeUpstreamUnreachable, 502, "upstream %q %s (%s); retry later or check the upstream",
-		"one attempt, no response (connect failure or reset)"},
-	{CodeRetriesExhausted, 502, "upstream %q %s (%s); retry later or check the upstream",
-		"several attempts, none produced a response, the last failed to connect or was reset"},
-	{CodeUpstreamTimeout, 504, "upstream %q sent no response in time (%s); retry later, or allow more time (timeouts.first_byte, the request's timeout)",
-		"the last attempt (of one or several) sent no response within `first_byte` / `first_token`"},
-	{CodeDeadlineExceeded, 504, "the request's deadline passed before any upstream answered; last: upstream %q (%s); retry later or check the upstream",
-		"the request's deadline (route or client) passed before any upstream answered; the message names every target tried"},
-	{CodeShuttingDown, 503, "Sturdy is shutting down and stopped waiting to try upstream %q again (%s); retry the request",
-		"Sturdy began shutting down while the request waited (backoff, `Retry-After`, cooldown, pacing, a `max_in_flight` slot) and no upstream reply was at hand"},
-	{CodeStreamInterrupted, 0, "%s from upstream %q; the output so far is incomplete: retry the request",
-		"sent *inside* a stream that failed after it started (see below)"},
+	{code: CodeBadRequest, status: 400,
+		message: "bad request: %s",
+		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`"},
+	{code: CodeHeadersTooLarge, status: 431,
+		message: "request line and headers are larger than the %d bytes Sturdy accepts; send fewer or smaller headers",
+		when:    "request line and headers over `server.max_header_bytes`"},
+	{code: CodeRequestTooLarge, status: 413,
+		message: "request body is larger than %s accepts (%d bytes); send a smaller request",
+		when:    "body over the route's `max_body`"},
+	{code: CodeRouteNotFound, status: 404,
+		message: "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
+		when:    "no route's `path_prefix` (and `model`) matches the request"},
+	{code: CodeInvalidAPIKey, status: 401,
+		message: "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\"",
+		when:    "`auth` is on and the request has no accepted `Authorization: Bearer <key>`"},
+	{code: CodeRateLimited, status: 429,
+		message: "%s; retry after the Retry-After delay",
+		when:    "the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
+	{code: CodeCircuitOpen, status: 503,
+		message: "upstream %q is failing and its circuit breaker is open%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
+		when:    "the upstream's breaker is open; `Retry-After` = seconds until the next probe"},
+	{code: CodeUpstreamBusy, status: 503,
+		message: "upstream %q is running as many requests as it is allowed (max_in_flight)%s; retry after the Retry-After delay",
+		when:    "the upstream's `max_in_flight` slots stayed full for `queue_timeout`"},
+	{code: CodeUpstreamUnreachable, status: 502,
+		message: "upstream %q %s (%s); retry later or check the upstream",
+		when:    "one attempt, no response (connect failure or reset)"},
+	{code: CodeRetriesExhausted, status: 502,
+		message: "upstream %q %s (%s); retry later or check the upstream",
+		when:    "several attempts, none produced a response, the last failed to connect or was reset"},
+	{code: CodeUpstreamTimeout, status: 504,
+		message: "upstream %q sent no response in time (%s); retry later, or allow more time (timeouts.first_byte, the request's timeout)",
+		when:    "the last attempt (of one or several) sent no response within `first_byte` / `first_token`"},
+	{code: CodeDeadlineExceeded, status: 504,
+		message: "the request's deadline passed before any upstream answered; last: upstream %q (%s); retry later or check the upstream",
+		when:    "the request's deadline (route or client) passed before any upstream answered; the message names every target tried"},
+	{code: CodeShuttingDown, status: 503,
+		message: "Sturdy is shutting down and stopped waiting to try upstream %q again (%s); retry the request",
+		when:    "Sturdy began shutting down while the request waited (backoff, `Retry-After`, cooldown, pacing, a `max_in_flight` slot) and no upstream reply was at hand; sent without `x-should-retry`, so SDKs retry it (on another replica)", sdkRetries: true},
+	{code: CodeStreamInterrupted, status: 0,
+		message: "%s from upstream %q; the output so far is incomplete: retry the request",
+		when:    "sent *inside* a stream that failed after it started (see below)"},
 }
 
 // specOf returns code's row of errorTable.
@@ -135,15 +152,17 @@ func (e *apiError) body() []byte {
 }
 
 // write answers the client with the error: its status, an OpenAI-shaped
-// body, x-should-retry: false so SDKs do not multiply our retries, and
-// Retry-After/retry-after-ms when a wait is known. Every error response
-// Sturdy writes goes through here.
+// body, x-should-retry: false so SDKs do not multiply our retries (unless
+// the row says they may), and Retry-After/retry-after-ms when a wait is
+// known. Every error response Sturdy writes goes through here.
 func (e *apiError) write(ctx *fasthttp.RequestCtx, requestID []byte) {
 	r := &ctx.Response
 	r.Reset()
 	r.SetStatusCode(e.spec.status)
 	r.Header.SetContentType("application/json")
-	r.Header.SetBytesKV(hdrShouldRetry, valFalse)
+	if !e.spec.sdkRetries {
+		r.Header.SetBytesKV(hdrShouldRetry, valFalse)
+	}
 	r.Header.SetBytesKV(hdrRequestID, requestID)
 	if e.retryAfter > 0 {
 		secs := int64((e.retryAfter + time.Second - 1) / time.Second)

@@ -73,8 +73,11 @@ type loopState struct {
 	attempts int       // across all targets, stale replays included
 	// replaying is set while the next attempt is a stale replay.
 	replaying bool
-	slot      *upstream // whose max_in_flight slot is held
-	entered   *upstream // whose in-flight count this request is in
+	// reservedAt is when the retry budget was taken for the retry being
+	// waited for, to give it back if the wait ends early.
+	reservedAt time.Time
+	slot       *upstream // whose max_in_flight slot is held
+	entered    *upstream // whose in-flight count this request is in
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
 	obstacle obstacle

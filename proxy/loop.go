@@ -47,8 +47,12 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 			return ex.carry(d)
 		}
 		if !ex.wait(d.Wait) {
+			if d.SpendsBudget() {
+				t.up.budget.Cancel(ex.loop.reservedAt) // never sent
+			}
 			return policy.ActionStop
 		}
+		ex.retrying(t.up, d)
 	}
 }
 
@@ -208,23 +212,26 @@ func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
 		a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
 		a.FailoverStatus = lp.verdict.Class == policy.ClassPassThrough && ex.failoverStatus()
 	}
+	reserved := false
 	if lp.verdict.Class == policy.ClassRetryable {
-		a.BudgetSpent = !up.budget.Allows(now)
+		reserved = up.budget.Reserve(now)
+		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
-	if d.Action == policy.ActionAttempt {
-		ex.retrying(up, d, now)
+	if reserved && !d.SpendsBudget() {
+		up.budget.Cancel(now)
+	}
+	if d.SpendsBudget() {
+		ex.loop.reservedAt = now
 	}
 	return d
 }
 
-// retrying counts and notes a retry policy chose, and spends the budget
-// unless it is a stale replay.
-func (ex *exchange) retrying(up *upstream, d policy.Decision, now time.Time) {
+// retrying counts and notes a retry policy chose, once its wait is over.
+func (ex *exchange) retrying(up *upstream, d policy.Decision) {
 	reason := ex.loop.verdict.Reason
 	ex.loop.replaying = d.Replay
 	if !d.Replay {
-		up.budget.Spend(now)
 		ex.p.m.RetryWait.WithLabelValues(up.name, d.Source.String()).Observe(d.Wait.Seconds())
 	}
 	ex.p.m.Retries.WithLabelValues(up.name, reason.String()).Inc()
@@ -235,11 +242,17 @@ func (ex *exchange) retrying(up *upstream, d policy.Decision, now time.Time) {
 }
 
 // wait waits d, unless Sturdy shuts down (or, once watched, the client
-// leaves) first; false means it ended early and ex.loop.stop says why.
-// The timer is always stopped.
+// leaves) first; false means it ended early, or that shutdown had already
+// begun, and ex.loop.stop says why. The timer is always stopped.
 func (ex *exchange) wait(d time.Duration) bool {
 	if d <= 0 {
-		return true
+		select {
+		case <-ex.p.stopping:
+			ex.interrupted()
+			return false
+		default:
+			return true
+		}
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -259,8 +272,10 @@ func (ex *exchange) wait(d time.Duration) bool {
 func (ex *exchange) gone() <-chan struct{} { return nil }
 
 // interrupted records why a wait ended early — shutdown, else the client
-// left — and stops the loop.
+// left — and stops the loop. What stood in the way before the wait is no
+// longer the answer.
 func (ex *exchange) interrupted() policy.Action {
+	ex.loop.blocked = false
 	ex.loop.stop = policy.StopClientGone
 	select {
 	case <-ex.p.stopping:

@@ -153,7 +153,7 @@ type Route struct {
 	// Name identifies the route in logs.
 	Name string
 	// PathPrefix is matched bytewise against the raw request path; the
-	// longest match wins. Empty matches every path, like "/".
+	// longest match wins. Default "/".
 	PathPrefix string
 	// Model, when set, is a glob the body's "model" must match.
 	Model string
@@ -184,6 +184,7 @@ type Route struct {
 }
 
 func (r Route) withDefaults() Route {
+	orDefault(&r.PathPrefix, "/")
 	orDefault(&r.AttemptsOnClientRetry, DefaultClientRetries)
 	orDefault(&r.Deadline, DefaultDeadline)
 	orDefault(&r.MaxBody, DefaultMaxBody)

@@ -774,3 +774,20 @@ func TestTraceContextPassesThroughUntouched(t *testing.T) {
 		t.Fatalf("trace headers changed: %v", r.Header)
 	}
 }
+
+func TestRouteWithoutPathPrefixCompetesWithSlash(t *testing.T) {
+	all := upstreamtest.Start(t, upstreamtest.Step{Body: "all"})
+	gpt := upstreamtest.Start(t, upstreamtest.Step{Body: "gpt"})
+	h := startProxy(t, all.URL, func(o *Options) {
+		o.Upstreams = append(o.Upstreams, testUpstream("gpt", gpt.URL))
+		r := testRoute("gpt")
+		r.Name, r.PathPrefix, r.Model = "gpt", "", "gpt*" // path_prefix left out: "/"
+		o.Routes = append(o.Routes, r)
+	})
+	if _, body := h.chat(`{"model":"gpt-4o"}`); string(body) != "gpt" {
+		t.Fatalf("the model glob lost to the / route: %q", body)
+	}
+	if _, body := h.chat(`{"model":"llama"}`); string(body) != "all" {
+		t.Fatalf("%q", body)
+	}
+}

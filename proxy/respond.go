@@ -153,7 +153,14 @@ func (ex *exchange) triedText() string {
 		if n.model != "" {
 			b.WriteString(" as " + n.model)
 		}
-		fmt.Fprintf(&b, ": %d attempt%s, last %s", n.attempts, plural(n.attempts), n.result)
+		switch {
+		case n.attempts == 0 && n.result == "":
+			b.WriteString(": no attempt")
+		case n.attempts == 0:
+			b.WriteString(": skipped, " + n.result)
+		default:
+			fmt.Fprintf(&b, ": %d attempt%s, last %s", n.attempts, plural(n.attempts), n.result)
+		}
 	}
 	if ex.loop.stop.Ended() {
 		b.WriteString("; " + ex.loop.stop.Text())
