@@ -28,8 +28,7 @@ func startSturdy(t *testing.T, yaml, upstreamURL string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.CloseIdleConnections)
-	return upstreamtest.Serve(t, p.Server())
+	return upstreamtest.ServeWith(t, p.Serve, func() { _ = p.Shutdown(context.Background()) })
 }
 
 const e2eConfig = `

@@ -151,13 +151,12 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 	logger.Info().Str("listen", in.ln.Addr().String()).Bool("tls", cfg.TLS.CertFile != "").
 		Bool("client_auth", len(cfg.Auth.Keys) > 0).Str("admin_listen", in.adminLn.Addr().String()).
 		Str("version", version).Msg("sturdy started")
-	srv := p.Server()
 	go func() {
 		if cfg.TLS.CertFile != "" {
-			in.served <- srv.ServeTLS(in.ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+			in.served <- p.ServeTLS(in.ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
 			return
 		}
-		in.served <- srv.Serve(in.ln)
+		in.served <- p.Serve(in.ln)
 	}()
 	go func() { in.served <- in.adminSrv.Serve(in.adminLn) }()
 	signal.Notify(in.hup, syscall.SIGHUP)
@@ -239,7 +238,8 @@ func loadConfig(s settings) (*config.Config, error) {
 func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics) proxy.Options {
 	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys,
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
-			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes)}}
+			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
+			WriteTimeout: cfg.Server.WriteTimeout.Std()}}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
 		o.Upstreams = append(o.Upstreams, proxy.Upstream{

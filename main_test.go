@@ -91,6 +91,13 @@ type sturdyProc struct {
 // on new ones. It returns once the binary accepts connections.
 func runBinary(t *testing.T, args func(listen, admin string) []string) *sturdyProc {
 	t.Helper()
+	return runBinaryCmd(t, exec.Command, args)
+}
+
+// runBinaryCmd is runBinary with the command made by cmd (to run the
+// binary under a shell that sets limits first, say).
+func runBinaryCmd(t *testing.T, cmd func(bin string, args ...string) *exec.Cmd, args func(listen, admin string) []string) *sturdyProc {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
@@ -100,7 +107,7 @@ func runBinary(t *testing.T, args func(listen, admin string) []string) *sturdyPr
 	}
 	for try := 1; ; try++ {
 		p := &sturdyProc{logs: &upstreamtest.LogBuffer{}, addr: freeAddr(t), exited: make(chan struct{})}
-		p.cmd = exec.Command(bin, args(p.addr, freeAddr(t))...)
+		p.cmd = cmd(bin, args(p.addr, freeAddr(t))...)
 		p.cmd.Stderr = p.logs
 		if err := p.cmd.Start(); err != nil {
 			t.Fatal(err)

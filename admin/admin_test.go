@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -53,7 +54,7 @@ func start(t *testing.T, openFor time.Duration, steps ...upstreamtest.Step) *sta
 	srv := &http.Server{Handler: Handler(p, m.Registry), ReadHeaderTimeout: time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return &stack{p: p, url: upstreamtest.Serve(t, p.Server()), adminURL: "http://" + ln.Addr().String(),
+	return &stack{p: p, url: upstreamtest.ServeWith(t, p.Serve, func() { _ = p.Shutdown(context.Background()) }), adminURL: "http://" + ln.Addr().String(),
 		upstreams: []*upstreamtest.Server{up}}
 }
 

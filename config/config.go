@@ -56,6 +56,14 @@ type Server struct {
 	// MaxHeaderBytes caps the request line and headers; larger gets 431.
 	// Default 32KiB.
 	MaxHeaderBytes Size `yaml:"max_header_bytes"`
+	// MaxConnections caps open client connections; one more is answered
+	// 503 too_many_connections. Default: half the process's file
+	// descriptor limit, less 64.
+	MaxConnections int `yaml:"max_connections"`
+	// WriteTimeout is the longest a single write to a client may block: a
+	// client that stops reading is cut (a stream it keeps reading never
+	// is). Default 60s.
+	WriteTimeout Duration `yaml:"write_timeout"`
 }
 
 // ListenerTLS serves the listener over TLS.

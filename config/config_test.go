@@ -231,3 +231,25 @@ func TestExampleConfigIsValid(t *testing.T) {
 		t.Fatal("example config has no upstreams or routes")
 	}
 }
+
+func TestProblemsNeverQuoteASecret(t *testing.T) {
+	for _, doc := range []string{
+		"upstreams: [{name: a, url: 'http://h', api_key: [sk-proj-abcdefghijklmnop]}]\n",
+		"upstreams: [{name: a, url: 'http://h', timeouts: {connect: sk-proj-abcdefghijkl}}]\n",
+		"upstreams: [{name: a, url: 'http://user:hunter2-secret@h'}]\n",
+		"upstreams: [{name: a, url: 'ftp://h?key=sk-proj-abcdefghijk'}]\n",
+		"upstreams: [{name: a, url: 'http://h'}]\nauth: {keys: [short-secret]}\n",
+		"upstreams: [{name: a, url: 'http://h'}]\nauth: {keys: {k: 'Bearer hunter2-secret'}}\n",
+	} {
+		_, err := Parse("t.yaml", []byte(doc))
+		if err == nil {
+			t.Fatalf("accepted %q", doc)
+		}
+		msg := err.Error()
+		for _, secret := range []string{"abcdefgh", "hunter2", "short-secret"} {
+			if strings.Contains(msg, secret) {
+				t.Errorf("%q: the message quotes a secret: %s", doc, msg)
+			}
+		}
+	}
+}

@@ -38,7 +38,34 @@ type Error struct {
 	Problems []Problem
 }
 
-// Error formats one problem per line as "file:line: key: message".
+// secretKeys are the key names whose values are secrets: a message about
+// one never quotes the value. Add every new secret-bearing key here.
+var secretKeys = regexp.MustCompile(`(^|\.)(api_key|api_key_file|auth|keys|redis_url|password|hash_key|headers|token|secret)(\[|\.|$)`)
+
+// quoted matches a value a message quotes: "…", `…` (yaml's) or '…'.
+var quoted = regexp.MustCompile("\"(?:[^\"\\\\]|\\\\.)*\"|`[^`]*`|'[^']*'")
+
+// secretLike matches what looks like a credential wherever it is quoted:
+// an OpenAI-style key, a bearer token, a URL's user:password@.
+var secretLike = regexp.MustCompile(`sk-[A-Za-z0-9_\-.]+|(?i:bearer)\s+\S+|://[^/\s@"'` + "`" + `]+@`)
+
+// redact keeps secrets out of a problem's message: every quoted value of
+// a secret-bearing key, and anything that looks like a credential.
+func redact(p Problem) string {
+	msg := p.Msg
+	if secretKeys.MatchString(p.Key) {
+		msg = quoted.ReplaceAllString(msg, `"[redacted]"`)
+	}
+	return secretLike.ReplaceAllStringFunc(msg, func(m string) string {
+		if strings.HasPrefix(m, "://") {
+			return "://[redacted]@"
+		}
+		return "[redacted]"
+	})
+}
+
+// Error formats one problem per line as "file:line: key: message", with
+// secrets redacted (see redact).
 func (e *Error) Error() string {
 	var b strings.Builder
 	for i, p := range e.Problems {
@@ -53,7 +80,7 @@ func (e *Error) Error() string {
 		if p.Key != "" {
 			b.WriteString(p.Key + ": ")
 		}
-		b.WriteString(p.Msg)
+		b.WriteString(redact(p))
 	}
 	return b.String()
 }

@@ -96,6 +96,8 @@ func (c *Config) validateServer(p *problems) {
 	}
 	positive(p, "server.read_timeout", c.Server.ReadTimeout)
 	positive(p, "server.idle_timeout", c.Server.IdleTimeout)
+	positive(p, "server.write_timeout", c.Server.WriteTimeout)
+	atLeast1(p, "server.max_connections", c.Server.MaxConnections)
 	if h := c.Server.MaxHeaderBytes; h < 0 || (c.isWritten("server.max_header_bytes") && h < 1024) {
 		p.bad("server.max_header_bytes", "must be at least 1KiB")
 	}

@@ -63,6 +63,14 @@ type Metrics struct {
 	// RateLimited counts 429s Sturdy answered itself, by reason (client,
 	// cooldown, rate_limited).
 	RateLimited *prometheus.CounterVec
+	// AcceptErrors counts accept errors the listener retried, by reason
+	// (emfile, enfile, econnaborted, enobufs, other).
+	AcceptErrors *prometheus.CounterVec
+	// ConnectionsRefused counts client connections answered 503 because
+	// server.max_connections were open.
+	ConnectionsRefused prometheus.Counter
+	// ClientConnections is the number of open client connections.
+	ClientConnections prometheus.Gauge
 }
 
 // latencyBuckets span a fast proxied call to a long generation.
@@ -114,10 +122,17 @@ func New() *Metrics {
 			Help: "Targets passed over without an attempt, by upstream and reason."}, []string{"upstream", "reason"}),
 		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_rate_limited_total",
 			Help: "429s answered by Sturdy itself, by reason (client, cooldown, rate_limited)."}, []string{"reason"}),
+		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_accept_errors_total",
+			Help: "Accept errors on the client listener, retried with backoff, by reason."}, []string{"reason"}),
+		ConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "sturdy_connections_refused_total",
+			Help: "Client connections answered 503 too_many_connections (server.max_connections)."}),
+		ClientConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_client_connections",
+			Help: "Open client connections."}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
-		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited,
+		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
+		m.ConnectionsRefused, m.ClientConnections,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -22,7 +22,6 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.CloseIdleConnections)
 	tbl := p.tbl.Load()
 	u, r, cl := tbl.upstreams[0], tbl.routes[0], tbl.clients[0]
 	if u.connect != DefaultConnectTimeout || u.firstByte != DefaultFirstByteTimeout || u.idle != DefaultIdleTimeout ||
@@ -37,10 +36,11 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 	if cl.opts.KeyHeader != DefaultKeyHeader || cl.opts.Burst != 3 || string(cl.header) != "Authorization" {
 		t.Errorf("client limit defaults: %+v", cl.opts)
 	}
-	if p.limits != (ServerLimits{ReadTimeout: DefaultReadTimeout, IdleTimeout: DefaultServerIdle, MaxHeaderBytes: DefaultMaxHeaderBytes}) {
+	if p.limits != (ServerLimits{ReadTimeout: DefaultReadTimeout, IdleTimeout: DefaultServerIdle, MaxHeaderBytes: DefaultMaxHeaderBytes,
+		MaxConnections: defaultMaxConnections(openFileLimit()), WriteTimeout: DefaultWriteTimeout}) {
 		t.Errorf("server limits: %+v", p.limits)
 	}
-	h := &harness{t: t, p: p, url: upstreamtest.Serve(t, p.Server()), logs: &upstreamtest.LogBuffer{}}
+	h := &harness{t: t, p: p, url: serve(t, p), logs: &upstreamtest.LogBuffer{}}
 	if resp, body := h.chat(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 100_000) + `"}]}`); resp.StatusCode != 200 || string(body) != "ok" {
 		t.Fatalf("a request through zero-valued options: %d %q", resp.StatusCode, body)
 	}

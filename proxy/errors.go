@@ -18,6 +18,7 @@ import (
 const (
 	CodeBadRequest          = "bad_request"
 	CodeHeadersTooLarge     = "request_headers_too_large"
+	CodeRequestTimeout      = "request_timeout"
 	CodeRequestTooLarge     = "request_too_large"
 	CodeRouteNotFound       = "route_not_found"
 	CodeInvalidAPIKey       = "invalid_api_key"
@@ -29,6 +30,7 @@ const (
 	CodeUpstreamTimeout     = "upstream_timeout"
 	CodeDeadlineExceeded    = "deadline_exceeded"
 	CodeShuttingDown        = "shutting_down"
+	CodeTooManyConnections  = "too_many_connections"
 	CodeStreamInterrupted   = "stream_interrupted"
 )
 
@@ -54,10 +56,13 @@ type errorSpec struct {
 var errorTable = []errorSpec{
 	{code: CodeBadRequest, status: 400,
 		message: "bad request: %s",
-		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`"},
+		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`, a path whose dot-segments leave its route's `path_prefix`"},
 	{code: CodeHeadersTooLarge, status: 431,
 		message: "request line and headers are larger than the %d bytes Sturdy accepts; send fewer or smaller headers",
 		when:    "request line and headers over `server.max_header_bytes`"},
+	{code: CodeRequestTimeout, status: 408,
+		message: "the request was not received within %s (server.read_timeout); send it whole, without pauses",
+		when:    "the request line, headers and body did not arrive within `server.read_timeout` (a slowloris, a body that never ends)"},
 	{code: CodeRequestTooLarge, status: 413,
 		message: "request body is larger than %s accepts (%d bytes); send a smaller request",
 		when:    "body over the route's `max_body`"},
@@ -91,6 +96,9 @@ var errorTable = []errorSpec{
 	{code: CodeShuttingDown, status: 503,
 		message: "Sturdy is shutting down and stopped waiting to try upstream %q again (%s); retry the request",
 		when:    "Sturdy began shutting down while the request waited (backoff, `Retry-After`, cooldown, pacing, a `max_in_flight` slot) and no upstream reply was at hand; sent without `x-should-retry`, so SDKs retry it (on another replica)", sdkRetries: true},
+	{code: CodeTooManyConnections, status: 503,
+		message: "Sturdy is serving as many client connections as it allows (%d, server.max_connections); retry after the Retry-After delay",
+		when:    "a new client connection would pass `server.max_connections`: answered at once and closed"},
 	{code: CodeStreamInterrupted, status: 0,
 		message: "%s from upstream %q; the output so far is incomplete: retry the request",
 		when:    "sent *inside* a stream that failed after it started (see below)"},
@@ -156,7 +164,11 @@ func (e *apiError) body() []byte {
 // the row says they may), and Retry-After/retry-after-ms when a wait is
 // known. Every error response Sturdy writes goes through here.
 func (e *apiError) write(ctx *fasthttp.RequestCtx, requestID []byte) {
-	r := &ctx.Response
+	e.writeTo(&ctx.Response, requestID)
+}
+
+// writeTo renders the error into r (see write).
+func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte) {
 	r.Reset()
 	r.SetStatusCode(e.spec.status)
 	r.Header.SetContentType("application/json")

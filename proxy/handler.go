@@ -87,6 +87,12 @@ func (ex *exchange) admit() *apiError {
 		return newError(CodeRouteNotFound, rawPath(uri))
 	}
 	ex.req.route, ex.loop.up = r, r.targets[0].up
+	if !confined(rawPath(uri), r.prefix) {
+		// An upstream that resolves dot-segments would serve a path the
+		// route does not cover, with the route's credentials.
+		return newError(CodeBadRequest, fmt.Sprintf("the path leaves route %q's path_prefix %q once its dot-segments (. and ..) are resolved; send the path without them",
+			r.name, r.prefix))
+	}
 	if n := len(ctx.Request.Body()); n > r.maxBody {
 		return newError(CodeRequestTooLarge, fmt.Sprintf("route %q", r.name), r.maxBody)
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -57,8 +58,18 @@ func startProxy(t *testing.T, upstreamURL string, edit func(*Options)) *harness 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.CloseIdleConnections)
-	return &harness{t: t, p: p, url: upstreamtest.Serve(t, p.Server()), logs: logs}
+	return &harness{t: t, p: p, url: serve(t, p), logs: logs}
+}
+
+// serve runs p on a fresh 127.0.0.1 port, through its listener guard as
+// in production, until the test ends, and returns its http:// URL.
+func serve(t testing.TB, p *Proxy) string {
+	t.Helper()
+	return upstreamtest.ServeWith(t, p.Serve, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = p.Shutdown(ctx)
+	})
 }
 
 var testClient = &http.Client{

@@ -176,3 +176,81 @@ func TestErrorPathsKeepServingOtherClients(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestHeaderValuesNeverReachTheLogOrTheBody sends an Authorization whose
+// value carries a stray \r or control byte (a CRLF env file): fasthttp
+// rejects it, and neither its log line nor the 400 may quote the key.
+func TestHeaderValuesNeverReachTheLogOrTheBody(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, nil)
+	for _, bad := range []string{"Bearer sk-live-SECRET\rtail", "Bearer sk-live-SECRET\x01tail", "Bearer sk-live-SECRET\x7f"} {
+		resp, body := h.raw("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: " + bad + "\r\n\r\n")
+		if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest || strings.Contains(string(body), "SECRET") {
+			t.Fatalf("%q: %d %s", bad, resp.StatusCode, body)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // fasthttp logs after answering
+	if logs := h.logs.String(); strings.Contains(logs, "SECRET") || !strings.Contains(logs, "details withheld") {
+		t.Fatalf("the log quotes the header or says nothing:\n%s", logs)
+	}
+}
+
+// TestSlowRequestIs408WithoutAddresses: a request that does not arrive
+// within read_timeout is answered 408 request_timeout, not a 400 that
+// quotes socket addresses.
+func TestSlowRequestIs408WithoutAddresses(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, func(o *Options) { o.Server.ReadTimeout = 300 * time.Millisecond })
+	for _, partial := range []string{
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: aaa",                                       // headers never end
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":", // body never ends
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(conn, partial); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		conn.Close()
+		if err != nil {
+			t.Fatalf("%q: no answer: %v", partial, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if code, _ := errorOf(t, body); resp.StatusCode != 408 || code != CodeRequestTimeout || strings.Contains(string(body), "127.0.0.1") {
+			t.Fatalf("%q: %d %s", partial, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestDotSegmentsCannotLeaveTheRoutePrefix: a route for /v1/chat/ with the
+// upstream's key must not reach /admin through dot-segments, in any
+// spelling; paths that stay inside go upstream byte for byte.
+func TestDotSegmentsCannotLeaveTheRoutePrefix(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Routes[0].PathPrefix = "/v1/"
+		o.Upstreams[0].APIKey = "sk-upstream-key"
+	})
+	for _, p := range []string{"/v1/../admin", "/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/x/..%2F..%2Fadmin", "/v1/..%5Cadmin", "/v1/.."} {
+		resp, body := h.raw("GET " + p + " HTTP/1.1\r\nHost: x\r\n\r\n")
+		if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, body)
+		}
+	}
+	if up.Count() != 0 {
+		t.Fatalf("the upstream saw %d escaping requests", up.Count())
+	}
+	for _, p := range []string{"/v1/./models", "/v1/x/../models", "/v1/models/org%2Fname", "/v1/models/llama3.1"} {
+		if resp, _ := h.raw("GET " + p + " HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", p, resp.StatusCode)
+		}
+	}
+	for i, want := range []string{"/v1/./models", "/v1/x/../models", "/v1/models/org%2Fname", "/v1/models/llama3.1"} {
+		if got := up.Requests()[i].RequestURI; got != want {
+			t.Errorf("forwarded %q, want the raw %q", got, want)
+		}
+	}
+}

@@ -28,6 +28,7 @@ const (
 	DefaultReadTimeout      = 60 * time.Second
 	DefaultServerIdle       = 120 * time.Second
 	DefaultMaxHeaderBytes   = 32 << 10
+	DefaultWriteTimeout     = 60 * time.Second
 )
 
 // Upstream configures one model server.
@@ -96,13 +97,31 @@ type ServerLimits struct {
 	// MaxHeaderBytes caps the request line and headers (431 above).
 	// Default 32 KiB.
 	MaxHeaderBytes int
+	// MaxConnections caps open client connections; one more is answered
+	// 503 too_many_connections. Default: half the file descriptors the
+	// process may open (less 64), leaving the other half for upstream
+	// connections.
+	MaxConnections int
+	// WriteTimeout is the longest a single write to a client may block
+	// (nginx's send_timeout): a client that stops reading is cut. It
+	// never caps a stream that the client keeps reading. Default 60 s.
+	WriteTimeout time.Duration
 }
 
 func (s ServerLimits) withDefaults() ServerLimits {
 	orDefault(&s.ReadTimeout, DefaultReadTimeout)
 	orDefault(&s.IdleTimeout, DefaultServerIdle)
 	orDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	orDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
+	orDefault(&s.WriteTimeout, DefaultWriteTimeout)
 	return s
+}
+
+// defaultMaxConnections leaves half of the file descriptor limit (less 64
+// for files, listeners and logs) to client connections: each request in
+// flight also holds one upstream connection.
+func defaultMaxConnections(fdLimit uint64) int {
+	return int(max(16, (min(fdLimit, 1<<30)-min(fdLimit, 64))/2))
 }
 
 // RateLimit paces requests below a provider's quota.

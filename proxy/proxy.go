@@ -6,9 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -130,9 +133,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stopping) })
 	var err error
 	p.shutdownOnce.Do(func() {
-		if p.server != nil {
-			err = p.server.ShutdownWithContext(ctx)
-		}
+		err = p.Server().ShutdownWithContext(ctx)
 		p.CloseIdleConnections()
 	})
 	return err
@@ -146,18 +147,48 @@ func (p *Proxy) CloseIdleConnections() {
 }
 
 // fasthttpLogger sends fasthttp's own messages through zerolog, so a JSON
-// log stays JSON.
+// log stays JSON. Their errors can quote what a client sent (an invalid
+// header's value — an Authorization key with a stray \r — is printed
+// whole), so each error is replaced by a fixed description of its kind.
 type fasthttpLogger struct{ log zerolog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			args[i] = describe(err)
+		}
+	}
 	l.log.Warn().Str("component", "fasthttp").Msgf(format, args...)
 }
 
-// handleParseError answers requests fasthttp could not read.
-func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	e := newError(CodeBadRequest, "malformed HTTP ("+err.Error()+")")
+// describe names the kind of a connection or parse error without any of
+// its text, which may quote request bytes.
+func describe(err error) string {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
+	case isTimeout(err):
+		return "timeout"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed by the client"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
+		return "connection reset"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return "request body too large"
+	case errors.As(err, &small):
+		return "request headers too large"
+	default:
+		return "malformed request (details withheld: they may quote header values)"
+	}
+}
+
+// handleParseError answers requests fasthttp could not read, never
+// quoting what the client sent.
+func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	e := newError(CodeBadRequest, "malformed HTTP request")
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case isTimeout(err):
+		e = newError(CodeRequestTimeout, p.limits.ReadTimeout)
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		e = newError(CodeRequestTooLarge, "Sturdy", p.maxBody)
 	case errors.As(err, &small):

@@ -288,6 +288,19 @@ func Words(n int, w string) []string {
 	return out
 }
 
+// ServeWith runs serve on a fresh 127.0.0.1 listener until the test ends,
+// then calls stop (it must make serve return); it returns the http:// URL.
+func ServeWith(t testing.TB, serve func(net.Listener) error, stop func()) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = serve(ln) }()
+	t.Cleanup(stop)
+	return "http://" + ln.Addr().String()
+}
+
 // Serve runs srv on a fresh 127.0.0.1 port until the test ends and returns
 // its http:// URL.
 func Serve(t testing.TB, srv *fasthttp.Server) string {

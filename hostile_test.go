@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sturdy/internal/upstreamtest"
+)
+
+// underFDLimit runs the binary with both file descriptor limits at n (Go
+// raises the soft limit to the hard one at start, so the hard one counts).
+func underFDLimit(n int) func(bin string, args ...string) *exec.Cmd {
+	return func(bin string, args ...string) *exec.Cmd {
+		return exec.Command("sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, n), bin}, args...)...)
+	}
+}
+
+// flood opens n connections to addr that send nothing, and returns them.
+func flood(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	var conns []net.Conn
+	for i := 0; i < n; i++ {
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			break // the backlog is full: enough
+		}
+		conns = append(conns, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return conns
+}
+
+// streamThrough starts a slow SSE stream through addr and returns a channel
+// with its error (nil when it ended with [DONE]).
+func streamThrough(addr string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+			err = fmt.Errorf("stream cut: %q", b)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// TestFileDescriptorFloodRefusesPolitely floods a binary limited to 256
+// file descriptors with 400 silent connections: past server.max_connections
+// (by default half the limit) they are answered 503 too_many_connections,
+// a stream in flight completes, and once the flood ends Sturdy serves again.
+func TestFileDescriptorFloodRefusesPolitely(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 150 * time.Millisecond})
+	p := runBinaryCmd(t, underFDLimit(256), func(listen, admin string) []string {
+		return []string{"-upstream", up.URL, "-listen", listen, "-admin-listen", admin}
+	})
+	stream := streamThrough(p.addr)
+	time.Sleep(100 * time.Millisecond)
+	conns := flood(t, p.addr, 400)
+	last := conns[len(conns)-1]
+	_ = last.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(last), nil)
+	if err != nil {
+		t.Fatalf("a connection past the cap got no answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 503 || !strings.Contains(string(body), `"too_many_connections"`) {
+		t.Fatalf("past the cap: %d %s", resp.StatusCode, body)
+	}
+	if err := <-stream; err != nil {
+		t.Fatalf("stream in flight during the flood: %v", err)
+	}
+	servesAgain(t, p, conns)
+}
+
+// TestFileDescriptorExhaustionDoesNotStopTheProcess raises
+// server.max_connections above the file descriptor limit, so accept runs
+// out of descriptors: Sturdy retries, keeps its stream, and serves again.
+func TestFileDescriptorExhaustionDoesNotStopTheProcess(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 150 * time.Millisecond})
+	cfg := filepath.Join(t.TempDir(), "sturdy.yaml")
+	yaml := fmt.Sprintf("server: {max_connections: 100000}\nupstreams: [{name: up, url: %q}]\n", up.URL)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := runBinaryCmd(t, underFDLimit(128), func(listen, admin string) []string {
+		return []string{"-config", cfg, "-listen", listen, "-admin-listen", admin}
+	})
+	stream := streamThrough(p.addr)
+	time.Sleep(100 * time.Millisecond)
+	conns := flood(t, p.addr, 300)
+	if err := <-stream; err != nil {
+		t.Fatalf("stream in flight while descriptors ran out: %v", err)
+	}
+	servesAgain(t, p, conns)
+	if !strings.Contains(p.logs.String(), "accepting connections fails") {
+		t.Fatalf("descriptors never ran out, the test proves nothing:\n%s", p.logs.String())
+	}
+}
+
+// servesAgain closes the flood and checks the process lives and answers.
+func servesAgain(t *testing.T, p *sturdyProc, conns []net.Conn) {
+	t.Helper()
+	for _, c := range conns {
+		c.Close()
+	}
+	select {
+	case <-p.exited:
+		t.Fatalf("sturdy exited (%v):\n%s", p.err, p.logs.String())
+	default:
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Post("http://"+p.addr+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not serving again after the flood: %v\n%s", err, p.logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Bounds of the backoff after an accept error that passes (as net/http's).
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// refuseWait bounds how long a refused connection is read (so the
+// client's request is consumed and the 503 is not lost to a reset) and
+// written.
+const refuseWait = 200 * time.Millisecond
+
+// Serve serves clients on ln until Shutdown: the proxy's server behind a
+// listener guard (see guardedListener).
+func (p *Proxy) Serve(ln net.Listener) error { return p.Server().Serve(p.guard(ln)) }
+
+// ServeTLS is Serve over TLS with the PEM certificate and key files.
+func (p *Proxy) ServeTLS(ln net.Listener, certFile, keyFile string) error {
+	return p.Server().ServeTLS(p.guard(ln), certFile, keyFile)
+}
+
+func (p *Proxy) guard(ln net.Listener) net.Listener {
+	return &guardedListener{Listener: ln, p: p, max: int64(p.limits.MaxConnections), writeTimeout: p.limits.WriteTimeout}
+}
+
+// guardedListener is the client listener as fasthttp sees it. An accept
+// error that passes (out of file descriptors, an aborted handshake …) is
+// retried with backoff instead of ending Serve; past max open connections
+// a new one is answered 503 too_many_connections and closed; and every
+// connection bounds each single write by writeTimeout, so a client that
+// stops reading frees its upstream connection instead of pinning it.
+type guardedListener struct {
+	net.Listener
+	p            *Proxy
+	max          int64
+	open         atomic.Int64
+	writeTimeout time.Duration
+	failing      bool // in a burst of accept errors (only Accept's goroutine)
+}
+
+// Accept returns the next connection that may be served.
+func (l *guardedListener) Accept() (net.Conn, error) {
+	backoff := time.Duration(0)
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			reason, passes := acceptErrorReason(err)
+			if !passes {
+				return nil, err
+			}
+			l.p.m.AcceptErrors.WithLabelValues(reason).Inc()
+			if !l.failing {
+				l.failing = true
+				l.p.log.Warn().Str("reason", reason).Str("error", err.Error()).
+					Msg("accepting connections fails; retrying with backoff (see sturdy_accept_errors_total)")
+			}
+			backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
+			time.Sleep(backoff)
+			continue
+		}
+		if l.failing {
+			l.failing = false
+			l.p.log.Info().Msg("accepting connections again")
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			l.p.m.ConnectionsRefused.Inc()
+			go l.p.refuse(c)
+			continue
+		}
+		l.p.m.ClientConnections.Inc()
+		return &clientConn{Conn: c, l: l}, nil
+	}
+}
+
+// acceptErrorReason names an accept error for the metric and says whether
+// it passes: the listener is fine and the next accept may succeed.
+func acceptErrorReason(err error) (reason string, passes bool) {
+	switch {
+	case errors.Is(err, syscall.EMFILE):
+		return "emfile", true
+	case errors.Is(err, syscall.ENFILE):
+		return "enfile", true
+	case errors.Is(err, syscall.ECONNABORTED):
+		return "econnaborted", true
+	case errors.Is(err, syscall.ENOBUFS), errors.Is(err, syscall.ENOMEM):
+		return "enobufs", true
+	case errors.Is(err, syscall.EINTR), errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EPROTO),
+		errors.Is(err, syscall.EPERM):
+		return "other", true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "other", true
+	}
+	return "", false
+}
+
+// refuse answers a connection over max_connections with 503 and closes
+// it, after reading what the client sent so the answer is not lost to a
+// reset.
+func (p *Proxy) refuse(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * refuseWait))
+	_ = c.SetReadDeadline(time.Now().Add(refuseWait))
+	var buf [4096]byte
+	for {
+		n, err := c.Read(buf[:])
+		if err != nil || bytes.Contains(buf[:n], []byte("\r\n\r\n")) {
+			break
+		}
+	}
+	var resp fasthttp.Response
+	e := newError(CodeTooManyConnections, p.limits.MaxConnections)
+	e.retryAfter = time.Second
+	e.writeTo(&resp, p.appendRequestID(nil))
+	resp.SetConnectionClose()
+	w := bufio.NewWriter(c)
+	if resp.Write(w) == nil {
+		_ = w.Flush()
+	}
+}
+
+// clientConn is a client connection: each Write may block at most the
+// listener's writeTimeout, and closing it frees its place under
+// max_connections.
+type clientConn struct {
+	net.Conn
+	l      *guardedListener
+	closed atomic.Bool
+}
+
+func (c *clientConn) Write(b []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.l.writeTimeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *clientConn) Close() error {
+	if !c.closed.Swap(true) {
+		c.l.open.Add(-1)
+		c.l.p.m.ClientConnections.Dec()
+	}
+	return c.Conn.Close()
+}

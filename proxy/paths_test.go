@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"net/url"
+	"path"
+	"strings"
+	"testing"
+)
+
+func TestConfined(t *testing.T) {
+	tests := []struct {
+		path, prefix string
+		want         bool
+	}{
+		{"/v1/chat/completions", "/v1/chat/", true},
+		{"/v1/chat/../../admin", "/v1/chat/", false},
+		{"/v1/chat/%2e%2e/%2E%2E/admin", "/v1/chat/", false},
+		{"/v1/chat/.%2e/admin", "/v1/chat/", false},
+		{"/v1/chat/..%2F..%2Fadmin", "/v1/chat/", false},
+		{"/v1/chat/..%5c..%5cadmin", "/v1/chat/", false},
+		{"/v1/chat/..\\admin", "/v1/chat/", false},
+		{"/v1/chat/./completions", "/v1/chat/", true},
+		{"/v1/chat/x/../completions", "/v1/chat/", true},
+		{"/v1/chat/..", "/v1/chat/", false},
+		{"/v1/chat/x/..", "/v1/chat/", true},
+		{"/v1/chat/.", "/v1/chat/", true},
+		{"/v1/models/llama3.1", "/v1/models/", true},
+		{"/v1/models/org%2Fname", "/v1/", true},
+		{"/v1/models/...", "/v1/models/", true}, // three dots are a name
+		{"/v1/..%2e/x", "/v1/", true},           // "..." again, not a dot-segment
+		{"/../../etc/passwd", "/", true},        // "/" confines nothing: any path stays under it
+		{"/v1/../v1/chat/completions", "/v1/chat/", true},
+		{"/v1/chatx/../chat/y", "/v1/chat", true},
+	}
+	for _, tt := range tests {
+		if got := confined([]byte(tt.path), []byte(tt.prefix)); got != tt.want {
+			t.Errorf("confined(%q, %q) = %v, want %v", tt.path, tt.prefix, got, tt.want)
+		}
+	}
+}
+
+// FuzzConfined checks confined against the standard library: for a path
+// of plain segments (no encodings), the resolved path path.Clean gives
+// starts with the prefix exactly when confined says so.
+func FuzzConfined(f *testing.F) {
+	for _, s := range []string{"/v1/chat/../../admin", "/v1/chat/./x", "/a/b/../../../c", "/v1/chat/..", "//v1//chat/x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "%\\") || len(p) > 200 || strings.Count(p, "/") > 60 {
+			return
+		}
+		if _, err := url.ParseRequestURI(p); err != nil {
+			return
+		}
+		clean := path.Clean(p)
+		if strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..") {
+			clean = strings.TrimSuffix(clean, "/") + "/"
+		}
+		prefix := "/v1/chat/"
+		if !strings.HasPrefix(p, prefix) {
+			return // the route matched the raw path: it starts with the prefix
+		}
+		if got, want := confined([]byte(p), []byte(prefix)), strings.HasPrefix(clean, prefix); got != want {
+			t.Fatalf("confined(%q) = %v; path.Clean gives %q", p, got, clean)
+		}
+	})
+}
