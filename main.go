@@ -265,6 +265,10 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
 		})
 	}
+	for _, s := range cfg.Server.TrustedProxies {
+		pfx, _ := config.ParsePrefix(s) // validated by config
+		o.TrustedProxies = append(o.TrustedProxies, pfx)
+	}
 	for _, c := range cfg.Clients {
 		o.Clients = append(o.Clients, proxy.ClientLimit{KeyHeader: c.KeyHeader, RequestsPerSecond: c.RequestsPerSecond, Burst: c.Burst})
 	}

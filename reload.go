@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -63,7 +64,7 @@ func (r *reloader) restartOnly(cfg *config.Config) []string {
 	if cfg.Log != r.running.Log {
 		out = append(out, "log settings take effect after a restart")
 	}
-	if cfg.Server != r.running.Server || cfg.TLS != r.running.TLS {
+	if !reflect.DeepEqual(cfg.Server.RestartOnly(), r.running.Server.RestartOnly()) || cfg.TLS != r.running.TLS {
 		out = append(out, "server and tls settings take effect after a restart")
 	}
 	return out

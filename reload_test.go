@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"sturdy/config"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -220,5 +221,20 @@ func TestHealthcheckFlag(t *testing.T) {
 	defer srv.Close()
 	if code := run([]string{"-healthcheck", "-admin-listen", addr}, &out, &errb); code != 0 {
 		t.Fatalf("healthcheck: exit %d, %s", code, errb.String())
+	}
+}
+
+func TestRestartOnlyServerKeysAreTold(t *testing.T) {
+	base := config.Default("http://127.0.0.1:1")
+	r := &reloader{running: base}
+	trusted := *base
+	trusted.Server.TrustedProxies = []string{"10.0.0.0/8"}
+	if w := r.restartOnly(&trusted); len(w) != 0 {
+		t.Fatalf("trusted_proxies hot-reloads, but the reload warns: %v", w)
+	}
+	slow := *base
+	slow.Server.WriteTimeout = config.Duration(time.Second)
+	if w := r.restartOnly(&slow); len(w) != 1 || !strings.Contains(w[0], "server") {
+		t.Fatalf("write_timeout needs a restart, warnings %v", w)
 	}
 }

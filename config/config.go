@@ -5,6 +5,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,30 @@ type Server struct {
 	// client that stops reading is cut (a stream it keeps reading never
 	// is). Default 60s.
 	WriteTimeout Duration `yaml:"write_timeout"`
+	// TrustedProxies are CIDRs (or single addresses) of peers whose
+	// X-Forwarded-For/-Host/-Proto are kept (Sturdy appends its peer to
+	// X-Forwarded-For); from anyone else they are replaced by what Sturdy
+	// saw. Default none. Hot-reloads, unlike the other server keys.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+}
+
+// ParsePrefix reads a trusted_proxies entry: a CIDR, or one address.
+func ParsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR (10.0.0.0/8) nor an address", s)
+	}
+	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+}
+
+// RestartOnly returns s without the keys that hot-reload, for telling
+// whether a reload changed one that needs a restart.
+func (s Server) RestartOnly() Server {
+	s.TrustedProxies = nil
+	return s
 }
 
 // ListenerTLS serves the listener over TLS.

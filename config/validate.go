@@ -97,6 +97,11 @@ func (c *Config) validateServer(p *problems) {
 	positive(p, "server.read_timeout", c.Server.ReadTimeout)
 	positive(p, "server.idle_timeout", c.Server.IdleTimeout)
 	positive(p, "server.write_timeout", c.Server.WriteTimeout)
+	for i, s := range c.Server.TrustedProxies {
+		if _, err := ParsePrefix(s); err != nil {
+			p.bad(fmt.Sprintf("server.trusted_proxies[%d]", i), "%v", err)
+		}
+	}
 	atLeast1(p, "server.max_connections", c.Server.MaxConnections)
 	if h := c.Server.MaxHeaderBytes; h < 0 || (c.isWritten("server.max_header_bytes") && h < 1024) {
 		p.bad("server.max_header_bytes", "must be at least 1KiB")

@@ -22,6 +22,7 @@ func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 	}
 	resp := ex.reply.msg
 	if err := t.up.client.DoTimeout(ex.req.msg, resp, timeout); err != nil {
+		ex.closeBody()
 		if !isTimeout(err) && staleConnection(resp) {
 			return policy.Outcome{Fault: policy.FaultStale}
 		}
@@ -78,10 +79,15 @@ func (ex *exchange) readHead(status int) policy.Fault {
 
 // closeBody closes the upstream body stream: a fully read one returns its
 // connection to the pool, a partly read one closes the connection, which
-// also tells a model server to stop generating.
+// also tells a model server to stop generating. Either way the
+// connection's place under max_connections is free again.
 func (ex *exchange) closeBody() {
 	if ex.reply.body != nil {
 		_ = ex.reply.msg.CloseBodyStream()
 		ex.reply.body = nil
+	}
+	if up := ex.reply.conn; up != nil {
+		up.conns.release()
+		ex.reply.conn = nil
 	}
 }

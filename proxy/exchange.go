@@ -91,6 +91,9 @@ type loopState struct {
 // read, and the body bytes read before commit.
 type reply struct {
 	msg *fasthttp.Response
+	// conn is the upstream whose connection place (max_connections) the
+	// attempt holds until its body is closed.
+	conn *upstream
 	// has says the last attempt produced a status (no fault).
 	has bool
 	// up is the upstream that sent it.

@@ -140,15 +140,37 @@ func (ex *exchange) prepare() {
 	h.ResetConnectionClose()
 	h.SetNoDefaultContentType(true)
 	h.SetBytesKV(hdrRequestID, q.id)
+	ex.forwarded(h)
+}
+
+// forwarded sets X-Forwarded-For, -Host and -Proto. From a trusted proxy
+// (server.trusted_proxies) its values are kept and Sturdy's peer is
+// appended to X-Forwarded-For; from anyone else they are replaced by what
+// Sturdy saw, so a client cannot pose as another address or host.
+func (ex *exchange) forwarded(h *fasthttp.RequestHeader) {
+	ctx, q := ex.ctx, &ex.req
+	peer, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	peer = peer.Unmap()
+	trusted := ex.tbl.trusts(peer)
 	xff := q.scratch[:0]
-	if prior := h.PeekBytes(hdrForwardedFor); len(prior) > 0 {
+	if prior := h.PeekBytes(hdrForwardedFor); trusted && len(prior) > 0 {
 		xff = append(append(xff, prior...), ", "...)
 	}
-	if a, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
-		xff = a.Unmap().AppendTo(xff)
+	if peer.IsValid() {
+		xff = peer.AppendTo(xff)
 	}
 	h.SetBytesKV(hdrForwardedFor, xff)
 	q.scratch = xff
+	if !trusted || len(h.PeekBytes(hdrForwardedHost)) == 0 {
+		h.SetBytesKV(hdrForwardedHost, ctx.Request.Header.Host())
+	}
+	if !trusted || len(h.PeekBytes(hdrForwardedProto)) == 0 {
+		proto := valHTTP
+		if ctx.IsTLS() {
+			proto = valHTTPS
+		}
+		h.SetBytesKV(hdrForwardedProto, proto)
+	}
 }
 
 // firstTokenLimit returns the route's first_token for requests that ask

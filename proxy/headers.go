@@ -27,6 +27,8 @@ var (
 	hdrAuthorization  = []byte("Authorization")
 	hdrRequestID      = []byte("X-Request-Id")
 	hdrForwardedFor   = []byte("X-Forwarded-For")
+	hdrForwardedHost  = []byte("X-Forwarded-Host")
+	hdrForwardedProto = []byte("X-Forwarded-Proto")
 	hdrIdempotencyKey = []byte("Idempotency-Key")
 	hdrExpect         = []byte("Expect")
 	hdrRetryAfter     = []byte("Retry-After")
@@ -43,6 +45,8 @@ var (
 	hdrRateLimitRemaining   = []byte("X-Ratelimit-Remaining-Requests")
 	hdrRateLimitReset       = []byte("X-Ratelimit-Reset-Requests")
 	valFalse                = []byte("false")
+	valHTTP                 = []byte("http")
+	valHTTPS                = []byte("https")
 )
 
 // headerDeleter is the part of fasthttp's request and response headers that

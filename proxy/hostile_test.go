@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -252,5 +253,56 @@ func TestDotSegmentsCannotLeaveTheRoutePrefix(t *testing.T) {
 		if got := up.Requests()[i].RequestURI; got != want {
 			t.Errorf("forwarded %q, want the raw %q", got, want)
 		}
+	}
+}
+
+// TestClientsThatNeverReadCannotOpenTheBreaker: clients that stop reading
+// hold every upstream connection; others get 503 upstream_busy within
+// queue_timeout (Sturdy's congestion, not the upstream's fault: the
+// breaker stays closed), and write_timeout cuts the stalled clients, so
+// the connections come back.
+func TestClientsThatNeverReadCannotOpenTheBreaker(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	chunks := make([]string, 64)
+	for i := range chunks {
+		chunks[i] = big
+	}
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/octet-stream"}}, Chunks: chunks})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Upstreams[0].MaxConnections = 2
+		o.Upstreams[0].QueueTimeout = 300 * time.Millisecond
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000}
+		o.Server.WriteTimeout = time.Second
+	})
+	for i := 0; i < 2; i++ {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "GET /v1/files/big/content HTTP/1.1\r\nHost: x\r\n\r\n") // and never read
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	resp, body := h.do("GET", "/v1/models", "")
+	if code, _ := errorOf(t, body); resp.StatusCode != 503 || code != CodeUpstreamBusy || time.Since(start) > 2*time.Second {
+		t.Fatalf("while every connection is held: %d %s after %v", resp.StatusCode, body, time.Since(start))
+	}
+	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+		t.Fatalf("waiting for a connection counted against the breaker: %v", st)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		up.SetScript(upstreamtest.Step{Body: "ok"})
+		if resp, body := h.do("GET", "/v1/models", ""); resp.StatusCode == 200 && string(body) == "ok" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled clients were never cut: their connections stay held")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(h.logs.String(), `"outcome":"client_gone"`) {
+		t.Fatalf("the cut clients are not logged as gone:\n%s", h.logs.String())
 	}
 }

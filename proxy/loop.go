@@ -37,8 +37,12 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		if a := ex.gate(t.up); a != policy.ActionAttempt {
 			return a
 		}
+		if a := ex.takeConnection(t.up); a != policy.ActionAttempt {
+			return a
+		}
 		ticket, ok := t.up.breaker.Allow()
 		if !ok {
+			ex.closeBody() // gives the connection place back
 			probe := max(t.up.breaker.ProbeIn(time.Now()), time.Second)
 			return ex.carry(ex.clear(policy.ObstacleBreaker, t.up, probe, 0))
 		}
@@ -156,6 +160,22 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 	return policy.ActionAttempt
 }
 
+// takeConnection waits, up to queue_timeout, for a place among up's
+// max_connections. That wait is Sturdy's own congestion, never the
+// upstream's fault: no attempt, no breaker count; when it runs out the
+// target is busy (fail over, or 503 upstream_busy).
+func (ex *exchange) takeConnection(up *upstream) policy.Action {
+	ex.closeBody() // the previous attempt's reply, and its connection place
+	switch up.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
+	case slotTimedOut:
+		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0))
+	case slotCancelled:
+		return ex.interrupted()
+	}
+	ex.reply.conn = up
+	return policy.ActionAttempt
+}
+
 // clear asks policy what an obstacle before an attempt on up means — it
 // clears in wait and may be waited for up to maxWait — and records a
 // refusal.
@@ -184,7 +204,6 @@ func (ex *exchange) block(kind policy.Obstacle, up *upstream, wait time.Duration
 // it, and returns policy's decision on what follows.
 func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
 	up, lp := t.up, &ex.loop
-	ex.closeBody() // the previous attempt's reply, if any
 	afterStale := lp.replaying
 	if !afterStale {
 		lp.n++

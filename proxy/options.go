@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -223,6 +224,11 @@ type Options struct {
 	AuthKeys []string
 	// Server bounds the client-facing listener (fixed at New).
 	Server ServerLimits
+	// TrustedProxies are the peers (say, a load balancer) whose
+	// X-Forwarded-For, -Host and -Proto are kept, Sturdy appending its
+	// peer; from any other peer they are replaced by what Sturdy saw.
+	// Empty: nobody is trusted.
+	TrustedProxies []netip.Prefix
 	// Log receives access lines and breaker transitions.
 	Log zerolog.Logger
 	// Rand returns a uniform value in [0, n) for backoff jitter; nil means

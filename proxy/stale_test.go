@@ -92,3 +92,26 @@ func TestStaleConnectionIsNotResentPastMaxTotalAttempts(t *testing.T) {
 		t.Fatalf("a stale connection counted against the breaker: %v", st)
 	}
 }
+
+// TestAConnectionThatDiesAfterWorkIsAResetNotStale: an upstream that
+// reads the request on a reused connection, works on it, then dies may
+// have processed it: no immediate resend, but a retry counted like any
+// reset (backoff, breaker), so the upstream receives no more requests
+// than attempts allow.
+func TestAConnectionThatDiesAfterWorkIsAResetNotStale(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "first"}, upstreamtest.Step{Delay: 300 * time.Millisecond, Fault: upstreamtest.Reset},
+		upstreamtest.Step{Body: "second"})
+	h := startProxy(t, up.URL, nil)
+	h.chat("")
+	resp, body := h.chat("")
+	if resp.StatusCode != 200 || string(body) != "second" || resp.Header.Get("X-Sturdy-Attempts") != "2" {
+		t.Fatalf("%d %q attempts %s", resp.StatusCode, body, resp.Header.Get("X-Sturdy-Attempts"))
+	}
+	if h.staleAttempts() != 0 {
+		t.Fatal("a connection that died after 300 ms of work was taken for stale")
+	}
+	line := h.accessLines(2)[1]
+	if r := line["retries"].([]any)[0].(map[string]any); r["reason"] != "reset" {
+		t.Fatalf("retry reason %v, want reset", r["reason"])
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"sort"
 	"time"
@@ -24,6 +25,18 @@ type table struct {
 	clients   []*clientLimiter
 	authKeys  [][sha256.Size]byte // hashes of the accepted client keys
 	maxBody   int
+	// trusted are the peers whose X-Forwarded-* headers are kept.
+	trusted []netip.Prefix
+}
+
+// trusts reports whether peer is a trusted proxy (server.trusted_proxies).
+func (t *table) trusts(peer netip.Addr) bool {
+	for _, p := range t.trusted {
+		if p.Contains(peer) {
+			return true
+		}
+	}
+	return false
 }
 
 type route struct {
@@ -66,6 +79,7 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 		t.maxBody = max(t.maxBody, r.maxBody)
 	}
 	sort.SliceStable(t.routes, func(i, j int) bool { return len(t.routes[i].prefix) > len(t.routes[j].prefix) })
+	t.trusted = o.TrustedProxies
 	for _, k := range o.AuthKeys {
 		t.authKeys = append(t.authKeys, sha256.Sum256([]byte(k)))
 	}

@@ -23,11 +23,13 @@ const upstreamReadBuffer = 64 << 10
 // idle timeout instead of one deadline for the whole stream.
 func (up *upstream) dial(addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: up.connect}
+	start := time.Now()
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, &dialError{err}
 	}
 	uc := up.wrap(c)
+	uc.rtt = time.Since(start) // the TCP handshake: one round trip
 	if up.tls == nil {
 		return uc, nil
 	}
@@ -67,7 +69,16 @@ type upstreamConn struct {
 	requests atomic.Int32
 	received atomic.Int64
 	writing  atomic.Bool
+	// wroteAt is when the current request's first byte was written
+	// (UnixNano); rtt is how long the connection took to open.
+	wroteAt atomic.Int64
+	rtt     time.Duration
 }
+
+// staleSlack is added to two round trips for how soon after the request
+// was written a connection must die for the death to be "stale": sooner
+// than the server could have done any work on the request.
+const staleSlack = 10 * time.Millisecond
 
 // connAddr is the connection's local address carrying a pointer back to
 // the connection: fasthttp exposes it as Response.LocalAddr(), which is
@@ -100,17 +111,24 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 	if !c.writing.Swap(true) {
 		c.requests.Add(1)
 		c.received.Store(0)
+		c.wroteAt.Store(time.Now().UnixNano())
 	}
 	return c.Conn.Write(p)
 }
 
 // staleConnection reports whether a failed attempt died on a pooled
-// keep-alive connection that the upstream had closed: reused, and not one
-// byte came back for this request. The request was most likely never
-// processed; policy decides whether it is sent again (Retry.Decide).
+// keep-alive connection that the upstream had closed: reused, not one byte
+// back for this request, and dead within two round trips (plus
+// staleSlack) of the request being written — before the server could
+// have worked on it. One that died later may have been processed (an
+// upstream that crashes on the request): that is a reset. Policy decides
+// whether a stale one is sent again (Retry.Decide).
 func staleConnection(resp *fasthttp.Response) bool {
 	a, ok := resp.LocalAddr().(*connAddr)
-	return ok && a.conn.requests.Load() > 1 && a.conn.received.Load() == 0
+	if !ok || a.conn.requests.Load() <= 1 || a.conn.received.Load() != 0 {
+		return false
+	}
+	return time.Since(time.Unix(0, a.conn.wroteAt.Load())) <= 2*a.conn.rtt+staleSlack
 }
 
 // markStreaming switches the connection resp arrived on to the idle

@@ -42,6 +42,10 @@ type upstream struct {
 	maxWait      time.Duration
 	slots        slots
 	queueTimeout time.Duration
+	// conns holds a place per open connection (max_connections): an
+	// attempt takes one before it is sent and gives it back when its body
+	// is closed, so fasthttp never waits for a connection itself.
+	conns slots
 	budget       *policy.Budget
 	cooldowns    cooldowns
 
@@ -73,6 +77,7 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 		idle:      o.IdleTimeout,
 		connect:   o.ConnectTimeout,
 		budget:    &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
+		conns:     make(slots, o.MaxConnections),
 	}
 	if o.APIKey != "" {
 		up.auth = []byte("Bearer " + o.APIKey)
@@ -86,9 +91,9 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), o.RateLimit.Burst)
 		up.maxWait = o.RateLimit.MaxWait
 	}
+	up.queueTimeout = o.QueueTimeout
 	if o.MaxInFlight > 0 {
 		up.slots = make(slots, o.MaxInFlight)
-		up.queueTimeout = o.QueueTimeout
 	}
 	bs := o.Breaker
 	bs.OnStateChange = onState
@@ -98,7 +103,7 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 		IsTLS:               up.tls != nil,
 		Dial:                up.dial,
 		MaxConns:            o.MaxConnections,
-		MaxConnWaitTimeout:  o.FirstByteTimeout,
+		MaxConnWaitTimeout:  o.QueueTimeout, // conns makes this wait rare: a connection still closing
 		MaxIdleConnDuration: maxIdleConnDuration,
 		// Sturdy owns every retry: fasthttp's own are off.
 		MaxIdemponentCallAttempts: 1,
