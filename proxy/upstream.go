@@ -45,9 +45,9 @@ type upstream struct {
 	// conns holds a place per open connection (max_connections): an
 	// attempt takes one before it is sent and gives it back when its body
 	// is closed, so fasthttp never waits for a connection itself.
-	conns slots
-	budget       *policy.Budget
-	cooldowns    cooldowns
+	conns     slots
+	budget    *policy.Budget
+	cooldowns cooldowns
 
 	// attempts holds this upstream's attempt counters by result, resolved
 	// once instead of per request.
