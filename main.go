@@ -37,9 +37,9 @@ var (
 	commit  = ""
 )
 
-// shutdownGrace is how long in-flight requests and streams get to finish
-// after SIGINT/SIGTERM.
-const shutdownGrace = 30 * time.Second
+// defaultShutdownGrace is how long in-flight requests and streams get to
+// finish after SIGINT/SIGTERM (server.shutdown_grace).
+const defaultShutdownGrace = 30 * time.Second
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -123,6 +123,7 @@ type instance struct {
 	// stopWatching ends the reloader; watching closes when it has.
 	stopWatching context.CancelFunc
 	watching     <-chan struct{}
+	reloader     *reloader
 }
 
 // start builds the proxy from cfg, binds both listeners, and starts
@@ -162,8 +163,9 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 	signal.Notify(in.hup, syscall.SIGHUP)
 	var ctx context.Context
 	ctx, in.stopWatching = context.WithCancel(context.Background())
-	r := &reloader{s: s, p: p, m: m, log: logger, running: cfg}
-	in.watching = r.start(ctx, in.hup)
+	in.reloader = &reloader{s: s, p: p, m: m, log: logger, running: cfg}
+	in.reloader.current.Store(cfg)
+	in.watching = in.reloader.start(ctx, in.hup)
 	return in, nil
 }
 
@@ -176,9 +178,37 @@ func (in *instance) run(stop <-chan os.Signal) int {
 		in.shutdown(time.Second)
 		return 1
 	case s := <-stop:
-		in.log.Info().Str("signal", s.String()).Msg("shutting down: finishing in-flight requests")
+		in.log.Info().Str("signal", s.String()).Msg("shutting down")
 	}
-	in.shutdown(shutdownGrace)
+	srv := in.reloader.current.Load().Server
+	in.p.Drain()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // a second signal ends the drain at once
+		select {
+		case s := <-stop:
+			in.log.Warn().Str("signal", s.String()).Msg("second signal: ending the drain now")
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if d := srv.ShutdownDelay.Std(); d > 0 {
+		in.log.Info().Dur("shutdown_delay", d).Msg("draining: /readyz answers 503, requests are still served until the delay ends")
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	grace := srv.ShutdownGrace.Std()
+	if grace <= 0 {
+		grace = defaultShutdownGrace
+	}
+	in.log.Info().Dur("shutdown_grace", grace).Msg("shutting down: no new connections, finishing in-flight requests")
+	graceCtx, cancelGrace := context.WithTimeout(ctx, grace)
+	defer cancelGrace()
+	in.shutdownCtx(graceCtx)
 	in.log.Info().Msg("stopped")
 	return 0
 }
@@ -190,6 +220,11 @@ func (in *instance) run(stop <-chan os.Signal) int {
 func (in *instance) shutdown(grace time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
+	in.shutdownCtx(ctx)
+}
+
+// shutdownCtx is shutdown with the grace ending when ctx does.
+func (in *instance) shutdownCtx(ctx context.Context) {
 	err := in.p.Shutdown(ctx)
 	_ = in.adminSrv.Shutdown(ctx)
 	if err != nil {

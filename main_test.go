@@ -283,3 +283,60 @@ func TestSIGHUPDuringShutdownDoesNotKill(t *testing.T) {
 		t.Fatalf("exit: %v\n%s", err, p.logs.String())
 	}
 }
+
+// TestDrainThenSecondSignal: SIGTERM turns /readyz 503 at once while
+// shutdown_delay keeps serving; a second SIGTERM ends the drain now: the
+// open stream gets its stream_interrupted event and the process exits 0.
+func TestDrainThenSecondSignal(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE(upstreamtest.Words(60, "tok")...), ChunkDelay: 100 * time.Millisecond})
+	cfg := filepath.Join(t.TempDir(), "sturdy.yaml")
+	yaml := fmt.Sprintf("server: {shutdown_delay: 1s, shutdown_grace: 30s}\nupstreams: [{name: up, url: %q}]\n", up.URL)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var admin string
+	p := runBinary(t, func(listen, adminAddr string) []string {
+		admin = adminAddr
+		return []string{"-config", cfg, "-listen", listen, "-admin-listen", adminAddr}
+	})
+	stream := make(chan string, 1)
+	go func() {
+		resp, err := http.Post("http://"+p.addr+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+		if err != nil {
+			stream <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		stream <- string(b)
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if code, _ := upstreamtest.Get(t, "http://"+admin+"/readyz"); code != 503 {
+		t.Fatalf("/readyz answered %d while draining", code)
+	}
+	resp, err := http.Get("http://" + p.addr + "/v1/models")
+	if err != nil {
+		t.Fatalf("not serving during shutdown_delay: %v", err)
+	}
+	resp.Body.Close()
+	time.Sleep(1200 * time.Millisecond) // past the delay: draining now
+	start := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	body := <-stream
+	if !strings.Contains(body, `"code":"stream_interrupted"`) || strings.Contains(body, "[DONE]") {
+		t.Fatalf("the open stream after a second signal: %q", body)
+	}
+	if err := p.waitExit(t, 5*time.Second); err != nil {
+		t.Fatalf("exit: %v\n%s", err, p.logs.String())
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("the second signal took %v to end the drain", took)
+	}
+}

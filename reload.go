@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -28,6 +29,9 @@ type reloader struct {
 	m       *metrics.Metrics
 	log     zerolog.Logger
 	running *config.Config
+	// current is running, for other goroutines (shutdown reads its
+	// grace and delay).
+	current atomic.Pointer[config.Config]
 }
 
 // reload loads the config again and swaps it in; reason says what
@@ -41,6 +45,7 @@ func (r *reloader) reload(reason string) bool {
 				r.log.Warn().Str("reason", reason).Msg("config reloaded, but " + w)
 			}
 			r.running = cfg
+			r.current.Store(cfg)
 			r.m.ConfigReloads.WithLabelValues("ok").Inc()
 			r.log.Info().Str("reason", reason).Int("upstreams", len(cfg.Upstreams)).Int("routes", len(cfg.Routes)).
 				Msg("config reloaded")

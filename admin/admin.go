@@ -18,7 +18,7 @@ import (
 // Handler returns the admin mux:
 //
 //	/healthz          200 while the process serves
-//	/readyz           200 when every route has a target whose breaker is not open, else 503
+//	/readyz           200 when every route has a target whose breaker is not open, else 503 (and while draining)
 //	/metrics          Prometheus exposition of reg
 //	/debug/upstreams  JSON state of each upstream (breaker, counts, in-flight)
 //	/debug/pprof/     Go's profiler
@@ -30,6 +30,11 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if p.Draining() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready: shutting down\n"))
+			return
+		}
 		if ok, notReady := p.Ready(); !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = w.Write([]byte("not ready: every target of route(s) " + strings.Join(notReady, ", ") + " has an open circuit breaker\n"))

@@ -70,6 +70,15 @@ type Server struct {
 	// X-Forwarded-For); from anyone else they are replaced by what Sturdy
 	// saw. Default none. Hot-reloads, unlike the other server keys.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// ShutdownGrace is how long, after SIGTERM/SIGINT, requests and
+	// streams in flight may take to finish; past it, open streams end with
+	// a stream_interrupted event. A second signal ends it at once.
+	// Default 30s. Hot-reloads.
+	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	// ShutdownDelay keeps serving, with /readyz already 503, this long
+	// after the signal before draining (a sidecar's agent may still be
+	// finishing). Default 0. Hot-reloads.
+	ShutdownDelay Duration `yaml:"shutdown_delay"`
 }
 
 // ParsePrefix reads a trusted_proxies entry: a CIDR, or one address.
@@ -88,6 +97,7 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 // whether a reload changed one that needs a restart.
 func (s Server) RestartOnly() Server {
 	s.TrustedProxies = nil
+	s.ShutdownGrace, s.ShutdownDelay = 0, 0
 	return s
 }
 

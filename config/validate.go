@@ -97,6 +97,7 @@ func (c *Config) validateServer(p *problems) {
 	positive(p, "server.read_timeout", c.Server.ReadTimeout)
 	positive(p, "server.idle_timeout", c.Server.IdleTimeout)
 	positive(p, "server.write_timeout", c.Server.WriteTimeout)
+	positive(p, "server.shutdown_grace", c.Server.ShutdownGrace)
 	for i, s := range c.Server.TrustedProxies {
 		if _, err := ParsePrefix(s); err != nil {
 			p.bad(fmt.Sprintf("server.trusted_proxies[%d]", i), "%v", err)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -122,6 +123,10 @@ type response struct {
 	pending   error  // upstream error seen with data, reported on next Read
 	tail      []byte // final error event for an interrupted stream
 	broken    error  // why the upstream stream failed mid-body
+	// upConn is the upstream connection a stream arrives on; cut is set
+	// when Shutdown ends the stream past its grace (interrupt).
+	upConn *upstreamConn
+	cut    atomic.Bool
 }
 
 // notes are what the access line lists: each retry and each target.

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -39,12 +40,20 @@ type Proxy struct {
 	serverOnce   sync.Once
 	server       *fasthttp.Server
 	shutdownOnce sync.Once
+	// draining is set from Drain on: readiness fails so load balancers
+	// stop sending, while requests are still served.
+	draining atomic.Bool
+	// streams are the responses streaming now, for Shutdown to end with
+	// an interruption event once its grace is over.
+	streamsMu sync.Mutex
+	streams   map[*exchange]struct{}
 }
 
 // New builds a Proxy. It fails on a route naming an unknown upstream or
 // an invalid upstream URL.
 func New(o Options) (*Proxy, error) {
-	p := &Proxy{log: o.Log, rand: o.Rand, m: o.Metrics, limits: o.Server.withDefaults(), stopping: make(chan struct{})}
+	p := &Proxy{log: o.Log, rand: o.Rand, m: o.Metrics, limits: o.Server.withDefaults(), stopping: make(chan struct{}),
+		streams: map[*exchange]struct{}{}}
 	if p.rand == nil {
 		p.rand = mrand.Int64N
 	}
@@ -123,20 +132,67 @@ func (p *Proxy) Server() *fasthttp.Server {
 	return p.server
 }
 
-// Shutdown stops the proxy gracefully: every wait in progress (backoff,
-// Retry-After, cooldown, pacing, a max_in_flight slot) ends at once —
-// its request gets its last upstream reply, or 503 shutting_down — the
-// server stops accepting and closes idle client connections, requests
-// and streams in flight finish until ctx ends, and idle upstream
-// connections are closed. It returns ctx's error if the grace ran out.
+// Drain makes Ready report false from now on — load balancers stop
+// sending — while requests go on being served (a sidecar's agent may
+// still be finishing its work). Shutdown drains too.
+func (p *Proxy) Drain() { p.draining.Store(true) }
+
+// Draining reports whether Drain (or Shutdown) was called.
+func (p *Proxy) Draining() bool { return p.draining.Load() }
+
+// streamGraceEnd bounds how long, after Shutdown's grace, the streams it
+// interrupted get to write their interruption event.
+const streamGraceEnd = time.Second
+
+// Shutdown stops the proxy gracefully: readiness fails (Drain), every
+// wait in progress (backoff, Retry-After, cooldown, pacing, a
+// max_in_flight slot) ends at once — its request gets its last upstream
+// reply, or 503 shutting_down — the server stops accepting and closes
+// idle client connections, and requests and streams in flight finish
+// until ctx ends. Streams still open then end with a stream_interrupted
+// event (and their access-log line) instead of a bare cut. Idle upstream
+// connections are closed last. It returns ctx's error if the grace ran
+// out.
 func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.Drain()
 	p.stopOnce.Do(func() { close(p.stopping) })
 	var err error
 	p.shutdownOnce.Do(func() {
-		err = p.Server().ShutdownWithContext(ctx)
+		if err = p.Server().ShutdownWithContext(ctx); err != nil {
+			p.interruptStreams()
+		}
 		p.CloseIdleConnections()
 	})
 	return err
+}
+
+// interruptStreams ends every open stream with an interruption event and
+// waits, up to streamGraceEnd, for them to be written.
+func (p *Proxy) interruptStreams() {
+	p.streamsMu.Lock()
+	for ex := range p.streams {
+		ex.interrupt()
+	}
+	p.streamsMu.Unlock()
+	for deadline := time.Now().Add(streamGraceEnd); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		p.streamsMu.Lock()
+		n := len(p.streams)
+		p.streamsMu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// streaming registers (on) or forgets a response that streams.
+func (p *Proxy) streaming(ex *exchange, on bool) {
+	p.streamsMu.Lock()
+	if on {
+		p.streams[ex] = struct{}{}
+	} else {
+		delete(p.streams, ex)
+	}
+	p.streamsMu.Unlock()
 }
 
 // CloseIdleConnections closes pooled upstream connections.

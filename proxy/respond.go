@@ -71,6 +71,10 @@ func (ex *exchange) commit(final bool) {
 	ex.out.kind = kindOf(src.Header.ContentType())
 	cl := src.Header.ContentLength()
 	ex.out.chunked = cl < 0
+	if a, ok := src.LocalAddr().(*connAddr); ok {
+		ex.out.upConn = a.conn
+	}
+	ex.p.streaming(ex, true)
 	ctx.SetBodyStream(ex, max(cl, -1))
 }
 

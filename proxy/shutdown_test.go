@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +111,39 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 				t.Fatalf("a retry that never happened is logged: %v", last)
 			}
 		})
+	}
+}
+
+// TestStreamPastTheGraceEndsWithAnInterruptionEvent: a stream still open
+// when Shutdown's grace ends gets a stream_interrupted event (no [DONE])
+// and an access-log line, not a bare cut.
+func TestStreamPastTheGraceEndsWithAnInterruptionEvent(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: upstreamtest.SSE(upstreamtest.Words(30, "tok")...), ChunkDelay: 100 * time.Millisecond})
+	h := startProxy(t, up.URL, nil)
+	resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := h.p.Shutdown(ctx); err == nil {
+		t.Fatal("the grace did not run out: the test proves nothing")
+	}
+	if ok, _ := h.p.Ready(); ok {
+		t.Fatal("ready while shutting down")
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the stream outlived the grace by %v", took)
+	}
+	if !strings.Contains(string(body), `"code":"stream_interrupted"`) || strings.Contains(string(body), "[DONE]") ||
+		!strings.Contains(string(body), "shutting down") {
+		t.Fatalf("stream cut past the grace: %q", body)
+	}
+	if line := h.accessLines(1)[0]; line["outcome"] != "stream_interrupted" {
+		t.Fatalf("access line: %v", line)
 	}
 }

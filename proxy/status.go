@@ -73,8 +73,11 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 
 // Ready reports whether every route has a target that is not open
 // (half-open counts as ready: probes go through); notReady names the
-// routes that have none.
+// routes that have none. While draining it is false (see Draining).
 func (p *Proxy) Ready() (ok bool, notReady []string) {
+	if p.Draining() {
+		return false, nil
+	}
 	for _, r := range p.tbl.Load().routes {
 		ready := false
 		for _, t := range r.targets {

@@ -110,7 +110,10 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 func (ex *exchange) interruptionTail() []byte {
 	out, up := &ex.out, ex.loop.up
 	what := "the upstream stream failed mid-response"
-	if isTimeout(out.broken) {
+	switch {
+	case out.cut.Load():
+		what = "Sturdy is shutting down and its grace period ended before the stream"
+	case isTimeout(out.broken):
 		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.idle)
 	}
 	e := newError(CodeStreamInterrupted, what, up.name)
@@ -141,6 +144,7 @@ func (ex *exchange) interruptionTail() []byte {
 // closes the connection, so the model server stops generating), logs the
 // request and releases the exchange.
 func (ex *exchange) CloseWithError(err error) error {
+	ex.p.streaming(ex, false)
 	if err != nil && ex.out.broken == nil && ex.out.outcome != outcomeStreamInterrupted {
 		ex.out.outcome = outcomeClientGone
 		ex.out.status = 499
@@ -148,4 +152,16 @@ func (ex *exchange) CloseWithError(err error) error {
 	ex.closeBody()
 	ex.finish()
 	return nil
+}
+
+// interrupt ends the stream for Shutdown, past its grace: closing the
+// upstream connection makes the stream's next read fail, and that read
+// sends the interruption event (and stops the model generating). Called
+// with the proxy's streams lock held, so the exchange is not released
+// meanwhile.
+func (ex *exchange) interrupt() {
+	ex.out.cut.Store(true)
+	if c := ex.out.upConn; c != nil {
+		_ = c.Close()
+	}
 }
