@@ -318,6 +318,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
 			AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
 			Deadline:              r.Deadline.Std(),
+			MaxDuration:           r.MaxDuration.Std(),
 			MaxBody:               int(r.MaxBody),
 			Retry: policy.Retry{
 				MaxAttempts:      r.Retry.MaxAttempts,

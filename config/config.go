@@ -272,6 +272,10 @@ type Route struct {
 	// MaxBody is the largest request body accepted; larger gets 413.
 	// Default 32MiB.
 	MaxBody Size `yaml:"max_body"`
+	// MaxDuration caps a whole response, from the request's start to the
+	// end of its body. Default: 10m for non-streamed replies, none for
+	// streams; when written it applies to both.
+	MaxDuration Duration `yaml:"max_duration"`
 	// Retry is the route's retry policy.
 	Retry Retry `yaml:"retry"`
 }

@@ -194,6 +194,7 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 		}
 	}
 	positive(p, k+"deadline", r.Deadline)
+	positive(p, k+"max_duration", r.MaxDuration)
 	if r.MaxBody < 0 || (r.MaxBody == 0 && c.isWritten(k+"max_body")) {
 		p.bad(k+"max_body", "must be at least 1 byte")
 	}

@@ -42,10 +42,13 @@ func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 
 // readHead reads the body's first bytes into the reply's head before
 // anything is committed, so a body that dies before its first byte is
-// still a retryable failure. It reads a whole body when it fits (and
-// always for 429/5xx, whose bodies are inspected or kept as the last
-// reply, and for a 400 the route may fail over on), and one chunk of
-// anything longer.
+// still a retryable failure. A body of known length fills the head (all
+// of it when it fits): more than fasthttp's write buffer, so a
+// non-streamed reply's first bytes reach the client within first_byte
+// and a trickling upstream is a timeout, not a client left without
+// headers. A body of unknown length (a stream) gives one chunk, unless it
+// is a 429/5xx (inspected or kept as the last reply) or a 400 the route
+// may fail over on, which are read whole up to the head's size.
 func (ex *exchange) readHead(status int) policy.Fault {
 	rp := &ex.reply
 	rp.head, rp.headOff = rp.head[:0], 0
@@ -54,8 +57,7 @@ func (ex *exchange) readHead(status int) policy.Fault {
 		return policy.FaultNone
 	}
 	cl := rp.msg.Header.ContentLength()
-	whole := (cl >= 0 && cl <= headSize) || status == 429 || status >= 500 ||
-		(status == 400 && len(ex.req.route.failoverCodes) > 0)
+	whole := cl >= 0 || status == 429 || status >= 500 || (status == 400 && len(ex.req.route.failoverCodes) > 0)
 	for len(rp.head) < cap(rp.head) {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
 		rp.head = rp.head[:len(rp.head)+n]

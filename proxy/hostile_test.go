@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -305,4 +306,80 @@ func TestClientsThatNeverReadCannotOpenTheBreaker(t *testing.T) {
 	if !strings.Contains(h.logs.String(), `"outcome":"client_gone"`) {
 		t.Fatalf("the cut clients are not logged as gone:\n%s", h.logs.String())
 	}
+}
+
+// trickler is an upstream that answers every request with a Content-Length
+// of total bytes: burst of them at once, then one byte per gap.
+func trickler(t *testing.T, total, burst int, gap time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = http.ReadRequest(bufio.NewReader(c))
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", total, strings.Repeat("x", burst))
+				for i := burst; i < total; i++ {
+					select {
+					case <-done:
+						return
+					case <-time.After(gap):
+					}
+					if _, err := c.Write([]byte("x")); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// TestTricklingUpstreamIsBounded: a non-streamed reply that drips under
+// the idle timeout must neither hold the client without headers (its
+// first bytes must reach the client within first_byte, else it is a
+// timeout) nor run forever (max_duration cuts it, never as if whole).
+func TestTricklingUpstreamIsBounded(t *testing.T) {
+	t.Run("from the start: a timeout", func(t *testing.T) {
+		h := startProxy(t, trickler(t, 100_000, 10, 50*time.Millisecond), func(o *Options) {
+			o.Upstreams[0].FirstByteTimeout = 400 * time.Millisecond
+			o.Routes[0].Retry.MaxAttempts = 2
+		})
+		start := time.Now()
+		resp, body := h.do("GET", "/v1/files/x/content", "")
+		if code, _ := errorOf(t, body); resp.StatusCode != 504 || code != CodeUpstreamTimeout || time.Since(start) > 3*time.Second {
+			t.Fatalf("%d %s after %v", resp.StatusCode, body, time.Since(start))
+		}
+	})
+	t.Run("after the first bytes: max_duration", func(t *testing.T) {
+		h := startProxy(t, trickler(t, 100_000, 40_000, 50*time.Millisecond), func(o *Options) {
+			o.Routes[0].MaxDuration = time.Second
+		})
+		start := time.Now()
+		req, _ := http.NewRequest("GET", h.url+"/v1/files/x/content", nil)
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Fatalf("headers took %v: the client was held without them", took)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err == nil || n >= 100_000 || time.Since(start) > 3*time.Second {
+			t.Fatalf("read %d bytes, err %v, after %v: a cut reply must never look whole", n, err, time.Since(start))
+		}
+		if line := h.accessLines(1)[0]; line["outcome"] != "stream_interrupted" {
+			t.Fatalf("access line: %v", line)
+		}
+	})
 }

@@ -30,6 +30,7 @@ const (
 	DefaultServerIdle       = 120 * time.Second
 	DefaultMaxHeaderBytes   = 32 << 10
 	DefaultWriteTimeout     = 60 * time.Second
+	DefaultMaxDuration      = 10 * time.Minute
 )
 
 // Upstream configures one model server.
@@ -198,6 +199,11 @@ type Route struct {
 	// MaxBody is the largest request body accepted, in bytes. Default
 	// 32 MiB.
 	MaxBody int
+	// MaxDuration caps a whole response, from the request's start to the
+	// end of its body; past it the body is cut (a stream gets its
+	// interruption event). Zero: 10 minutes for a non-streamed reply
+	// (known length, not SSE or NDJSON), no cap for a stream.
+	MaxDuration time.Duration
 	// Retry is the route's retry policy; its zero fields take policy's
 	// defaults (Retry.WithDefaults).
 	Retry policy.Retry

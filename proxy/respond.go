@@ -73,9 +73,25 @@ func (ex *exchange) commit(final bool) {
 	ex.out.chunked = cl < 0
 	if a, ok := src.LocalAddr().(*connAddr); ok {
 		ex.out.upConn = a.conn
+		a.conn.capReads(ex.responseCap())
 	}
 	ex.p.streaming(ex, true)
 	ctx.SetBodyStream(ex, max(cl, -1))
+}
+
+// responseCap is when the response must have ended (zero: never): the
+// route's max_duration from the request's start — by default 10 minutes
+// for a non-streamed reply (known length, not SSE or NDJSON) and none for
+// a stream.
+func (ex *exchange) responseCap() time.Time {
+	d := ex.req.route.maxDuration
+	if d <= 0 {
+		if ex.out.chunked || ex.out.kind != streamOther {
+			return time.Time{}
+		}
+		d = DefaultMaxDuration
+	}
+	return ex.req.start.Add(d)
 }
 
 // setAttemptsHeader sets x-sturdy-attempts on the client's response.

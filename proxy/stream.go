@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"time"
 )
 
 // Stream kinds decide how a failed stream is ended for the client.
@@ -113,6 +114,8 @@ func (ex *exchange) interruptionTail() []byte {
 	switch {
 	case out.cut.Load():
 		what = "Sturdy is shutting down and its grace period ended before the stream"
+	case isTimeout(out.broken) && ex.req.route.maxDuration > 0 && time.Since(ex.req.start) >= ex.req.route.maxDuration:
+		what = fmt.Sprintf("the response took longer than the route's max_duration (%s)", ex.req.route.maxDuration)
 	case isTimeout(out.broken):
 		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.idle)
 	}

@@ -51,6 +51,7 @@ type route struct {
 	clientRetries int
 	deadline      time.Duration
 	maxBody       int
+	maxDuration   time.Duration // 0: the defaults by kind (responseCap)
 	retry         policy.Retry
 	// Histograms of this route, resolved once.
 	ttfb, durPlain, durStream prometheus.Observer
@@ -136,7 +137,8 @@ func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[stri
 func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error) {
 	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
-		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, retry: ro.Retry}
+		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, maxDuration: ro.MaxDuration,
+		retry: ro.Retry}
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)
 	}

@@ -73,6 +73,9 @@ type upstreamConn struct {
 	// (UnixNano); rtt is how long the connection took to open.
 	wroteAt atomic.Int64
 	rtt     time.Duration
+	// until caps the streaming regime's deadlines (UnixNano; 0: none): a
+	// route's max_duration.
+	until atomic.Int64
 }
 
 // staleSlack is added to two round trips for how soon after the request
@@ -92,12 +95,17 @@ func (c *upstreamConn) LocalAddr() net.Addr { return &c.local }
 
 func (c *upstreamConn) SetReadDeadline(t time.Time) error {
 	c.stream.Store(false)
+	c.until.Store(0)
 	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *upstreamConn) Read(p []byte) (int, error) {
 	if c.stream.Load() {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+		d := time.Now().Add(c.idle)
+		if u := c.until.Load(); u != 0 && u < d.UnixNano() {
+			d = time.Unix(0, u)
+		}
+		if err := c.Conn.SetReadDeadline(d); err != nil {
 			return 0, err
 		}
 	}
@@ -136,5 +144,12 @@ func staleConnection(resp *fasthttp.Response) bool {
 func markStreaming(resp *fasthttp.Response) {
 	if a, ok := resp.LocalAddr().(*connAddr); ok {
 		a.conn.stream.Store(true)
+	}
+}
+
+// capReads makes no read on c wait past until (zero: no cap).
+func (c *upstreamConn) capReads(until time.Time) {
+	if !until.IsZero() {
+		c.until.Store(until.UnixNano())
 	}
 }
