@@ -12,6 +12,7 @@ func TestDependencyDirection(t *testing.T) {
 	forbidden := map[string][]string{
 		"sturdy/policy":  {"sturdy/"},
 		"sturdy/breaker": {"sturdy/"},
+		"sturdy/events":  {"sturdy/"},
 		"sturdy/proxy":   {"sturdy/config", "sturdy/internal/"},
 		"sturdy/config":  {"sturdy/proxy", "sturdy/breaker"},
 	}

@@ -141,3 +141,40 @@ func TestOpenAIClientSeesInterruptedStreamAsError(t *testing.T) {
 		t.Fatalf("stream.Err() = %v, want the stream_interrupted error", err)
 	}
 }
+
+// TestOpenAIClientThroughAnHTTP10Upstream: an HTTP/1.0 upstream streams
+// close-delimited; the SDK gets a proper HTTP/1.1 chunked stream — whole
+// when it ended with [DONE], an error when the connection closed first.
+func TestOpenAIClientThroughAnHTTP10Upstream(t *testing.T) {
+	const head = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+	chunk := func(s string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + s + `"}}]}` + "\n\n"
+	}
+	for _, tt := range []struct {
+		name, body string
+		wantErr    bool
+	}{
+		{"whole", chunk("Hello") + chunk(" world") + "data: [DONE]\n\n", false},
+		{"closed before [DONE]", chunk("Hello") + chunk(" wor"), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			client := newClient(startSturdy(t, e2eConfig, upstreamtest.StartRaw(t, head+tt.body)))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			stream := client.Chat.Completions.NewStreaming(ctx, chatParams)
+			var text strings.Builder
+			for stream.Next() {
+				if ch := stream.Current().Choices; len(ch) > 0 {
+					text.WriteString(ch[0].Delta.Content)
+				}
+			}
+			err := stream.Err()
+			switch {
+			case tt.wantErr && (err == nil || !strings.Contains(err.Error(), "stream_interrupted")):
+				t.Fatalf("a cut stream read as %q with err %v", text.String(), err)
+			case !tt.wantErr && (err != nil || text.String() != "Hello world"):
+				t.Fatalf("streamed %q, err %v", text.String(), err)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"sturdy/events"
 	"sturdy/metrics"
 	"sturdy/policy"
 )
@@ -115,14 +116,21 @@ type response struct {
 	outcome   string
 	errCode   string
 	streaming bool
-	kind      streamKind
-	chunked   bool
-	ttfb      time.Duration
-	bytesOut  int64
-	lastByte  [2]byte
-	pending   error  // upstream error seen with data, reported on next Read
-	tail      []byte // final error event for an interrupted stream
-	broken    error  // why the upstream stream failed mid-body
+	kind      events.Kind // 0: neither SSE nor NDJSON
+	chunked   bool        // the client's body has no length: failures can be told in-band
+	// closeDelimited says the upstream body had neither length nor
+	// chunks: only its connection closing ended it.
+	closeDelimited bool
+	// scan follows the SSE or NDJSON events relayed to the client.
+	scan events.Scanner
+	// rawHead is the response head for an HTTP/1.0 client answered
+	// close-delimited (closeDelimit).
+	rawHead  []byte
+	ttfb     time.Duration
+	bytesOut int64
+	pending  error  // upstream error seen with data, reported on next Read
+	tail     []byte // final error event for an interrupted stream
+	broken   error  // why the upstream stream failed mid-body
 	// upConn is the upstream connection a stream arrives on; cut is set
 	// when Shutdown ends the stream past its grace (interrupt).
 	upConn *upstreamConn

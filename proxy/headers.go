@@ -45,6 +45,7 @@ var (
 	hdrRateLimitRemaining   = []byte("X-Ratelimit-Remaining-Requests")
 	hdrRateLimitReset       = []byte("X-Ratelimit-Reset-Requests")
 	valFalse                = []byte("false")
+	strHTTP11               = []byte("HTTP/1.1")
 	valHTTP                 = []byte("http")
 	valHTTPS                = []byte("https")
 )
@@ -86,6 +87,8 @@ func dropHopHeaders(h headerDeleter) {
 // as received, nothing added.
 func copyResponseHeaders(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
 	src.CopyTo(dst)
+	// The client is answered in HTTP/1.1, whatever the upstream spoke.
+	dst.SetProtocol(strHTTP11)
 	dropHopHeaders(dst)
 	dst.ResetConnectionClose()
 	// What the upstream did not send, Sturdy does not invent.

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -69,14 +71,55 @@ func (ex *exchange) commit(final bool) {
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
 	ex.out.kind = kindOf(src.Header.ContentType())
+	if ex.out.kind != 0 {
+		ex.out.scan.Reset(ex.out.kind)
+	}
 	cl := src.Header.ContentLength()
-	ex.out.chunked = cl < 0
+	ex.out.chunked, ex.out.closeDelimited = cl < 0, cl == -2
 	if a, ok := src.LocalAddr().(*connAddr); ok {
 		ex.out.upConn = a.conn
 		a.conn.capReads(ex.responseCap())
 	}
 	ex.p.streaming(ex, true)
+	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
+		ex.closeDelimit()
+		return
+	}
 	ctx.SetBodyStream(ex, max(cl, -1))
+}
+
+// closeDelimit answers an HTTP/1.0 client, which cannot read chunks, a
+// body of unknown length the way HTTP/1.0 can: delimited by the
+// connection's close. fasthttp would chunk it, so Sturdy writes the
+// connection itself (the headers are rendered now: ctx is not used once
+// the handler returned).
+func (ex *exchange) closeDelimit() {
+	rh := &ex.ctx.Response.Header
+	rh.SetContentLength(-2) // neither a length nor chunks
+	rh.SetConnectionClose()
+	ex.out.rawHead = append(ex.out.rawHead[:0], rh.Header()...)
+	ex.ctx.HijackSetNoResponse(true)
+	ex.ctx.Hijack(ex.writeCloseDelimited)
+}
+
+// writeCloseDelimited writes the headers and the stream to c, then ends
+// the exchange as fasthttp's body writer would (CloseWithError).
+func (ex *exchange) writeCloseDelimited(c net.Conn) {
+	_, err := c.Write(ex.out.rawHead)
+	buf := make([]byte, 16<<10)
+	for err == nil {
+		n, rerr := ex.Read(buf)
+		if n > 0 {
+			_, err = c.Write(buf[:n])
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	_ = ex.CloseWithError(err)
 }
 
 // responseCap is when the response must have ended (zero: never): the
@@ -86,7 +129,7 @@ func (ex *exchange) commit(final bool) {
 func (ex *exchange) responseCap() time.Time {
 	d := ex.req.route.maxDuration
 	if d <= 0 {
-		if ex.out.chunked || ex.out.kind != streamOther {
+		if ex.out.chunked || ex.out.kind != 0 {
 			return time.Time{}
 		}
 		d = DefaultMaxDuration

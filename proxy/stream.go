@@ -3,31 +3,27 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
+
+	"sturdy/events"
 )
 
-// Stream kinds decide how a failed stream is ended for the client.
-type streamKind uint8
-
-const (
-	streamOther  streamKind = iota // abort the connection
-	streamSSE                      // final data: {"error":...} event
-	streamNDJSON                   // final {"error":"..."} line
-)
-
-func kindOf(contentType []byte) streamKind {
+// kindOf tells a stream's framing from its media type: SSE, NDJSON, or
+// 0 for anything else (whose failure can only abort the connection).
+func kindOf(contentType []byte) events.Kind {
 	mt, _, _ := bytes.Cut(contentType, []byte(";"))
 	mt = bytes.TrimSpace(mt)
 	switch {
 	case bytes.EqualFold(mt, []byte("text/event-stream")):
-		return streamSSE
+		return events.SSE
 	case bytes.EqualFold(mt, []byte("application/x-ndjson")), bytes.EqualFold(mt, []byte("application/ndjson")),
 		bytes.EqualFold(mt, []byte("application/jsonl")), bytes.EqualFold(mt, []byte("application/x-jsonlines")):
-		return streamNDJSON
+		return events.NDJSON
 	}
-	return streamOther
+	return 0
 }
 
 // Read is the client's response body once a reply is committed as a
@@ -41,7 +37,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	if rp.headOff < len(rp.head) {
 		n := copy(p, rp.head[rp.headOff:])
 		rp.headOff += n
-		return ex.sent(p[:n]), nil
+		return ex.relayed(p[:n]), nil
 	}
 	if out.tail != nil {
 		if len(out.tail) == 0 {
@@ -66,7 +62,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		// fasthttp ignores an error returned with data; keep it for the
 		// next call.
 		out.pending = err
-		return ex.sent(p[:n]), nil
+		return ex.relayed(p[:n]), nil
 	}
 	if err == nil {
 		return 0, nil
@@ -74,21 +70,40 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	return ex.upstreamEnded(err, p)
 }
 
-func (ex *exchange) sent(b []byte) int {
-	out := &ex.out
-	out.bytesOut += int64(len(b))
-	if len(b) >= 2 {
-		out.lastByte = [2]byte{b[len(b)-2], b[len(b)-1]}
-	} else if len(b) == 1 {
-		out.lastByte = [2]byte{out.lastByte[1], b[0]}
+// relayed counts upstream bytes going to the client and follows them
+// with the event scanner.
+func (ex *exchange) relayed(b []byte) int {
+	if ex.out.kind != 0 {
+		_, _ = ex.out.scan.Write(b)
 	}
+	return ex.sent(b)
+}
+
+func (ex *exchange) sent(b []byte) int {
+	ex.out.bytesOut += int64(len(b))
 	return len(b)
 }
 
+// errUnterminated is why a close-delimited stream that ended without its
+// terminator is an interruption: only the connection's close said it
+// ended, and a cut looks the same.
+var errUnterminated = errors.New("the upstream closed the stream before its terminator")
+
 // upstreamEnded handles the end of the upstream body: EOF ends the client
-// stream cleanly, anything else is a mid-stream failure.
+// stream cleanly — unless it is an SSE or NDJSON stream without its
+// terminator whose only end was the connection closing — and anything
+// else is a mid-stream failure.
 func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 	out := &ex.out
+	if err == io.EOF && out.kind != 0 && !out.scan.Done() {
+		if out.closeDelimited {
+			err = errUnterminated
+		} else {
+			// A framed stream that ends cleanly without a terminator is the
+			// server's choice: passed on, and counted.
+			ex.p.m.StreamsUnterminated.WithLabelValues(ex.req.route.name).Inc()
+		}
+	}
 	if err == io.EOF {
 		ex.closeBody()
 		return 0, io.EOF
@@ -96,7 +111,7 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 	out.broken = err
 	out.outcome = outcomeStreamInterrupted
 	ex.closeBody()
-	if !out.chunked || out.kind == streamOther {
+	if !out.chunked || out.kind == 0 {
 		return 0, errStreamAborted
 	}
 	out.tail = ex.interruptionTail()
@@ -118,20 +133,25 @@ func (ex *exchange) interruptionTail() []byte {
 		what = fmt.Sprintf("the response took longer than the route's max_duration (%s)", ex.req.route.maxDuration)
 	case isTimeout(out.broken):
 		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.idle)
+	case errors.Is(out.broken, errUnterminated):
+		what = "the upstream closed the connection before the stream's end ([DONE] or a final event)"
 	}
 	e := newError(CodeStreamInterrupted, what, up.name)
 	var b []byte
 	switch out.kind {
-	case streamSSE:
-		if out.lastByte != [2]byte{'\n', '\n'} && out.bytesOut > 0 {
+	case events.SSE:
+		switch { // finish the cut line, then the cut event
+		case out.scan.InLine():
 			b = append(b, "\n\n"...)
+		case out.scan.InEvent():
+			b = append(b, '\n')
 		}
 		e.details = errorDetails{Upstream: up.name, Attempts: ex.loop.attempts, LastStatus: out.status}
 		b = append(b, "data: "...)
 		b = append(b, e.body()...)
 		b = append(b, "\n\n"...)
 	default:
-		if out.lastByte[1] != '\n' && out.bytesOut > 0 {
+		if out.scan.InLine() {
 			b = append(b, '\n')
 		}
 		line, _ := json.Marshal(map[string]string{"error": e.msg})

@@ -405,3 +405,39 @@ var JSONHeader = [2]string{"Content-Type", "application/json"}
 
 // SSEHeader is a Content-Type: text/event-stream header pair.
 var SSEHeader = [2]string{"Content-Type", "text/event-stream"}
+
+// StartRaw runs an upstream on 127.0.0.1:0 that reads one request per
+// connection, writes the next of replies byte for byte (the last one
+// repeats) and closes the connection: an HTTP/1.0 server, or any framing
+// a test needs. It returns the http:// URL.
+func StartRaw(t testing.TB, replies ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			reply := replies[0]
+			if len(replies) > 1 {
+				replies = replies[1:]
+			}
+			mu.Unlock()
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(MaxHang))
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+					_, _ = io.WriteString(c, reply)
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}

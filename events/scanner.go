@@ -1,0 +1,202 @@
+// Package events reads streamed model replies incrementally — SSE
+// (text/event-stream: chat completions, the Responses API) and NDJSON
+// (Ollama) — as their bytes pass through, without allocating: it tells
+// where the stream stands (inside a line, inside an event) and whether
+// the stream's terminator went by. It imports nothing of Sturdy's.
+package events
+
+import "bytes"
+
+// Kind is a stream's framing.
+type Kind uint8
+
+// The framings a Scanner reads.
+const (
+	// SSE: lines of "field: value", events separated by a blank line.
+	SSE Kind = iota + 1
+	// NDJSON: one JSON value per line.
+	NDJSON
+)
+
+// lineCap is how much of each line the Scanner keeps to look at: enough
+// for a field name and the start of its value, where every terminator
+// is told.
+const lineCap = 256
+
+// Scanner follows a stream fed to it with Write. Its zero value is not
+// ready: call Reset with the stream's Kind first. It is not safe for
+// concurrent use.
+type Scanner struct {
+	kind Kind
+	// line holds the start of the current line (up to lineCap bytes);
+	// lineLen is its full length so far.
+	line    [lineCap]byte
+	lineLen int
+	// cr is set when the last byte was a \r (a \n after it ends nothing).
+	cr bool
+	// inEvent is set while an SSE event has lines but no blank line yet;
+	// hasData once one of them was a data line.
+	inEvent, hasData bool
+	// event is the current SSE event's name ("event:" field), if any.
+	event    [64]byte
+	eventLen int
+	// terminal is set when the current SSE event's name ends the stream;
+	// done once a terminating data line (or NDJSON line) has ended.
+	terminal, done bool
+	events         int
+}
+
+// Reset makes s ready for a new stream of the given kind.
+func (s *Scanner) Reset(kind Kind) { *s = Scanner{kind: kind} }
+
+// Kind returns the framing s reads (0 before Reset).
+func (s *Scanner) Kind() Kind { return s.kind }
+
+// Write feeds the next bytes of the stream. It never fails or allocates.
+func (s *Scanner) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		if s.cr && p[0] == '\n' { // the \n of a \r\n: the line already ended
+			s.cr = false
+			p = p[1:]
+			continue
+		}
+		s.cr = false
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			s.add(p)
+			break
+		}
+		s.add(p[:i])
+		s.cr = p[i] == '\r'
+		s.endLine()
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// add appends line bytes, keeping the first lineCap.
+func (s *Scanner) add(b []byte) {
+	if s.lineLen < lineCap {
+		copy(s.line[s.lineLen:], b)
+	}
+	s.lineLen += len(b)
+}
+
+// endLine handles the line just ended.
+func (s *Scanner) endLine() {
+	line := s.line[:min(s.lineLen, lineCap)]
+	s.lineLen = 0
+	if s.kind == NDJSON {
+		if len(bytes.TrimSpace(line)) > 0 {
+			s.events++
+			if ndjsonFinal(line) {
+				s.done = true
+			}
+		}
+		return
+	}
+	if len(line) == 0 { // a blank line ends the event
+		if s.hasData {
+			s.events++
+		}
+		s.inEvent, s.hasData, s.terminal, s.eventLen = false, false, false, 0
+		return
+	}
+	s.inEvent = true
+	name, value := field(line)
+	switch string(name) {
+	case "event":
+		s.eventLen = copy(s.event[:], value)
+		s.terminal = terminalEvent(value)
+	case "data":
+		s.hasData = true
+		if s.terminal || string(bytes.TrimSpace(value)) == "[DONE]" || terminalEvent(jsonType(value)) {
+			s.done = true
+		}
+	}
+}
+
+// field splits an SSE line into its name and value ("data: x" → data, x).
+func field(line []byte) (name, value []byte) {
+	name, value, _ = bytes.Cut(line, []byte(":"))
+	value, _ = bytes.CutPrefix(value, []byte(" "))
+	return name, value
+}
+
+// terminalEvent reports whether a Responses API event type ends the
+// stream: completed, incomplete, failed, or an error.
+func terminalEvent(name []byte) bool {
+	switch string(name) {
+	case "response.completed", "response.incomplete", "response.failed", "error":
+		return true
+	}
+	return false
+}
+
+// jsonType returns the string value of a top-level "type" key found in
+// the start of a JSON object, or nil.
+func jsonType(v []byte) []byte {
+	return jsonString(v, []byte(`"type"`))
+}
+
+// jsonString finds key (quoted) in v and returns its string value if it
+// is one, unescaped characters only; nil otherwise. It is a scan, not a
+// parser: enough to tell a known value at the start of an event.
+func jsonString(v, key []byte) []byte {
+	i := bytes.Index(v, key)
+	if i < 0 {
+		return nil
+	}
+	rest := bytes.TrimLeft(v[i+len(key):], " \t")
+	rest, ok := bytes.CutPrefix(rest, []byte(":"))
+	if !ok {
+		return nil
+	}
+	rest = bytes.TrimLeft(rest, " \t")
+	rest, ok = bytes.CutPrefix(rest, []byte(`"`))
+	if !ok {
+		return nil
+	}
+	end := bytes.IndexAny(rest, `"\`)
+	if end < 0 || rest[end] != '"' {
+		return nil
+	}
+	return rest[:end]
+}
+
+// ndjsonFinal reports whether an NDJSON line ends an Ollama stream: it
+// says "done": true, or it is an {"error": …} line.
+func ndjsonFinal(line []byte) bool {
+	if i := bytes.Index(line, []byte(`"done"`)); i >= 0 {
+		rest := bytes.TrimLeft(line[i+len(`"done"`):], " \t")
+		if rest, ok := bytes.CutPrefix(rest, []byte(":")); ok && bytes.HasPrefix(bytes.TrimLeft(rest, " \t"), []byte("true")) {
+			return true
+		}
+	}
+	trimmed := bytes.TrimLeft(line, " \t{")
+	return bytes.HasPrefix(trimmed, []byte(`"error"`))
+}
+
+// Done reports whether the stream's terminator has gone by: SSE's
+// "data: [DONE]" (chat completions) or a terminal Responses API event
+// (response.completed, response.incomplete, response.failed, error), or
+// an NDJSON line with "done": true or an "error".
+func (s *Scanner) Done() bool { return s.done }
+
+// InLine reports whether the bytes so far end inside a line.
+func (s *Scanner) InLine() bool { return s.lineLen > 0 }
+
+// InEvent reports whether the bytes so far end inside an SSE event: some
+// of its lines ended, the blank line that ends it has not come (a line
+// still being read is InLine).
+func (s *Scanner) InEvent() bool { return s.inEvent }
+
+// Events counts the events with data (SSE) or the lines (NDJSON) that
+// ended so far.
+func (s *Scanner) Events() int { return s.events }
+
+// Event returns the name of the SSE event being read ("event:" field; up
+// to 64 bytes), empty when it has none yet. It is valid until the next
+// Write.
+func (s *Scanner) Event() []byte { return s.event[:s.eventLen] }

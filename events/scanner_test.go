@@ -1,0 +1,137 @@
+package events
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestScannerTerminators(t *testing.T) {
+	tests := []struct {
+		name   string
+		kind   Kind
+		stream string
+		done   bool
+	}{
+		{"chat completions", SSE, "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", true},
+		{"chat completions, no space, CRLF", SSE, "data:{}\r\n\r\ndata:[DONE]\r\n\r\n", true},
+		{"[DONE] line without its blank line", SSE, "data: {}\n\ndata: [DONE]\n", true},
+		{"cut before [DONE]", SSE, "data: {\"choices\":[]}\n\n", false},
+		{"[DONE] cut mid-line", SSE, "data: {}\n\ndata: [DO", false},
+		{"responses completed", SSE, "event: response.created\ndata: {\"type\":\"response.created\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\"}\n\n", true},
+		{"responses completed, data only", SSE, "data: {\"type\":\"response.completed\",\"response\":{}}\n\n", true},
+		{"responses incomplete", SSE, "event: response.incomplete\ndata: {}\n\n", true},
+		{"responses failed", SSE, "event: response.failed\ndata: {}\n\n", true},
+		{"responses error event", SSE, "event: error\ndata: {\"type\":\"error\",\"code\":\"x\"}\n\n", true},
+		{"terminal event name without data yet", SSE, "event: response.completed\n", false},
+		{"text delta only", SSE, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"[DONE]\"}\n\n", false},
+		{"comment is no terminator", SSE, ": ping\n\n", false},
+		{"ollama done", NDJSON, "{\"message\":{\"content\":\"a\"},\"done\":false}\n{\"done\": true,\"eval_count\":3}\n", true},
+		{"ollama cut", NDJSON, "{\"message\":{\"content\":\"a\"},\"done\":false}\n", false},
+		{"ollama error", NDJSON, "{\"error\":\"model not found\"}\n", true},
+	}
+	for _, tt := range tests {
+		var s Scanner
+		s.Reset(tt.kind)
+		_, _ = s.Write([]byte(tt.stream))
+		if s.Done() != tt.done {
+			t.Errorf("%s: Done = %v, want %v", tt.name, s.Done(), tt.done)
+		}
+	}
+}
+
+func TestScannerPosition(t *testing.T) {
+	var s Scanner
+	s.Reset(SSE)
+	for _, step := range []struct {
+		feed            string
+		inLine, inEvent bool
+		events          int
+	}{
+		{"data: {\"a\"", true, false, 0},
+		{":1}\n", false, true, 0},
+		{"\n", false, false, 1},
+		{"event: response.created\r", false, true, 1},
+		{"\n", false, true, 1}, // the \n of \r\n ends nothing more
+		{"data: x\r\n\r\n", false, false, 2},
+	} {
+		_, _ = s.Write([]byte(step.feed))
+		if s.InLine() != step.inLine || s.InEvent() != step.inEvent || s.Events() != step.events {
+			t.Fatalf("after %q: in line %v, in event %v, events %d", step.feed, s.InLine(), s.InEvent(), s.Events())
+		}
+	}
+}
+
+func TestScannerDoesNotAllocate(t *testing.T) {
+	var s Scanner
+	chunk := []byte("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n")
+	s.Reset(SSE)
+	if n := testing.AllocsPerRun(1000, func() { _, _ = s.Write(chunk) }); n != 0 {
+		t.Fatalf("%v allocations per event", n)
+	}
+}
+
+// reference reads a whole stream at once, the simple way, for the fuzzer
+// to hold the incremental Scanner against.
+func reference(kind Kind, stream string) (done, inLine, inEvent bool) {
+	lines := regexp.MustCompile("\r\n|\r|\n").Split(stream, -1)
+	last := lines[len(lines)-1] // the unfinished line ("" when the stream ends on a line break)
+	inLine = last != ""
+	terminal := false
+	for _, line := range lines[:len(lines)-1] {
+		if kind == NDJSON {
+			done = done || ndjsonFinal([]byte(truncate(line)))
+			continue
+		}
+		line = truncate(line)
+		if line == "" {
+			inEvent, terminal = false, false
+			continue
+		}
+		inEvent = true
+		name, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch name {
+		case "event":
+			terminal = terminalEvent([]byte(value))
+		case "data":
+			done = done || terminal || strings.TrimSpace(value) == "[DONE]" || terminalEvent(jsonType([]byte(value)))
+		}
+	}
+	return done, inLine, inEvent
+}
+
+func truncate(line string) string { return line[:min(len(line), lineCap)] }
+
+// FuzzScanner feeds a stream in the pieces the fuzzer picks: the state
+// must not depend on where the stream was split, and must agree with a
+// whole-stream reading.
+func FuzzScanner(f *testing.F) {
+	for _, s := range []string{"data: a\n\ndata: [DONE]\n\n", "event: response.completed\r\ndata: {}\r\n\r\n",
+		"data: {\"type\":\"response.failed\"}\r\r", ": ping\n\ndata: x", "{\"done\":true}\n"} {
+		f.Add(s, uint8(3), false)
+	}
+	f.Fuzz(func(t *testing.T, stream string, step uint8, ndjson bool) {
+		kind := SSE
+		if ndjson {
+			kind = NDJSON
+		}
+		var whole, pieces Scanner
+		whole.Reset(kind)
+		pieces.Reset(kind)
+		_, _ = whole.Write([]byte(stream))
+		n := int(step%16) + 1
+		for i := 0; i < len(stream); i += n {
+			_, _ = pieces.Write([]byte(stream[i:min(i+n, len(stream))]))
+		}
+		if whole.Done() != pieces.Done() || whole.InLine() != pieces.InLine() || whole.InEvent() != pieces.InEvent() ||
+			whole.Events() != pieces.Events() {
+			t.Fatalf("split every %d bytes, %q reads differently", n, stream)
+		}
+		done, inLine, inEvent := reference(kind, stream)
+		if whole.Done() != done || whole.InLine() != inLine || (kind == SSE && whole.InEvent() != inEvent) {
+			t.Fatalf("%q: done %v in line %v in event %v; the whole-stream reading says %v %v %v",
+				stream, whole.Done(), whole.InLine(), whole.InEvent(), done, inLine, inEvent)
+		}
+	})
+}
