@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net"
 	"testing"
 	"time"
@@ -55,9 +56,8 @@ func BenchmarkProxiedRequest(b *testing.B) {
 		return up0.wrap(c), nil
 	}
 	ln := fasthttputil.NewInmemoryListener()
-	srv := p.Server()
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Shutdown()
+	go func() { _ = p.Serve(ln) }() // through the listener guard, as in production
+	defer func() { _ = p.Shutdown(context.Background()) }()
 
 	client := &fasthttp.HostClient{Addr: "sturdy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
 	reqBody := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
