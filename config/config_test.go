@@ -238,6 +238,7 @@ func TestProblemsNeverQuoteASecret(t *testing.T) {
 		"upstreams: [{name: a, url: 'http://h', timeouts: {connect: sk-proj-abcdefghijkl}}]\n",
 		"upstreams: [{name: a, url: 'http://user:hunter2-secret@h'}]\n",
 		"upstreams: [{name: a, url: 'ftp://h?key=sk-proj-abcdefghijk'}]\n",
+		"upstreams: [{name: a, url: 'ftp://h?api_key=hunter2secret&x=1'}]\n",
 		"upstreams: [{name: a, url: 'http://h'}]\nauth: {keys: [short-secret]}\n",
 		"upstreams: [{name: a, url: 'http://h'}]\nauth: {keys: {k: 'Bearer hunter2-secret'}}\n",
 	} {

@@ -47,7 +47,7 @@ var quoted = regexp.MustCompile("\"(?:[^\"\\\\]|\\\\.)*\"|`[^`]*`|'[^']*'")
 
 // secretLike matches what looks like a credential wherever it is quoted:
 // an OpenAI-style key, a bearer token, a URL's user:password@.
-var secretLike = regexp.MustCompile(`sk-[A-Za-z0-9_\-.]+|(?i:bearer)\s+\S+|://[^/\s@"'` + "`" + `]+@`)
+var secretLike = regexp.MustCompile(`sk-[A-Za-z0-9_\-.]+|(?i:bearer)\s+\S+|://[^/\s@"'` + "`" + `]+@|[?&][^=&\s"'` + "`" + `]+=[^&\s"'` + "`" + `]*`)
 
 // redact keeps secrets out of a problem's message: every quoted value of
 // a secret-bearing key, and anything that looks like a credential.
@@ -57,8 +57,12 @@ func redact(p Problem) string {
 		msg = quoted.ReplaceAllString(msg, `"[redacted]"`)
 	}
 	return secretLike.ReplaceAllStringFunc(msg, func(m string) string {
-		if strings.HasPrefix(m, "://") {
+		switch {
+		case strings.HasPrefix(m, "://"):
 			return "://[redacted]@"
+		case m[0] == '?' || m[0] == '&': // a URL's query parameter
+			k, _, _ := strings.Cut(m, "=")
+			return k + "=[redacted]"
 		}
 		return "[redacted]"
 	})

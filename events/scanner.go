@@ -44,6 +44,9 @@ type Scanner struct {
 	// done once a terminating data line (or NDJSON line) has ended.
 	terminal, done bool
 	events         int
+	// sawLine is set once a line ended (the first may open with a byte
+	// order mark).
+	sawLine bool
 }
 
 // Reset makes s ready for a new stream of the given kind.
@@ -51,6 +54,14 @@ func (s *Scanner) Reset(kind Kind) { *s = Scanner{kind: kind} }
 
 // Kind returns the framing s reads (0 before Reset).
 func (s *Scanner) Kind() Kind { return s.kind }
+
+// End tells s the stream ended: an unfinished last line counts as a line
+// (a terminator written without its line break still ends the stream).
+func (s *Scanner) End() {
+	if s.lineLen > 0 {
+		s.endLine()
+	}
+}
 
 // Write feeds the next bytes of the stream. It never fails or allocates.
 func (s *Scanner) Write(p []byte) (int, error) {
@@ -87,6 +98,10 @@ func (s *Scanner) add(b []byte) {
 func (s *Scanner) endLine() {
 	line := s.line[:min(s.lineLen, lineCap)]
 	s.lineLen = 0
+	if !s.sawLine {
+		s.sawLine = true
+		line = bytes.TrimPrefix(line, []byte("\xEF\xBB\xBF"))
+	}
 	if s.kind == NDJSON {
 		if len(bytes.TrimSpace(line)) > 0 {
 			s.events++
@@ -109,6 +124,7 @@ func (s *Scanner) endLine() {
 	case "event":
 		s.eventLen = copy(s.event[:], value)
 		s.terminal = terminalEvent(value)
+		s.done = s.done || s.terminal && s.hasData // its data came first
 	case "data":
 		s.hasData = true
 		if s.terminal || string(bytes.TrimSpace(value)) == "[DONE]" || terminalEvent(jsonType(value)) {
@@ -134,35 +150,61 @@ func terminalEvent(name []byte) bool {
 	return false
 }
 
-// jsonType returns the string value of a top-level "type" key found in
-// the start of a JSON object, or nil.
+// jsonType returns the string value of the top-level "type" key of a
+// JSON object, as far as the start of it (lineCap bytes) shows; nil
+// otherwise.
 func jsonType(v []byte) []byte {
-	return jsonString(v, []byte(`"type"`))
+	return topLevelString(v, "type")
 }
 
-// jsonString finds key (quoted) in v and returns its string value if it
-// is one, unescaped characters only; nil otherwise. It is a scan, not a
-// parser: enough to tell a known value at the start of an event.
-func jsonString(v, key []byte) []byte {
-	i := bytes.Index(v, key)
-	if i < 0 {
-		return nil
+// topLevelString finds key among the keys of the top-level object in v
+// (not inside a nested value) and returns its value when it is a string
+// of unescaped characters; nil otherwise. It scans, it does not parse:
+// enough to tell a known value at the start of an event.
+func topLevelString(v []byte, key string) []byte {
+	depth, inString, escaped, start := 0, false, false, -1
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case inString && escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case inString && c == '"':
+			inString = false
+			if depth == 1 && string(v[start:i]) == key {
+				if val, ok := stringAfterColon(v[i+1:]); ok {
+					return val
+				}
+			}
+		case inString:
+		case c == '"':
+			inString, start = true, i+1
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			depth--
+		}
 	}
-	rest := bytes.TrimLeft(v[i+len(key):], " \t")
-	rest, ok := bytes.CutPrefix(rest, []byte(":"))
-	if !ok {
-		return nil
+	return nil
+}
+
+// stringAfterColon reads `: "value"` at the start of rest (a key just
+// ended): ok only for a string value, unescaped characters only.
+func stringAfterColon(rest []byte) (value []byte, ok bool) {
+	rest = bytes.TrimLeft(rest, " \t")
+	if rest, ok = bytes.CutPrefix(rest, []byte(":")); !ok {
+		return nil, false
 	}
 	rest = bytes.TrimLeft(rest, " \t")
-	rest, ok = bytes.CutPrefix(rest, []byte(`"`))
-	if !ok {
-		return nil
+	if rest, ok = bytes.CutPrefix(rest, []byte(`"`)); !ok {
+		return nil, false
 	}
 	end := bytes.IndexAny(rest, `"\`)
 	if end < 0 || rest[end] != '"' {
-		return nil
+		return nil, false
 	}
-	return rest[:end]
+	return rest[:end], true
 }
 
 // ndjsonFinal reports whether an NDJSON line ends an Ollama stream: it

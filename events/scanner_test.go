@@ -29,6 +29,11 @@ func TestScannerTerminators(t *testing.T) {
 		{"ollama done", NDJSON, "{\"message\":{\"content\":\"a\"},\"done\":false}\n{\"done\": true,\"eval_count\":3}\n", true},
 		{"ollama cut", NDJSON, "{\"message\":{\"content\":\"a\"},\"done\":false}\n", false},
 		{"ollama error", NDJSON, "{\"error\":\"model not found\"}\n", true},
+		{"a nested type is not the event's", SSE, "data: {\"choices\":[{\"delta\":{}}],\"obj\":{\"type\":\"error\"}}\n\n", false},
+		{"a type value that looks like a key", SSE, "data: {\"a\":\"type\",\"b\":\"error\"}\n\n", false},
+		{"escaped quotes", SSE, "data: {\"x\":\"\\\"type\\\":\\\"error\\\"\",\"type\":\"response.completed\"}\n\n", true},
+		{"event name after its data", SSE, "data: {}\nevent: response.completed\n\n", true},
+		{"byte order mark", SSE, "\xEF\xBB\xBFevent: response.completed\ndata: {}\n\n", true},
 	}
 	for _, tt := range tests {
 		var s Scanner
@@ -36,6 +41,24 @@ func TestScannerTerminators(t *testing.T) {
 		_, _ = s.Write([]byte(tt.stream))
 		if s.Done() != tt.done {
 			t.Errorf("%s: Done = %v, want %v", tt.name, s.Done(), tt.done)
+		}
+	}
+}
+
+func TestScannerEndCountsAnUnfinishedLastLine(t *testing.T) {
+	for _, tt := range []struct {
+		kind   Kind
+		stream string
+	}{{SSE, "data: {}\n\ndata: [DONE]"}, {NDJSON, "{\"done\":false}\n{\"done\":true}"}} {
+		var s Scanner
+		s.Reset(tt.kind)
+		_, _ = s.Write([]byte(tt.stream))
+		if s.Done() {
+			t.Fatalf("%q: done before End", tt.stream)
+		}
+		s.End()
+		if !s.Done() {
+			t.Fatalf("%q: the terminator on the last line, without its line break, was missed", tt.stream)
 		}
 	}
 }
@@ -77,15 +100,18 @@ func reference(kind Kind, stream string) (done, inLine, inEvent bool) {
 	lines := regexp.MustCompile("\r\n|\r|\n").Split(stream, -1)
 	last := lines[len(lines)-1] // the unfinished line ("" when the stream ends on a line break)
 	inLine = last != ""
-	terminal := false
-	for _, line := range lines[:len(lines)-1] {
+	terminal, hasData := false, false
+	for i, line := range lines[:len(lines)-1] {
+		if i == 0 {
+			line = strings.TrimPrefix(line, "\xEF\xBB\xBF")
+		}
 		if kind == NDJSON {
 			done = done || ndjsonFinal([]byte(truncate(line)))
 			continue
 		}
 		line = truncate(line)
 		if line == "" {
-			inEvent, terminal = false, false
+			inEvent, terminal, hasData = false, false, false
 			continue
 		}
 		inEvent = true
@@ -94,7 +120,9 @@ func reference(kind Kind, stream string) (done, inLine, inEvent bool) {
 		switch name {
 		case "event":
 			terminal = terminalEvent([]byte(value))
+			done = done || terminal && hasData
 		case "data":
+			hasData = true
 			done = done || terminal || strings.TrimSpace(value) == "[DONE]" || terminalEvent(jsonType([]byte(value)))
 		}
 	}
@@ -108,7 +136,8 @@ func truncate(line string) string { return line[:min(len(line), lineCap)] }
 // whole-stream reading.
 func FuzzScanner(f *testing.F) {
 	for _, s := range []string{"data: a\n\ndata: [DONE]\n\n", "event: response.completed\r\ndata: {}\r\n\r\n",
-		"data: {\"type\":\"response.failed\"}\r\r", ": ping\n\ndata: x", "{\"done\":true}\n"} {
+		"data: {\"type\":\"response.failed\"}\r\r", ": ping\n\ndata: x", "{\"done\":true}\n",
+		"\xEF\xBB\xBFevent: response.completed\ndata: {}\n\n", "data: {}\nevent: error\n\n"} {
 		f.Add(s, uint8(3), false)
 	}
 	f.Fuzz(func(t *testing.T, stream string, step uint8, ndjson bool) {

@@ -25,6 +25,10 @@ const (
 	// this request (though a server that reads a request and then resets
 	// looks the same).
 	FaultStale
+	// FaultLocal: Sturdy itself could not open a connection (it is out of
+	// file descriptors): the request never left, and the upstream is not
+	// to blame.
+	FaultLocal
 )
 
 // String returns the fault's name as used in config (`retry.on`) and logs.
@@ -40,6 +44,8 @@ func (f Fault) String() string {
 		return "client_gone"
 	case FaultStale:
 		return "stale"
+	case FaultLocal:
+		return "local"
 	default:
 		return "none"
 	}
@@ -161,6 +167,8 @@ func Classify(o Outcome) Verdict {
 		return Verdict{Class: ClassClientGone, Health: HealthExcluded}
 	case FaultStale:
 		return Verdict{Class: ClassRetryable, Reason: ReasonStale, Health: HealthExcluded}
+	case FaultLocal:
+		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded}
 	}
 	switch {
 	case o.Status == 429 && o.InsufficientQuota:

@@ -543,3 +543,9 @@ func TestClientTimeoutAndRateLimitHeaders(t *testing.T) {
 		t.Error("RequestedRetries")
 	}
 }
+
+func TestALocalFaultIsRetriedButNotTheUpstreamsFault(t *testing.T) {
+	if v := Classify(Outcome{Fault: FaultLocal}); v.Class != ClassRetryable || v.Reason != ReasonConnect || v.Health != HealthExcluded {
+		t.Fatalf("%+v", v)
+	}
+}

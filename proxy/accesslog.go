@@ -35,7 +35,7 @@ const (
 	outcomeExhausted         = "exhausted"          // the last upstream reply, retrying over
 	outcomeCircuitOpen       = "circuit_open"       // every target's breaker open
 	outcomeRateLimited       = "rate_limited"       // a 429 Sturdy answered itself
-	outcomeUpstreamBusy      = "upstream_busy"      // no max_in_flight slot in time
+	outcomeUpstreamBusy      = "upstream_busy"      // no max_in_flight slot or connection place in time
 	outcomeUpstreamError     = "upstream_error"     // no upstream reply at all
 	outcomeRejected          = "rejected"           // refused before any attempt (400/404/413/431)
 	outcomeUnauthorized      = "unauthorized"       // no accepted client key

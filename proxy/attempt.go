@@ -88,6 +88,13 @@ func (ex *exchange) closeBody() {
 		_ = ex.reply.msg.CloseBodyStream()
 		ex.reply.body = nil
 	}
+	if ex.out.upConn != nil {
+		// The connection may serve another request from now on: Shutdown's
+		// interrupt must not close it (it looks under the same lock).
+		ex.p.streamsMu.Lock()
+		ex.out.upConn = nil
+		ex.p.streamsMu.Unlock()
+	}
 	if up := ex.reply.conn; up != nil {
 		up.conns.release()
 		ex.reply.conn = nil

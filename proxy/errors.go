@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -79,8 +80,8 @@ var errorTable = []errorSpec{
 		message: "upstream %q is failing and its circuit breaker is open%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
 		when:    "the upstream's breaker is open; `Retry-After` = seconds until the next probe"},
 	{code: CodeUpstreamBusy, status: 503,
-		message: "upstream %q is running as many requests as it is allowed (max_in_flight)%s; retry after the Retry-After delay",
-		when:    "the upstream's `max_in_flight` slots stayed full for `queue_timeout`"},
+		message: "upstream %q is running as many requests as it is allowed (%s)%s; retry after the Retry-After delay",
+		when:    "the upstream's `max_in_flight` slots, or its `max_connections`, stayed full for `queue_timeout`"},
 	{code: CodeUpstreamUnreachable, status: 502,
 		message: "upstream %q %s (%s); retry later or check the upstream",
 		when:    "one attempt, no response (connect failure or reset)"},
@@ -188,6 +189,12 @@ func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte) {
 // never left Sturdy, so even a non-replayable write may be retried.
 type dialError struct{ err error }
 
+// localFault reports whether a dial failed on Sturdy's side (out of file
+// descriptors), not the upstream's.
+func (e *dialError) localFault() bool {
+	return errors.Is(e.err, syscall.EMFILE) || errors.Is(e.err, syscall.ENFILE)
+}
+
 func (e *dialError) Error() string { return "dial upstream: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
@@ -200,6 +207,8 @@ var errStreamAborted = errors.New("upstream stream failed mid-body")
 func faultOf(err error) policy.Fault {
 	var de *dialError
 	switch {
+	case errors.As(err, &de) && de.localFault():
+		return policy.FaultLocal
 	case errors.As(err, &de), errors.Is(err, fasthttp.ErrNoFreeConns), errors.Is(err, fasthttp.ErrDialTimeout):
 		return policy.FaultConnect
 	case isTimeout(err):

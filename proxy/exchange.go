@@ -79,6 +79,7 @@ type loopState struct {
 	// waited for, to give it back if the wait ends early.
 	reservedAt time.Time
 	slot       *upstream // whose max_in_flight slot is held
+	place      *upstream // whose connection place is taken for the next attempt
 	entered    *upstream // whose in-flight count this request is in
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
@@ -150,6 +151,7 @@ type obstacle struct {
 	kind     policy.Obstacle
 	upstream string
 	wait     time.Duration // until it clears, as far as known
+	limit    string        // the setting a busy upstream is at
 }
 
 // retryNote is one retry as logged: why, and how long Sturdy waited.

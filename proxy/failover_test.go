@@ -460,3 +460,26 @@ func TestLastReplyNamesTheUpstreamThatSentIt(t *testing.T) {
 		t.Fatalf("access line %v", l)
 	}
 }
+
+// TestAKeptReplyIsWholeWhenTheNextTargetCannotBeTried: the last reply is
+// what the client gets when later targets are skipped, so its body must
+// not be given up before an attempt is really made.
+func TestAKeptReplyIsWholeWhenTheNextTargetCannotBeTried(t *testing.T) {
+	big := `{"error":{"message":"` + strings.Repeat("x", 65_500) + `"}}`
+	a := upstreamtest.Start(t, upstreamtest.Step{Status: 500, Header: [][2]string{upstreamtest.JSONHeader}, Body: big})
+	b := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
+	h := startProxy(t, a.URL, func(o *Options) {
+		o.Routes[0].Retry.MaxAttempts = 1
+		withFallbacks(o, []string{b.URL})
+		o.Upstreams[1].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000}
+		open := testRoute("b")
+		open.Name, open.PathPrefix = "open-b", "/b/"
+		open.Retry.MaxAttempts = 1
+		o.Routes = append(o.Routes, open)
+	})
+	h.do("GET", "/b/x", "") // opens b's breaker
+	resp, body := h.chat("")
+	if resp.StatusCode != 500 || string(body) != big {
+		t.Fatalf("%d, %d of %d bytes", resp.StatusCode, len(body), len(big))
+	}
+}

@@ -153,18 +153,27 @@ func (ex *exchange) forwarded(h *fasthttp.RequestHeader) {
 	peer = peer.Unmap()
 	trusted := ex.tbl.trusts(peer)
 	xff := q.scratch[:0]
-	if prior := h.PeekBytes(hdrForwardedFor); trusted && len(prior) > 0 {
-		xff = append(append(xff, prior...), ", "...)
+	if trusted && h.PeekBytes(hdrForwardedFor) != nil {
+		for _, prior := range h.PeekAll(string(hdrForwardedFor)) { // every line the proxy sent, in order
+			xff = append(append(xff, prior...), ", "...)
+		}
 	}
 	if peer.IsValid() {
 		xff = peer.AppendTo(xff)
 	}
+	// Every line the client sent goes (SetBytesKV replaces only the
+	// first); X-Forwarded-For is one line from here on.
+	for i, k := range [][]byte{hdrForwardedFor, hdrForwardedHost, hdrForwardedProto} {
+		if (i == 0 || !trusted) && h.PeekBytes(k) != nil {
+			h.DelBytes(k)
+		}
+	}
 	h.SetBytesKV(hdrForwardedFor, xff)
 	q.scratch = xff
-	if !trusted || len(h.PeekBytes(hdrForwardedHost)) == 0 {
+	if len(h.PeekBytes(hdrForwardedHost)) == 0 {
 		h.SetBytesKV(hdrForwardedHost, ctx.Request.Header.Host())
 	}
-	if !trusted || len(h.PeekBytes(hdrForwardedProto)) == 0 {
+	if len(h.PeekBytes(hdrForwardedProto)) == 0 {
 		proto := valHTTP
 		if ctx.IsTLS() {
 			proto = valHTTPS

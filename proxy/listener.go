@@ -3,7 +3,9 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -23,17 +25,33 @@ const (
 // written.
 const refuseWait = 200 * time.Millisecond
 
+// maxRefusing bounds the connections being answered 503 at once; past
+// it a connection over max_connections is closed without an answer (a
+// flood must not cost a file descriptor per refusal).
+const maxRefusing = 64
+
+// acceptLogEvery bounds the accept-error log lines: one per burst, and
+// no more than one per this interval while the errors go on.
+const acceptLogEvery = 10 * time.Second
+
 // Serve serves clients on ln until Shutdown: the proxy's server behind a
 // listener guard (see guardedListener).
-func (p *Proxy) Serve(ln net.Listener) error { return p.Server().Serve(p.guard(ln)) }
+func (p *Proxy) Serve(ln net.Listener) error { return p.Server().Serve(p.guard(ln, nil)) }
 
-// ServeTLS is Serve over TLS with the PEM certificate and key files.
+// ServeTLS is Serve over TLS with the PEM certificate and key files. The
+// guard sits below TLS, so a refused connection is answered over TLS too.
 func (p *Proxy) ServeTLS(ln net.Listener, certFile, keyFile string) error {
-	return p.Server().ServeTLS(p.guard(ln), certFile, keyFile)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return fmt.Errorf("tls: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+	return p.Server().Serve(tls.NewListener(p.guard(ln, cfg), cfg))
 }
 
-func (p *Proxy) guard(ln net.Listener) net.Listener {
-	return &guardedListener{Listener: ln, p: p, max: int64(p.limits.MaxConnections), writeTimeout: p.limits.WriteTimeout}
+func (p *Proxy) guard(ln net.Listener, tlsConfig *tls.Config) net.Listener {
+	return &guardedListener{Listener: ln, p: p, max: int64(p.limits.MaxConnections), writeTimeout: p.limits.WriteTimeout,
+		tls: tlsConfig, refusing: make(chan struct{}, maxRefusing)}
 }
 
 // guardedListener is the client listener as fasthttp sees it. An accept
@@ -48,7 +66,12 @@ type guardedListener struct {
 	max          int64
 	open         atomic.Int64
 	writeTimeout time.Duration
-	failing      bool // in a burst of accept errors (only Accept's goroutine)
+	tls          *tls.Config   // the listener's, to answer refusals over TLS; nil: plain
+	refusing     chan struct{} // a place per refusal being written
+	// failing is set in a burst of accept errors; loggedAt is when one
+	// was last logged (both only touched by Accept's goroutine).
+	failing  bool
+	loggedAt time.Time
 }
 
 // Accept returns the next connection that may be served.
@@ -62,23 +85,29 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 				return nil, err
 			}
 			l.p.m.AcceptErrors.WithLabelValues(reason).Inc()
-			if !l.failing {
-				l.failing = true
+			if !l.failing && time.Since(l.loggedAt) >= acceptLogEvery {
+				l.loggedAt = time.Now()
 				l.p.log.Warn().Str("reason", reason).Str("error", err.Error()).
 					Msg("accepting connections fails; retrying with backoff (see sturdy_accept_errors_total)")
 			}
+			l.failing = true
 			backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
 			time.Sleep(backoff)
 			continue
 		}
-		if l.failing {
-			l.failing = false
-			l.p.log.Info().Msg("accepting connections again")
-		}
+		l.failing = false
 		if l.open.Add(1) > l.max {
 			l.open.Add(-1)
 			l.p.m.ConnectionsRefused.Inc()
-			go l.p.refuse(c)
+			select {
+			case l.refusing <- struct{}{}:
+				go func() {
+					l.p.refuse(c, l.tls)
+					<-l.refusing
+				}()
+			default:
+				_ = c.Close()
+			}
 			continue
 		}
 		l.p.m.ClientConnections.Inc()
@@ -111,10 +140,17 @@ func acceptErrorReason(err error) (reason string, passes bool) {
 
 // refuse answers a connection over max_connections with 503 and closes
 // it, after reading what the client sent so the answer is not lost to a
-// reset.
-func (p *Proxy) refuse(c net.Conn) {
+// reset. Over TLS it completes the handshake first.
+func (p *Proxy) refuse(c net.Conn, tlsConfig *tls.Config) {
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * refuseWait))
+	_ = c.SetDeadline(time.Now().Add(3 * refuseWait))
+	if tlsConfig != nil {
+		tc := tls.Server(c, tlsConfig)
+		if tc.Handshake() != nil {
+			return
+		}
+		c = tc
+	}
 	_ = c.SetReadDeadline(time.Now().Add(refuseWait))
 	var buf [4096]byte
 	for {

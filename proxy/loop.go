@@ -42,9 +42,9 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		}
 		ticket, ok := t.up.breaker.Allow()
 		if !ok {
-			ex.closeBody() // gives the connection place back
+			ex.dropPlace()
 			probe := max(t.up.breaker.ProbeIn(time.Now()), time.Second)
-			return ex.carry(ex.clear(policy.ObstacleBreaker, t.up, probe, 0))
+			return ex.carry(ex.clear(policy.ObstacleBreaker, t.up, probe, 0, ""))
 		}
 		d := ex.try(t, ticket)
 		if d.Action != policy.ActionAttempt {
@@ -86,7 +86,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	if t.up.slots != nil {
 		switch t.up.slots.acquire(min(t.up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
 		case slotTimedOut:
-			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0))
+			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
 		case slotCancelled:
 			return ex.interrupted()
 		}
@@ -119,6 +119,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 
 // leaveTarget gives back what the current target holds.
 func (ex *exchange) leaveTarget() {
+	ex.dropPlace()
 	if ex.loop.slot != nil {
 		ex.loop.slot.slots.release()
 		ex.loop.slot = nil
@@ -135,7 +136,7 @@ func (ex *exchange) leaveTarget() {
 func (ex *exchange) gate(up *upstream) policy.Action {
 	now := time.Now()
 	if left := up.cooldownLeft(ex, now); left > 0 {
-		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter)
+		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -148,7 +149,7 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 		return policy.ActionAttempt
 	}
 	r := up.limiter.ReserveN(now, 1)
-	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), up.maxWait)
+	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), up.maxWait, "")
 	if d.Action != policy.ActionAttempt {
 		r.CancelAt(now)
 		return ex.carry(d)
@@ -165,38 +166,46 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
 func (ex *exchange) takeConnection(up *upstream) policy.Action {
-	ex.closeBody() // the previous attempt's reply, and its connection place
 	switch up.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
 	case slotTimedOut:
-		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0))
+		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
 	case slotCancelled:
 		return ex.interrupted()
 	}
-	ex.reply.conn = up
+	ex.loop.place = up
 	return policy.ActionAttempt
+}
+
+// dropPlace gives back a connection place taken for an attempt that was
+// not made.
+func (ex *exchange) dropPlace() {
+	if up := ex.loop.place; up != nil {
+		up.conns.release()
+		ex.loop.place = nil
+	}
 }
 
 // clear asks policy what an obstacle before an attempt on up means — it
 // clears in wait and may be waited for up to maxWait — and records a
-// refusal.
-func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time.Duration) policy.Decision {
+// refusal (limit names the setting a busy target is at).
+func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time.Duration, limit string) policy.Decision {
 	d := policy.Clear(policy.Gate{Obstacle: kind, Wait: wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
 		HasFallback: ex.hasFallback(), N: ex.loop.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
-		ex.block(kind, up, wait)
+		ex.block(obstacle{kind: kind, upstream: up.name, wait: wait, limit: limit})
 	}
 	return d
 }
 
 // block records why a target could not be used, keeping the obstacle
 // that clears soonest.
-func (ex *exchange) block(kind policy.Obstacle, up *upstream, wait time.Duration) {
-	ex.p.m.TargetSkips.WithLabelValues(up.name, kind.String()).Inc()
-	ex.noteResult(kind.String(), false)
+func (ex *exchange) block(o obstacle) {
+	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
+	ex.noteResult(o.kind.String(), false)
 	lp := &ex.loop
 	lp.blocked = true
-	if lp.obstacle.kind == policy.ObstacleNone || wait < lp.obstacle.wait {
-		lp.obstacle = obstacle{kind: kind, upstream: up.name, wait: wait}
+	if lp.obstacle.kind == policy.ObstacleNone || o.wait < lp.obstacle.wait {
+		lp.obstacle = o
 	}
 }
 
@@ -204,6 +213,10 @@ func (ex *exchange) block(kind policy.Obstacle, up *upstream, wait time.Duration
 // it, and returns policy's decision on what follows.
 func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
 	up, lp := t.up, &ex.loop
+	// The previous reply is given up now (its body and its connection
+	// place), and the place taken for this attempt goes with the new one.
+	ex.closeBody()
+	ex.reply.conn, lp.place = lp.place, nil
 	afterStale := lp.replaying
 	if !afterStale {
 		lp.n++

@@ -102,7 +102,7 @@ type ServerLimits struct {
 	// MaxConnections caps open client connections; one more is answered
 	// 503 too_many_connections. Default: half the file descriptors the
 	// process may open (less 64), leaving the other half for upstream
-	// connections.
+	// connections, at most 65,536.
 	MaxConnections int
 	// WriteTimeout is the longest a single write to a client may block
 	// (nginx's send_timeout): a client that stops reading is cut. It
@@ -123,8 +123,13 @@ func (s ServerLimits) withDefaults() ServerLimits {
 // for files, listeners and logs) to client connections: each request in
 // flight also holds one upstream connection.
 func defaultMaxConnections(fdLimit uint64) int {
-	return int(max(16, (min(fdLimit, 1<<30)-min(fdLimit, 64))/2))
+	return int(min(max(16, (min(fdLimit, 1<<30)-min(fdLimit, 64))/2), maxDefaultConnections))
 }
+
+// maxDefaultConnections caps the derived default: each connection holds
+// tens of KiB of buffers, so a million-descriptor limit would let memory
+// run out first.
+const maxDefaultConnections = 65536
 
 // RateLimit paces requests below a provider's quota.
 type RateLimit struct {

@@ -31,11 +31,24 @@ func TestConfined(t *testing.T) {
 		{"/../../etc/passwd", "/", true},        // "/" confines nothing: any path stays under it
 		{"/v1/../v1/chat/completions", "/v1/chat/", true},
 		{"/v1/chatx/../chat/y", "/v1/chat", true},
+		{"/v1/chat/..;/..;/admin", "/v1/chat/", false},
+		{"/v1/chat/..%3B/..%3bx/admin", "/v1/chat/", false},
+		{"/v1/chat/..%2F", "/v1/chat/", false},
+		{"/v1/chat/x/..%2F", "/v1/chat/", true},
+		{"/v1/models/org%2Fllama3.1", "/v1/models/org%2F", true},
+		{"/v1/models/org%2F../../x", "/v1/models/org%2F", false},
 	}
 	for _, tt := range tests {
 		if got := confined([]byte(tt.path), []byte(tt.prefix)); got != tt.want {
 			t.Errorf("confined(%q, %q) = %v, want %v", tt.path, tt.prefix, got, tt.want)
 		}
+	}
+}
+
+func TestConfinedDoesNotAllocate(t *testing.T) {
+	path, prefix := []byte("/v1/models/org%2Fname/../llama3.1;x"), []byte("/v1/models/")
+	if n := testing.AllocsPerRun(100, func() { confined(path, prefix) }); n != 0 {
+		t.Fatalf("%v allocations", n)
 	}
 }
 

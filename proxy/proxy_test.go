@@ -797,7 +797,8 @@ func TestRouteWithoutPathPrefixCompetesWithSlash(t *testing.T) {
 // as another address or host unless it is a trusted proxy.
 func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
 	const posed = "GET /v1/models HTTP/1.1\r\nHost: client.example\r\nX-Forwarded-For: 1.2.3.4\r\n" +
-		"X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\n\r\n"
+		"X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\nX-Forwarded-For: 5.6.7.8\r\n" +
+		"X-Forwarded-Host: evil2.example\r\nX-Forwarded-Proto: https\r\n\r\n"
 	for _, tt := range []struct {
 		name                 string
 		trusted              []netip.Prefix
@@ -805,12 +806,19 @@ func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
 	}{
 		{"untrusted: replaced", nil, "127.0.0.1", "client.example", "http"},
 		{"other peers trusted: replaced", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, "127.0.0.1", "client.example", "http"},
-		{"trusted: kept and appended", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "1.2.3.4, 127.0.0.1", "evil.example", "https"},
+		{"trusted: kept and appended", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "1.2.3.4, 5.6.7.8, 127.0.0.1", "evil2.example", "https"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 			h := startProxy(t, up.URL, func(o *Options) { o.TrustedProxies = tt.trusted })
 			h.raw(posed)
+			raw := up.Requests()[0].Raw
+			if n := strings.Count(raw, "X-Forwarded-For:"); n != 1 {
+				t.Fatalf("%d X-Forwarded-For lines reached the upstream:\n%s", n, raw)
+			}
+			if n := strings.Count(raw, "X-Forwarded-Host:"); (n == 1) != !strings.Contains(tt.name, "kept") {
+				t.Fatalf("%d X-Forwarded-Host lines reached the upstream:\n%s", n, raw)
+			}
 			r := up.Requests()[0].Header
 			if r["X-Forwarded-For"] != tt.xff || r["X-Forwarded-Host"] != tt.xfHost || r["X-Forwarded-Proto"] != tt.xfProto {
 				t.Fatalf("upstream saw %q, %q, %q", r["X-Forwarded-For"], r["X-Forwarded-Host"], r["X-Forwarded-Proto"])

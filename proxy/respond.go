@@ -3,7 +3,6 @@ package proxy
 import (
 	"fmt"
 	"io"
-	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -68,8 +67,6 @@ func (ex *exchange) commit(final bool) {
 		ex.out.bytesOut = int64(len(ex.reply.head))
 		return
 	}
-	ex.out.streaming = true
-	ex.p.m.OpenStreams.Inc()
 	ex.out.kind = kindOf(src.Header.ContentType())
 	if ex.out.kind != 0 {
 		ex.out.scan.Reset(ex.out.kind)
@@ -80,46 +77,41 @@ func (ex *exchange) commit(final bool) {
 		ex.out.upConn = a.conn
 		a.conn.capReads(ex.responseCap())
 	}
-	ex.p.streaming(ex, true)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
-		ex.closeDelimit()
+		ex.whole()
 		return
 	}
+	ex.out.streaming = true
+	ex.p.m.OpenStreams.Inc()
+	ex.p.streaming(ex, true)
 	ctx.SetBodyStream(ex, max(cl, -1))
 }
 
-// closeDelimit answers an HTTP/1.0 client, which cannot read chunks, a
-// body of unknown length the way HTTP/1.0 can: delimited by the
-// connection's close. fasthttp would chunk it, so Sturdy writes the
-// connection itself (the headers are rendered now: ctx is not used once
-// the handler returned).
-func (ex *exchange) closeDelimit() {
-	rh := &ex.ctx.Response.Header
-	rh.SetContentLength(-2) // neither a length nor chunks
-	rh.SetConnectionClose()
-	ex.out.rawHead = append(ex.out.rawHead[:0], rh.Header()...)
-	ex.ctx.HijackSetNoResponse(true)
-	ex.ctx.Hijack(ex.writeCloseDelimited)
-}
+// maxWholeBody bounds a body read whole for an HTTP/1.0 client.
+const maxWholeBody = 64 << 20
 
-// writeCloseDelimited writes the headers and the stream to c, then ends
-// the exchange as fasthttp's body writer would (CloseWithError).
-func (ex *exchange) writeCloseDelimited(c net.Conn) {
-	_, err := c.Write(ex.out.rawHead)
-	buf := make([]byte, 16<<10)
-	for err == nil {
-		n, rerr := ex.Read(buf)
-		if n > 0 {
-			_, err = c.Write(buf[:n])
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil && err == nil {
-			err = rerr
-		}
+// whole answers an HTTP/1.0 client, which cannot read chunks, a body of
+// unknown length with a Content-Length: the rest of the upstream body is
+// read first (bounded by idle, max_duration and maxWholeBody), through the
+// same reader a stream uses, so an SSE or NDJSON failure still ends with
+// its error event; any other failed body gets Sturdy's own 502, since
+// nothing has reached the client yet.
+func (ex *exchange) whole() {
+	buf := make([]byte, headSize)
+	var body []byte
+	var err error
+	for err == nil && len(body) <= maxWholeBody {
+		var n int
+		n, err = ex.Read(buf)
+		body = append(body, buf[:n]...)
 	}
-	_ = ex.CloseWithError(err)
+	ex.closeBody()
+	if err != io.EOF {
+		ex.out.outcome = outcomeUpstreamError
+		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.name, "failed mid-body", ex.triedText()))
+		return
+	}
+	ex.ctx.Response.SetBody(body)
 }
 
 // responseCap is when the response must have ended (zero: never): the
@@ -172,7 +164,7 @@ func (ex *exchange) obstructed() {
 		e = newError(CodeCircuitOpen, o.upstream, ex.alsoTried())
 	case policy.ObstacleBusy:
 		ex.out.outcome = outcomeUpstreamBusy
-		e = newError(CodeUpstreamBusy, o.upstream, ex.alsoTried())
+		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.alsoTried())
 	default:
 		ex.out.outcome = outcomeRateLimited
 		ex.p.m.RateLimited.WithLabelValues(o.kind.String()).Inc()
@@ -186,8 +178,11 @@ func (ex *exchange) obstructed() {
 func (ex *exchange) noReply() {
 	up, tried := ex.loop.up.name, ex.triedText()
 	failed := "could not be reached"
-	if ex.loop.fault == policy.FaultReset || ex.loop.fault == policy.FaultStale {
+	switch ex.loop.fault {
+	case policy.FaultReset, policy.FaultStale:
 		failed = "closed the connection before responding"
+	case policy.FaultLocal:
+		failed = "could not be reached: Sturdy is out of file descriptors"
 	}
 	var e *apiError
 	switch {

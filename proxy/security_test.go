@@ -1,10 +1,19 @@
 package proxy
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
 )
@@ -71,5 +80,46 @@ func TestUpstreamTLSVerification(t *testing.T) {
 	}
 	if _, err := New(Options{Upstreams: []Upstream{{Name: "x", URL: up.URL, CAFile: "/nonexistent.pem"}}}); err == nil {
 		t.Fatal("unreadable ca_file accepted")
+	}
+}
+
+// TestRefusalOverTLSIsAnHTTPAnswer: past server.max_connections a TLS
+// client still gets the polite 503, over TLS.
+func TestRefusalOverTLSIsAnHTTPAnswer(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	certPEM, keyPEM := upstreamtest.SelfSigned(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
+		t.Fatal("writing the key pair")
+	}
+	o := Options{Upstreams: []Upstream{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")},
+		Server: ServerLimits{MaxConnections: 1}, Log: zerolog.Nop()}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := upstreamtest.ServeWith(t, func(ln net.Listener) error { return p.ServeTLS(ln, certFile, keyFile) },
+		func() { _ = p.Shutdown(context.Background()) })
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := func() *http.Client {
+		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
+	}
+	addr := "https" + strings.TrimPrefix(url, "http")
+	// A client holds the one place: connected, handshaken, silent.
+	held, err := tls.Dial("tcp", strings.TrimPrefix(url, "http://"), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	resp, err := client().Get(addr + "/v1/models")
+	if err != nil {
+		t.Fatalf("the refused TLS client got no HTTP answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if code, _ := errorOf(t, body); resp.StatusCode != 503 || code != CodeTooManyConnections {
+		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }

@@ -95,6 +95,9 @@ var errUnterminated = errors.New("the upstream closed the stream before its term
 // else is a mid-stream failure.
 func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 	out := &ex.out
+	if err == io.EOF && out.kind != 0 {
+		out.scan.End()
+	}
 	if err == io.EOF && out.kind != 0 && !out.scan.Done() {
 		if out.closeDelimited {
 			err = errUnterminated

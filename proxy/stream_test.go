@@ -67,28 +67,40 @@ func TestChunkedStreamWithoutTerminatorPassesAndIsCounted(t *testing.T) {
 	}
 }
 
-// TestHTTP10ClientGetsACloseDelimitedBody: an HTTP/1.0 client cannot read
-// chunks: a stream of unknown length reaches it close-delimited.
-func TestHTTP10ClientGetsACloseDelimitedBody(t *testing.T) {
-	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("a", "b")})
+// TestHTTP10ClientGetsAContentLength: an HTTP/1.0 client cannot read
+// chunks: a body of unknown length is read whole and reaches it with a
+// Content-Length — with its error event when the stream failed.
+func TestHTTP10ClientGetsAContentLength(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("a", "b")},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{"data: {\"a\":1}\n\n"}, Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
+	ask := func() (head, body string) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Length: 15\r\n\r\n{\"stream\":true}")
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		raw, err := io.ReadAll(bufio.NewReader(conn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, body, _ = strings.Cut(string(raw), "\r\n\r\n")
+		if !strings.HasPrefix(head, "HTTP/1.1 200") || strings.Contains(strings.ToLower(head), "transfer-encoding") ||
+			!strings.Contains(head, "Content-Length: ") {
+			t.Fatalf("%q", raw)
+		}
+		return head, body
 	}
-	defer conn.Close()
-	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Length: 15\r\n\r\n{\"stream\":true}")
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	raw, err := io.ReadAll(bufio.NewReader(conn))
-	if err != nil {
-		t.Fatal(err)
+	if _, body := ask(); !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("whole stream: %q", body)
 	}
-	head, body, _ := strings.Cut(string(raw), "\r\n\r\n")
-	if !strings.HasPrefix(head, "HTTP/1.1 200") || strings.Contains(strings.ToLower(head), "transfer-encoding") ||
-		!strings.HasSuffix(body, "data: [DONE]\n\n") {
-		t.Fatalf("%q", raw)
+	if _, body := ask(); !strings.Contains(body, `"code":"stream_interrupted"`) {
+		t.Fatalf("cut stream: %q", body)
 	}
-	if line := h.accessLines(1)[0]; line["outcome"] != "ok" || line["stream"] != true {
-		t.Fatalf("access line %v", line)
+	lines := h.accessLines(2)
+	if lines[0]["outcome"] != "ok" || lines[1]["outcome"] != "stream_interrupted" {
+		t.Fatalf("access lines %v", lines)
 	}
 }

@@ -78,6 +78,7 @@ type Request struct {
 	RequestURI string
 	Host       string
 	Header     map[string]string // canonical names
+	Raw        string            // the header lines as received
 	Body       []byte
 	At         time.Time
 }
@@ -168,7 +169,7 @@ func (s *Server) WriteErrors() int {
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	r := Request{Method: string(ctx.Method()), RequestURI: string(ctx.Request.Header.RequestURI()),
-		Host: string(ctx.Host()), Header: map[string]string{}, Body: append([]byte(nil), ctx.Request.Body()...), At: time.Now()}
+		Host: string(ctx.Host()), Header: map[string]string{}, Raw: string(ctx.Request.Header.RawHeaders()), Body: append([]byte(nil), ctx.Request.Body()...), At: time.Now()}
 	for k, v := range ctx.Request.Header.All() {
 		r.Header[string(k)] = string(v)
 	}
