@@ -62,3 +62,18 @@ func TestScenarioSmoke(t *testing.T) {
 		t.Fatalf("chart: %v", err)
 	}
 }
+
+// TestCancelSmoke runs the cancel measurement for a few tries: a client
+// that leaves must get the upstream connection closed, soon.
+func TestCancelSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sturdy binary")
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-scenario", "cancel", "-tries", "5"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "### cancel") || !strings.Contains(stdout.String(), "| 5 |") {
+		t.Fatalf("no cancel table:\n%s", stdout.String())
+	}
+}

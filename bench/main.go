@@ -77,6 +77,7 @@ type command struct {
 	sturdyListen, targetURL, fakeURL string
 	out, chart                       string
 	noDirect                         bool
+	tries                            int
 	peers                            peerFlag
 }
 
@@ -85,7 +86,8 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, or all")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, all, or cancel")
+	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel scenario")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
 	fs.IntVar(&c.s.conns, "conns", 32, "connections of closed-loop runs")
@@ -107,6 +109,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	c, err := parseCommand(args, stderr)
 	if err != nil {
 		return 2
+	}
+	if c.name == "cancel" {
+		return c.runCancel(stdout, stderr)
 	}
 	todo := scenarios
 	if c.name != "all" {
@@ -141,6 +146,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stderr, "wrote %s and %s\n", c.out, c.chart)
+	return 0
+}
+
+// runCancel measures how soon a client's leaving closes the upstream
+// connection (the cancel scenario: Sturdy only, no load).
+func (c *command) runCancel(stdout, stderr io.Writer) int {
+	bin := c.sturdyBin
+	if bin == "" {
+		var err error
+		if bin, err = buildSturdy(); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	delays, err := measureCancel(bin, c.tries)
+	if err != nil {
+		fmt.Fprintln(stderr, "cancel:", err)
+		return 1
+	}
+	cancelReport(stdout, delays)
 	return 0
 }
 

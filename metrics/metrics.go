@@ -71,6 +71,10 @@ type Metrics struct {
 	ConnectionsRefused prometheus.Counter
 	// ClientConnections is the number of open client connections.
 	ClientConnections prometheus.Gauge
+	// ClientGone counts requests whose client left before their response
+	// ended, by the phase they were in (queue, cooldown, pacing,
+	// response_head, backoff, retry_after, stream).
+	ClientGone *prometheus.CounterVec
 	// StreamsUnterminated counts SSE/NDJSON streams that ended cleanly
 	// (framed: chunked or with a length) without their terminator, by
 	// route.
@@ -132,13 +136,15 @@ func New() *Metrics {
 			Help: "Client connections answered 503 too_many_connections (server.max_connections)."}),
 		ClientConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_client_connections",
 			Help: "Open client connections."}),
+		ClientGone: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_client_gone_total",
+			Help: "Requests whose client left before the response ended, by phase."}, []string{"phase"}),
 		StreamsUnterminated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_stream_unterminated_total",
 			Help: "SSE/NDJSON streams that ended cleanly without their terminator ([DONE], a final event), by route."}, []string{"route"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
-		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated,
+		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -152,6 +152,8 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 	}
 	stop := func(s Stop) Decision { return Decision{Action: ActionStop, Stop: s} }
 	switch {
+	case v.Class == ClassClientGone:
+		return stop(StopClientGone)
 	case v.Class == ClassPassThrough && a.FailoverStatus && canFailover && a.Replayable:
 		return Decision{Action: ActionFailover}
 	case v.Class != ClassRetryable:

@@ -222,7 +222,7 @@ func TestDecide(t *testing.T) {
 	tests := []decideCase{
 		{"success stops", r, Attempt{Verdict: Classify(Outcome{Status: 200}), N: 1, Replayable: true, Remaining: hour}, stopWith(StopFinal)},
 		{"pass-through stops", r, Attempt{Verdict: Classify(Outcome{Status: 400}), N: 1, Replayable: true, Remaining: hour}, stopWith(StopFinal)},
-		{"client gone stops", r, Attempt{Verdict: Classify(Outcome{Fault: FaultClientGone}), N: 1, Replayable: true, Remaining: hour}, stopWith(StopFinal)},
+		{"client gone stops", r, Attempt{Verdict: Classify(Outcome{Fault: FaultClientGone}), N: 1, Replayable: true, Remaining: hour, HasFallback: true}, stopWith(StopClientGone)},
 		{"5xx retries with jitter bound", r, Attempt{Verdict: v5xx, N: 1, Replayable: true, Remaining: hour}, retryAfter(250 * time.Millisecond)},
 		{"third retry bound is 1s", r, Attempt{Verdict: v5xx, N: 3, Replayable: true, Remaining: hour}, retryAfter(time.Second)},
 		{"max attempts reached", r, Attempt{Verdict: v5xx, N: 4, Replayable: true, Remaining: hour}, stopWith(StopMaxAttempts)},

@@ -25,6 +25,7 @@ const (
 	fieldOutcome  = "outcome"
 	fieldError    = "error"
 	fieldTargets  = "targets"
+	fieldPhase    = "phase"
 )
 
 // Outcomes: how a request ended, in the access log and the
@@ -101,6 +102,9 @@ func (ex *exchange) logAccess() {
 	}
 	if out.errCode != "" {
 		ev.Str(fieldError, out.errCode)
+	}
+	if out.outcome == outcomeClientGone {
+		ev.Str(fieldPhase, phase(ex.gonePhase.Load()).String())
 	}
 	ev.Bool(fieldStream, out.streaming).
 		Int64(fieldBytesOut, out.bytesOut).

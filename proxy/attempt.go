@@ -21,9 +21,13 @@ func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 		return policy.Outcome{Fault: policy.FaultTimeout}
 	}
 	resp := ex.reply.msg
-	if err := t.up.client.DoTimeout(ex.req.msg, resp, timeout); err != nil {
+	ex.enter(phaseHead)
+	if err := t.up.send(ex, resp, timeout); err != nil || ex.isGone.Load() {
 		ex.closeBody()
-		if !isTimeout(err) && staleConnection(resp) {
+		switch {
+		case ex.isGone.Load():
+			return policy.Outcome{Fault: policy.FaultClientGone}
+		case !isTimeout(err) && staleConnection(resp):
 			return policy.Outcome{Fault: policy.FaultStale}
 		}
 		return policy.Outcome{Fault: faultOf(err)}
@@ -84,17 +88,16 @@ func (ex *exchange) readHead(status int) policy.Fault {
 // also tells a model server to stop generating. Either way the
 // connection's place under max_connections is free again.
 func (ex *exchange) closeBody() {
+	if ex.upConn != nil {
+		// From here the connection may serve another request: it must not
+		// be closed for this one.
+		ex.released()
+	}
 	if ex.reply.body != nil {
 		_ = ex.reply.msg.CloseBodyStream()
 		ex.reply.body = nil
 	}
-	if ex.out.upConn != nil {
-		// The connection may serve another request from now on: Shutdown's
-		// interrupt must not close it (it looks under the same lock).
-		ex.p.streamsMu.Lock()
-		ex.out.upConn = nil
-		ex.p.streamsMu.Unlock()
-	}
+
 	if up := ex.reply.conn; up != nil {
 		up.conns.release()
 		ex.reply.conn = nil

@@ -79,3 +79,63 @@ func BenchmarkProxiedRequest(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkProxiedRequestTCP is BenchmarkProxiedRequest over loopback TCP
+// (client → Sturdy → upstream), with the client connections watched for
+// leaving and without, side by side: the watch's cost. Each client
+// connection carries keepAlive requests, so the per-connection epoll
+// calls count as they do for a client that reuses its connections.
+func BenchmarkProxiedRequestTCP(b *testing.B) {
+	body := upstreamtest.ChatCompletion("hello from the benchmark")
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(body)
+	}}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = up.Serve(upLn) }()
+	defer up.Shutdown()
+	for _, watched := range []bool{true, false} {
+		name := map[bool]string{true: "watched", false: "unwatched"}[watched]
+		b.Run(name, func(b *testing.B) {
+			watchClients = watched
+			defer func() { watchClients = true }()
+			p, err := New(Options{Upstreams: []Upstream{testUpstream("up", "http://"+upLn.Addr().String())},
+				Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			go func() { _ = p.Serve(ln) }()
+			defer func() { _ = p.Shutdown(context.Background()) }()
+			const keepAlive = 100
+			client := &fasthttp.HostClient{Addr: ln.Addr().String(), MaxConns: 64, MaxConnDuration: 0}
+			reqBody := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				defer fasthttp.ReleaseRequest(req)
+				defer fasthttp.ReleaseResponse(resp)
+				for i := 0; pb.Next(); i++ {
+					req.SetRequestURI("http://sturdy/v1/chat/completions")
+					req.Header.SetMethod("POST")
+					req.Header.SetContentType("application/json")
+					req.SetBodyRaw(reqBody)
+					if i%keepAlive == keepAlive-1 {
+						req.SetConnectionClose() // a new client connection now and then
+					}
+					if err := client.DoTimeout(req, resp, 5*time.Second); err != nil || resp.StatusCode() != 200 {
+						b.Fatalf("%v %d", err, resp.StatusCode())
+					}
+					req.Reset()
+				}
+			})
+		})
+	}
+}

@@ -16,8 +16,11 @@
 //   - retry budget: reserved in try before Decide (policy.Budget.Reserve),
 //     given back when the retry is not sent;
 //   - breaker outcome: policy.Classify's Health, reported by try (Ticket.Done);
-//   - waits end early on shutdown: wait (and slots.acquire), ex.gone the
-//     hook for a client that left;
+//   - waits end early on shutdown or when the client leaves: wait (and
+//     slots.acquire); a client's leaving is noticed by the watcher
+//     (watch_linux.go) and acted on by clientLeft (gone.go), which also
+//     closes the upstream connection an attempt holds (upstream.send's
+//     claim tells which);
 //   - commit and the answer: respond; every error body: errorTable, written
 //     by apiError.write (errors.go).
 //

@@ -33,6 +33,18 @@ type exchange struct {
 	p   *Proxy
 	tbl *table // the configuration this request started with
 	ctx *fasthttp.RequestCtx
+	// cc is the client connection (nil outside Serve); goneCh closes and
+	// isGone is set when the client leaves; phase is where the request
+	// stands, gonePhase where it stood then.
+	cc        *clientConn
+	goneCh    chan struct{}
+	isGone    atomic.Bool
+	phase     atomic.Uint32
+	gonePhase atomic.Uint32
+	// upConn is the upstream connection in use (an attempt's, then the
+	// stream's), to close when the client leaves or Shutdown's grace ends.
+	connMu sync.Mutex
+	upConn *upstreamConn
 
 	req   outbound
 	loop  loopState
@@ -132,10 +144,8 @@ type response struct {
 	pending  error  // upstream error seen with data, reported on next Read
 	tail     []byte // final error event for an interrupted stream
 	broken   error  // why the upstream stream failed mid-body
-	// upConn is the upstream connection a stream arrives on; cut is set
-	// when Shutdown ends the stream past its grace (interrupt).
-	upConn *upstreamConn
-	cut    atomic.Bool
+	// cut is set when Shutdown ends the stream past its grace (interrupt).
+	cut atomic.Bool
 }
 
 // notes are what the access line lists: each retry and each target.
@@ -170,20 +180,28 @@ type targetNote struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{req: outbound{msg: new(fasthttp.Request)},
+	return &exchange{goneCh: make(chan struct{}), req: outbound{msg: new(fasthttp.Request)},
 		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}}
 }}
 
 // finish logs and measures the request and returns the exchange to the
 // pool.
 func (ex *exchange) finish() {
+	if ex.cc != nil {
+		ex.cc.serving(nil)
+	}
 	ex.leaveTarget()
 	ex.logAccess()
 	ex.measure()
 	ex.closeBody()
 	ex.req.msg.Reset()
 	ex.reply.msg.Reset()
+	gone := ex.goneCh
+	if ex.isGone.Load() {
+		gone = make(chan struct{}) // a closed one cannot be reused
+	}
 	*ex = exchange{
+		goneCh: gone,
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
 		reply: reply{msg: ex.reply.msg, head: ex.reply.head[:0]},
@@ -199,6 +217,9 @@ func (ex *exchange) measure() {
 		route, up = ex.req.route.name, ex.loop.up.name
 	}
 	m.Requests.WithLabelValues(route, up, metrics.StatusClass(ex.out.status), ex.out.outcome).Inc()
+	if ex.out.outcome == outcomeClientGone {
+		m.ClientGone.WithLabelValues(phase(ex.gonePhase.Load()).String()).Inc()
+	}
 	if ex.loop.stop.Ended() {
 		m.GiveUps.WithLabelValues(up, ex.loop.stop.String()).Inc()
 	}

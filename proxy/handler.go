@@ -20,6 +20,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
+	if ex.cc = clientConnOf(ctx.Conn()); ex.cc != nil {
+		ex.cc.serving(ex)
+	}
 	if err := ex.admit(); err != nil {
 		ex.fail(err)
 		ex.finish()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -111,7 +112,9 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.p.m.ClientConnections.Inc()
-		return &clientConn{Conn: c, l: l}, nil
+		cc := &clientConn{Conn: c, l: l}
+		watch(cc)
+		return cc, nil
 	}
 }
 
@@ -171,12 +174,51 @@ func (p *Proxy) refuse(c net.Conn, tlsConfig *tls.Config) {
 }
 
 // clientConn is a client connection: each Write may block at most the
-// listener's writeTimeout, and closing it frees its place under
-// max_connections.
+// listener's writeTimeout, closing it frees its place under
+// max_connections, and when the client leaves (the watcher sees its peer
+// close) the request it is serving is told.
 type clientConn struct {
 	net.Conn
 	l      *guardedListener
 	closed atomic.Bool
+	// fd and watched: its place in the watcher's set (set once, at accept).
+	fd      int32
+	watched bool
+	// mu guards ex, the exchange being served, and gone.
+	mu   sync.Mutex
+	ex   *exchange
+	gone bool
+}
+
+// clientConnOf finds Sturdy's clientConn under the connection fasthttp
+// serves (a *tls.Conn wraps it); nil when there is none.
+func clientConnOf(c net.Conn) *clientConn {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	cc, _ := c.(*clientConn)
+	return cc
+}
+
+// serving makes ex the exchange told if the client leaves (nil: none);
+// an exchange that starts on a connection already left is told at once.
+func (c *clientConn) serving(ex *exchange) {
+	c.mu.Lock()
+	c.ex = ex
+	if ex != nil && c.gone {
+		ex.clientLeft()
+	}
+	c.mu.Unlock()
+}
+
+// left is the watcher's news that the peer closed.
+func (c *clientConn) left() {
+	c.mu.Lock()
+	c.gone = true
+	if c.ex != nil {
+		c.ex.clientLeft()
+	}
+	c.mu.Unlock()
 }
 
 func (c *clientConn) Write(b []byte) (int, error) {
@@ -188,6 +230,7 @@ func (c *clientConn) Write(b []byte) (int, error) {
 
 func (c *clientConn) Close() error {
 	if !c.closed.Swap(true) {
+		unwatch(c)
 		c.l.open.Add(-1)
 		c.l.p.m.ClientConnections.Dec()
 	}

@@ -50,6 +50,10 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
+		ex.enter(phaseBackoff)
+		if d.Source == policy.WaitServer {
+			ex.enter(phaseRetryAfter)
+		}
 		if !ex.wait(d.Wait) {
 			if d.SpendsBudget() {
 				t.up.budget.Cancel(ex.loop.reservedAt) // never sent
@@ -84,6 +88,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	lp.up, lp.n, lp.replaying = t.up, 0, false
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
+		ex.enter(phaseQueue)
 		switch t.up.slots.acquire(min(t.up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
 		case slotTimedOut:
 			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
@@ -140,6 +145,7 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
+		ex.enter(phaseCooldown)
 		if !ex.wait(d.Wait) {
 			return policy.ActionStop
 		}
@@ -154,6 +160,7 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 		r.CancelAt(now)
 		return ex.carry(d)
 	}
+	ex.enter(phasePacing)
 	if !ex.wait(d.Wait) {
 		r.Cancel()
 		return policy.ActionStop
@@ -166,6 +173,7 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
 func (ex *exchange) takeConnection(up *upstream) policy.Action {
+	ex.enter(phaseQueue)
 	switch up.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
 	case slotTimedOut:
 		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
@@ -280,11 +288,12 @@ func (ex *exchange) wait(d time.Duration) bool {
 	if d <= 0 {
 		select {
 		case <-ex.p.stopping:
-			ex.interrupted()
-			return false
+		case <-ex.goneCh:
 		default:
 			return true
 		}
+		ex.interrupted()
+		return false
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -298,10 +307,8 @@ func (ex *exchange) wait(d time.Duration) bool {
 	return false
 }
 
-// gone is closed when the client has left. Nothing watches the client
-// connection yet, so it is nil (never ready): the hook where client
-// cancellation plugs in.
-func (ex *exchange) gone() <-chan struct{} { return nil }
+// gone is closed when the client has left (see clientLeft).
+func (ex *exchange) gone() <-chan struct{} { return ex.goneCh }
 
 // interrupted records why a wait ended early — shutdown, else the client
 // left — and stops the loop. What stood in the way before the wait is no

@@ -17,6 +17,11 @@ import (
 func (ex *exchange) respond() {
 	lp := &ex.loop
 	switch {
+	case lp.stop == policy.StopClientGone:
+		// Nobody is left to answer.
+		ex.closeBody()
+		ex.out.outcome, ex.out.status = outcomeClientGone, 499
+		ex.ctx.SetConnectionClose()
 	case ex.reply.has && lp.verdict.Class == policy.ClassSuccess:
 		ex.out.outcome = outcomeOK
 		ex.commit(false)
@@ -74,13 +79,13 @@ func (ex *exchange) commit(final bool) {
 	cl := src.Header.ContentLength()
 	ex.out.chunked, ex.out.closeDelimited = cl < 0, cl == -2
 	if a, ok := src.LocalAddr().(*connAddr); ok {
-		ex.out.upConn = a.conn
 		a.conn.capReads(ex.responseCap())
 	}
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()
 		return
 	}
+	ex.enter(phaseStream)
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
 	ex.p.streaming(ex, true)

@@ -95,6 +95,11 @@ var errUnterminated = errors.New("the upstream closed the stream before its term
 // else is a mid-stream failure.
 func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 	out := &ex.out
+	if ex.isGone.Load() { // the watcher closed the upstream: the client left
+		ex.closeBody()
+		out.outcome, out.status = outcomeClientGone, 499
+		return 0, errStreamAborted
+	}
 	if err == io.EOF && out.kind != 0 {
 		out.scan.End()
 	}
@@ -174,6 +179,7 @@ func (ex *exchange) CloseWithError(err error) error {
 	if err != nil && ex.out.broken == nil && ex.out.outcome != outcomeStreamInterrupted {
 		ex.out.outcome = outcomeClientGone
 		ex.out.status = 499
+		ex.gonePhase.Store(uint32(phaseStream))
 	}
 	ex.closeBody()
 	ex.finish()
@@ -187,7 +193,5 @@ func (ex *exchange) CloseWithError(err error) error {
 // meanwhile.
 func (ex *exchange) interrupt() {
 	ex.out.cut.Store(true)
-	if c := ex.out.upConn; c != nil {
-		_ = c.Close()
-	}
+	ex.abortUpstream()
 }

@@ -22,6 +22,7 @@ const upstreamReadBuffer = 64 << 10
 // included, and wraps it so reads of a streamed body are bounded by the
 // idle timeout instead of one deadline for the whole stream.
 func (up *upstream) dial(addr string) (net.Conn, error) {
+	claimant := up.takeClaim() // before the dial: others need not wait for it
 	d := net.Dialer{Timeout: up.connect}
 	start := time.Now()
 	c, err := d.Dial("tcp", addr)
@@ -30,6 +31,9 @@ func (up *upstream) dial(addr string) (net.Conn, error) {
 	}
 	uc := up.wrap(c)
 	uc.rtt = time.Since(start) // the TCP handshake: one round trip
+	if claimant != nil {
+		claimant.using(uc)
+	}
 	if up.tls == nil {
 		return uc, nil
 	}
@@ -46,7 +50,7 @@ func (up *upstream) dial(addr string) (net.Conn, error) {
 
 // wrap makes c an upstreamConn with up's idle timeout.
 func (up *upstream) wrap(c net.Conn) *upstreamConn {
-	uc := &upstreamConn{Conn: c, idle: up.idle}
+	uc := &upstreamConn{Conn: c, idle: up.idle, up: up}
 	uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
 	return uc
 }
@@ -60,6 +64,7 @@ func (up *upstream) wrap(c net.Conn) *upstreamConn {
 // connection, which resets the regime.
 type upstreamConn struct {
 	net.Conn
+	up     *upstream
 	idle   time.Duration
 	stream atomic.Bool
 	local  connAddr
@@ -91,7 +96,14 @@ type connAddr struct {
 	conn *upstreamConn
 }
 
-func (c *upstreamConn) LocalAddr() net.Addr { return &c.local }
+// LocalAddr also hands the connection to an attempt waiting for one:
+// fasthttp reads it right after taking the connection from its pool.
+func (c *upstreamConn) LocalAddr() net.Addr {
+	if ex := c.up.takeClaim(); ex != nil {
+		ex.using(c)
+	}
+	return &c.local
+}
 
 func (c *upstreamConn) SetReadDeadline(t time.Time) error {
 	c.stream.Store(false)

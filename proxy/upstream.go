@@ -49,6 +49,14 @@ type upstream struct {
 	budget    *policy.Budget
 	cooldowns cooldowns
 
+	// claimMu and claimant tell which connection fasthttp gives an
+	// attempt: send holds claimMu and names the attempt's exchange; the
+	// connection fasthttp then dials or takes from its pool (dial, or
+	// LocalAddr when fasthttp reads its addresses) takes the claim and
+	// unlocks. Every request to the upstream goes through send.
+	claimMu  sync.Mutex
+	claimant atomic.Pointer[exchange]
+
 	// attempts holds this upstream's attempt counters by result, resolved
 	// once instead of per request.
 	attempts sync.Map // result label → prometheus.Counter
@@ -61,6 +69,29 @@ func (up *upstream) countAttempt(p *Proxy, result string) {
 		c, _ = up.attempts.LoadOrStore(result, p.m.Attempts.WithLabelValues(up.name, result))
 	}
 	c.(prometheus.Counter).Inc()
+}
+
+// send sends ex's request and reads the response head within timeout,
+// with the connection it goes on known to ex (so it can be closed if the
+// client leaves).
+func (up *upstream) send(ex *exchange, resp *fasthttp.Response, timeout time.Duration) error {
+	up.claimMu.Lock()
+	up.claimant.Store(ex)
+	err := up.client.DoTimeout(ex.req.msg, resp, timeout)
+	if up.claimant.CompareAndSwap(ex, nil) { // no connection was given
+		up.claimMu.Unlock()
+	}
+	return err
+}
+
+// takeClaim hands the connection being given out to the attempt that
+// claimed it, if one waits.
+func (up *upstream) takeClaim() *exchange {
+	ex := up.claimant.Swap(nil)
+	if ex != nil {
+		up.claimMu.Unlock()
+	}
+	return ex
 }
 
 // newUpstream builds an upstream from o, its defaults filled.

@@ -1,0 +1,73 @@
+package proxy
+
+// phase is where a request stands, for the access log and
+// sturdy_client_gone_total when its client leaves.
+type phase uint32
+
+// The phases a request goes through.
+const (
+	phaseAdmit      phase = iota // read and admitted, not yet sent
+	phaseQueue                   // waiting for a max_in_flight slot or a connection place
+	phaseCooldown                // waiting out a cooldown learned from a 429
+	phasePacing                  // waiting for the rate limiter's turn
+	phaseHead                    // an attempt waits for the upstream's response head
+	phaseBackoff                 // waiting before a retry (Sturdy's backoff)
+	phaseRetryAfter              // waiting before a retry (the upstream's Retry-After)
+	phaseStream                  // the response is streaming
+)
+
+var phaseNames = [...]string{"admit", "queue", "cooldown", "pacing", "response_head", "backoff", "retry_after", "stream"}
+
+func (p phase) String() string {
+	if int(p) < len(phaseNames) {
+		return phaseNames[p]
+	}
+	return ""
+}
+
+// enter records the phase the request is in now.
+func (ex *exchange) enter(p phase) { ex.phase.Store(uint32(p)) }
+
+// clientLeft is the watcher's news that the client closed its
+// connection: every wait ends (gone), no attempt or wait follows, and the
+// upstream connection in use is closed — which is what makes vLLM,
+// Ollama and llama.cpp stop generating. It runs on the watcher's
+// goroutine, with the client connection's lock held, so the exchange is
+// not released meanwhile.
+func (ex *exchange) clientLeft() {
+	if ex.isGone.Swap(true) {
+		return
+	}
+	ex.gonePhase.Store(ex.phase.Load())
+	close(ex.goneCh)
+	ex.abortUpstream()
+}
+
+// abortUpstream closes the upstream connection the request uses, if any.
+func (ex *exchange) abortUpstream() {
+	ex.connMu.Lock()
+	if c := ex.upConn; c != nil {
+		_ = c.Close()
+	}
+	ex.connMu.Unlock()
+}
+
+// using records the upstream connection an attempt was given (see
+// upstream.claimMu); if the client already left, it is closed at once.
+func (ex *exchange) using(c *upstreamConn) {
+	ex.connMu.Lock()
+	ex.upConn = c
+	gone := ex.isGone.Load()
+	ex.connMu.Unlock()
+	if gone {
+		_ = c.Close()
+	}
+}
+
+// released forgets the upstream connection: from now on it may serve
+// another request, and must not be closed for this one.
+func (ex *exchange) released() {
+	ex.connMu.Lock()
+	ex.upConn = nil
+	ex.connMu.Unlock()
+}
