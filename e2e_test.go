@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/rs/zerolog"
 
 	"sturdy/config"
@@ -176,5 +179,78 @@ func TestOpenAIClientThroughAnHTTP10Upstream(t *testing.T) {
 				t.Fatalf("streamed %q, err %v", text.String(), err)
 			}
 		})
+	}
+}
+
+// TestOpenAIClientRaisesOnAResponsesStreamCut: a Responses API stream cut
+// after its first output ends with Sturdy's error event, which openai-go
+// raises; one that failed in its framing was retried invisibly.
+func TestOpenAIClientRaisesOnAResponsesStreamCut(t *testing.T) {
+	const (
+		created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"object\":\"response\"}}\n\n"
+		failed  = "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"boom\",\"param\":null,\"sequence_number\":1}\n\n"
+		delta   = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"m\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hel\",\"sequence_number\":1}\n\n"
+	)
+	up := upstreamtest.Start(t,
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{created, failed}},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{created, delta}, Fault: upstreamtest.Cut})
+	client := newClient(startSturdy(t, e2eConfig, up.URL))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream := client.Responses.NewStreaming(ctx, responses.ResponseNewParams{Model: "m",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}})
+	var text strings.Builder
+	for stream.Next() {
+		if ev := stream.Current(); ev.Type == "response.output_text.delta" {
+			text.WriteString(ev.Delta)
+		}
+	}
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), "stream_interrupted") || text.String() != "Hel" {
+		t.Fatalf("streamed %q, err %v; want the text so far and the stream_interrupted error", text.String(), err)
+	}
+	if up.Count() != 2 {
+		t.Fatalf("upstream saw %d requests: the failed framing was not retried", up.Count())
+	}
+}
+
+// nodeSDK makes sure the openai npm SDK is installed (npm ci, once) and
+// returns node's path; the test is skipped where node or npm is missing.
+func nodeSDK(t *testing.T) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed")
+	}
+	if _, err := os.Stat("e2e/node/node_modules/openai"); err != nil {
+		npm, err := exec.LookPath("npm")
+		if err != nil {
+			t.Skip("npm is not installed")
+		}
+		if out, err := exec.Command(npm, "ci", "--prefix", "e2e/node", "--no-audit", "--no-fund").CombinedOutput(); err != nil {
+			t.Fatalf("npm ci: %v\n%s", err, out)
+		}
+	}
+	return node
+}
+
+// TestNodeClientRaisesOnAResponsesStreamCut: the Node SDK raises on
+// Sturdy's Responses error event (it goes by the event's type).
+func TestNodeClientRaisesOnAResponsesStreamCut(t *testing.T) {
+	node := nodeSDK(t)
+	const (
+		created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"object\":\"response\"}}\n\n"
+		delta   = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"m\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hel\",\"sequence_number\":1}\n\n"
+	)
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{created, delta}, Fault: upstreamtest.Cut})
+	url := startSturdy(t, e2eConfig, up.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, node, "e2e/node/responses_stream.mjs", url).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	t.Logf("node said:\n%s", out)
+	if !strings.Contains(string(out), "TEXT Hel\n") || !strings.Contains(string(out), "ERROR") || !strings.Contains(string(out), "output so far is incomplete") {
+		t.Fatalf("the Node SDK did not raise on the interrupted stream:\n%s", out)
 	}
 }

@@ -308,30 +308,35 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		o.Clients = append(o.Clients, proxy.ClientLimit{KeyHeader: c.KeyHeader, RequestsPerSecond: c.RequestsPerSecond, Burst: c.Burst})
 	}
 	for _, r := range cfg.Routes {
-		on, _ := policy.ParseRetryOn(r.Retry.On) // validated by config
-		var fallbacks []proxy.Target
-		for _, f := range r.Fallbacks {
-			fallbacks = append(fallbacks, proxy.Target{Upstream: f.Upstream, Model: f.Model})
-		}
-		o.Routes = append(o.Routes, proxy.Route{
-			Name: r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
-			FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
-			AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
-			Deadline:              r.Deadline.Std(),
-			MaxDuration:           r.MaxDuration.Std(),
-			MaxBody:               int(r.MaxBody),
-			Retry: policy.Retry{
-				MaxAttempts:      r.Retry.MaxAttempts,
-				Backoff:          policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
-				MaxRetryAfter:    r.Retry.MaxRetryAfter.Std(),
-				On:               on,
-				ReplayWrites:     r.Retry.ReplayWrites,
-				MaxTotalAttempts: r.Retry.MaxTotalAttempts,
-				OnTimeout:        onTimeout[r.Retry.OnTimeout],
-			},
-		})
+		o.Routes = append(o.Routes, routeOptions(r))
 	}
 	return o
+}
+
+// routeOptions translates one route.
+func routeOptions(r config.Route) proxy.Route {
+	on, _ := policy.ParseRetryOn(r.Retry.On) // validated by config
+	var fallbacks []proxy.Target
+	for _, f := range r.Fallbacks {
+		fallbacks = append(fallbacks, proxy.Target{Upstream: f.Upstream, Model: f.Model})
+	}
+	return proxy.Route{
+		Name: r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
+		FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
+		AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
+		Deadline:              r.Deadline.Std(),
+		MaxDuration:           r.MaxDuration.Std(),
+		MaxBody:               int(r.MaxBody),
+		Retry: policy.Retry{
+			MaxAttempts:      r.Retry.MaxAttempts,
+			Backoff:          policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
+			MaxRetryAfter:    r.Retry.MaxRetryAfter.Std(),
+			On:               on,
+			ReplayWrites:     r.Retry.ReplayWrites,
+			MaxTotalAttempts: r.Retry.MaxTotalAttempts,
+			OnTimeout:        onTimeout[r.Retry.OnTimeout],
+		},
+	}
 }
 
 // onTimeout maps retry.on_timeout to policy's values ("" is the default).

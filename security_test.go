@@ -29,7 +29,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 		upstreamtest.Step{Status: 503, Body: `{"error":"` + bodyMarker + `"}`},
 		upstreamtest.Step{Body: `{"echo":"` + bodyMarker + `"}`},
 		upstreamtest.Step{Status: 400, Body: `{"error":{"message":"` + bodyMarker + `"}}`},
-		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{"data: " + bodyMarker + "\n\n"}, Fault: upstreamtest.Cut},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE(bodyMarker)[:1], Fault: upstreamtest.Cut},
 		upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "60"}}, Body: bodyMarker},
 	)
 	dir := t.TempDir()

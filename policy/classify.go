@@ -61,6 +61,11 @@ type Outcome struct {
 	// InsufficientQuota is true for a 429 whose body says the account's
 	// billing quota is exhausted (OpenAI's "insufficient_quota").
 	InsufficientQuota bool
+	// StreamFailed is true when a streamed reply failed in-band before
+	// its commit point (an error event); StreamError is the error's code
+	// (see EventFailure).
+	StreamFailed bool
+	StreamError  string
 }
 
 // Class is what an outcome means for the request.
@@ -171,6 +176,8 @@ func Classify(o Outcome) Verdict {
 		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded}
 	}
 	switch {
+	case o.StreamFailed:
+		return EventFailure(o.StreamError)
 	case o.Status == 429 && o.InsufficientQuota:
 		return Verdict{Class: ClassPassThrough, Health: HealthExcluded}
 	case o.Status == 429:

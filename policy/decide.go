@@ -130,14 +130,8 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 		maxTotal = r.MaxAttempts
 	}
 	if v.Reason == ReasonStale {
-		if a.Replayable && !a.AfterStale {
-			switch {
-			case a.Remaining <= 0:
-				return Decision{Action: ActionStop, Stop: StopDeadline}
-			case a.Total >= maxTotal:
-				return Decision{Action: ActionStop, Stop: StopMaxAttempts}
-			}
-			return Decision{Action: ActionAttempt, Replay: true}
+		if d, ok := decideStale(a, maxTotal); ok {
+			return d
 		}
 		v.Reason = ReasonReset
 	}
@@ -184,6 +178,22 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 		return leave(StopDeadline)
 	}
 	return Decision{Action: ActionAttempt, Wait: wait, Source: WaitBackoff}
+}
+
+// decideStale resends a replayable request at once after a stale
+// connection, once per attempt, within the deadline and
+// max_total_attempts; ok is false when the stale connection is to be
+// taken as a reset.
+func decideStale(a Attempt, maxTotal int) (d Decision, ok bool) {
+	switch {
+	case !a.Replayable || a.AfterStale:
+		return d, false
+	case a.Remaining <= 0:
+		return Decision{Action: ActionStop, Stop: StopDeadline}, true
+	case a.Total >= maxTotal:
+		return Decision{Action: ActionStop, Stop: StopMaxAttempts}, true
+	}
+	return Decision{Action: ActionAttempt, Replay: true}, true
 }
 
 // Obstacle is what may stand before an attempt on a target.

@@ -21,6 +21,7 @@ const (
 	fieldStream   = "stream"
 	fieldBytesOut = "bytes_out"
 	fieldTTFB     = "ttfb_ms"
+	fieldTTFT     = "ttft_ms"
 	fieldDuration = "duration_ms"
 	fieldOutcome  = "outcome"
 	fieldError    = "error"
@@ -109,6 +110,7 @@ func (ex *exchange) logAccess() {
 	ev.Bool(fieldStream, out.streaming).
 		Int64(fieldBytesOut, out.bytesOut).
 		Float64(fieldTTFB, float64(out.ttfb)/float64(time.Millisecond)).
+		Float64(fieldTTFT, float64(out.ttft)/float64(time.Millisecond)).
 		Float64(fieldDuration, float64(time.Since(ex.req.start))/float64(time.Millisecond)).
 		Str(fieldOutcome, out.outcome).
 		Msg("request")

@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"time"
 
+	"sturdy/events"
 	"sturdy/policy"
 )
 
@@ -21,6 +23,7 @@ func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 		return policy.Outcome{Fault: policy.FaultTimeout}
 	}
 	resp := ex.reply.msg
+	ex.reply.streamFailed, ex.reply.streamError, ex.reply.heldToEnd = false, "", false
 	ex.enter(phaseHead)
 	if err := t.up.send(ex, resp, timeout); err != nil || ex.isGone.Load() {
 		ex.closeBody()
@@ -32,12 +35,21 @@ func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 		}
 		return policy.Outcome{Fault: faultOf(err)}
 	}
+	ex.reply.headAt = time.Now()
 	status := resp.StatusCode()
+	out := policy.Outcome{Status: status}
 	if f := ex.readHead(status); f != policy.FaultNone {
 		ex.closeBody()
 		return policy.Outcome{Fault: f}
 	}
-	out := policy.Outcome{Status: status}
+	if ex.reply.streamFailed {
+		// An error event before the stream's first output: what it means
+		// is policy's (EventFailure). A retryable one gives the stream up.
+		out.StreamFailed, out.StreamError = true, ex.reply.streamError
+		if policy.EventFailure(ex.reply.streamError).Class == policy.ClassRetryable {
+			ex.closeBody()
+		}
+	}
 	if status == 429 {
 		out.InsufficientQuota = policy.InsufficientQuota(ex.reply.head)
 	}
@@ -61,6 +73,11 @@ func (ex *exchange) readHead(status int) policy.Fault {
 		return policy.FaultNone
 	}
 	cl := rp.msg.Header.ContentLength()
+	if api := ex.req.api; api != policy.APIOther && status < 300 && cl < 0 {
+		if kind := kindOf(rp.msg.Header.ContentType()); kind != 0 {
+			return ex.holdToCommit(kind, api)
+		}
+	}
 	whole := cl >= 0 || status == 429 || status >= 500 || (status == 400 && len(ex.req.route.failoverCodes) > 0)
 	for len(rp.head) < cap(rp.head) {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
@@ -81,6 +98,106 @@ func (ex *exchange) readHead(status int) policy.Fault {
 	}
 	markStreaming(rp.msg)
 	return policy.FaultNone
+}
+
+// maxHold bounds the events held before a stream's commit point: a
+// Responses API response.created repeats the request's tools and
+// instructions, so agents with many tools send large framing; past the
+// bound the stream is committed as it is.
+const maxHold = 1 << 20
+
+// holdToCommit reads a stream's events into the reply's head until its
+// commit point (policy.Judge): the first output, an error event before
+// it (reply.streamFailed), the stream's end, or maxHold bytes. Until then
+// nothing is committed, so a stream that fails in its framing is retried
+// like any failure, and first_token runs to the first output.
+func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault {
+	rp := &ex.reply
+	judged := 0
+	for {
+		for {
+			ev, n := nextEvent(kind, rp.head[judged:])
+			if n == 0 {
+				break
+			}
+			judged += n
+			if ev.Data == nil {
+				continue // a comment or an empty event
+			}
+			switch mark, code := policy.Judge(api, ev); mark {
+			case policy.MarkContent:
+				markStreaming(rp.msg)
+				return policy.FaultNone
+			case policy.MarkFailure:
+				rp.streamFailed, rp.streamError = true, code
+				markStreaming(rp.msg)
+				return policy.FaultNone
+			}
+		}
+		if len(rp.head) >= maxHold {
+			markStreaming(rp.msg)
+			return policy.FaultNone
+		}
+		if len(rp.head) == cap(rp.head) {
+			rp.head = append(rp.head, 0)[:len(rp.head)]
+		}
+		n, err := rp.body.Read(rp.head[len(rp.head):min(cap(rp.head), maxHold)])
+		rp.head = rp.head[:len(rp.head)+n]
+		switch {
+		case err == io.EOF:
+			// The whole stream was framing: it goes as it is, and its end is
+			// checked as a stream's (see Read).
+			ex.closeBody()
+			rp.heldToEnd = true
+			return policy.FaultNone
+		case err != nil && isTimeout(err):
+			return policy.FaultTimeout
+		case err != nil:
+			return policy.FaultReset
+		}
+	}
+}
+
+// nextEvent returns the first complete event in b — an SSE event up to
+// its blank line, or an NDJSON line — and the bytes it takes; n is 0 when
+// b holds no complete event yet. An SSE event's data lines are joined
+// with "\n" (a single one is not copied); Data is nil for an event with
+// none.
+func nextEvent(kind events.Kind, b []byte) (ev policy.Event, n int) {
+	if kind == events.NDJSON {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return ev, 0
+		}
+		if line := bytes.TrimSpace(b[:i]); len(line) > 0 {
+			ev.Data = line
+		}
+		return ev, i + 1
+	}
+	end, sep := -1, 0
+	for _, s := range []string{"\n\n", "\r\n\r\n", "\r\r"} {
+		if i := bytes.Index(b, []byte(s)); i >= 0 && (end < 0 || i < end) {
+			end, sep = i, len(s)
+		}
+	}
+	if end < 0 {
+		return ev, 0
+	}
+	for _, line := range bytes.FieldsFunc(b[:end], func(r rune) bool { return r == '\n' || r == '\r' }) {
+		name, value, _ := bytes.Cut(line, []byte(":"))
+		value, _ = bytes.CutPrefix(value, []byte(" "))
+		switch string(name) {
+		case "event":
+			ev.Name = value
+		case "data":
+			if ev.Data == nil {
+				ev.Data = value
+			} else {
+				ev.Data = append(append(append([]byte(nil), ev.Data...), '\n'), value...)
+			}
+		}
+	}
+	return ev, end + sep
 }
 
 // closeBody closes the upstream body stream: a fully read one returns its

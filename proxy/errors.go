@@ -160,6 +160,24 @@ func (e *apiError) body() []byte {
 	return out
 }
 
+// responsesEvent renders the error as a Responses API error event (type
+// "error", code, message, param, sequence_number), with the error object
+// of body() beside them.
+func (e *apiError) responsesEvent(sequence int) []byte {
+	var ev struct {
+		Type     string  `json:"type"`
+		Code     string  `json:"code"`
+		Message  string  `json:"message"`
+		Param    *string `json:"param"`
+		Sequence int     `json:"sequence_number"`
+		errorBody
+	}
+	ev.Type, ev.Code, ev.Message, ev.Sequence = "error", e.spec.code, e.msg, sequence
+	ev.Error.Message, ev.Error.Type, ev.Error.Code, ev.Error.Sturdy = e.msg, ErrorType, e.spec.code, e.details
+	out, _ := json.Marshal(&ev)
+	return out
+}
+
 // write answers the client with the error: its status, an OpenAI-shaped
 // body, x-should-retry: false so SDKs do not multiply our retries (unless
 // the row says they may), and Retry-After/retry-after-ms when a wait is

@@ -60,6 +60,8 @@ type outbound struct {
 	start      time.Time
 	deadline   time.Time
 	replayable bool
+	// api is the streaming API the request speaks (its commit point).
+	api policy.API
 	// firstToken bounds each attempt's first body byte when the request
 	// asks for a stream (route first_token); 0: no such bound.
 	firstToken time.Duration
@@ -120,6 +122,14 @@ type reply struct {
 	// of it went to the client.
 	head    []byte
 	headOff int
+	// headAt is when the response head arrived.
+	headAt time.Time
+	// streamFailed is set when a stream sent an error event before its
+	// first output; streamError is the error's code. heldToEnd is set when
+	// a stream ended while its framing was held: all of it is in head.
+	streamFailed bool
+	streamError  string
+	heldToEnd    bool
 }
 
 // response is what the client gets: the status and outcome, and for a
@@ -138,12 +148,15 @@ type response struct {
 	scan events.Scanner
 	// rawHead is the response head for an HTTP/1.0 client answered
 	// close-delimited (closeDelimit).
-	rawHead  []byte
-	ttfb     time.Duration
-	bytesOut int64
-	pending  error  // upstream error seen with data, reported on next Read
-	tail     []byte // final error event for an interrupted stream
-	broken   error  // why the upstream stream failed mid-body
+	rawHead []byte
+	// ttfb is until the answering attempt's response head arrived; ttft
+	// until the client's response started (a stream's commit point, its
+	// first output).
+	ttfb, ttft time.Duration
+	bytesOut   int64
+	pending    error  // upstream error seen with data, reported on next Read
+	tail       []byte // final error event for an interrupted stream
+	broken     error  // why the upstream stream failed mid-body
 	// cut is set when Shutdown ends the stream past its grace (interrupt).
 	cut atomic.Bool
 }
@@ -204,7 +217,7 @@ func (ex *exchange) finish() {
 		goneCh: gone,
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
-		reply: reply{msg: ex.reply.msg, head: ex.reply.head[:0]},
+		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head)},
 	}
 	exchangePool.Put(ex)
 }
@@ -224,7 +237,7 @@ func (ex *exchange) measure() {
 		m.GiveUps.WithLabelValues(up, ex.loop.stop.String()).Inc()
 	}
 	if r := ex.req.route; r != nil {
-		r.ttfb.Observe(ex.out.ttfb.Seconds())
+		r.ttfb.Observe(ex.out.ttft.Seconds())
 		dur := r.durPlain
 		if ex.out.streaming {
 			dur = r.durStream
@@ -233,4 +246,13 @@ func (ex *exchange) measure() {
 		dur.Observe(time.Since(ex.req.start).Seconds())
 	}
 	m.InFlight.Dec()
+}
+
+// keepHead returns head emptied for the next request, or a fresh one
+// when holding a stream's framing grew it far past headSize.
+func keepHead(head []byte) []byte {
+	if cap(head) > 4*headSize {
+		return make([]byte, 0, headSize)
+	}
+	return head[:0]
 }

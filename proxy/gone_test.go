@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -146,7 +147,8 @@ const slowChat = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type:
 // closes its connection makes Sturdy close the upstream's within 300 ms,
 // start nothing more, and log 499 client_gone with the phase.
 func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
-	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nf\r\ndata: {\"a\":1}\n\n\r\n"
+	chunk := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+	sse := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
 	for _, tt := range []struct {
 		name    string
 		delay   time.Duration

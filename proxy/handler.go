@@ -125,6 +125,7 @@ func (ex *exchange) prepare() {
 	}
 	path := rawPath(rh.RequestURI())
 	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekBytes(hdrIdempotencyKey)) > 0)
+	q.api = policy.APIOf(path)
 	if r.firstToken > 0 {
 		q.firstToken = firstTokenLimit(r.firstToken, path, ctx.Request.Body())
 	}

@@ -369,6 +369,9 @@ func (ex *exchange) failoverStatus() bool {
 	if slices.Contains(r.failoverOn, status) {
 		return true
 	}
+	if ex.reply.streamFailed { // the client's own error, told in a stream's first event
+		return slices.Contains(r.failoverCodes, ex.reply.streamError)
+	}
 	if status != 400 || len(r.failoverCodes) == 0 {
 		return false
 	}

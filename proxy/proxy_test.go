@@ -521,10 +521,10 @@ func TestStalledSSEStreamEndsWithErrorEventAfterIdle(t *testing.T) {
 
 func TestPartialSSEEventIsTerminatedBeforeTheErrorEvent(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
-		Chunks: []string{`data: {"partial":`}, Fault: upstreamtest.Cut})
+		Chunks: []string{upstreamtest.SSE("a")[0] + `data: {"partial":`}, Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)
 	_, body := h.chat(`{"stream":true}`)
-	if !strings.HasPrefix(string(body), "data: {\"partial\":\n\ndata: {\"error\"") {
+	if !strings.HasPrefix(string(body), upstreamtest.SSE("a")[0]+"data: {\"partial\":\n\ndata: {\"error\"") {
 		t.Fatalf("body %q", body)
 	}
 }

@@ -62,8 +62,9 @@ func (ex *exchange) commit(final bool) {
 	if final || (passThrough && ex.out.status == 429) {
 		rh.SetBytesKV(hdrShouldRetry, valFalse)
 	}
-	ex.out.ttfb = time.Since(ex.req.start)
-	if ex.reply.body == nil {
+	ex.out.ttft = time.Since(ex.req.start)
+	ex.out.ttfb = ex.reply.headAt.Sub(ex.req.start)
+	if ex.reply.body == nil && !ex.reply.heldToEnd {
 		if ctx.IsHead() {
 			ctx.Response.SkipBody = true
 			return
@@ -156,7 +157,8 @@ func (ex *exchange) fail(e *apiError) {
 	if ex.loop.attempts > 0 {
 		ex.setAttemptsHeader()
 	}
-	ex.out.ttfb = time.Since(ex.req.start)
+	ex.out.ttft = time.Since(ex.req.start)
+	ex.out.ttfb = ex.out.ttft
 }
 
 // obstructed answers when no target could take the request at all.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sturdy/events"
+	"sturdy/policy"
 )
 
 // kindOf tells a stream's framing from its media type: SSE, NDJSON, or
@@ -51,6 +52,10 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return 0, errStreamAborted
 	}
 	if rp.body == nil {
+		if rp.heldToEnd { // the upstream's end came while its framing was held
+			rp.heldToEnd = false
+			return ex.upstreamEnded(io.EOF, p)
+		}
 		return 0, io.EOF
 	}
 	if err := out.pending; err != nil {
@@ -155,8 +160,16 @@ func (ex *exchange) interruptionTail() []byte {
 			b = append(b, '\n')
 		}
 		e.details = errorDetails{Upstream: up.name, Attempts: ex.loop.attempts, LastStatus: out.status}
-		b = append(b, "data: "...)
-		b = append(b, e.body()...)
+		if ex.req.api == policy.APIResponses {
+			// The Responses API's own error event, with a top-level error
+			// object too: openai-go raises on that, the Node SDK on the
+			// event's type.
+			b = append(b, "event: error\ndata: "...)
+			b = append(b, e.responsesEvent(out.scan.Events())...)
+		} else {
+			b = append(b, "data: "...)
+			b = append(b, e.body()...)
+		}
 		b = append(b, "\n\n"...)
 	default:
 		if out.scan.InLine() {

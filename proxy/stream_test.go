@@ -23,9 +23,10 @@ func TestCloseDelimitedStreams(t *testing.T) {
 		name, body  string
 		interrupted bool
 	}{
-		{"chat completions with [DONE]", `data: {"choices":[]}` + "\n\ndata: [DONE]\n\n", false},
-		{"chat completions cut", `data: {"choices":[]}` + "\n\n", true},
-		{"chat completions cut mid-event", `data: {"choi`, true},
+		{"chat completions with [DONE]", `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\ndata: [DONE]\n\n", false},
+		{"chat completions cut", `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n", true},
+		{"chat completions cut mid-event", `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n" + `data: {"choi`, true},
+		{"framing only, cut", `data: {"choices":[]}` + "\n\n", true},
 		{"responses completed", "event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n", false},
 		{"responses cut", "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n", true},
 	} {
@@ -72,7 +73,7 @@ func TestChunkedStreamWithoutTerminatorPassesAndIsCounted(t *testing.T) {
 // Content-Length — with its error event when the stream failed.
 func TestHTTP10ClientGetsAContentLength(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("a", "b")},
-		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{"data: {\"a\":1}\n\n"}, Fault: upstreamtest.Cut})
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("a")[:1], Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)
 	ask := func() (head, body string) {
 		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))

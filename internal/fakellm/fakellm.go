@@ -283,21 +283,35 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.sleep(ttft)
 		writeEmbedding(ctx, model)
 	case "/api/chat", "/api/generate":
-		s.stream(ctx, fate, model, ttft, itl, true)
+		s.stream(ctx, fate, model, ttft, itl, formatOllama)
+	case "/v1/responses":
+		s.generate(ctx, body, fate, model, ttft, itl, formatResponses)
 	default: // /v1/chat/completions and anything else chat-like
-		if gjson.GetBytes(body, "stream").Bool() {
-			s.stream(ctx, fate, model, ttft, itl, false)
-			return
-		}
-		if !s.sleep(ttft + time.Duration(p.Tokens-1)*itl) {
-			return
-		}
-		ctx.SetContentType("application/json")
-		fmt.Fprintf(ctx, `{"id":"chatcmpl-fake","object":"chat.completion","created":1700000000,"model":%q,`+
-			`"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],`+
-			`"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`,
-			model, content(p.Tokens), p.Tokens, 12+p.Tokens)
+		s.generate(ctx, body, fate, model, ttft, itl, formatChat)
 	}
+}
+
+// generate answers a chat completions or Responses request: streamed in
+// format f when the body asks for it, else whole, once every token is
+// "generated".
+func (s *Server) generate(ctx *fasthttp.RequestCtx, body []byte, fate, model string, ttft, itl time.Duration, f format) {
+	p := &s.profile
+	if gjson.GetBytes(body, "stream").Bool() {
+		s.stream(ctx, fate, model, ttft, itl, f)
+		return
+	}
+	if !s.sleep(ttft + time.Duration(p.Tokens-1)*itl) {
+		return
+	}
+	ctx.SetContentType("application/json")
+	if f == formatResponses {
+		ctx.WriteString(responseJSON(model, p.Tokens))
+		return
+	}
+	fmt.Fprintf(ctx, `{"id":"chatcmpl-fake","object":"chat.completion","created":1700000000,"model":%q,`+
+		`"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],`+
+		`"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`,
+		model, content(p.Tokens), p.Tokens, 12+p.Tokens)
 }
 
 // writeEmbedding answers an embeddings request with a fixed 64-dimension
@@ -355,31 +369,24 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, status int) {
 
 // stream sends the reply as SSE chat.completion.chunk events (or Ollama
 // NDJSON), acting out slow-first-token, cut and stall fates.
-func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl time.Duration, ndjson bool) {
+func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl time.Duration, f format) {
 	p := s.profile
 	if fate == FateSlow {
 		ttft += p.SlowFirstTokenBy
-	}
-	if ndjson {
-		ctx.SetContentType("application/x-ndjson")
-	} else {
-		ctx.SetContentType("text/event-stream")
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
 	}
 	if fate == FateCut {
 		// A cut must look like a dropped connection, not a clean end.
 		ctx.HijackSetNoResponse(true)
 		ctx.Hijack(func(c net.Conn) {
 			w := bufio.NewWriter(c)
-			ct := "text/event-stream"
-			if ndjson {
-				ct = "application/x-ndjson"
+			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", f.contentType())
+			if pre := f.prelude(model); pre != "" {
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(pre), pre)
 			}
-			fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", ct)
 			_ = w.Flush()
 			s.sleep(ttft)
 			for i := 0; i < p.CutAfter; i++ {
-				ev := event(model, i, ndjson)
+				ev := f.event(model, i)
 				fmt.Fprintf(w, "%x\r\n%s\r\n", len(ev), ev)
 				_ = w.Flush()
 				s.sleep(itl)
@@ -388,7 +395,17 @@ func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl 
 		})
 		return
 	}
+	ctx.SetContentType(f.contentType())
+	if f != formatOllama {
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		if pre := f.prelude(model); pre != "" { // framing comes at once, output after ttft
+			w.WriteString(pre)
+			if w.Flush() != nil {
+				return
+			}
+		}
 		if !s.sleep(ttft) {
 			return
 		}
@@ -400,26 +417,72 @@ func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl 
 				s.sleep(p.HangFor)
 				return
 			}
-			w.WriteString(event(model, i, ndjson))
+			w.WriteString(f.event(model, i))
 			if w.Flush() != nil {
 				return
 			}
 		}
-		if ndjson {
-			fmt.Fprintf(w, `{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, p.Tokens)
-		} else {
-			fmt.Fprintf(w, `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`+"\n\ndata: [DONE]\n\n", model, p.Tokens, 12+p.Tokens)
-		}
+		w.WriteString(f.end(model, p.Tokens))
 		_ = w.Flush()
 	})
 }
 
-func event(model string, i int, ndjson bool) string {
+// format is the shape of a streamed reply.
+type format uint8
+
+// The stream formats the fake server speaks.
+const (
+	formatChat      format = iota // chat completions SSE
+	formatOllama                  // Ollama NDJSON
+	formatResponses               // Responses API SSE
+)
+
+func (f format) contentType() string {
+	if f == formatOllama {
+		return "application/x-ndjson"
+	}
+	return "text/event-stream"
+}
+
+// prelude is what a stream sends before its first token: the Responses
+// API's response.created and response.in_progress.
+func (f format) prelude(model string) string {
+	if f != formatResponses {
+		return ""
+	}
+	resp := fmt.Sprintf(`{"id":"resp_fake","object":"response","created_at":1700000000,"status":"in_progress","model":%q,"output":[]}`, model)
+	return fmt.Sprintf("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":%s}\n\n", resp) +
+		fmt.Sprintf("event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":%s}\n\n", resp)
+}
+
+// event is the stream's i-th token.
+func (f format) event(model string, i int) string {
 	tok := word(i)
-	if ndjson {
+	switch f {
+	case formatOllama:
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":%q},"done":false}`+"\n", model, tok)
+	case formatResponses:
+		return fmt.Sprintf("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"delta\":%q,\"sequence_number\":%d}\n\n", tok, 2+i)
 	}
 	return fmt.Sprintf(`data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`+"\n\n", model, tok)
+}
+
+// end closes a stream of n tokens with its terminator.
+func (f format) end(model string, n int) string {
+	switch f {
+	case formatOllama:
+		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, n)
+	case formatResponses:
+		return fmt.Sprintf("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":%d,\"response\":%s}\n\n", 2+n, responseJSON(model, n))
+	}
+	return fmt.Sprintf(`data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`+"\n\ndata: [DONE]\n\n", model, n, 12+n)
+}
+
+// responseJSON is a completed Responses API response of n tokens.
+func responseJSON(model string, n int) string {
+	return fmt.Sprintf(`{"id":"resp_fake","object":"response","created_at":1700000000,"status":"completed","model":%q,`+
+		`"output":[{"type":"message","id":"msg_fake","status":"completed","role":"assistant","content":[{"type":"output_text","text":%q,"annotations":[]}]}],`+
+		`"usage":{"input_tokens":12,"output_tokens":%d,"total_tokens":%d}}`, model, content(n), n, 12+n)
 }
 
 var words = []string{"Sturdy", " keeps", " agents", " running", " when", " model", " servers", " stumble", "."}

@@ -122,3 +122,26 @@ func TestOutageWindowAndEarlyRetries(t *testing.T) {
 		t.Fatalf("early retries %d, want 1", st.EarlyRetries)
 	}
 }
+
+func TestResponsesAPI(t *testing.T) {
+	s := start(t, Profile{Tokens: 3})
+	resp, body := post(t, s.URL+"/v1/responses", `{"model":"m1","input":"hi"}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"object":"response"`) || !strings.Contains(body, `"output_text"`) {
+		t.Fatalf("responses: %d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, s.URL+"/v1/responses", `{"model":"m1","input":"hi","stream":true}`)
+	var types []string
+	for _, line := range strings.Split(body, "\n") {
+		if name, ok := strings.CutPrefix(line, "event: "); ok {
+			types = append(types, name)
+		}
+	}
+	want := "response.created response.in_progress response.output_text.delta response.output_text.delta response.output_text.delta response.completed"
+	if resp.Header.Get("Content-Type") != "text/event-stream" || strings.Join(types, " ") != want {
+		t.Fatalf("responses stream: %v\n%s", types, body)
+	}
+	cut := start(t, Profile{Tokens: 3, Cut: 1, CutAfter: 1})
+	if _, body := post(t, cut.URL+"/v1/responses", `{"stream":true}`); !strings.Contains(body, "READ ERROR") {
+		t.Fatalf("a cut responses stream: %q", body)
+	}
+}

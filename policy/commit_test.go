@@ -1,0 +1,73 @@
+package policy
+
+import "testing"
+
+func TestAPIOf(t *testing.T) {
+	for path, want := range map[string]API{"/v1/chat/completions": APIChat, "/v1/completions": APICompletions,
+		"/v1/responses": APIResponses, "/v1/responses/": APIResponses, "/api/chat": APIOllama, "/api/generate": APIOllama,
+		"/v1/embeddings": APIOther, "/v1/models": APIOther} {
+		if got := APIOf([]byte(path)); got != want {
+			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+}
+
+func TestJudge(t *testing.T) {
+	tests := []struct {
+		name  string
+		api   API
+		event string
+		data  string
+		mark  Mark
+		code  string
+	}{
+		{"chat role-only first chunk", APIChat, "", `{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`, MarkFraming, ""},
+		{"chat content", APIChat, "", `{"choices":[{"delta":{"content":"Hi"}}]}`, MarkContent, ""},
+		{"chat tool call", APIChat, "", `{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}`, MarkContent, ""},
+		{"chat refusal", APIChat, "", `{"choices":[{"delta":{"refusal":"no"}}]}`, MarkContent, ""},
+		{"chat reasoning_content", APIChat, "", `{"choices":[{"delta":{"reasoning_content":"hm"}}]}`, MarkContent, ""},
+		{"chat reasoning", APIChat, "", `{"choices":[{"delta":{"reasoning":"hm"}}]}`, MarkContent, ""},
+		{"chat finish_reason", APIChat, "", `{"choices":[{"delta":{},"finish_reason":"stop"}]}`, MarkContent, ""},
+		{"chat usage chunk", APIChat, "", `{"choices":[],"usage":{"total_tokens":3}}`, MarkContent, ""},
+		{"chat empty tool_calls", APIChat, "", `{"choices":[{"delta":{"tool_calls":[]}}]}`, MarkFraming, ""},
+		{"chat vLLM error", APIChat, "", `{"error":{"object":"error","message":"overloaded","type":"InternalServerError","code":503}}`, MarkFailure, "503"},
+		{"chat error by type", APIChat, "", `{"error":{"message":"too long","type":"invalid_request_error","code":null}}`, MarkFailure, "invalid_request_error"},
+		{"legacy completions text", APICompletions, "", `{"choices":[{"text":"Hi"}]}`, MarkContent, ""},
+		{"legacy completions empty", APICompletions, "", `{"choices":[{"text":""}]}`, MarkFraming, ""},
+		{"responses created", APIResponses, "response.created", `{"type":"response.created","response":{"tools":[]}}`, MarkFraming, ""},
+		{"responses in progress", APIResponses, "response.in_progress", `{}`, MarkFraming, ""},
+		{"responses queued, unnamed", APIResponses, "", `{"type":"response.queued"}`, MarkFraming, ""},
+		{"responses output item", APIResponses, "response.output_item.added", `{}`, MarkContent, ""},
+		{"responses text delta", APIResponses, "", `{"type":"response.output_text.delta","delta":"Hi"}`, MarkContent, ""},
+		{"responses error", APIResponses, "error", `{"type":"error","code":"server_error","message":"x"}`, MarkFailure, "server_error"},
+		{"responses failed", APIResponses, "response.failed", `{"type":"response.failed","response":{"error":{"code":"rate_limit_exceeded"}}}`, MarkFailure, "rate_limit_exceeded"},
+		{"ollama content", APIOllama, "", `{"message":{"role":"assistant","content":"Hi"},"done":false}`, MarkContent, ""},
+		{"ollama empty", APIOllama, "", `{"message":{"role":"assistant","content":""},"done":false}`, MarkFraming, ""},
+		{"ollama generate", APIOllama, "", `{"response":"Hi","done":false}`, MarkContent, ""},
+		{"ollama done", APIOllama, "", `{"done":true}`, MarkContent, ""},
+		{"ollama error", APIOllama, "", `{"error":"model is loading"}`, MarkFailure, "model is loading"},
+		{"other", APIOther, "", `anything`, MarkContent, ""},
+	}
+	for _, tt := range tests {
+		mark, code := Judge(tt.api, Event{Name: []byte(tt.event), Data: []byte(tt.data)})
+		if mark != tt.mark || code != tt.code {
+			t.Errorf("%s: %v %q, want %v %q", tt.name, mark, code, tt.mark, tt.code)
+		}
+	}
+}
+
+func TestEventFailure(t *testing.T) {
+	for code, want := range map[string]Class{"rate_limit_exceeded": ClassRetryable, "server_error": ClassRetryable,
+		"503": ClassRetryable, "overloaded_error": ClassRetryable, "": ClassRetryable, "model is loading": ClassRetryable,
+		"context_length_exceeded": ClassPassThrough, "invalid_request_error": ClassPassThrough, "400": ClassPassThrough} {
+		if v := EventFailure(code); v.Class != want {
+			t.Errorf("%q: %v, want %v", code, v.Class, want)
+		}
+	}
+	if v := EventFailure("rate_limit_exceeded"); v.Reason != Reason429 || v.Health != HealthExcluded {
+		t.Errorf("a rate limit is a 429: %+v", v)
+	}
+	if v := Classify(Outcome{Status: 200, StreamFailed: true, StreamError: "server_error"}); v.Reason != Reason5xx {
+		t.Errorf("an in-band server error is a 5xx: %+v", v)
+	}
+}
