@@ -150,8 +150,10 @@ func TestMetricsCountAScriptedRun(t *testing.T) {
 	}
 }
 
+// TestReadinessFlipsWithTheBreaker: readiness follows the connection
+// breakers (resets here); a model's reply breaker leaves it alone.
 func TestReadinessFlipsWithTheBreaker(t *testing.T) {
-	s := start(t, 500*time.Millisecond, upstreamtest.Step{Status: 500})
+	s := start(t, 500*time.Millisecond, upstreamtest.Step{Fault: upstreamtest.Reset})
 	if code, _ := get(t, s.adminURL+"/readyz"); code != 200 {
 		t.Fatalf("/readyz %d before any failure", code)
 	}
@@ -192,7 +194,9 @@ func TestDebugUpstreamsAndPprof(t *testing.T) {
 		t.Fatalf("/debug/upstreams: %d %s", code, body)
 	}
 	u := doc.Upstreams[0]
-	if u.Name != "model" || u.Breaker != "closed" || u.Counts.Failures != 2 || u.Counts.ConsecutiveFailures != 2 || u.URL != s.upstreams[0].URL {
+	// 500s are replies: the model's breaker counts them, the connection worked.
+	if u.Name != "model" || u.Breaker != "closed" || u.Counts.Successes != 2 || u.URL != s.upstreams[0].URL ||
+		len(u.ModelBreakers) != 1 || u.ModelBreakers[0].Failures != 2 || u.ModelBreakers[0].State != "closed" {
 		t.Fatalf("status %+v", u)
 	}
 	if code, body := get(t, s.adminURL+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {

@@ -151,6 +151,18 @@ type RateLimit struct {
 	MaxWait Duration `yaml:"max_wait"`
 }
 
+// Cooldown configures the cooldowns learned from an upstream's 429s and
+// x-ratelimit-* headers, per credential and model.
+type Cooldown struct {
+	// Enabled learns cooldowns; false for servers whose 429s are per
+	// request, not per quota. Default true.
+	Enabled *bool `yaml:"enabled"`
+	// WithoutHeader is the first cooldown of a 429 that gives no wait; it
+	// doubles for each such 429 in a row (up to 60s), and a success ends
+	// the run. Default 1s.
+	WithoutHeader Duration `yaml:"without_header"`
+}
+
 // RetryBudget caps retries to an upstream: within a 10 s window, retries
 // may add at most Ratio of the first attempts plus MinPerSecond per second.
 type RetryBudget struct {
@@ -210,6 +222,8 @@ type Upstream struct {
 	QueueTimeout Duration `yaml:"queue_timeout"`
 	// RetryBudget caps retries to this upstream.
 	RetryBudget RetryBudget `yaml:"retry_budget"`
+	// Cooldown says what the upstream's 429s teach Sturdy.
+	Cooldown Cooldown `yaml:"cooldown"`
 }
 
 // Timeouts bound each attempt to an upstream.

@@ -36,6 +36,10 @@ type Metrics struct {
 	BreakerState *prometheus.GaugeVec
 	// BreakerTransitions counts state changes by upstream and new state.
 	BreakerTransitions *prometheus.CounterVec
+	// ModelBreakerTransitions counts a model's reply breaker changes, by
+	// upstream, model (a name from the config, else "other") and new
+	// state.
+	ModelBreakerTransitions *prometheus.CounterVec
 	// TimeToFirstByte observes the time until the client's response
 	// started, by route.
 	TimeToFirstByte *prometheus.HistogramVec
@@ -108,6 +112,9 @@ func New() *Metrics {
 			Help: "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open."}, []string{"upstream"}),
 		BreakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_breaker_transitions_total",
 			Help: "Circuit breaker state changes, by upstream and new state."}, []string{"upstream", "to"}),
+		ModelBreakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_model_breaker_transitions_total",
+			Help: "Reply breaker state changes per model, by upstream, model (a config name, else other) and new state."},
+			[]string{"upstream", "model", "to"}),
 		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_time_to_first_byte_seconds",
 			Help: "Time until the client's response started (retries included), by route.", Buckets: latencyBuckets},
 			[]string{"route"}),
@@ -144,7 +151,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
-		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone,
+		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -155,7 +155,12 @@ const (
 type Verdict struct {
 	Class  Class
 	Reason Reason // set when Class is ClassRetryable
+	// Health is what the outcome tells the reply breaker of the upstream
+	// and model (replies and timeouts after the request was sent); Conn
+	// what it tells the upstream's connection breaker (connect refused,
+	// reset before any response, TLS).
 	Health Health
+	Conn   Health
 }
 
 // Classify maps an attempt's outcome to what Sturdy does with it. It is the
@@ -163,30 +168,32 @@ type Verdict struct {
 func Classify(o Outcome) Verdict {
 	switch o.Fault {
 	case FaultConnect:
-		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthFailure}
+		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded, Conn: HealthFailure}
 	case FaultReset:
-		return Verdict{Class: ClassRetryable, Reason: ReasonReset, Health: HealthFailure}
+		return Verdict{Class: ClassRetryable, Reason: ReasonReset, Health: HealthExcluded, Conn: HealthFailure}
 	case FaultTimeout:
-		return Verdict{Class: ClassRetryable, Reason: ReasonTimeout, Health: HealthFailure}
+		return Verdict{Class: ClassRetryable, Reason: ReasonTimeout, Health: HealthFailure, Conn: HealthExcluded}
 	case FaultClientGone:
-		return Verdict{Class: ClassClientGone, Health: HealthExcluded}
+		return Verdict{Class: ClassClientGone, Health: HealthExcluded, Conn: HealthExcluded}
 	case FaultStale:
-		return Verdict{Class: ClassRetryable, Reason: ReasonStale, Health: HealthExcluded}
+		return Verdict{Class: ClassRetryable, Reason: ReasonStale, Health: HealthExcluded, Conn: HealthExcluded}
 	case FaultLocal:
-		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded}
+		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded, Conn: HealthExcluded}
 	}
+	// A status came back: the connection works.
+	v := Verdict{Class: ClassSuccess, Health: HealthSuccess}
 	switch {
 	case o.StreamFailed:
-		return EventFailure(o.StreamError)
+		v = EventFailure(o.StreamError)
 	case o.Status == 429 && o.InsufficientQuota:
-		return Verdict{Class: ClassPassThrough, Health: HealthExcluded}
+		v = Verdict{Class: ClassPassThrough, Health: HealthExcluded}
 	case o.Status == 429:
-		return Verdict{Class: ClassRetryable, Reason: Reason429, Health: HealthExcluded}
+		v = Verdict{Class: ClassRetryable, Reason: Reason429, Health: HealthExcluded}
 	case o.Status >= 500:
-		return Verdict{Class: ClassRetryable, Reason: Reason5xx, Health: HealthFailure}
+		v = Verdict{Class: ClassRetryable, Reason: Reason5xx, Health: HealthFailure}
 	case o.Status >= 400:
-		return Verdict{Class: ClassPassThrough, Health: HealthSuccess}
-	default:
-		return Verdict{Class: ClassSuccess, Health: HealthSuccess}
+		v = Verdict{Class: ClassPassThrough, Health: HealthSuccess}
 	}
+	v.Conn = HealthSuccess
+	return v
 }

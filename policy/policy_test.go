@@ -11,21 +11,21 @@ func TestClassify(t *testing.T) {
 		in   Outcome
 		want Verdict
 	}{
-		{"200 success", Outcome{Status: 200}, Verdict{ClassSuccess, ReasonNone, HealthSuccess}},
-		{"304 success", Outcome{Status: 304}, Verdict{ClassSuccess, ReasonNone, HealthSuccess}},
-		{"400 pass-through counts as success", Outcome{Status: 400}, Verdict{ClassPassThrough, ReasonNone, HealthSuccess}},
-		{"404 pass-through", Outcome{Status: 404}, Verdict{ClassPassThrough, ReasonNone, HealthSuccess}},
-		{"422 pass-through", Outcome{Status: 422}, Verdict{ClassPassThrough, ReasonNone, HealthSuccess}},
-		{"429 retryable, excluded from breaker", Outcome{Status: 429}, Verdict{ClassRetryable, Reason429, HealthExcluded}},
-		{"429 insufficient_quota passes through", Outcome{Status: 429, InsufficientQuota: true}, Verdict{ClassPassThrough, ReasonNone, HealthExcluded}},
-		{"500 retryable failure", Outcome{Status: 500}, Verdict{ClassRetryable, Reason5xx, HealthFailure}},
-		{"503 retryable failure", Outcome{Status: 503}, Verdict{ClassRetryable, Reason5xx, HealthFailure}},
-		{"529 retryable failure", Outcome{Status: 529}, Verdict{ClassRetryable, Reason5xx, HealthFailure}},
-		{"connect", Outcome{Fault: FaultConnect}, Verdict{ClassRetryable, ReasonConnect, HealthFailure}},
-		{"reset", Outcome{Fault: FaultReset}, Verdict{ClassRetryable, ReasonReset, HealthFailure}},
-		{"timeout", Outcome{Fault: FaultTimeout}, Verdict{ClassRetryable, ReasonTimeout, HealthFailure}},
-		{"fault wins over a stale status", Outcome{Status: 200, Fault: FaultReset}, Verdict{ClassRetryable, ReasonReset, HealthFailure}},
-		{"client gone", Outcome{Fault: FaultClientGone}, Verdict{ClassClientGone, ReasonNone, HealthExcluded}},
+		{"200 success", Outcome{Status: 200}, Verdict{ClassSuccess, ReasonNone, HealthSuccess, HealthSuccess}},
+		{"304 success", Outcome{Status: 304}, Verdict{ClassSuccess, ReasonNone, HealthSuccess, HealthSuccess}},
+		{"400 pass-through counts as success", Outcome{Status: 400}, Verdict{ClassPassThrough, ReasonNone, HealthSuccess, HealthSuccess}},
+		{"404 pass-through", Outcome{Status: 404}, Verdict{ClassPassThrough, ReasonNone, HealthSuccess, HealthSuccess}},
+		{"422 pass-through", Outcome{Status: 422}, Verdict{ClassPassThrough, ReasonNone, HealthSuccess, HealthSuccess}},
+		{"429 retryable, excluded from breaker", Outcome{Status: 429}, Verdict{ClassRetryable, Reason429, HealthExcluded, HealthSuccess}},
+		{"429 insufficient_quota passes through", Outcome{Status: 429, InsufficientQuota: true}, Verdict{ClassPassThrough, ReasonNone, HealthExcluded, HealthSuccess}},
+		{"500: the reply breaker's, the connection worked", Outcome{Status: 500}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
+		{"503 retryable failure", Outcome{Status: 503}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
+		{"529 retryable failure", Outcome{Status: 529}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
+		{"connect: the connection breaker's", Outcome{Fault: FaultConnect}, Verdict{ClassRetryable, ReasonConnect, HealthExcluded, HealthFailure}},
+		{"reset", Outcome{Fault: FaultReset}, Verdict{ClassRetryable, ReasonReset, HealthExcluded, HealthFailure}},
+		{"timeout: the reply breaker's", Outcome{Fault: FaultTimeout}, Verdict{ClassRetryable, ReasonTimeout, HealthFailure, HealthExcluded}},
+		{"fault wins over a stale status", Outcome{Status: 200, Fault: FaultReset}, Verdict{ClassRetryable, ReasonReset, HealthExcluded, HealthFailure}},
+		{"client gone", Outcome{Fault: FaultClientGone}, Verdict{ClassClientGone, ReasonNone, HealthExcluded, HealthExcluded}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,25 +8,26 @@ import (
 
 // Access-log field names.
 const (
-	fieldID       = "id"
-	fieldMethod   = "method"
-	fieldPath     = "path"
-	fieldRoute    = "route"
-	fieldUpstream = "upstream"
-	fieldStatus   = "status"
-	fieldAttempts = "attempts"
-	fieldRetries  = "retries"
-	fieldStop     = "stop"
-	fieldBreaker  = "breaker"
-	fieldStream   = "stream"
-	fieldBytesOut = "bytes_out"
-	fieldTTFB     = "ttfb_ms"
-	fieldTTFT     = "ttft_ms"
-	fieldDuration = "duration_ms"
-	fieldOutcome  = "outcome"
-	fieldError    = "error"
-	fieldTargets  = "targets"
-	fieldPhase    = "phase"
+	fieldID           = "id"
+	fieldMethod       = "method"
+	fieldPath         = "path"
+	fieldRoute        = "route"
+	fieldUpstream     = "upstream"
+	fieldStatus       = "status"
+	fieldAttempts     = "attempts"
+	fieldRetries      = "retries"
+	fieldStop         = "stop"
+	fieldBreaker      = "breaker"
+	fieldModelBreaker = "model_breaker"
+	fieldStream       = "stream"
+	fieldBytesOut     = "bytes_out"
+	fieldTTFB         = "ttfb_ms"
+	fieldTTFT         = "ttft_ms"
+	fieldDuration     = "duration_ms"
+	fieldOutcome      = "outcome"
+	fieldError        = "error"
+	fieldTargets      = "targets"
+	fieldPhase        = "phase"
 )
 
 // Outcomes: how a request ended, in the access log and the
@@ -74,6 +75,9 @@ func (t targetNote) MarshalZerologObject(e *zerolog.Event) {
 		e.Str("model", t.model)
 	}
 	e.Int("attempts", t.attempts).Str("result", t.result)
+	if t.breaker != "" {
+		e.Str("breaker", t.breaker)
+	}
 }
 
 // logAccess writes the request's one access line. It never logs header
@@ -89,7 +93,8 @@ func (ex *exchange) logAccess() {
 		Bytes(fieldPath, rawPath(ctx.Request.Header.RequestURI()))
 	if ex.req.route != nil {
 		ev.Str(fieldRoute, ex.req.route.name).Str(fieldUpstream, lp.up.name).
-			Str(fieldBreaker, lp.up.breaker.State().String())
+			Str(fieldBreaker, lp.up.breaker.State().String()).
+			Str(fieldModelBreaker, modelBreakerState(lp.up, lp.model))
 	}
 	ev.Int(fieldStatus, out.status).Int(fieldAttempts, lp.attempts)
 	if n.nTried > 0 {

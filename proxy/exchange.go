@@ -72,9 +72,6 @@ type outbound struct {
 	uri     []byte
 	body    []byte // a rewritten body (model changed for a target)
 	scratch []byte // for header values built per request
-	// cred keys cooldowns by the client's credential, hashed once.
-	cred      uint64
-	credKnown bool
 	// msg is the upstream request; it lives as long as the pooled
 	// exchange.
 	msg *fasthttp.Request
@@ -93,8 +90,13 @@ type loopState struct {
 	// waited for, to give it back if the wait ends early.
 	reservedAt time.Time
 	slot       *upstream // whose max_in_flight slot is held
-	place      *upstream // whose connection place is taken for the next attempt
-	entered    *upstream // whose in-flight count this request is in
+	// model is the model as sent to the current target (its breaker and
+	// cooldown scope); coolKey keys its cooldowns, once computed.
+	model     string
+	coolKey   uint64
+	coolKnown bool
+	place     *upstream // whose connection place is taken for the next attempt
+	entered   *upstream // whose in-flight count this request is in
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
 	obstacle obstacle
@@ -174,7 +176,8 @@ type obstacle struct {
 	kind     policy.Obstacle
 	upstream string
 	wait     time.Duration // until it clears, as far as known
-	limit    string        // the setting a busy upstream is at
+	limit    string        // the setting a busy upstream is at; the breaker that refused
+	model    string        // the model a model breaker refused
 }
 
 // retryNote is one retry as logged: why, and how long Sturdy waited.
@@ -190,6 +193,7 @@ type targetNote struct {
 	model    string
 	attempts int
 	result   string
+	breaker  string // which breaker refused it (connection, model), if one did
 }
 
 var exchangePool = sync.Pool{New: func() any {

@@ -44,10 +44,13 @@ var (
 	hdrStainlessRetryCount  = []byte("X-Stainless-Retry-Count")
 	hdrRateLimitRemaining   = []byte("X-Ratelimit-Remaining-Requests")
 	hdrRateLimitReset       = []byte("X-Ratelimit-Reset-Requests")
-	valFalse                = []byte("false")
-	strHTTP11               = []byte("HTTP/1.1")
-	valHTTP                 = []byte("http")
-	valHTTPS                = []byte("https")
+
+	hdrRateLimitRemainingTokens = []byte("X-Ratelimit-Remaining-Tokens")
+	hdrRateLimitResetTokens     = []byte("X-Ratelimit-Reset-Tokens")
+	valFalse                    = []byte("false")
+	strHTTP11                   = []byte("HTTP/1.1")
+	valHTTP                     = []byte("http")
+	valHTTPS                    = []byte("https")
 )
 
 // headerDeleter is the part of fasthttp's request and response headers that

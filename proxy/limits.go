@@ -20,81 +20,124 @@ func credHash(v []byte) uint64 { return maphash.Bytes(credSeed, v) }
 // are swept on insert.
 const maxTrackedKeys = 10_000
 
-// cooldowns remembers, per credential, until when an upstream asked not to
-// be sent requests (a 429 with Retry-After, or x-ratelimit-remaining: 0).
+// cooldowns remembers, per key (upstream credential and model), until
+// when an upstream asked not to be sent requests (a 429 with
+// Retry-After, x-ratelimit-remaining-*: 0, or a 429 that said nothing).
 // One 429 is learned once: requests arriving meanwhile do not rediscover
 // it.
 type cooldowns struct {
 	// latest is the UnixNano end of the latest cooldown ever set: before
 	// it no lock is taken, so an upstream that never sent a 429 costs its
-	// requests one atomic load.
-	latest atomic.Int64
-	mu     sync.Mutex
-	until  map[uint64]time.Time
+	// requests one atomic load. streaks counts the keys in a run of bare
+	// 429s, so a success takes the lock only when one may end.
+	latest  atomic.Int64
+	streaks atomic.Int32
+	mu      sync.Mutex
+	m       map[uint64]cooldown
 }
 
-// set records a cooldown for cred until t (an earlier one never shortens
+// cooldown is one key's: until when, and how many 429s without a wait in
+// a row (each doubling the next cooldown).
+type cooldown struct {
+	until  time.Time
+	streak int
+}
+
+// maxBareCooldown caps the doubling cooldown of 429s that say no wait.
+const maxBareCooldown = 60 * time.Second
+
+// set records a cooldown for key until t (an earlier one never shortens
 // a later one).
-func (c *cooldowns) set(cred uint64, t time.Time) {
+func (c *cooldowns) set(key uint64, t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.until == nil {
-		c.until = map[uint64]time.Time{}
+	c.put(key, t, -1)
+}
+
+// bare records a 429 that said no wait: a cooldown of base, doubling for
+// each such 429 in a row (up to maxBareCooldown), from now; it returns
+// its length. extend adds its random extension.
+func (c *cooldowns) bare(key uint64, now time.Time, base time.Duration, extend func(time.Duration) time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	streak := c.m[key].streak + 1
+	d := base
+	for i := 1; i < streak && d < maxBareCooldown; i++ {
+		d *= 2
 	}
-	if len(c.until) >= maxTrackedKeys {
+	d = extend(min(d, maxBareCooldown))
+	c.put(key, now.Add(d), streak)
+	return d
+}
+
+// put stores key's cooldown (streak -1: keep the streak); under mu.
+func (c *cooldowns) put(key uint64, t time.Time, streak int) {
+	if c.m == nil {
+		c.m = map[uint64]cooldown{}
+	}
+	if len(c.m) >= maxTrackedKeys {
 		now := time.Now()
-		for k, u := range c.until {
-			if !u.After(now) {
-				delete(c.until, k)
+		for k, cd := range c.m {
+			if !cd.until.After(now) && cd.streak == 0 {
+				delete(c.m, k)
 			}
 		}
 	}
-	if t.After(c.until[cred]) {
-		c.until[cred] = t
+	cd := c.m[key]
+	if t.After(cd.until) {
+		cd.until = t
 	}
+	if streak >= 0 {
+		if cd.streak == 0 && streak > 0 {
+			c.streaks.Add(1)
+		}
+		cd.streak = streak
+	}
+	c.m[key] = cd
 	if n := t.UnixNano(); n > c.latest.Load() {
 		c.latest.Store(n) // under mu: no lost update
 	}
 }
 
-// possible reports whether any cooldown may still be in force at now
-// (one atomic load): only then is a credential worth hashing and the lock
-// worth taking.
-func (c *cooldowns) possible(now time.Time) bool { return now.UnixNano() < c.latest.Load() }
-
-// cooldownLeft returns how long up's cooldown for ex's credential lasts
-// from now (0: none). With no cooldown in force it is one atomic load.
-func (up *upstream) cooldownLeft(ex *exchange, now time.Time) time.Duration {
-	if !up.cooldowns.possible(now) {
-		return 0
+// succeeded ends key's run of bare 429s.
+func (c *cooldowns) succeeded(key uint64) {
+	if c.streaks.Load() == 0 {
+		return
 	}
-	return up.cooldowns.remaining(ex.credFor(up), now)
+	c.mu.Lock()
+	if cd, ok := c.m[key]; ok && cd.streak > 0 {
+		cd.streak = 0
+		c.m[key] = cd
+		c.streaks.Add(-1)
+	}
+	c.mu.Unlock()
 }
+
+// possible reports whether any cooldown may still be in force at now
+// (one atomic load): only then is a key worth hashing and the lock worth
+// taking.
+func (c *cooldowns) possible(now time.Time) bool { return now.UnixNano() < c.latest.Load() }
 
 // remaining returns how long key's cooldown lasts from now (0: none).
 func (c *cooldowns) remaining(key uint64, now time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	u, ok := c.until[key]
-	if !ok {
+	cd, ok := c.m[key]
+	if !ok || !cd.until.After(now) {
 		return 0
 	}
-	if !u.After(now) {
-		delete(c.until, key)
-		return 0
-	}
-	return u.Sub(now)
+	return cd.until.Sub(now)
 }
 
 // active counts the cooldowns in force and returns the latest end.
 func (c *cooldowns) active(now time.Time) (n int, latest time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, u := range c.until {
-		if u.After(now) {
+	for _, cd := range c.m {
+		if cd.until.After(now) {
 			n++
-			if u.After(latest) {
-				latest = u
+			if cd.until.After(latest) {
+				latest = cd.until
 			}
 		}
 	}

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"hash/maphash"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -40,13 +42,12 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		if a := ex.takeConnection(t.up); a != policy.ActionAttempt {
 			return a
 		}
-		ticket, ok := t.up.breaker.Allow()
-		if !ok {
+		tickets, a := ex.allow(t.up)
+		if a != policy.ActionAttempt {
 			ex.dropPlace()
-			probe := max(t.up.breaker.ProbeIn(time.Now()), time.Second)
-			return ex.carry(ex.clear(policy.ObstacleBreaker, t.up, probe, 0, ""))
+			return a
 		}
-		d := ex.try(t, ticket)
+		d := ex.try(t, tickets)
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -62,6 +63,31 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		}
 		ex.retrying(t.up, d)
 	}
+}
+
+// tickets are an attempt's passes from its upstream's connection breaker
+// and from the reply breaker of its model.
+type tickets struct{ conn, model breaker.Ticket }
+
+// allow asks both breakers for an attempt on up: the connection breaker
+// (connect refused, resets, TLS) and the reply breaker of the model as
+// sent (5xx, timeouts), so one failing model neither opens the breaker of
+// the others nor of a fallback to another model on the same upstream.
+func (ex *exchange) allow(up *upstream) (tickets, policy.Action) {
+	var tk tickets
+	var ok bool
+	now := time.Now()
+	if tk.conn, ok = up.breaker.Allow(); !ok {
+		probe := max(up.breaker.ProbeIn(now), time.Second)
+		return tk, ex.carry(ex.clear(policy.ObstacleBreaker, up, probe, 0, "connection"))
+	}
+	mb := up.models.Get(ex.loop.model, now)
+	if tk.model, ok = mb.Allow(); !ok {
+		tk.conn.Done(breaker.Excluded)
+		probe := max(mb.ProbeIn(now), time.Second)
+		return tk, ex.carry(ex.clear(policy.ObstacleBreaker, up, probe, 0, "model"))
+	}
+	return tk, policy.ActionAttempt
 }
 
 // carry records what the loop needs of a decision (the stop reason, a
@@ -86,6 +112,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.leaveTarget()
 	lp := &ex.loop
 	lp.up, lp.n, lp.replaying = t.up, 0, false
+	lp.coolKnown = false
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
 		ex.enter(phaseQueue)
@@ -112,7 +139,14 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 		q.msg.Header.SetBytesKV(hdrAuthorization, a)
 	}
 	body := ex.ctx.Request.Body()
-	if t.model != "" && gjson.GetBytes(body, "model").String() != t.model {
+	// The body's model, read in place: it lives as long as the request,
+	// and whatever keeps it longer copies it (breaker.Group does).
+	sent := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "model").Str
+	lp.model = t.model
+	if lp.model == "" {
+		lp.model = sent
+	}
+	if t.model != "" && sent != t.model {
 		// Only the "model" value changes; every other byte stays.
 		if rewritten, err := sjson.SetBytes(append(q.body[:0], body...), "model", t.model); err == nil {
 			q.body, body = rewritten, rewritten
@@ -140,7 +174,7 @@ func (ex *exchange) leaveTarget() {
 // says to; otherwise it returns the failover or stop policy chose.
 func (ex *exchange) gate(up *upstream) policy.Action {
 	now := time.Now()
-	if left := up.cooldownLeft(ex, now); left > 0 {
+	if left := ex.cooldownLeft(up, now); left > 0 {
 		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
@@ -200,7 +234,7 @@ func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time
 	d := policy.Clear(policy.Gate{Obstacle: kind, Wait: wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
 		HasFallback: ex.hasFallback(), N: ex.loop.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
-		ex.block(obstacle{kind: kind, upstream: up.name, wait: wait, limit: limit})
+		ex.block(obstacle{kind: kind, upstream: up.name, wait: wait, limit: limit, model: ex.loop.model})
 	}
 	return d
 }
@@ -210,6 +244,9 @@ func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time
 func (ex *exchange) block(o obstacle) {
 	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
 	ex.noteResult(o.kind.String(), false)
+	if o.kind == policy.ObstacleBreaker && ex.notes.nTried > 0 {
+		ex.notes.tried[ex.notes.nTried-1].breaker = o.limit
+	}
 	lp := &ex.loop
 	lp.blocked = true
 	if lp.obstacle.kind == policy.ObstacleNone || o.wait < lp.obstacle.wait {
@@ -219,7 +256,7 @@ func (ex *exchange) block(o obstacle) {
 
 // try makes one attempt on t, reports it to the breaker, counts and notes
 // it, and returns policy's decision on what follows.
-func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
+func (ex *exchange) try(t *target, tk tickets) policy.Decision {
 	up, lp := t.up, &ex.loop
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
@@ -238,7 +275,11 @@ func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
 	out := ex.attempt(t, now)
 	now = time.Now()
 	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	ticket.Done(breakerResult(lp.verdict.Health))
+	tk.conn.Done(breakerResult(lp.verdict.Conn))
+	tk.model.Done(breakerResult(lp.verdict.Health))
+	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone {
+		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
+	}
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
 		ex.reply.up = up
 	}
@@ -250,7 +291,9 @@ func (ex *exchange) try(t *target, ticket breaker.Ticket) policy.Decision {
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback()}
 	if ex.reply.has {
 		a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
-		a.FailoverStatus = lp.verdict.Class == policy.ClassPassThrough && ex.failoverStatus()
+		// A pass-through fails over when the route says so, and on a
+		// billing quota spent (another provider may have one left).
+		a.FailoverStatus = lp.verdict.Class == policy.ClassPassThrough && (ex.failoverStatus() || out.InsufficientQuota)
 	}
 	reserved := false
 	if lp.verdict.Class == policy.ClassRetryable {
@@ -324,16 +367,43 @@ func (ex *exchange) interrupted() policy.Action {
 	return policy.ActionStop
 }
 
-// credFor keys up's cooldowns: the upstream's own key when Sturdy injects
-// one (all clients share it), else the client's Authorization.
-func (ex *exchange) credFor(up *upstream) uint64 {
-	if up.auth != nil {
+// cooldownKey keys up's cooldowns for this request: the credential — the
+// upstream's own key when Sturdy injects one (all clients share it), else
+// the client's Authorization — and the model as sent, since providers
+// rate-limit per key and per model.
+func (ex *exchange) cooldownKey(up *upstream) uint64 {
+	lp := &ex.loop
+	if !lp.coolKnown {
+		var h maphash.Hash
+		h.SetSeed(credSeed)
+		if up.auth == nil {
+			_, _ = h.Write(ex.ctx.Request.Header.PeekBytes(hdrAuthorization))
+		}
+		_ = h.WriteByte(0)
+		_, _ = h.WriteString(lp.model)
+		lp.coolKey, lp.coolKnown = h.Sum64(), true
+	}
+	return lp.coolKey
+}
+
+// cooldownLeft returns how long up's cooldown for this request's key
+// lasts from now (0: none); with no cooldown in force it is one atomic
+// load.
+func (ex *exchange) cooldownLeft(up *upstream, now time.Time) time.Duration {
+	if !up.cooldowns.possible(now) {
 		return 0
 	}
-	if !ex.req.credKnown {
-		ex.req.cred, ex.req.credKnown = credHash(ex.ctx.Request.Header.PeekBytes(hdrAuthorization)), true
+	return up.cooldowns.remaining(ex.cooldownKey(up), now)
+}
+
+// extend adds a random 0–10 % to a cooldown, so clients that learned the
+// same Retry-After do not all come back in the same millisecond (never
+// earlier than the server asked).
+func (ex *exchange) extend(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
 	}
-	return ex.req.cred
+	return d + time.Duration(ex.p.rand(int64(d/10)+1))
 }
 
 // learnRateLimits reads the reply's rate-limit headers: a 429's
@@ -342,22 +412,33 @@ func (ex *exchange) credFor(up *upstream) uint64 {
 // cooldown for this credential until then.
 func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool) {
 	h := &ex.reply.msg.Header
+	is429 := ex.loop.verdict.Reason == policy.Reason429
 	if ex.loop.verdict.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekBytes(hdrRetryAfterMS), h.PeekBytes(hdrRetryAfter), now)
 	}
-	until := time.Time{}
-	if ok && ex.loop.verdict.Reason == policy.Reason429 {
-		until = now.Add(wait)
+	if up.bareCooldown <= 0 { // cooldown.enabled: false
+		return wait, ok
 	}
-	if d, exhausted := policy.RateLimitExhausted(h.PeekBytes(hdrRateLimitRemaining), h.PeekBytes(hdrRateLimitReset)); exhausted {
-		if t := now.Add(d); t.After(until) {
-			until = t
+	until := time.Time{}
+	if ok && is429 {
+		until = now.Add(ex.extend(wait))
+	}
+	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
+		if d, exhausted := policy.RateLimitExhausted(h.PeekBytes(q[0]), h.PeekBytes(q[1])); exhausted {
+			if t := now.Add(ex.extend(d)); t.After(until) {
+				until = t
+			}
 		}
 	}
-	if !until.IsZero() && until.After(now) {
-		up.cooldowns.set(ex.credFor(up), until)
-		ex.p.m.Cooldowns.WithLabelValues(up.name).Inc()
+	switch {
+	case until.After(now):
+		up.cooldowns.set(ex.cooldownKey(up), until)
+	case is429 && !ok: // "too many", but not for how long
+		up.cooldowns.bare(ex.cooldownKey(up), now, up.bareCooldown, ex.extend)
+	default:
+		return wait, ok
 	}
+	ex.p.m.Cooldowns.WithLabelValues(up.name).Inc()
 	return wait, ok
 }
 

@@ -31,6 +31,7 @@ const (
 	DefaultMaxHeaderBytes   = 32 << 10
 	DefaultWriteTimeout     = 60 * time.Second
 	DefaultMaxDuration      = 10 * time.Minute
+	DefaultBareCooldown     = time.Second
 )
 
 // Upstream configures one model server.
@@ -66,6 +67,8 @@ type Upstream struct {
 	QueueTimeout time.Duration
 	// RetryBudget caps retries to the upstream.
 	RetryBudget RetryBudget
+	// Cooldown says how the upstream's 429s are learned.
+	Cooldown Cooldown
 	// CAFile adds PEM CAs to trust for an https upstream.
 	CAFile string
 	// InsecureSkipVerify turns off TLS verification of the upstream.
@@ -85,6 +88,7 @@ func (u Upstream) withDefaults() Upstream {
 	}
 	orDefault(&u.RetryBudget.Ratio, DefaultBudgetRatio)
 	orDefault(&u.RetryBudget.MinPerSecond, DefaultBudgetPerSecond)
+	orDefault(&u.Cooldown.WithoutHeader, DefaultBareCooldown)
 	return u
 }
 
@@ -140,6 +144,20 @@ type RateLimit struct {
 	Burst int
 	// MaxWait is the longest a request waits for its turn. Default 2 s.
 	MaxWait time.Duration
+}
+
+// Cooldown configures what an upstream's rate limits teach Sturdy: a 429
+// with Retry-After, x-ratelimit-remaining-*: 0, or a 429 without a wait
+// puts the (credential, model) in cooldown, so other requests do not
+// rediscover it.
+type Cooldown struct {
+	// Off learns nothing: for servers whose 429s are per request, not per
+	// quota. Default: on.
+	Off bool
+	// WithoutHeader is the first cooldown of a 429 that gives no wait; it
+	// doubles for each such 429 in a row (up to 60 s) and a success ends
+	// the run. Default 1 s.
+	WithoutHeader time.Duration
 }
 
 // RetryBudget caps retries: within 10 s they may add Ratio of the first

@@ -9,6 +9,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -93,6 +94,18 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 		p.m.BreakerState.DeleteLabelValues(up.name)
 	}
 	return warnings, nil
+}
+
+// modelBreakerChanged logs a model's reply breaker transition and exports
+// it; name is "upstream/model".
+func (p *Proxy) modelBreakerChanged(name string, from, to breaker.State) {
+	up, model, _ := strings.Cut(name, "/")
+	ev := p.log.Warn()
+	if to == breaker.StateClosed {
+		ev = p.log.Info()
+	}
+	ev.Str("upstream", up).Str("model", model).Str("from", from.String()).Str("to", to.String()).Msg("model breaker state change")
+	p.m.ModelBreakerTransitions.WithLabelValues(up, p.tbl.Load().modelLabel(model), to.String()).Inc()
 }
 
 // breakerChanged logs a transition and exports it.

@@ -361,7 +361,9 @@ func TestBreakerOpensFastFailsAndRecovers(t *testing.T) {
 	if resp.StatusCode != 500 || string(body) != "down" || resp.Header.Get("X-Should-Retry") != "false" {
 		t.Fatalf("request that opened the breaker: %d %q", resp.StatusCode, body)
 	}
-	if l := h.accessLines(2)[1]; l["stop"] != "breaker_open" || l["breaker"] != "open" {
+	// 5xx are replies: the model's breaker opened, not the connection's.
+	if l := h.accessLines(2)[1]; l["stop"] != "breaker_open" || l["model_breaker"] != "open" || l["breaker"] != "closed" ||
+		l["targets"].([]any)[0].(map[string]any)["breaker"] != "model" {
 		t.Fatalf("access line %v", l)
 	}
 	seen := up.Count()
@@ -388,7 +390,7 @@ func TestBreakerOpensFastFailsAndRecovers(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != "back" {
 		t.Fatalf("after open_for: %d %q", resp.StatusCode, body)
 	}
-	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].models.Get("m", time.Now()).State(); st != breaker.StateClosed {
 		t.Fatalf("breaker %v after a good probe", st)
 	}
 }

@@ -168,7 +168,11 @@ func (ex *exchange) obstructed() {
 	switch o.kind {
 	case policy.ObstacleBreaker:
 		ex.out.outcome = outcomeCircuitOpen
-		e = newError(CodeCircuitOpen, o.upstream, ex.alsoTried())
+		what := fmt.Sprintf("upstream %q", o.upstream)
+		if o.limit == "model" {
+			what = fmt.Sprintf("model %q on upstream %q", o.model, o.upstream)
+		}
+		e = newError(CodeCircuitOpen, what, ex.alsoTried())
 	case policy.ObstacleBusy:
 		ex.out.outcome = outcomeUpstreamBusy
 		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.alsoTried())

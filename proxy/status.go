@@ -10,9 +10,12 @@ import (
 // one upstream. It carries no secret: the URL has no credentials (config
 // refuses user info) and the API key is never included.
 type UpstreamStatus struct {
-	Name    string `json:"name"`
-	URL     string `json:"url"`
-	Breaker string `json:"breaker"`
+	Name string `json:"name"`
+	URL  string `json:"url"`
+	// Breaker is the connection breaker's state (connect refused, resets,
+	// TLS); ModelBreakers the reply breakers per model (5xx, timeouts).
+	Breaker       string              `json:"breaker"`
+	ModelBreakers []ModelBreakerState `json:"model_breakers"`
 	// ProbeInMS is the time until an open breaker lets a probe through.
 	ProbeInMS int64 `json:"probe_in_ms"`
 	// Counts are the breaker's counts in its current window.
@@ -39,6 +42,14 @@ type UpstreamStatus struct {
 	Limiter *LimiterStatus `json:"limiter,omitempty"`
 }
 
+// ModelBreakerState is one model's reply breaker on an upstream.
+type ModelBreakerState struct {
+	Model     string `json:"model"`
+	State     string `json:"state"`
+	ProbeInMS int64  `json:"probe_in_ms"`
+	Failures  uint32 `json:"failures"`
+}
+
 // LimiterStatus is an upstream's pacing limiter.
 type LimiterStatus struct {
 	RequestsPerSecond float64 `json:"requests_per_second"`
@@ -63,12 +74,26 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 			s.Limiter = &LimiterStatus{RequestsPerSecond: float64(up.limiter.Limit()), Burst: up.limiter.Burst(),
 				Tokens: up.limiter.TokensAt(now)}
 		}
+		s.ModelBreakers = []ModelBreakerState{}
+		for _, m := range up.models.Members() {
+			s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Model: m.Key, State: m.State().String(),
+				ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures})
+		}
 		c := up.breaker.Counts()
 		s.Counts.Requests, s.Counts.Successes, s.Counts.Failures = c.Requests, c.TotalSuccesses, c.TotalFailures
 		s.Counts.Exclusions, s.Counts.ConsecutiveFailures = c.TotalExclusions, c.ConsecutiveFailures
 		out = append(out, s)
 	}
 	return out
+}
+
+// modelBreakerState is the state of model's reply breaker on up (closed
+// when it has none).
+func modelBreakerState(up *upstream, model string) string {
+	if m := up.models.Peek(model); m != nil {
+		return m.State().String()
+	}
+	return breaker.StateClosed.String()
 }
 
 // Ready reports whether every route has a target that is not open

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sort"
 	"time"
 
@@ -27,6 +28,21 @@ type table struct {
 	maxBody   int
 	// trusted are the peers whose X-Forwarded-* headers are kept.
 	trusted []netip.Prefix
+	// models are the model names and globs the config mentions: the only
+	// values the model metric label takes.
+	models []string
+}
+
+// modelLabel is model as a metric label: a model the config names (a
+// fallback rewrite, a route's literal model) or the route glob it
+// matches, else "other" — labels never take request data.
+func (t *table) modelLabel(model string) string {
+	for _, m := range t.models {
+		if m == model || policy.GlobMatch(m, model) {
+			return m
+		}
+	}
+	return "other"
 }
 
 // trusts reports whether peer is a trusted proxy (server.trusted_proxies).
@@ -76,6 +92,14 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 		if err != nil {
 			return nil, nil, err
 		}
+		for _, tg := range r.targets {
+			if tg.model != "" && !slices.Contains(t.models, tg.model) {
+				t.models = append(t.models, tg.model)
+			}
+		}
+		if r.model != "" && !slices.Contains(t.models, r.model) {
+			t.models = append(t.models, r.model)
+		}
 		t.routes = append(t.routes, r)
 		t.maxBody = max(t.maxBody, r.maxBody)
 	}
@@ -122,7 +146,7 @@ func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[stri
 		up := reuse[uo.Name]
 		if up == nil || !reflect.DeepEqual(up.opts, uo) {
 			var err error
-			if up, err = newUpstream(uo, p.breakerChanged); err != nil {
+			if up, err = newUpstream(uo, p.breakerChanged, p.modelBreakerChanged); err != nil {
 				return nil, err
 			}
 			p.m.BreakerState.WithLabelValues(up.name).Set(0)

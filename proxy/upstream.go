@@ -48,6 +48,12 @@ type upstream struct {
 	conns     slots
 	budget    *policy.Budget
 	cooldowns cooldowns
+	// bareCooldown is the first cooldown of a 429 without a wait; 0 when
+	// cooldowns are off.
+	bareCooldown time.Duration
+	// models are the reply breakers per model as sent (breaker is the
+	// connection breaker).
+	models *breaker.Group
 
 	// claimMu and claimant tell which connection fasthttp gives an
 	// attempt: send holds claimMu and names the attempt's exchange; the
@@ -95,7 +101,7 @@ func (up *upstream) takeClaim() *exchange {
 }
 
 // newUpstream builds an upstream from o, its defaults filled.
-func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) (*upstream, error) {
+func newUpstream(o Upstream, onState, onModelState func(name string, from, to breaker.State)) (*upstream, error) {
 	u, err := url.Parse(o.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: invalid url %q", o.Name, o.URL)
@@ -126,9 +132,15 @@ func newUpstream(o Upstream, onState func(name string, from, to breaker.State)) 
 	if o.MaxInFlight > 0 {
 		up.slots = make(slots, o.MaxInFlight)
 	}
+	if !o.Cooldown.Off {
+		up.bareCooldown = o.Cooldown.WithoutHeader
+	}
 	bs := o.Breaker
 	bs.OnStateChange = onState
 	up.breaker = breaker.New(o.Name, bs)
+	ms := o.Breaker
+	ms.OnStateChange = onModelState
+	up.models = breaker.NewGroup(o.Name, breaker.GroupSettings{Breaker: ms})
 	up.client = &fasthttp.HostClient{
 		Addr:                fasthttp.AddMissingPort(u.Host, up.tls != nil),
 		IsTLS:               up.tls != nil,
