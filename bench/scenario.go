@@ -109,7 +109,10 @@ routes:
 		runs: func(s settings) []runSpec {
 			return []runSpec{{name: "ratelimited", path: "/v1/chat/completions", rate: 100, conns: 1024}}
 		},
+		// The fake server's 429s are per request, not per quota: nothing to
+		// learn for the next request (see upstreams[].cooldown).
 		sturdy: `    breaker: {consecutive_failures: 50}
+    cooldown: {enabled: false}
 routes:
   - name: default
     upstream: fake
