@@ -64,6 +64,12 @@ type Settings struct {
 	// OnStateChange, if set, is called on every transition. It runs under
 	// the breaker's lock: it must not call back into the breaker.
 	OnStateChange func(name string, from, to State)
+	// MayOpen, if set, is asked when the counts say to open the breaker
+	// (closed to open only); false keeps it closed, and the next failure
+	// asks again. It runs under the breaker's lock: it must not call back
+	// into the breaker. A pool uses it to bound how many of its endpoints
+	// are ejected at once.
+	MayOpen func() bool
 }
 
 // Defaults of Settings.
@@ -96,7 +102,7 @@ type Breaker struct {
 func New(name string, s Settings) *Breaker {
 	s = s.normalized()
 	b := &Breaker{openFor: s.OpenFor}
-	consecutive, minRequests, ratio := s.ConsecutiveFailures, s.MinRequests, s.FailureRatio
+	consecutive, minRequests, ratio, mayOpen := s.ConsecutiveFailures, s.MinRequests, s.FailureRatio, s.MayOpen
 	bucket := max(s.Window/windowBuckets, time.Millisecond)
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:         name,
@@ -105,11 +111,10 @@ func New(name string, s Settings) *Breaker {
 		BucketPeriod: bucket,
 		Timeout:      s.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
-			if c.ConsecutiveFailures >= consecutive {
-				return true
-			}
 			completed := c.TotalSuccesses + c.TotalFailures
-			return completed >= minRequests && float64(c.TotalFailures) >= ratio*float64(completed)
+			trip := c.ConsecutiveFailures >= consecutive ||
+				completed >= minRequests && float64(c.TotalFailures) >= ratio*float64(completed)
+			return trip && (mayOpen == nil || mayOpen())
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			if to == gobreaker.StateOpen {

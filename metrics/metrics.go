@@ -1,8 +1,10 @@
 // Package metrics defines Sturdy's Prometheus metrics. Every name starts
 // with sturdy_, counters end in _total and durations are _seconds
-// histograms. Label values come only from config names (route, upstream)
-// and fixed vocabularies (outcome, reason, status class), never from
-// request data, so cardinality is bounded by the config.
+// histograms. Label values come only from config names (route, upstream),
+// endpoint addresses (from the config or DNS discovery; a dropped
+// endpoint's series are deleted) and fixed vocabularies (outcome, reason,
+// status class), never from request data, so cardinality is bounded by
+// the config and the pools.
 //
 // Upstream amplification is sturdy_upstream_attempts_total ÷
 // sturdy_requests_total.
@@ -21,8 +23,8 @@ type Metrics struct {
 	// Requests counts client requests by route, upstream, status class
 	// (2xx … 5xx) and outcome.
 	Requests *prometheus.CounterVec
-	// Attempts counts upstream attempts by upstream and result (success,
-	// pass_through, 429, 5xx, connect, reset, timeout).
+	// Attempts counts upstream attempts by upstream, endpoint and result
+	// (success, pass_through, 429, 5xx, connect, reset, timeout).
 	Attempts *prometheus.CounterVec
 	// Retries counts retries by upstream and reason.
 	Retries *prometheus.CounterVec
@@ -32,14 +34,28 @@ type Metrics struct {
 	// GiveUps counts requests whose retries stopped early, by upstream and
 	// stop reason (max_attempts, deadline, breaker_open …).
 	GiveUps *prometheus.CounterVec
-	// BreakerState is 0 closed, 1 half-open, 2 open, by upstream.
+	// BreakerState is 0 closed, 1 half-open, 2 open, by upstream and
+	// endpoint (its connection breaker).
 	BreakerState *prometheus.GaugeVec
-	// BreakerTransitions counts state changes by upstream and new state.
+	// BreakerTransitions counts state changes by upstream, endpoint and
+	// new state.
 	BreakerTransitions *prometheus.CounterVec
 	// ModelBreakerTransitions counts a model's reply breaker changes, by
-	// upstream, model (a name from the config, else "other") and new
-	// state.
+	// upstream, endpoint, model (a name from the config, else "other") and
+	// new state.
 	ModelBreakerTransitions *prometheus.CounterVec
+	// EndpointInFlight is the requests in flight per endpoint (streams
+	// included), by upstream and endpoint; EndpointUp is 1 while the
+	// endpoint takes requests, 0 while it is out (breaker open, health
+	// check failing, drained).
+	EndpointInFlight *prometheus.GaugeVec
+	EndpointUp       *prometheus.GaugeVec
+	// HealthChecks counts active health checks by upstream and result
+	// (ok, fail).
+	HealthChecks *prometheus.CounterVec
+	// RideThroughs counts requests that waited for an endpoint to come
+	// back (ride_through), by upstream.
+	RideThroughs *prometheus.CounterVec
 	// TimeToFirstByte observes the time until the client's response
 	// started, by route.
 	TimeToFirstByte *prometheus.HistogramVec
@@ -100,7 +116,7 @@ func New() *Metrics {
 			Help: "Client requests by route, upstream, status class and outcome."},
 			[]string{"route", "upstream", "code", "outcome"}),
 		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_upstream_attempts_total",
-			Help: "Attempts sent to upstreams, by upstream and result."}, []string{"upstream", "result"}),
+			Help: "Attempts sent to upstreams, by upstream, endpoint and result."}, []string{"upstream", "endpoint", "result"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_retries_total",
 			Help: "Retries by upstream and reason (429, 5xx, connect, reset, timeout)."}, []string{"upstream", "reason"}),
 		RetryWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_retry_wait_seconds",
@@ -109,12 +125,21 @@ func New() *Metrics {
 		GiveUps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_retry_stops_total",
 			Help: "Requests whose retrying stopped on a retryable failure, by upstream and why."}, []string{"upstream", "stop"}),
 		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_breaker_state",
-			Help: "Circuit breaker state per upstream: 0 closed, 1 half-open, 2 open."}, []string{"upstream"}),
+			Help: "Connection breaker state per endpoint: 0 closed, 1 half-open, 2 open."}, []string{"upstream", "endpoint"}),
 		BreakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_breaker_transitions_total",
-			Help: "Circuit breaker state changes, by upstream and new state."}, []string{"upstream", "to"}),
+			Help: "Connection breaker state changes, by upstream, endpoint and new state."}, []string{"upstream", "endpoint", "to"}),
 		ModelBreakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_model_breaker_transitions_total",
-			Help: "Reply breaker state changes per model, by upstream, model (a config name, else other) and new state."},
-			[]string{"upstream", "model", "to"}),
+			Help: "Reply breaker state changes per model, by upstream, endpoint, model (a config name, else other) and new state."},
+			[]string{"upstream", "endpoint", "model", "to"}),
+		EndpointInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_endpoint_in_flight",
+			Help: "Requests in flight per endpoint, streams included."}, []string{"upstream", "endpoint"}),
+		EndpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_endpoint_up",
+			Help: "1 while the endpoint takes requests, 0 while it is out (breaker open, health check failing, drained)."},
+			[]string{"upstream", "endpoint"}),
+		HealthChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_health_checks_total",
+			Help: "Active health checks by upstream and result (ok, fail)."}, []string{"upstream", "result"}),
+		RideThroughs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_ride_throughs_total",
+			Help: "Requests that waited for an endpoint to come back (ride_through), by upstream."}, []string{"upstream"}),
 		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_time_to_first_byte_seconds",
 			Help: "Time until the client's response started (retries included), by route.", Buckets: latencyBuckets},
 			[]string{"route"}),
@@ -152,6 +177,7 @@ func New() *Metrics {
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
+		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -15,7 +15,7 @@ func described(m *Metrics) map[string]bool {
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
 		for _, c := range []prometheus.Collector{m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
-			m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
+			m.BreakerTransitions, m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 			m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited} {
 			c.Describe(ch)
 		}

@@ -13,6 +13,7 @@ const (
 	fieldPath         = "path"
 	fieldRoute        = "route"
 	fieldUpstream     = "upstream"
+	fieldEndpoint     = "endpoint"
 	fieldStatus       = "status"
 	fieldAttempts     = "attempts"
 	fieldRetries      = "retries"
@@ -47,7 +48,8 @@ const (
 	outcomeShuttingDown      = "shutting_down"      // a wait ended by shutdown, no reply at hand
 )
 
-// retryList logs the retries of a request as [{"reason":..,"wait_ms":..}].
+// retryList logs the retries of a request as
+// [{"reason":..,"endpoint":..,"wait_ms":..}].
 type retryList []retryNote
 
 func (l retryList) MarshalZerologArray(a *zerolog.Array) {
@@ -57,7 +59,11 @@ func (l retryList) MarshalZerologArray(a *zerolog.Array) {
 }
 
 func (r retryNote) MarshalZerologObject(e *zerolog.Event) {
-	e.Str("reason", r.reason.String()).Float64("wait_ms", float64(r.wait)/float64(time.Millisecond))
+	e.Str("reason", r.reason.String())
+	if r.endpoint != "" {
+		e.Str("endpoint", r.endpoint)
+	}
+	e.Float64("wait_ms", float64(r.wait)/float64(time.Millisecond))
 }
 
 // targetList logs the targets tried as [{"upstream":..,"attempts":..,"result":..}].
@@ -92,9 +98,13 @@ func (ex *exchange) logAccess() {
 		Bytes(fieldMethod, ctx.Method()).
 		Bytes(fieldPath, rawPath(ctx.Request.Header.RequestURI()))
 	if ex.req.route != nil {
-		ev.Str(fieldRoute, ex.req.route.name).Str(fieldUpstream, lp.up.name).
-			Str(fieldBreaker, lp.up.breaker.State().String()).
-			Str(fieldModelBreaker, modelBreakerState(lp.up, lp.model))
+		ev.Str(fieldRoute, ex.req.route.name).Str(fieldUpstream, lp.up.name)
+		if lp.ep != nil {
+			ev.Str(fieldEndpoint, lp.ep.addr).Str(fieldBreaker, lp.ep.breaker.State().String()).
+				Str(fieldModelBreaker, lp.ep.modelBreakerState(lp.model))
+		} else {
+			ev.Str(fieldBreaker, lp.up.state().String())
+		}
 	}
 	ev.Int(fieldStatus, out.status).Int(fieldAttempts, lp.attempts)
 	if n.nTried > 0 {

@@ -14,7 +14,7 @@ import (
 // the upstream's first_byte, or for a stream the route's first_token when
 // shorter, cut short by the deadline. It only reports what happened; the
 // loop asks policy what that means.
-func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
+func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outcome {
 	timeout := min(t.up.firstByte, ex.req.deadline.Sub(now))
 	if ex.req.firstToken > 0 {
 		timeout = min(timeout, ex.req.firstToken)
@@ -25,7 +25,7 @@ func (ex *exchange) attempt(t *target, now time.Time) policy.Outcome {
 	resp := ex.reply.msg
 	ex.reply.streamFailed, ex.reply.streamError, ex.reply.heldToEnd = false, "", false
 	ex.enter(phaseHead)
-	if err := t.up.send(ex, resp, timeout); err != nil || ex.isGone.Load() {
+	if err := ep.send(ex, resp, timeout); err != nil || ex.isGone.Load() {
 		ex.closeBody()
 		switch {
 		case ex.isGone.Load():
@@ -215,8 +215,8 @@ func (ex *exchange) closeBody() {
 		ex.reply.body = nil
 	}
 
-	if up := ex.reply.conn; up != nil {
-		up.conns.release()
+	if ep := ex.reply.conn; ep != nil {
+		ep.conns.release()
 		ex.reply.conn = nil
 	}
 }

@@ -47,7 +47,7 @@ func BenchmarkProxiedRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	// Dial the upstream over the in-memory listener.
-	up0 := p.tbl.Load().upstreams[0]
+	up0 := p.tbl.Load().upstreams[0].endpointsNow()[0]
 	up0.client.Dial = func(string) (net.Conn, error) {
 		c, err := upLn.Dial()
 		if err != nil {

@@ -24,8 +24,9 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 	}
 	tbl := p.tbl.Load()
 	u, r, cl := tbl.upstreams[0], tbl.routes[0], tbl.clients[0]
-	if u.connect != DefaultConnectTimeout || u.firstByte != DefaultFirstByteTimeout || u.idle != DefaultIdleTimeout ||
-		u.client.MaxConns != DefaultMaxConnections || u.budget.Ratio != DefaultBudgetRatio || u.budget.MinPerSecond != DefaultBudgetPerSecond ||
+	ep := u.endpointsNow()[0]
+	if ep.spec.connect != DefaultConnectTimeout || u.firstByte != DefaultFirstByteTimeout || u.idle != DefaultIdleTimeout ||
+		ep.client.MaxConns != DefaultMaxConnections || u.budget.Ratio != DefaultBudgetRatio || u.budget.MinPerSecond != DefaultBudgetPerSecond ||
 		u.limiter != nil || u.slots != nil {
 		t.Errorf("upstream defaults: %+v", u.opts)
 	}

@@ -23,6 +23,10 @@ const maxLoggedRetries = 16
 // maxLoggedTargets bounds the targets listed on an access line.
 const maxLoggedTargets = 8
 
+// maxTriedEndpoints bounds the endpoints a request remembers failing on
+// (per target): beyond it retries may return to one.
+const maxTriedEndpoints = 8
+
 // exchange is the state of one client request, from arrival to the end of
 // its response stream, in named parts: the request as it goes upstream,
 // the attempt loop's state, the last upstream reply, the client's
@@ -95,8 +99,25 @@ type loopState struct {
 	model     string
 	coolKey   uint64
 	coolKnown bool
-	place     *upstream // whose connection place is taken for the next attempt
+	place     *endpoint // whose connection place is taken for the next attempt
 	entered   *upstream // whose in-flight count this request is in
+	// ep is the endpoint of the current (or last) attempt; aimed the one
+	// the request's URI and Host are built for; tried the endpoints of
+	// this target a retryable attempt failed on (retries go elsewhere).
+	ep     *endpoint
+	aimed  *endpoint
+	tried  [maxTriedEndpoints]*endpoint
+	nTried int
+	// affKey is the request's affinity key, once computed (affKnown);
+	// hasKey says it has one.
+	affKey           uint64
+	affKnown, hasKey bool
+	// rideUntil ends this target's wait for an endpoint to come back
+	// (ride_through; zero: not riding); rider says a riders place is
+	// held; rideDraw spreads the riders' release.
+	rideUntil time.Time
+	rider     *upstream
+	rideDraw  float64
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
 	obstacle obstacle
@@ -110,9 +131,9 @@ type loopState struct {
 // read, and the body bytes read before commit.
 type reply struct {
 	msg *fasthttp.Response
-	// conn is the upstream whose connection place (max_connections) the
+	// conn is the endpoint whose connection place (max_connections) the
 	// attempt holds until its body is closed.
-	conn *upstream
+	conn *endpoint
 	// has says the last attempt produced a status (no fault).
 	has bool
 	// up is the upstream that sent it.
@@ -180,10 +201,12 @@ type obstacle struct {
 	model    string        // the model a model breaker refused
 }
 
-// retryNote is one retry as logged: why, and how long Sturdy waited.
+// retryNote is one retry as logged: why, after a failure on which
+// endpoint, and how long Sturdy waited.
 type retryNote struct {
-	reason policy.Reason
-	wait   time.Duration
+	reason   policy.Reason
+	endpoint string
+	wait     time.Duration
 }
 
 // targetNote is one target as logged: which, with what model, how many

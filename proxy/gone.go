@@ -6,17 +6,19 @@ type phase uint32
 
 // The phases a request goes through.
 const (
-	phaseAdmit      phase = iota // read and admitted, not yet sent
-	phaseQueue                   // waiting for a max_in_flight slot or a connection place
-	phaseCooldown                // waiting out a cooldown learned from a 429
-	phasePacing                  // waiting for the rate limiter's turn
-	phaseHead                    // an attempt waits for the upstream's response head
-	phaseBackoff                 // waiting before a retry (Sturdy's backoff)
-	phaseRetryAfter              // waiting before a retry (the upstream's Retry-After)
-	phaseStream                  // the response is streaming
+	phaseAdmit       phase = iota // read and admitted, not yet sent
+	phaseQueue                    // waiting for a max_in_flight slot or a connection place
+	phaseCooldown                 // waiting out a cooldown learned from a 429
+	phasePacing                   // waiting for the rate limiter's turn
+	phaseHead                     // an attempt waits for the upstream's response head
+	phaseBackoff                  // waiting before a retry (Sturdy's backoff)
+	phaseRetryAfter               // waiting before a retry (the upstream's Retry-After)
+	phaseStream                   // the response is streaming
+	phaseRideThrough              // waiting for an endpoint to come back (ride_through)
 )
 
-var phaseNames = [...]string{"admit", "queue", "cooldown", "pacing", "response_head", "backoff", "retry_after", "stream"}
+var phaseNames = [...]string{"admit", "queue", "cooldown", "pacing", "response_head", "backoff", "retry_after", "stream",
+	"ride_through"}
 
 func (p phase) String() string {
 	if int(p) < len(phaseNames) {

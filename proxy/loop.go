@@ -39,15 +39,11 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		if a := ex.gate(t.up); a != policy.ActionAttempt {
 			return a
 		}
-		if a := ex.takeConnection(t.up); a != policy.ActionAttempt {
-			return a
-		}
-		tickets, a := ex.allow(t.up)
+		ep, tickets, a := ex.choose(t.up)
 		if a != policy.ActionAttempt {
-			ex.dropPlace()
 			return a
 		}
-		d := ex.try(t, tickets)
+		d := ex.try(t, ep, tickets)
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -65,29 +61,25 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 	}
 }
 
-// tickets are an attempt's passes from its upstream's connection breaker
-// and from the reply breaker of its model.
+// tickets are an attempt's passes from its endpoint's connection breaker
+// and from the endpoint's reply breaker of its model.
 type tickets struct{ conn, model breaker.Ticket }
 
-// allow asks both breakers for an attempt on up: the connection breaker
+// allow asks both of ep's breakers for an attempt: the connection breaker
 // (connect refused, resets, TLS) and the reply breaker of the model as
-// sent (5xx, timeouts), so one failing model neither opens the breaker of
-// the others nor of a fallback to another model on the same upstream.
-func (ex *exchange) allow(up *upstream) (tickets, policy.Action) {
-	var tk tickets
+// sent (5xx, timeouts), so one failing model neither ejects the endpoint
+// for the others nor opens the breaker of a fallback to another model on
+// the same upstream. refused names the breaker that said no.
+func (ex *exchange) allow(ep *endpoint) (tk tickets, refused string) {
 	var ok bool
-	now := time.Now()
-	if tk.conn, ok = up.breaker.Allow(); !ok {
-		probe := max(up.breaker.ProbeIn(now), time.Second)
-		return tk, ex.carry(ex.clear(policy.ObstacleBreaker, up, probe, 0, "connection"))
+	if tk.conn, ok = ep.breaker.Allow(); !ok {
+		return tk, "connection"
 	}
-	mb := up.models.Get(ex.loop.model, now)
-	if tk.model, ok = mb.Allow(); !ok {
+	if tk.model, ok = ep.models.Get(ex.loop.model, time.Now()).Allow(); !ok {
 		tk.conn.Done(breaker.Excluded)
-		probe := max(mb.ProbeIn(now), time.Second)
-		return tk, ex.carry(ex.clear(policy.ObstacleBreaker, up, probe, 0, "model"))
+		return tk, "model"
 	}
-	return tk, policy.ActionAttempt
+	return tk, ""
 }
 
 // carry records what the loop needs of a decision (the stop reason, a
@@ -112,7 +104,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.leaveTarget()
 	lp := &ex.loop
 	lp.up, lp.n, lp.replaying = t.up, 0, false
-	lp.coolKnown = false
+	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil = false, false, 0, nil, time.Time{}
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
 		ex.enter(phaseQueue)
@@ -128,8 +120,6 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	lp.entered = t.up
 
 	q := &ex.req
-	q.uri = append(append(q.uri[:0], t.up.base...), ex.ctx.Request.Header.RequestURI()...)
-	q.msg.SetRequestURIBytes(q.uri)
 	q.msg.Header.DelBytes(hdrAuthorization)
 	if t.up.auth != nil {
 		q.msg.Header.SetBytesKV(hdrAuthorization, t.up.auth)
@@ -156,9 +146,26 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	return policy.ActionAttempt
 }
 
+// aim points the request at ep: its URI (and, for an address found in
+// DNS, its Host), unless it already is.
+func (ex *exchange) aim(ep *endpoint) {
+	q := &ex.req
+	if ex.loop.aimed == ep {
+		return
+	}
+	ex.loop.aimed = ep
+	q.uri = append(append(q.uri[:0], ep.base...), ex.ctx.Request.Header.RequestURI()...)
+	q.msg.SetRequestURIBytes(q.uri)
+	q.msg.UseHostHeader = ep.host != nil
+	if ep.host != nil {
+		q.msg.Header.SetHostBytes(ep.host)
+	}
+}
+
 // leaveTarget gives back what the current target holds.
 func (ex *exchange) leaveTarget() {
 	ex.dropPlace()
+	ex.stopRiding()
 	if ex.loop.slot != nil {
 		ex.loop.slot.slots.release()
 		ex.loop.slot = nil
@@ -202,27 +209,27 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 	return policy.ActionAttempt
 }
 
-// takeConnection waits, up to queue_timeout, for a place among up's
+// takeConnection waits, up to queue_timeout, for a place among ep's
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(up *upstream) policy.Action {
+func (ex *exchange) takeConnection(up *upstream, ep *endpoint) policy.Action {
 	ex.enter(phaseQueue)
-	switch up.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
+	switch ep.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
 	case slotTimedOut:
 		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
 	case slotCancelled:
 		return ex.interrupted()
 	}
-	ex.loop.place = up
+	ex.loop.place = ep
 	return policy.ActionAttempt
 }
 
 // dropPlace gives back a connection place taken for an attempt that was
 // not made.
 func (ex *exchange) dropPlace() {
-	if up := ex.loop.place; up != nil {
-		up.conns.release()
+	if ep := ex.loop.place; ep != nil {
+		ep.conns.release()
 		ex.loop.place = nil
 	}
 }
@@ -254,9 +261,9 @@ func (ex *exchange) block(o obstacle) {
 	}
 }
 
-// try makes one attempt on t, reports it to the breaker, counts and notes
-// it, and returns policy's decision on what follows.
-func (ex *exchange) try(t *target, tk tickets) policy.Decision {
+// try makes one attempt on t's endpoint ep, reports it to the breakers,
+// counts and notes it, and returns policy's decision on what follows.
+func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	up, lp := t.up, &ex.loop
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
@@ -272,11 +279,15 @@ func (ex *exchange) try(t *target, tk tickets) policy.Decision {
 	if lp.n == 1 && !afterStale {
 		up.budget.FirstAttempt(now)
 	}
-	out := ex.attempt(t, now)
+	ex.aim(ep)
+	out := ex.attempt(t, ep, now)
 	now = time.Now()
 	lp.verdict, lp.fault = policy.Classify(out), out.Fault
 	tk.conn.Done(breakerResult(lp.verdict.Conn))
 	tk.model.Done(breakerResult(lp.verdict.Health))
+	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
+		ex.failedOn(ep)
+	}
 	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone {
 		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
 	}
@@ -284,7 +295,7 @@ func (ex *exchange) try(t *target, tk tickets) policy.Decision {
 		ex.reply.up = up
 	}
 	result := resultLabel(lp.verdict)
-	up.countAttempt(ex.p, result)
+	ep.countAttempt(ex.p, up.name, result)
 	ex.noteResult(result, true)
 
 	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts, AfterStale: afterStale,
@@ -319,7 +330,7 @@ func (ex *exchange) retrying(up *upstream, d policy.Decision) {
 	}
 	ex.p.m.Retries.WithLabelValues(up.name, reason.String()).Inc()
 	if n := &ex.notes; n.nRetries < maxLoggedRetries {
-		n.retries[n.nRetries] = retryNote{reason: reason, wait: d.Wait}
+		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: ex.loop.ep.addr, wait: d.Wait}
 		n.nRetries++
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net/netip"
 	"time"
 
@@ -32,6 +33,16 @@ const (
 	DefaultWriteTimeout     = 60 * time.Second
 	DefaultMaxDuration      = 10 * time.Minute
 	DefaultBareCooldown     = time.Second
+	DefaultSlowStart        = 30 * time.Second
+	DefaultMaxEjected       = 0.5
+	DefaultHealthEvery      = 5 * time.Second
+	DefaultHealthTimeout    = time.Second
+	DefaultHealthy          = 2
+	DefaultUnhealthy        = 3
+	DefaultDiscoverEvery    = 10 * time.Second
+	// DefaultRideThroughQueue bounds the requests riding through an
+	// outage when max_in_flight is unlimited.
+	DefaultRideThroughQueue = 1024
 )
 
 // Upstream configures one model server.
@@ -39,7 +50,28 @@ type Upstream struct {
 	// Name identifies the upstream in routes, logs and error bodies.
 	Name string
 	// URL is scheme://host[:port][/prefix]; the request URI is appended.
+	// A pool of one: set URL, Endpoints or Discover.
 	URL string
+	// Endpoints are the replicas of a pool, each in URL's form.
+	Endpoints []string
+	// Discover finds the pool's endpoints in DNS instead.
+	Discover Discover
+	// Balance picks an endpoint for each attempt. Default least_requests.
+	Balance Balance
+	// Affinity keys requests for Balance affinity.
+	Affinity Affinity
+	// HealthCheck probes each endpoint; off when Path is empty.
+	HealthCheck HealthCheck
+	// SlowStart ramps a returning endpoint's share up over this long.
+	// Default 30 s; negative: no ramp.
+	SlowStart time.Duration
+	// MaxEjected is the share of the pool its breakers may take out at
+	// once (always at least one endpoint). Default 0.5.
+	MaxEjected float64
+	// RideThrough, when set, makes a request wait this long (within its
+	// deadline) for an endpoint to come back when every one is out,
+	// instead of failing at once; 0: off.
+	RideThrough time.Duration
 	// APIKey, when set, replaces the client's Authorization header.
 	APIKey string
 	// ConnectTimeout bounds dialling and the TLS handshake. Default 2 s.
@@ -89,6 +121,20 @@ func (u Upstream) withDefaults() Upstream {
 	orDefault(&u.RetryBudget.Ratio, DefaultBudgetRatio)
 	orDefault(&u.RetryBudget.MinPerSecond, DefaultBudgetPerSecond)
 	orDefault(&u.Cooldown.WithoutHeader, DefaultBareCooldown)
+	if u.SlowStart == 0 {
+		u.SlowStart = DefaultSlowStart
+	}
+	orDefault(&u.MaxEjected, DefaultMaxEjected)
+	if u.HealthCheck.Path != "" {
+		orDefault(&u.HealthCheck.Every, DefaultHealthEvery)
+		orDefault(&u.HealthCheck.Timeout, DefaultHealthTimeout)
+		orDefault(&u.HealthCheck.Healthy, DefaultHealthy)
+		orDefault(&u.HealthCheck.Unhealthy, DefaultUnhealthy)
+	}
+	if u.Discover.DNS != "" {
+		orDefault(&u.Discover.Every, DefaultDiscoverEvery)
+		orDefault(&u.Discover.Scheme, "http")
+	}
 	return u
 }
 
@@ -144,6 +190,47 @@ type RateLimit struct {
 	Burst int
 	// MaxWait is the longest a request waits for its turn. Default 2 s.
 	MaxWait time.Duration
+}
+
+// Balance is how a pool picks an endpoint.
+type Balance uint8
+
+// The balancers.
+const (
+	// BalanceLeastRequests: the power of two choices by requests in flight
+	// (the default).
+	BalanceLeastRequests Balance = iota
+	// BalanceRoundRobin: each endpoint in turn.
+	BalanceRoundRobin
+	// BalanceAffinity: the same key to the same endpoint, with bounded
+	// load (policy.PickAffinity).
+	BalanceAffinity
+)
+
+// Affinity says what keys a request for BalanceAffinity: a header's
+// value, or the first Prefix bytes of the messages' roles and contents
+// in order (what a server's prefix cache keys on).
+type Affinity struct {
+	Header string
+	Prefix int
+}
+
+// HealthCheck probes every endpoint with a GET of Path: Unhealthy
+// failures in a row take it out, Healthy successes bring it back.
+// Defaults: every 5 s, timeout 1 s, healthy 2, unhealthy 3.
+type HealthCheck struct {
+	Path               string
+	Every, Timeout     time.Duration
+	Healthy, Unhealthy int
+}
+
+// Discover resolves DNS every Every (default 10 s) for the pool's
+// endpoints: DNS is host:port, Scheme http (default) or https (verified
+// against the DNS name, never the resolved address).
+type Discover struct {
+	DNS    string
+	Scheme string
+	Every  time.Duration
 }
 
 // Cooldown configures what an upstream's rate limits teach Sturdy: a 429
@@ -265,6 +352,9 @@ type Options struct {
 	Rand func(n int64) int64
 	// Metrics receives the proxy's measurements; nil means a private set.
 	Metrics *metrics.Metrics
+	// LookupHost resolves the names of DNS discovery; nil means
+	// net.DefaultResolver.LookupHost (fixed at New).
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 }
 
 // orDefault sets *v to def when it is zero (or negative).

@@ -9,12 +9,12 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -30,6 +30,7 @@ type Proxy struct {
 	log      zerolog.Logger
 	rand     func(int64) int64
 	m        *metrics.Metrics
+	lookup   func(ctx context.Context, host string) ([]string, error)
 	maxBody  int // the server's body limit, fixed at New
 	limits   ServerLimits
 	idPrefix string
@@ -61,6 +62,9 @@ func New(o Options) (*Proxy, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
+	if p.lookup = o.LookupHost; p.lookup == nil {
+		p.lookup = net.DefaultResolver.LookupHost
+	}
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
 	p.idPrefix = hex.EncodeToString(seed[:]) + "-"
@@ -70,6 +74,7 @@ func New(o Options) (*Proxy, error) {
 	}
 	p.maxBody = t.maxBody
 	p.tbl.Store(t)
+	p.startUpstreams(t, nil)
 	return p, nil
 }
 
@@ -89,34 +94,45 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 		warnings = append(warnings, fmt.Sprintf("max_body above %d bytes takes effect after a restart", p.maxBody))
 	}
 	p.tbl.Store(t)
-	for _, up := range dropped {
-		up.client.CloseIdleConnections()
-		p.m.BreakerState.DeleteLabelValues(up.name)
-	}
+	p.startUpstreams(t, dropped)
 	return warnings, nil
 }
 
-// modelBreakerChanged logs a model's reply breaker transition and exports
-// it; name is "upstream/model".
-func (p *Proxy) modelBreakerChanged(name string, from, to breaker.State) {
-	up, model, _ := strings.Cut(name, "/")
+// modelBreakerChanged logs a model's reply breaker transition on an
+// endpoint and exports it.
+func (p *Proxy) modelBreakerChanged(ep *endpoint, model string, from, to breaker.State) {
+	up := ep.owner.Load()
 	ev := p.log.Warn()
 	if to == breaker.StateClosed {
 		ev = p.log.Info()
 	}
-	ev.Str("upstream", up).Str("model", model).Str("from", from.String()).Str("to", to.String()).Msg("model breaker state change")
-	p.m.ModelBreakerTransitions.WithLabelValues(up, p.tbl.Load().modelLabel(model), to.String()).Inc()
+	ev.Str("upstream", up.name).Str("endpoint", ep.addr).Str("model", model).Str("from", from.String()).
+		Str("to", to.String()).Msg("model breaker state change")
+	p.m.ModelBreakerTransitions.WithLabelValues(up.name, ep.addr, p.tbl.Load().modelLabel(model), to.String()).Inc()
+	up.notify()
 }
 
-// breakerChanged logs a transition and exports it.
-func (p *Proxy) breakerChanged(name string, from, to breaker.State) {
+// endpointBreakerChanged logs an endpoint's connection breaker
+// transition (an ejection, a probe, a return) and exports it. A return
+// starts the endpoint's slow start and wakes requests riding through.
+func (p *Proxy) endpointBreakerChanged(ep *endpoint, from, to breaker.State) {
+	up := ep.owner.Load()
 	ev := p.log.Warn()
-	if to == breaker.StateClosed {
+	switch to {
+	case breaker.StateClosed:
 		ev = p.log.Info()
+		ep.ejected.Store(false)
+		ep.cameBack(time.Now())
+	case breaker.StateOpen:
+		if from == breaker.StateClosed {
+			ev = ev.Str("reason", "ejected")
+		}
 	}
-	ev.Str("upstream", name).Str("from", from.String()).Str("to", to.String()).Msg("breaker state change")
-	p.m.BreakerState.WithLabelValues(name).Set(float64(to))
-	p.m.BreakerTransitions.WithLabelValues(name, to.String()).Inc()
+	ev.Str("upstream", up.name).Str("endpoint", ep.addr).Str("from", from.String()).Str("to", to.String()).
+		Msg("breaker state change")
+	p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(to))
+	p.m.BreakerTransitions.WithLabelValues(up.name, ep.addr, to.String()).Inc()
+	up.notify()
 }
 
 // Server returns the proxy's fasthttp server (the same one on every
@@ -211,7 +227,42 @@ func (p *Proxy) streaming(ex *exchange, on bool) {
 // CloseIdleConnections closes pooled upstream connections.
 func (p *Proxy) CloseIdleConnections() {
 	for _, up := range p.tbl.Load().upstreams {
-		up.client.CloseIdleConnections()
+		for _, ep := range up.endpointsNow() {
+			ep.close()
+		}
+	}
+}
+
+// startUpstreams starts the background work of t's upstreams (those
+// kept from the last table already run theirs) and stops that of the
+// upstreams a reload left out, forgetting the series of endpoints no
+// upstream has any more.
+func (p *Proxy) startUpstreams(t *table, dropped []*upstream) {
+	live := map[[2]string]bool{}
+	for _, up := range t.upstreams {
+		up.start()
+		for _, ep := range up.endpointsNow() {
+			live[[2]string{up.name, ep.addr}] = true
+		}
+	}
+	for _, up := range dropped {
+		up.close()
+		for _, ep := range up.endpointsNow() {
+			if !live[[2]string{up.name, ep.addr}] {
+				p.forgetEndpoint(up.name, ep)
+			}
+		}
+	}
+}
+
+// forgetEndpoint deletes the metric series of an endpoint gone from its
+// upstream.
+func (p *Proxy) forgetEndpoint(upstream string, ep *endpoint) {
+	labels := prometheus.Labels{"upstream": upstream, "endpoint": ep.addr}
+	for _, v := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{p.m.BreakerState, p.m.BreakerTransitions, p.m.ModelBreakerTransitions, p.m.EndpointInFlight, p.m.EndpointUp, p.m.Attempts} {
+		v.DeletePartialMatch(labels)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 // staleAttempts is the attempts metric of up's stale connections.
 func (h *harness) staleAttempts() float64 {
 	var m dto.Metric
-	if err := h.p.m.Attempts.WithLabelValues("up", "stale").Write(&m); err != nil {
+	if err := h.p.m.Attempts.WithLabelValues("up", h.p.tbl.Load().upstreams[0].endpointsNow()[0].addr, "stale").Write(&m); err != nil {
 		h.t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
@@ -39,7 +39,7 @@ func TestStaleKeepAliveConnectionIsCountedButNotAFailure(t *testing.T) {
 			t.Fatalf("request %d: %d %q, x-sturdy-attempts %q, want %s", i, resp.StatusCode, body, resp.Header.Get("X-Sturdy-Attempts"), want)
 		}
 	}
-	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
 		t.Fatalf("stale connections counted against the breaker: %v", st)
 	}
 	if n := h.staleAttempts(); n != 2 {
@@ -88,7 +88,7 @@ func TestStaleConnectionIsNotResentPastMaxTotalAttempts(t *testing.T) {
 	if code, _ := errorOf(t, body); resp.StatusCode != 502 || code != CodeUpstreamUnreachable || up.Count() != 1 {
 		t.Fatalf("%d %s, upstream saw %d", resp.StatusCode, body, up.Count())
 	}
-	if st := h.p.tbl.Load().upstreams[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
 		t.Fatalf("a stale connection counted against the breaker: %v", st)
 	}
 }

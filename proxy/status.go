@@ -11,14 +11,21 @@ import (
 // refuses user info) and the API key is never included.
 type UpstreamStatus struct {
 	Name string `json:"name"`
-	URL  string `json:"url"`
-	// Breaker is the connection breaker's state (connect refused, resets,
-	// TLS); ModelBreakers the reply breakers per model (5xx, timeouts).
+	// URL is the configured url ("" for a pool of endpoints or DNS).
+	URL string `json:"url"`
+	// Breaker is the pool's state as one breaker: open when every
+	// endpoint is out, else the best of the endpoints' connection
+	// breakers (connect refused, resets, TLS). ModelBreakers are the
+	// reply breakers per model (5xx, timeouts) of every endpoint.
 	Breaker       string              `json:"breaker"`
 	ModelBreakers []ModelBreakerState `json:"model_breakers"`
-	// ProbeInMS is the time until an open breaker lets a probe through.
+	// ProbeInMS is the time until an endpoint lets a probe through, when
+	// every one is out.
 	ProbeInMS int64 `json:"probe_in_ms"`
-	// Counts are the breaker's counts in its current window.
+	// Endpoints are the pool's replicas.
+	Endpoints []EndpointStatus `json:"endpoints"`
+	// Counts are the connection breakers' counts in their current
+	// windows, summed over the endpoints.
 	Counts struct {
 		Requests            uint32 `json:"requests"`
 		Successes           uint32 `json:"successes"`
@@ -28,7 +35,7 @@ type UpstreamStatus struct {
 	} `json:"counts"`
 	// InFlight counts requests using the upstream, streams included.
 	InFlight int64 `json:"in_flight"`
-	// OpenConnections counts connections open to the upstream.
+	// OpenConnections counts connections open to the endpoints.
 	OpenConnections int `json:"open_connections"`
 	// MaxInFlight is the configured cap (0: unlimited); SlotsInUse the
 	// slots taken under it.
@@ -42,8 +49,30 @@ type UpstreamStatus struct {
 	Limiter *LimiterStatus `json:"limiter,omitempty"`
 }
 
-// ModelBreakerState is one model's reply breaker on an upstream.
+// EndpointStatus is one endpoint of an upstream's pool.
+type EndpointStatus struct {
+	// Address is host:port (the resolved address for DNS discovery).
+	Address string `json:"address"`
+	// State is in, or out with why: ejected (breaker open), probing
+	// (half-open), unhealthy (health check), draining (dropped by DNS).
+	State   string `json:"state"`
+	Breaker string `json:"breaker"`
+	// ProbeInMS is the time until its open breaker lets a probe through.
+	ProbeInMS int64 `json:"probe_in_ms"`
+	// InFlight counts its requests, streams included; Weight is its share
+	// while it ramps up after coming back (slow start), 1 otherwise.
+	InFlight        int     `json:"in_flight"`
+	Weight          float64 `json:"weight"`
+	OpenConnections int     `json:"open_connections"`
+	// Ejections counts its breaker opening.
+	Ejections int64 `json:"ejections"`
+	// Health is the last health check's result ("" without checks).
+	Health string `json:"health,omitempty"`
+}
+
+// ModelBreakerState is one model's reply breaker on an endpoint.
 type ModelBreakerState struct {
+	Endpoint  string `json:"endpoint"`
 	Model     string `json:"model"`
 	State     string `json:"state"`
 	ProbeInMS int64  `json:"probe_in_ms"`
@@ -63,9 +92,9 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 	now := time.Now()
 	var out []UpstreamStatus
 	for _, up := range p.tbl.Load().upstreams {
-		s := UpstreamStatus{Name: up.name, URL: up.opts.URL, Breaker: up.breaker.State().String(),
-			ProbeInMS: up.breaker.ProbeIn(now).Milliseconds(), InFlight: up.inFlight.Load(),
-			OpenConnections: up.client.ConnsCount()}
+		state := up.state()
+		s := UpstreamStatus{Name: up.name, URL: up.opts.URL, Breaker: state.String(), InFlight: up.inFlight.Load(),
+			ModelBreakers: []ModelBreakerState{}, Endpoints: []EndpointStatus{}}
 		s.MaxInFlight, s.SlotsInUse = cap(up.slots), len(up.slots)
 		if n, until := up.cooldowns.active(now); n > 0 {
 			s.Cooldowns, s.CooldownUntil = n, &until
@@ -74,31 +103,56 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 			s.Limiter = &LimiterStatus{RequestsPerSecond: float64(up.limiter.Limit()), Burst: up.limiter.Burst(),
 				Tokens: up.limiter.TokensAt(now)}
 		}
-		s.ModelBreakers = []ModelBreakerState{}
-		for _, m := range up.models.Members() {
-			s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Model: m.Key, State: m.State().String(),
-				ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures})
+		probe := time.Duration(-1)
+		for _, ep := range up.endpointsNow() {
+			es := ep.status(now, up.slowStart)
+			s.Endpoints = append(s.Endpoints, es)
+			s.OpenConnections += es.OpenConnections
+			if in, _ := ep.probeIn(now, "", up); state == breaker.StateOpen && (probe < 0 || in < probe) {
+				probe = in
+			}
+			for _, m := range ep.models.Members() {
+				s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Endpoint: ep.addr, Model: m.Key,
+					State: m.State().String(), ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures})
+			}
+			c := ep.breaker.Counts()
+			s.Counts.Requests += c.Requests
+			s.Counts.Successes += c.TotalSuccesses
+			s.Counts.Failures += c.TotalFailures
+			s.Counts.Exclusions += c.TotalExclusions
+			s.Counts.ConsecutiveFailures = max(s.Counts.ConsecutiveFailures, c.ConsecutiveFailures)
 		}
-		c := up.breaker.Counts()
-		s.Counts.Requests, s.Counts.Successes, s.Counts.Failures = c.Requests, c.TotalSuccesses, c.TotalFailures
-		s.Counts.Exclusions, s.Counts.ConsecutiveFailures = c.TotalExclusions, c.ConsecutiveFailures
+		s.ProbeInMS = max(probe, 0).Milliseconds()
 		out = append(out, s)
 	}
 	return out
 }
 
-// modelBreakerState is the state of model's reply breaker on up (closed
-// when it has none).
-func modelBreakerState(up *upstream, model string) string {
-	if m := up.models.Peek(model); m != nil {
-		return m.State().String()
+// status is what /debug/upstreams shows of ep.
+func (ep *endpoint) status(now time.Time, slowStart time.Duration) EndpointStatus {
+	b := ep.breaker.State()
+	s := EndpointStatus{Address: ep.addr, State: "in", Breaker: b.String(), ProbeInMS: ep.breaker.ProbeIn(now).Milliseconds(),
+		InFlight: ep.load(), Weight: ep.weight(now, slowStart), OpenConnections: ep.client.ConnsCount(),
+		Ejections: ep.ejections.Load()}
+	switch {
+	case ep.draining.Load():
+		s.State = "draining"
+	case !ep.healthy.Load():
+		s.State = "unhealthy"
+	case b == breaker.StateOpen:
+		s.State = "ejected"
+	case b == breaker.StateHalfOpen:
+		s.State = "probing"
 	}
-	return breaker.StateClosed.String()
+	if h := ep.health.Load(); h != nil {
+		s.Health = *h
+	}
+	return s
 }
 
-// Ready reports whether every route has a target that is not open
-// (half-open counts as ready: probes go through); notReady names the
-// routes that have none. While draining it is false (see Draining).
+// Ready reports whether every route has a target with an endpoint that
+// is in (half-open counts as ready: probes go through); notReady names
+// the routes that have none. While draining it is false (see Draining).
 func (p *Proxy) Ready() (ok bool, notReady []string) {
 	if p.Draining() {
 		return false, nil
@@ -106,7 +160,7 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 	for _, r := range p.tbl.Load().routes {
 		ready := false
 		for _, t := range r.targets {
-			if t.up.breaker.State() != breaker.StateOpen {
+			if t.up.state() != breaker.StateOpen {
 				ready = true
 				break
 			}
@@ -118,10 +172,19 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 	return len(notReady) == 0, notReady
 }
 
-// RefreshBreakerGauges brings the breaker-state gauges up to date: an open
-// breaker turns half-open lazily, when someone looks.
+// RefreshBreakerGauges brings the per-endpoint gauges up to date: an
+// open breaker turns half-open lazily, when someone looks, and in-flight
+// counts move with every request.
 func (p *Proxy) RefreshBreakerGauges() {
 	for _, up := range p.tbl.Load().upstreams {
-		p.m.BreakerState.WithLabelValues(up.name).Set(float64(up.breaker.State()))
+		for _, ep := range up.endpointsNow() {
+			p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(ep.breaker.State()))
+			p.m.EndpointInFlight.WithLabelValues(up.name, ep.addr).Set(float64(ep.load()))
+			in := 1.0
+			if ep.out() {
+				in = 0
+			}
+			p.m.EndpointUp.WithLabelValues(up.name, ep.addr).Set(in)
+		}
 	}
 }

@@ -132,7 +132,8 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 }
 
 // buildUpstreams adds o's upstreams to t, reusing those of prev whose
-// options are unchanged (their connections and breaker state survive).
+// options are unchanged (their connections and breaker state survive);
+// a changed upstream keeps the endpoints whose definition did not change.
 func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[string]*upstream, error) {
 	reuse := map[string]*upstream{}
 	if prev != nil {
@@ -146,10 +147,12 @@ func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[stri
 		up := reuse[uo.Name]
 		if up == nil || !reflect.DeepEqual(up.opts, uo) {
 			var err error
-			if up, err = newUpstream(uo, p.breakerChanged, p.modelBreakerChanged); err != nil {
+			if up, err = newUpstream(p, uo, up); err != nil {
 				return nil, err
 			}
-			p.m.BreakerState.WithLabelValues(up.name).Set(0)
+			for _, ep := range up.endpointsNow() {
+				p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(ep.breaker.State()))
+			}
 		}
 		byName[uo.Name] = up
 		t.upstreams = append(t.upstreams, up)

@@ -21,24 +21,24 @@ const upstreamReadBuffer = 64 << 10
 // dial opens a connection within the connect timeout, TLS handshake
 // included, and wraps it so reads of a streamed body are bounded by the
 // idle timeout instead of one deadline for the whole stream.
-func (up *upstream) dial(addr string) (net.Conn, error) {
-	claimant := up.takeClaim() // before the dial: others need not wait for it
-	d := net.Dialer{Timeout: up.connect}
+func (ep *endpoint) dial(addr string) (net.Conn, error) {
+	claimant := ep.takeClaim() // before the dial: others need not wait for it
+	d := net.Dialer{Timeout: ep.spec.connect}
 	start := time.Now()
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	uc := up.wrap(c)
+	uc := ep.wrap(c)
 	uc.rtt = time.Since(start) // the TCP handshake: one round trip
 	if claimant != nil {
 		claimant.using(uc)
 	}
-	if up.tls == nil {
+	if ep.tls == nil {
 		return uc, nil
 	}
-	tc := tls.Client(uc, up.tls)
-	_ = tc.SetDeadline(time.Now().Add(up.connect))
+	tc := tls.Client(uc, ep.tls)
+	_ = tc.SetDeadline(time.Now().Add(ep.spec.connect))
 	if err := tc.Handshake(); err != nil {
 		_ = c.Close()
 		return nil, &dialError{err}
@@ -48,9 +48,9 @@ func (up *upstream) dial(addr string) (net.Conn, error) {
 	return tc, nil
 }
 
-// wrap makes c an upstreamConn with up's idle timeout.
-func (up *upstream) wrap(c net.Conn) *upstreamConn {
-	uc := &upstreamConn{Conn: c, idle: up.idle, up: up}
+// wrap makes c an upstreamConn with ep's idle timeout.
+func (ep *endpoint) wrap(c net.Conn) *upstreamConn {
+	uc := &upstreamConn{Conn: c, idle: ep.spec.idle, ep: ep}
 	uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
 	return uc
 }
@@ -64,7 +64,7 @@ func (up *upstream) wrap(c net.Conn) *upstreamConn {
 // connection, which resets the regime.
 type upstreamConn struct {
 	net.Conn
-	up     *upstream
+	ep     *endpoint
 	idle   time.Duration
 	stream atomic.Bool
 	local  connAddr
@@ -99,7 +99,7 @@ type connAddr struct {
 // LocalAddr also hands the connection to an attempt waiting for one:
 // fasthttp reads it right after taking the connection from its pool.
 func (c *upstreamConn) LocalAddr() net.Addr {
-	if ex := c.up.takeClaim(); ex != nil {
+	if ex := c.ep.takeClaim(); ex != nil {
 		ex.using(c)
 	}
 	return &c.local

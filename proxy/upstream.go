@@ -4,35 +4,27 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net/url"
 	"os"
-	"strings"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
-	"sturdy/breaker"
 	"sturdy/policy"
 )
 
-// upstream is one model server: its connection pool and its breaker.
+// upstream is one model server: a pool of endpoints (replicas; one for a
+// plain url) and the traffic policy they share.
 type upstream struct {
 	name string
 	opts Upstream // as configured, to tell a changed definition on reload
-	// base is scheme://host[:port][/prefix] without a trailing slash; the
-	// client's request URI is appended to it as received.
-	base      []byte
-	auth      []byte // "Bearer <api_key>", or nil to pass the client's
+	p    *Proxy
+	auth []byte // "Bearer <api_key>", or nil to pass the client's
+	// firstByte and idle bound an attempt's head and a body's silences.
 	firstByte time.Duration
 	idle      time.Duration
-	connect   time.Duration
-	tls       *tls.Config
-	client    *fasthttp.HostClient
-	breaker   *breaker.Breaker
 	// inFlight counts requests using this upstream, streams included.
 	inFlight atomic.Int64
 
@@ -42,138 +34,225 @@ type upstream struct {
 	maxWait      time.Duration
 	slots        slots
 	queueTimeout time.Duration
-	// conns holds a place per open connection (max_connections): an
-	// attempt takes one before it is sent and gives it back when its body
-	// is closed, so fasthttp never waits for a connection itself.
-	conns     slots
-	budget    *policy.Budget
-	cooldowns cooldowns
+	budget       *policy.Budget
+	cooldowns    cooldowns
 	// bareCooldown is the first cooldown of a 429 without a wait; 0 when
 	// cooldowns are off.
 	bareCooldown time.Duration
-	// models are the reply breakers per model as sent (breaker is the
-	// connection breaker).
-	models *breaker.Group
 
-	// claimMu and claimant tell which connection fasthttp gives an
-	// attempt: send holds claimMu and names the attempt's exchange; the
-	// connection fasthttp then dials or takes from its pool (dial, or
-	// LocalAddr when fasthttp reads its addresses) takes the claim and
-	// unlocks. Every request to the upstream goes through send.
-	claimMu  sync.Mutex
-	claimant atomic.Pointer[exchange]
-
-	// attempts holds this upstream's attempt counters by result, resolved
-	// once instead of per request.
-	attempts sync.Map // result label → prometheus.Counter
+	// pool holds the endpoints taking requests now; DNS discovery swaps
+	// it. drained are those DNS dropped, kept until their requests end.
+	pool    atomic.Pointer[[]*endpoint]
+	drained []*endpoint // owned by the background loop
+	balance Balance
+	// affinity keys requests for BalanceAffinity.
+	affinity  Affinity
+	turn      atomic.Uint64 // round robin
+	slowStart time.Duration
+	// maxEjected is the share of the pool breakers may eject at once;
+	// ejectMu makes the count and the ejection one step (mayEject).
+	maxEjected float64
+	ejectMu    sync.Mutex
+	// rideThrough is how long a request may wait for an endpoint to come
+	// back when all are out; riders bounds the requests waiting so when
+	// max_in_flight does not (nil otherwise).
+	rideThrough time.Duration
+	riders      slots
+	// changed is closed (and replaced) when an endpoint's state changes,
+	// waking requests that ride through an outage.
+	changedMu sync.Mutex
+	changed   chan struct{}
+	// quit ends the background loop (health checks, DNS discovery).
+	quit      chan struct{}
+	startOnce sync.Once
+	quitOnce  sync.Once
 }
 
-// countAttempt counts an attempt's result.
-func (up *upstream) countAttempt(p *Proxy, result string) {
-	c, ok := up.attempts.Load(result)
-	if !ok {
-		c, _ = up.attempts.LoadOrStore(result, p.m.Attempts.WithLabelValues(up.name, result))
-	}
-	c.(prometheus.Counter).Inc()
-}
-
-// send sends ex's request and reads the response head within timeout,
-// with the connection it goes on known to ex (so it can be closed if the
-// client leaves).
-func (up *upstream) send(ex *exchange, resp *fasthttp.Response, timeout time.Duration) error {
-	up.claimMu.Lock()
-	up.claimant.Store(ex)
-	err := up.client.DoTimeout(ex.req.msg, resp, timeout)
-	if up.claimant.CompareAndSwap(ex, nil) { // no connection was given
-		up.claimMu.Unlock()
-	}
-	return err
-}
-
-// takeClaim hands the connection being given out to the attempt that
-// claimed it, if one waits.
-func (up *upstream) takeClaim() *exchange {
-	ex := up.claimant.Swap(nil)
-	if ex != nil {
-		up.claimMu.Unlock()
-	}
-	return ex
-}
-
-// newUpstream builds an upstream from o, its defaults filled.
-func newUpstream(o Upstream, onState, onModelState func(name string, from, to breaker.State)) (*upstream, error) {
-	u, err := url.Parse(o.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream %q: invalid url %q", o.Name, o.URL)
-	}
+// newUpstream builds an upstream from o, its defaults filled. The
+// endpoints of prev (the upstream of that name before a reload) whose
+// definition is unchanged are kept, with their connections, breakers and
+// health.
+func newUpstream(p *Proxy, o Upstream, prev *upstream) (*upstream, error) {
 	up := &upstream{
-		name:      o.Name,
-		opts:      o,
-		base:      []byte(u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")),
-		firstByte: o.FirstByteTimeout,
-		idle:      o.IdleTimeout,
-		connect:   o.ConnectTimeout,
-		budget:    &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
-		conns:     make(slots, o.MaxConnections),
+		name:         o.Name,
+		opts:         o,
+		p:            p,
+		firstByte:    o.FirstByteTimeout,
+		idle:         o.IdleTimeout,
+		budget:       &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
+		queueTimeout: o.QueueTimeout,
+		balance:      o.Balance,
+		affinity:     o.Affinity,
+		slowStart:    max(o.SlowStart, 0),
+		maxEjected:   o.MaxEjected,
+		rideThrough:  o.RideThrough,
+		changed:      make(chan struct{}),
+		quit:         make(chan struct{}),
 	}
 	if o.APIKey != "" {
 		up.auth = []byte("Bearer " + o.APIKey)
-	}
-	if u.Scheme == "https" {
-		if up.tls, err = tlsConfig(o, u.Hostname()); err != nil {
-			return nil, err
-		}
 	}
 	if o.RateLimit.RequestsPerSecond > 0 {
 		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), o.RateLimit.Burst)
 		up.maxWait = o.RateLimit.MaxWait
 	}
-	up.queueTimeout = o.QueueTimeout
 	if o.MaxInFlight > 0 {
 		up.slots = make(slots, o.MaxInFlight)
+	} else if o.RideThrough > 0 {
+		up.riders = make(slots, DefaultRideThroughQueue)
 	}
 	if !o.Cooldown.Off {
 		up.bareCooldown = o.Cooldown.WithoutHeader
 	}
-	bs := o.Breaker
-	bs.OnStateChange = onState
-	up.breaker = breaker.New(o.Name, bs)
-	ms := o.Breaker
-	ms.OnStateChange = onModelState
-	up.models = breaker.NewGroup(o.Name, breaker.GroupSettings{Breaker: ms})
-	up.client = &fasthttp.HostClient{
-		Addr:                fasthttp.AddMissingPort(u.Host, up.tls != nil),
-		IsTLS:               up.tls != nil,
-		Dial:                up.dial,
-		MaxConns:            o.MaxConnections,
-		MaxConnWaitTimeout:  o.QueueTimeout, // conns makes this wait rare: a connection still closing
-		MaxIdleConnDuration: maxIdleConnDuration,
-		// Sturdy owns every retry: fasthttp's own are off.
-		MaxIdemponentCallAttempts: 1,
-		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-		ReadBufferSize:            upstreamReadBuffer,
-		DisablePathNormalizing:    true,
-		NoDefaultUserAgentHeader:  true,
-		StreamResponseBody:        true,
-		SecureErrorLogMessage:     true,
+	var kept []*endpoint
+	if prev != nil {
+		kept = *prev.pool.Load()
 	}
+	var urls []string
+	switch {
+	case o.Discover.DNS != "":
+		if prev != nil && prev.opts.Discover == o.Discover {
+			for _, ep := range kept {
+				urls = append(urls, ep.spec.url) // the last good set, refreshed by the loop
+			}
+			break
+		}
+		found, err := up.resolve()
+		if err != nil {
+			p.log.Warn().Str("upstream", o.Name).Str("dns", o.Discover.DNS).Str("error", err.Error()).
+				Msg("discovery failed: the pool starts empty, retrying")
+		}
+		urls = found
+	case len(o.Endpoints) > 0:
+		urls = o.Endpoints
+	default:
+		urls = []string{o.URL}
+	}
+	pool, err := up.endpoints(urls, kept, false)
+	if err != nil {
+		return nil, err
+	}
+	up.pool.Store(&pool)
 	return up, nil
 }
 
-// tlsConfig verifies an https upstream by its host name, trusting the
-// system's CAs and o.CAFile's.
-func tlsConfig(o Upstream, host string) (*tls.Config, error) {
-	c := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.InsecureSkipVerify} // #nosec G402 -- opt-in, documented as test-only
-	if o.CAFile == "" {
+// endpoints builds the pool for urls, reusing endpoints of kept with the
+// same definition; fresh ones start their slow start when ramp is set
+// (an endpoint that appears in a running pool).
+func (up *upstream) endpoints(urls []string, kept []*endpoint, ramp bool) ([]*endpoint, error) {
+	pool := make([]*endpoint, 0, len(urls))
+	for _, u := range urls {
+		spec := up.spec(u)
+		var ep *endpoint
+		for _, k := range kept {
+			if reflect.DeepEqual(k.spec, spec) {
+				ep = k
+				break
+			}
+		}
+		if ep == nil {
+			var err error
+			if ep, err = newEndpoint(up.name, spec, up.p.endpointBreakerChanged, up.p.modelBreakerChanged); err != nil {
+				return nil, err
+			}
+			if ramp {
+				ep.cameBack(time.Now())
+			}
+		}
+		ep.owner.Store(up)
+		pool = append(pool, ep)
+	}
+	return pool, nil
+}
+
+// spec is the definition of the endpoint at url.
+func (up *upstream) spec(url string) endpointSpec {
+	o := up.opts
+	s := endpointSpec{url: url, connect: o.ConnectTimeout, firstByte: o.FirstByteTimeout, idle: o.IdleTimeout,
+		maxConns: o.MaxConnections, queue: o.QueueTimeout, breaker: o.Breaker, caFile: o.CAFile,
+		insecure: o.InsecureSkipVerify}
+	s.breaker.OnStateChange = nil
+	if o.Discover.DNS != "" {
+		s.hostName = o.Discover.DNS // verified by TLS and sent as Host, never the address
+	}
+	return s
+}
+
+// endpointsNow returns the endpoints taking requests.
+func (up *upstream) endpointsNow() []*endpoint { return *up.pool.Load() }
+
+// mayEject reports whether ep's connection breaker may open: the pool
+// has fewer than max_ejected of its endpoints ejected (at least one may
+// always be). It runs under ep's breaker lock and only reads atomics.
+func (up *upstream) mayEject(ep *endpoint) bool {
+	up.ejectMu.Lock()
+	defer up.ejectMu.Unlock()
+	pool := up.endpointsNow()
+	allowed := max(1, int(up.maxEjected*float64(len(pool))))
+	n := 0
+	for _, o := range pool {
+		if o != ep && o.ejected.Load() {
+			n++
+		}
+	}
+	if n >= allowed {
+		return false
+	}
+	ep.ejected.Store(true)
+	ep.ejections.Add(1)
+	return true
+}
+
+// notify wakes the requests waiting for an endpoint to come back.
+func (up *upstream) notify() {
+	up.changedMu.Lock()
+	close(up.changed)
+	up.changed = make(chan struct{})
+	up.changedMu.Unlock()
+}
+
+// changes returns a channel closed at the next change of an endpoint.
+func (up *upstream) changes() <-chan struct{} {
+	up.changedMu.Lock()
+	defer up.changedMu.Unlock()
+	return up.changed
+}
+
+// start begins the upstream's background work, once: health checks and
+// DNS discovery, when configured.
+func (up *upstream) start() {
+	up.startOnce.Do(func() {
+		if up.opts.HealthCheck.Path != "" || up.opts.Discover.DNS != "" {
+			go up.background()
+		}
+	})
+}
+
+// close stops the background work and lets go of the connections of the
+// endpoints no newer upstream kept.
+func (up *upstream) close() {
+	up.quitOnce.Do(func() { close(up.quit) })
+	for _, ep := range up.endpointsNow() {
+		if ep.owner.Load() == up {
+			ep.close()
+		}
+	}
+}
+
+// tlsConfig verifies an https endpoint by serverName, trusting the
+// system's CAs and caFile's.
+func tlsConfig(upstream, caFile string, insecure bool, serverName string) (*tls.Config, error) {
+	c := &tls.Config{ServerName: serverName, MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} // #nosec G402 -- opt-in, documented as test-only
+	if caFile == "" {
 		return c, nil
 	}
 	pool, err := x509.SystemCertPool()
 	if err != nil {
 		pool = x509.NewCertPool()
 	}
-	pem, err := os.ReadFile(o.CAFile)
+	pem, err := os.ReadFile(caFile)
 	if err != nil || !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("upstream %q: cannot read PEM certificates from ca_file %q", o.Name, o.CAFile)
+		return nil, fmt.Errorf("upstream %q: cannot read PEM certificates from ca_file %q", upstream, caFile)
 	}
 	c.RootCAs = pool
 	return c, nil

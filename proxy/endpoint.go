@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"sturdy/breaker"
+	"sturdy/policy"
+)
+
+// endpointSpec is what an endpoint is built from: two endpoints with the
+// same spec are interchangeable, so a reload keeps the one it has (its
+// connections, breakers and health).
+type endpointSpec struct {
+	url string // scheme://host[:port][/prefix]
+	// hostName is the DNS name:port a discovered address was found under:
+	// the Host header and the name TLS verifies ("": the url's host).
+	hostName  string
+	connect   time.Duration
+	firstByte time.Duration
+	idle      time.Duration
+	maxConns  int
+	queue     time.Duration
+	breaker   breaker.Settings // OnStateChange left out
+	caFile    string
+	insecure  bool
+}
+
+// endpoint is one replica of an upstream: its connection pool, its
+// connection breaker and reply breakers per model, its connection places
+// (max_connections), its load and its health.
+type endpoint struct {
+	spec endpointSpec
+	// addr names the endpoint in logs, metrics and /debug/upstreams.
+	addr string
+	// base is scheme://host[:port][/prefix] without a trailing slash; the
+	// client's request URI is appended to it as received.
+	base []byte
+	// host is the Host header to send instead of base's (discovered
+	// endpoints), or nil.
+	host []byte
+	// id is a stable hash of addr, for affinity.
+	id      uint64
+	tls     *tls.Config
+	client  *fasthttp.HostClient
+	breaker *breaker.Breaker
+	models  *breaker.Group
+	// conns holds a place per open connection (max_connections): an
+	// attempt takes one before it is sent and gives it back when its body
+	// is closed, so fasthttp never waits for a connection itself. Places
+	// in use are the endpoint's load.
+	conns slots
+
+	// claimMu and claimant tell which connection fasthttp gives an
+	// attempt: send holds claimMu and names the attempt's exchange; the
+	// connection fasthttp then dials or takes from its pool (dial, or
+	// LocalAddr when fasthttp reads its addresses) takes the claim and
+	// unlocks. Every request on client goes through send.
+	claimMu  sync.Mutex
+	claimant atomic.Pointer[exchange]
+
+	// owner is the upstream whose pool the endpoint is in now (a reload
+	// may move it to a new one); ejected is set while its connection
+	// breaker is not closed, counted against max_ejected.
+	owner   atomic.Pointer[upstream]
+	ejected atomic.Bool
+
+	// healthy is false while an active health check has it out; back is
+	// when it last came back (UnixNano, for slow start; 0: never out);
+	// draining is set once DNS no longer lists it; ejections counts its
+	// breaker opening; health is the last health check's result.
+	healthy   atomic.Bool
+	back      atomic.Int64
+	draining  atomic.Bool
+	ejections atomic.Int64
+	health    atomic.Pointer[string]
+	// checker is the health checks' own client (never send's: a probe
+	// takes no connection place and no claim); passes and fails count
+	// the results in a row.
+	checker       *fasthttp.HostClient
+	checkerOnce   sync.Once
+	passes, fails atomic.Int32
+
+	// attempts holds the endpoint's attempt counters by result.
+	attempts sync.Map // result label → prometheus.Counter
+}
+
+// newEndpoint builds an endpoint of upstream name from spec; the breaker
+// callbacks get the endpoint.
+func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker.State, breaker.State),
+	onModelState func(*endpoint, string, breaker.State, breaker.State)) (*endpoint, error) {
+	u, err := url.Parse(spec.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream %q: invalid url %q", name, spec.url)
+	}
+	ep := &endpoint{spec: spec, addr: u.Host, base: []byte(u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")),
+		conns: make(slots, spec.maxConns)}
+	ep.healthy.Store(true)
+	id := policy.NewKeyHash()
+	id.WriteString(ep.addr)
+	ep.id = uint64(id)
+	serverName := u.Hostname()
+	if spec.hostName != "" {
+		ep.host = []byte(spec.hostName)
+		serverName, _, _ = net.SplitHostPort(spec.hostName)
+	}
+	if u.Scheme == "https" {
+		if ep.tls, err = tlsConfig(name, spec.caFile, spec.insecure, serverName); err != nil {
+			return nil, err
+		}
+	}
+	bs := spec.breaker
+	bs.OnStateChange = func(_ string, from, to breaker.State) { onState(ep, from, to) }
+	bs.MayOpen = func() bool { return ep.owner.Load().mayEject(ep) }
+	ep.breaker = breaker.New(name, bs)
+	ms := spec.breaker
+	ms.OnStateChange = func(member string, from, to breaker.State) {
+		onModelState(ep, strings.TrimPrefix(member, name+"/"), from, to)
+	}
+	ep.models = breaker.NewGroup(name, breaker.GroupSettings{Breaker: ms})
+	ep.client = &fasthttp.HostClient{
+		Addr:                fasthttp.AddMissingPort(u.Host, ep.tls != nil),
+		IsTLS:               ep.tls != nil,
+		Dial:                ep.dial,
+		MaxConns:            spec.maxConns,
+		MaxConnWaitTimeout:  spec.queue, // conns makes this wait rare: a connection still closing
+		MaxIdleConnDuration: maxIdleConnDuration,
+		// Sturdy owns every retry: fasthttp's own are off.
+		MaxIdemponentCallAttempts: 1,
+		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+		ReadBufferSize:            upstreamReadBuffer,
+		DisablePathNormalizing:    true,
+		NoDefaultUserAgentHeader:  true,
+		StreamResponseBody:        true,
+		SecureErrorLogMessage:     true,
+	}
+	return ep, nil
+}
+
+// load is the endpoint's requests in flight (streams included).
+func (ep *endpoint) load() int { return len(ep.conns) }
+
+// full reports whether every connection place of the endpoint is taken.
+func (ep *endpoint) full() bool { return len(ep.conns) == cap(ep.conns) }
+
+// out reports whether the endpoint takes no requests: its connection
+// breaker is open, a health check has it out, or DNS dropped it.
+func (ep *endpoint) out() bool {
+	return ep.breaker.State() == breaker.StateOpen || !ep.healthy.Load() || ep.draining.Load()
+}
+
+// weight is the endpoint's share while it ramps up after coming back
+// (slow start): from a tenth to all of it over slowStart.
+func (ep *endpoint) weight(now time.Time, slowStart time.Duration) float64 {
+	back := ep.back.Load()
+	if slowStart <= 0 || back == 0 {
+		return 1
+	}
+	since := now.Sub(time.Unix(0, back))
+	if since >= slowStart {
+		return 1
+	}
+	return max(0.1, float64(since)/float64(slowStart))
+}
+
+// cameBack starts the endpoint's slow start.
+func (ep *endpoint) cameBack(now time.Time) { ep.back.Store(now.UnixNano()) }
+
+// countAttempt counts an attempt's result on the endpoint.
+func (ep *endpoint) countAttempt(p *Proxy, upstream, result string) {
+	c, ok := ep.attempts.Load(result)
+	if !ok {
+		c, _ = ep.attempts.LoadOrStore(result, p.m.Attempts.WithLabelValues(upstream, ep.addr, result))
+	}
+	c.(prometheus.Counter).Inc()
+}
+
+// send sends ex's request and reads the response head within timeout,
+// with the connection it goes on known to ex (so it can be closed if the
+// client leaves).
+func (ep *endpoint) send(ex *exchange, resp *fasthttp.Response, timeout time.Duration) error {
+	ep.claimMu.Lock()
+	ep.claimant.Store(ex)
+	err := ep.client.DoTimeout(ex.req.msg, resp, timeout)
+	if ep.claimant.CompareAndSwap(ex, nil) { // no connection was given
+		ep.claimMu.Unlock()
+	}
+	return err
+}
+
+// takeClaim hands the connection being given out to the attempt that
+// claimed it, if one waits.
+func (ep *endpoint) takeClaim() *exchange {
+	ex := ep.claimant.Swap(nil)
+	if ex != nil {
+		ep.claimMu.Unlock()
+	}
+	return ex
+}
+
+// close lets the endpoint's connections go.
+func (ep *endpoint) close() { ep.client.CloseIdleConnections() }

@@ -1,0 +1,229 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// background runs the upstream's health checks and DNS discovery until
+// the upstream is replaced or Sturdy shuts down.
+func (up *upstream) background() {
+	var health, discover <-chan time.Time
+	if hc := up.opts.HealthCheck; hc.Path != "" {
+		t := time.NewTicker(hc.Every)
+		defer t.Stop()
+		health = t.C
+		up.checkAll() // at once: a dead endpoint need not wait a period
+	}
+	if d := up.opts.Discover; d.DNS != "" {
+		t := time.NewTicker(d.Every)
+		defer t.Stop()
+		discover = t.C
+		up.rediscover()
+	}
+	for {
+		select {
+		case <-health:
+			up.checkAll()
+		case <-discover:
+			up.rediscover()
+		case <-up.quit:
+			return
+		case <-up.p.stopping:
+			return
+		}
+		up.sweepDrained()
+	}
+}
+
+// checkAll probes every endpoint at once and waits for the results.
+func (up *upstream) checkAll() {
+	var wg sync.WaitGroup
+	for _, ep := range up.endpointsNow() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			up.check(ep)
+		}()
+	}
+	wg.Wait()
+}
+
+// check probes ep once with a GET of the health path (never an
+// inference call): unhealthy failures in a row take it out, healthy
+// successes in a row bring it back (with slow start).
+func (up *upstream) check(ep *endpoint) {
+	hc := up.opts.HealthCheck
+	start := time.Now()
+	status, err := ep.probe(up, hc)
+	ok := err == nil && status >= 200 && status < 300
+	result := fmt.Sprintf("%d in %s", status, time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		result = describeProbeError(err)
+	}
+	ep.health.Store(&result)
+	if ok {
+		up.p.m.HealthChecks.WithLabelValues(up.name, "ok").Inc()
+		ep.fails.Store(0)
+		if n := ep.passes.Add(1); !ep.healthy.Load() && int(n) >= hc.Healthy {
+			ep.healthy.Store(true)
+			ep.cameBack(time.Now())
+			up.p.log.Info().Str("upstream", up.name).Str("endpoint", ep.addr).Str("health", result).Msg("endpoint healthy again")
+			up.notify()
+		}
+		return
+	}
+	up.p.m.HealthChecks.WithLabelValues(up.name, "fail").Inc()
+	ep.passes.Store(0)
+	if n := ep.fails.Add(1); ep.healthy.Load() && int(n) >= hc.Unhealthy {
+		ep.healthy.Store(false)
+		up.p.log.Warn().Str("upstream", up.name).Str("endpoint", ep.addr).Str("health", result).Msg("endpoint unhealthy: out")
+		up.notify()
+	}
+}
+
+// probe sends one health check GET with its own client (a probe takes
+// no connection place and no claim) and returns the status.
+func (ep *endpoint) probe(up *upstream, hc HealthCheck) (int, error) {
+	ep.checkerOnce.Do(func() {
+		ep.checker = &fasthttp.HostClient{Addr: ep.client.Addr, IsTLS: ep.tls != nil, TLSConfig: ep.tls,
+			Dial:     func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, hc.Timeout) },
+			MaxConns: 2, MaxIdemponentCallAttempts: 1, NoDefaultUserAgentHeader: true, MaxIdleConnDuration: 2 * hc.Every,
+			MaxResponseBodySize: 64 << 10, SecureErrorLogMessage: true}
+	})
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	scheme := "http://"
+	if ep.tls != nil {
+		scheme = "https://"
+	}
+	req.SetRequestURI(scheme + ep.addr + hc.Path)
+	if ep.host != nil {
+		req.UseHostHeader = true
+		req.Header.SetHostBytes(ep.host)
+	}
+	req.Header.SetUserAgent("Sturdy-HealthCheck")
+	if up.auth != nil {
+		req.Header.SetBytesV("Authorization", up.auth) // /v1/models needs the key
+	}
+	if err := ep.checker.DoTimeout(req, resp, hc.Timeout); err != nil {
+		return 0, err
+	}
+	return resp.StatusCode(), nil
+}
+
+// describeProbeError names a failed probe without quoting anything.
+func describeProbeError(err error) string {
+	var de *net.OpError
+	switch {
+	case isTimeout(err):
+		return "timeout"
+	case errors.As(err, &de) && de.Op == "dial":
+		return "connect failed"
+	default:
+		return "connection failed"
+	}
+}
+
+// resolve looks up the discovery name and returns the endpoint URLs it
+// names now, sorted. No address is a failure (the last good set stays).
+func (up *upstream) resolve() ([]string, error) {
+	d := up.opts.Discover
+	host, port, err := net.SplitHostPort(d.DNS)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), up.opts.ConnectTimeout)
+	defer cancel()
+	addrs, err := up.p.lookup(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	if len(addrs) == 0 {
+		return nil, errors.New("no addresses")
+	}
+	var urls []string
+	for _, a := range addrs {
+		urls = append(urls, d.Scheme+"://"+net.JoinHostPort(a, port))
+	}
+	slices.Sort(urls)
+	return slices.Compact(urls), nil
+}
+
+// rediscover resolves the discovery name again: endpoints that appear
+// join with slow start, those that vanish are drained (their requests
+// finish) and removed. A failed resolution keeps the last good set.
+func (up *upstream) rediscover() {
+	urls, err := up.resolve()
+	if err != nil {
+		up.p.log.Warn().Str("upstream", up.name).Str("dns", up.opts.Discover.DNS).Str("error", describeLookup(err)).
+			Msg("discovery failed: keeping the last good set")
+		return
+	}
+	old := up.endpointsNow()
+	pool, err := up.endpoints(urls, old, true)
+	if err != nil {
+		up.p.log.Warn().Str("upstream", up.name).Str("error", err.Error()).Msg("discovery: invalid address")
+		return
+	}
+	var added, removed []string
+	for _, ep := range pool {
+		if !contains(old, ep) {
+			added = append(added, ep.addr)
+			up.p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(0)
+		}
+	}
+	for _, ep := range old {
+		if !contains(pool, ep) {
+			ep.draining.Store(true)
+			up.drained = append(up.drained, ep)
+			removed = append(removed, ep.addr)
+		}
+	}
+	if len(added) == 0 && len(removed) == 0 {
+		return
+	}
+	up.pool.Store(&pool)
+	up.p.log.Info().Str("upstream", up.name).Strs("added", added).Strs("removed", removed).
+		Int("endpoints", len(pool)).Msg("discovery: pool changed")
+	up.notify()
+}
+
+// sweepDrained lets go of the drained endpoints whose requests ended.
+func (up *upstream) sweepDrained() {
+	kept := up.drained[:0]
+	for _, ep := range up.drained {
+		if ep.load() > 0 {
+			kept = append(kept, ep)
+			continue
+		}
+		ep.close()
+		up.p.forgetEndpoint(up.name, ep)
+	}
+	clear(up.drained[len(kept):])
+	up.drained = kept
+}
+
+// describeLookup names a resolution failure in a line.
+func describeLookup(err error) string {
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		if dnsErr.IsNotFound {
+			return "not found"
+		}
+		if dnsErr.IsTimeout {
+			return "timeout"
+		}
+	}
+	return strings.TrimSpace(strconv.Quote(err.Error()))
+}
