@@ -126,16 +126,60 @@ func chunkMark(api API, chunk gjson.Result) Mark {
 		if tc := d.Get("tool_calls"); tc.IsArray() && len(tc.Array()) > 0 {
 			return MarkContent
 		}
+		for _, k := range []string{"function_call", "audio"} { // legacy function calling; audio output
+			if v := d.Get(k); v.IsObject() && v.Raw != "{}" {
+				return MarkContent
+			}
+		}
 	}
 	return MarkFraming
 }
 
-// errorCode is an error object's code, else its type.
+// errorCode is an error object's code when EventFailure knows it, else
+// its type when that is known (an "invalid_request_error" of any code is
+// the client's), else the code, else the type.
 func errorCode(e gjson.Result) string {
-	if c := e.Get("code"); c.Exists() && c.Type != gjson.Null && c.String() != "" {
-		return c.String()
+	code, typ := e.Get("code").String(), e.Get("type").String()
+	switch {
+	case code != "" && knownEvent(code):
+		return code
+	case typ != "" && knownEvent(typ):
+		return typ
+	case code != "":
+		return code
 	}
-	return e.Get("type").String()
+	return typ
+}
+
+// knownEvent reports whether EventFailure names code: a rate limit or the
+// client's own mistake.
+func knownEvent(code string) bool {
+	_, ok := eventClass[code]
+	return ok
+}
+
+// eventClass holds the in-band error codes (and types) that are not a
+// server failure: rate limits, and the client's own mistakes (its
+// request, its key, its quota, its images).
+var eventClass = map[string]Class{
+	"rate_limit_exceeded": ClassRetryable, "rate_limit_error": ClassRetryable, "429": ClassRetryable,
+	"tokens": ClassRetryable, "requests": ClassRetryable,
+
+	"context_length_exceeded": ClassPassThrough, "invalid_request_error": ClassPassThrough, "invalid_prompt": ClassPassThrough,
+	"invalid_value": ClassPassThrough, "invalid_api_key": ClassPassThrough, "model_not_found": ClassPassThrough,
+	"content_filter": ClassPassThrough, "content_policy_violation": ClassPassThrough,
+	"string_above_max_length": ClassPassThrough, "unsupported_value": ClassPassThrough,
+	"unsupported_parameter": ClassPassThrough, "missing_required_parameter": ClassPassThrough,
+	"invalid_type": ClassPassThrough, "insufficient_quota": ClassPassThrough, "billing_hard_limit_reached": ClassPassThrough,
+	"invalid_image": ClassPassThrough, "invalid_image_url": ClassPassThrough, "invalid_image_format": ClassPassThrough,
+	"invalid_base64_image": ClassPassThrough, "image_too_large": ClassPassThrough, "image_too_small": ClassPassThrough,
+	"image_parse_error": ClassPassThrough, "image_content_policy_violation": ClassPassThrough,
+	"invalid_image_mode": ClassPassThrough, "image_file_too_large": ClassPassThrough,
+	"unsupported_image_media_type": ClassPassThrough, "empty_image_file": ClassPassThrough,
+	"failed_to_download_image": ClassPassThrough, "image_file_not_found": ClassPassThrough,
+	"authentication_error": ClassPassThrough, "permission_error": ClassPassThrough, "not_found_error": ClassPassThrough,
+	"400": ClassPassThrough, "401": ClassPassThrough, "403": ClassPassThrough, "404": ClassPassThrough,
+	"422": ClassPassThrough,
 }
 
 // EventFailure classifies an in-band failure before the commit point the
@@ -144,12 +188,10 @@ func errorCode(e gjson.Result) string {
 // 4xx — its stream goes to the client as sent — and anything else
 // (overloaded, a server error, unknown) like a 5xx.
 func EventFailure(code string) Verdict {
-	switch code {
-	case "rate_limit_exceeded", "rate_limit_error", "429", "tokens", "requests":
+	switch c, ok := eventClass[code]; {
+	case ok && c == ClassRetryable:
 		return Verdict{Class: ClassRetryable, Reason: Reason429, Health: HealthExcluded}
-	case "context_length_exceeded", "invalid_request_error", "invalid_prompt", "invalid_value", "invalid_api_key",
-		"model_not_found", "content_filter", "content_policy_violation", "string_above_max_length",
-		"400", "401", "403", "404", "422":
+	case ok:
 		return Verdict{Class: ClassPassThrough, Health: HealthSuccess}
 	}
 	return Verdict{Class: ClassRetryable, Reason: Reason5xx, Health: HealthFailure}

@@ -32,6 +32,11 @@ func TestJudge(t *testing.T) {
 		{"chat empty tool_calls", APIChat, "", `{"choices":[{"delta":{"tool_calls":[]}}]}`, MarkFraming, ""},
 		{"chat vLLM error", APIChat, "", `{"error":{"object":"error","message":"overloaded","type":"InternalServerError","code":503}}`, MarkFailure, "503"},
 		{"chat error by type", APIChat, "", `{"error":{"message":"too long","type":"invalid_request_error","code":null}}`, MarkFailure, "invalid_request_error"},
+		{"chat legacy function_call", APIChat, "", `{"choices":[{"delta":{"function_call":{"name":"f","arguments":""}}}]}`, MarkContent, ""},
+		{"chat audio", APIChat, "", `{"choices":[{"delta":{"audio":{"id":"a","data":"AAA="}}}]}`, MarkContent, ""},
+		{"chat invalid request of an unknown code", APIChat, "", `{"error":{"type":"invalid_request_error","code":"some_new_code"}}`, MarkFailure, "invalid_request_error"},
+		{"chat known code under invalid_request_error", APIChat, "", `{"error":{"type":"invalid_request_error","code":"context_length_exceeded"}}`, MarkFailure, "context_length_exceeded"},
+		{"responses failed on an image", APIResponses, "response.failed", `{"type":"response.failed","response":{"error":{"code":"invalid_image_url"}}}`, MarkFailure, "invalid_image_url"},
 		{"legacy completions text", APICompletions, "", `{"choices":[{"text":"Hi"}]}`, MarkContent, ""},
 		{"legacy completions empty", APICompletions, "", `{"choices":[{"text":""}]}`, MarkFraming, ""},
 		{"responses created", APIResponses, "response.created", `{"type":"response.created","response":{"tools":[]}}`, MarkFraming, ""},
@@ -59,7 +64,9 @@ func TestJudge(t *testing.T) {
 func TestEventFailure(t *testing.T) {
 	for code, want := range map[string]Class{"rate_limit_exceeded": ClassRetryable, "server_error": ClassRetryable,
 		"503": ClassRetryable, "overloaded_error": ClassRetryable, "": ClassRetryable, "model is loading": ClassRetryable,
-		"context_length_exceeded": ClassPassThrough, "invalid_request_error": ClassPassThrough, "400": ClassPassThrough} {
+		"context_length_exceeded": ClassPassThrough, "invalid_request_error": ClassPassThrough, "400": ClassPassThrough,
+		"unsupported_value": ClassPassThrough, "missing_required_parameter": ClassPassThrough, "invalid_image_url": ClassPassThrough,
+		"insufficient_quota": ClassPassThrough} {
 		if v := EventFailure(code); v.Class != want {
 			t.Errorf("%q: %v, want %v", code, v.Class, want)
 		}

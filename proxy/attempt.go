@@ -36,10 +36,18 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 		return policy.Outcome{Fault: faultOf(err)}
 	}
 	ex.reply.headAt = time.Now()
+	if resp.BodyStream() == nil {
+		// No body (HEAD, 204, 304): fasthttp gave the connection back to
+		// its pool already.
+		ex.released()
+	}
 	status := resp.StatusCode()
 	out := policy.Outcome{Status: status}
 	if f := ex.readHead(status); f != policy.FaultNone {
 		ex.closeBody()
+		if ex.isGone.Load() { // the watcher closed the connection: no fault of the upstream's
+			return policy.Outcome{Fault: policy.FaultClientGone}
+		}
 		return policy.Outcome{Fault: f}
 	}
 	if ex.reply.streamFailed {
@@ -52,6 +60,9 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 	}
 	if status == 429 {
 		out.InsufficientQuota = policy.InsufficientQuota(ex.reply.head)
+	}
+	if out.StreamFailed && out.StreamError == "insufficient_quota" {
+		out.InsufficientQuota = true // told in-band: fails over all the same
 	}
 	return out
 }
@@ -174,12 +185,7 @@ func nextEvent(kind events.Kind, b []byte) (ev policy.Event, n int) {
 		}
 		return ev, i + 1
 	}
-	end, sep := -1, 0
-	for _, s := range []string{"\n\n", "\r\n\r\n", "\r\r"} {
-		if i := bytes.Index(b, []byte(s)); i >= 0 && (end < 0 || i < end) {
-			end, sep = i, len(s)
-		}
-	}
+	end, next := eventEnd(b)
 	if end < 0 {
 		return ev, 0
 	}
@@ -197,7 +203,33 @@ func nextEvent(kind events.Kind, b []byte) (ev policy.Event, n int) {
 			}
 		}
 	}
-	return ev, end + sep
+	return ev, next
+}
+
+// eventEnd finds the blank line that ends b's first SSE event, in one
+// pass, with lines ended by "\r\n", "\n" or "\r" in any mix: end is where
+// the blank line starts, next where the following event does; end is -1
+// when b holds no complete event yet.
+func eventEnd(b []byte) (end, next int) {
+	lineStart := 0
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if c != '\n' && c != '\r' {
+			continue
+		}
+		j := i + 1
+		if c == '\r' && j < len(b) && b[j] == '\n' {
+			j++
+		}
+		if i == lineStart {
+			if c == '\r' && j == len(b) {
+				return -1, 0 // its "\n" may be on its way
+			}
+			return lineStart, j
+		}
+		lineStart, i = j, j-1
+	}
+	return -1, 0
 }
 
 // closeBody closes the upstream body stream: a fully read one returns its

@@ -147,25 +147,34 @@ const slowChat = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type:
 // closes its connection makes Sturdy close the upstream's within 300 ms,
 // start nothing more, and log 499 client_gone with the phase.
 func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
-	chunk := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
-	sse := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
+	sseOf := func(chunk string) string {
+		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
+	}
+	sse := sseOf(`data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n")
+	roleOnly := sseOf(`data: {"choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n")
 	for _, tt := range []struct {
 		name    string
 		delay   time.Duration
 		replies []string
 		leave   time.Duration
 		phase   string
+		request string
 	}{
-		{"waiting for the response head", 0, []string{""}, 200 * time.Millisecond, "response_head"},
+		{"waiting for the response head", 0, []string{""}, 200 * time.Millisecond, "response_head", slowChat},
 		{"waiting out a Retry-After", 0, []string{"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nContent-Length: 0\r\n\r\n", ""},
-			300 * time.Millisecond, "retry_after"},
-		{"streaming", 0, []string{sse}, 300 * time.Millisecond, "stream"},
+			300 * time.Millisecond, "retry_after", slowChat},
+		{"streaming", 0, []string{sse}, 300 * time.Millisecond, "stream", slowChat},
+		// The stream's framing came, its first output has not: the client
+		// leaving is no fault of the upstream's.
+		{"before the first output", 0, []string{roleOnly}, 300 * time.Millisecond, "response_head", slowChat},
+		{"streaming to an HTTP/1.0 client", 0, []string{sse}, 300 * time.Millisecond, "stream",
+			strings.Replace(slowChat, "HTTP/1.1", "HTTP/1.0", 1)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			up := startCloseRecorder(t, tt.delay, tt.replies...)
 			h := startProxy(t, up.url, func(o *Options) { o.Upstreams[0].FirstByteTimeout = 10 * time.Second })
 			dial := func() (net.Conn, error) { return net.Dial("tcp", strings.TrimPrefix(h.url, "http://")) }
-			left := leaveAfter(t, dial, slowChat, tt.leave)
+			left := leaveAfter(t, dial, tt.request, tt.leave)
 			if tt.phase == "retry_after" {
 				time.Sleep(2500 * time.Millisecond) // past the Retry-After: no retry may come
 			} else if took := waitClosed(t, up, left); took > 300*time.Millisecond {
@@ -177,6 +186,12 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 			line := h.accessLines(1)[0]
 			if line["status"] != 499.0 || line["outcome"] != "client_gone" || line["phase"] != tt.phase {
 				t.Fatalf("access line %v", line)
+			}
+			if tried := line["targets"].([]any)[0].(map[string]any); tried["result"] == "reset" || tried["result"] == "timeout" {
+				t.Fatalf("the client's leaving counted as the upstream's %v", tried["result"])
+			}
+			if c := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.Counts(); c.TotalFailures != 0 {
+				t.Fatalf("the client's leaving counted against the breaker: %+v", c)
 			}
 		})
 	}

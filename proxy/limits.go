@@ -60,7 +60,10 @@ func (c *cooldowns) set(key uint64, t time.Time) {
 func (c *cooldowns) bare(key uint64, now time.Time, base time.Duration, extend func(time.Duration) time.Duration) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	streak := c.m[key].streak + 1
+	streak := 1
+	if cd := c.m[key]; !stale(cd, now) {
+		streak = cd.streak + 1
+	}
 	d := base
 	for i := 1; i < streak && d < maxBareCooldown; i++ {
 		d *= 2
@@ -68,6 +71,12 @@ func (c *cooldowns) bare(key uint64, now time.Time, base time.Duration, extend f
 	d = extend(min(d, maxBareCooldown))
 	c.put(key, now.Add(d), streak)
 	return d
+}
+
+// stale reports whether a run of bare 429s is over by itself: its last
+// cooldown ended longer than the longest cooldown ago.
+func stale(cd cooldown, now time.Time) bool {
+	return cd.streak > 0 && now.Sub(cd.until) > maxBareCooldown
 }
 
 // put stores key's cooldown (streak -1: keep the streak); under mu.
@@ -78,7 +87,10 @@ func (c *cooldowns) put(key uint64, t time.Time, streak int) {
 	if len(c.m) >= maxTrackedKeys {
 		now := time.Now()
 		for k, cd := range c.m {
-			if !cd.until.After(now) && cd.streak == 0 {
+			if !cd.until.After(now) && (cd.streak == 0 || stale(cd, now)) {
+				if cd.streak > 0 {
+					c.streaks.Add(-1)
+				}
 				delete(c.m, k)
 			}
 		}

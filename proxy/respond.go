@@ -18,10 +18,7 @@ func (ex *exchange) respond() {
 	lp := &ex.loop
 	switch {
 	case lp.stop == policy.StopClientGone:
-		// Nobody is left to answer.
-		ex.closeBody()
-		ex.out.outcome, ex.out.status = outcomeClientGone, 499
-		ex.ctx.SetConnectionClose()
+		ex.leftUnanswered()
 	case ex.reply.has && lp.verdict.Class == policy.ClassSuccess:
 		ex.out.outcome = outcomeOK
 		ex.commit(false)
@@ -82,15 +79,23 @@ func (ex *exchange) commit(final bool) {
 	if a, ok := src.LocalAddr().(*connAddr); ok {
 		a.conn.capReads(ex.responseCap())
 	}
+	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()
 		return
 	}
-	ex.enter(phaseStream)
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
 	ex.p.streaming(ex, true)
 	ctx.SetBodyStream(ex, max(cl, -1))
+}
+
+// leftUnanswered ends a request whose client left before its response
+// began: nobody is left to answer.
+func (ex *exchange) leftUnanswered() {
+	ex.closeBody()
+	ex.out.outcome, ex.out.status = outcomeClientGone, 499
+	ex.ctx.SetConnectionClose()
 }
 
 // maxWholeBody bounds a body read whole for an HTTP/1.0 client.
@@ -110,6 +115,10 @@ func (ex *exchange) whole() {
 		var n int
 		n, err = ex.Read(buf)
 		body = append(body, buf[:n]...)
+	}
+	if ex.isGone.Load() { // the client left while the body was read
+		ex.leftUnanswered()
+		return
 	}
 	ex.closeBody()
 	if err != io.EOF {

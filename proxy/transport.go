@@ -31,6 +31,7 @@ func (ep *endpoint) dial(addr string) (net.Conn, error) {
 	}
 	uc := ep.wrap(c)
 	uc.rtt = time.Since(start) // the TCP handshake: one round trip
+	uc.dialed.Store(true)
 	if claimant != nil {
 		claimant.using(uc)
 	}
@@ -81,6 +82,10 @@ type upstreamConn struct {
 	// until caps the streaming regime's deadlines (UnixNano; 0: none): a
 	// route's max_duration.
 	until atomic.Int64
+	// dialed is set from dial until fasthttp's first LocalAddr of the new
+	// connection, which must not take a claim: dial already gave it to
+	// its attempt, and the claim waiting now is another attempt's.
+	dialed atomic.Bool
 }
 
 // staleSlack is added to two round trips for how soon after the request
@@ -97,8 +102,12 @@ type connAddr struct {
 }
 
 // LocalAddr also hands the connection to an attempt waiting for one:
-// fasthttp reads it right after taking the connection from its pool.
+// fasthttp reads it right after taking the connection from its pool (and
+// once after dialling it, which is not a new use).
 func (c *upstreamConn) LocalAddr() net.Addr {
+	if c.dialed.Swap(false) {
+		return &c.local
+	}
 	if ex := c.ep.takeClaim(); ex != nil {
 		ex.using(c)
 	}
