@@ -301,6 +301,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			CAFile:             u.TLS.CAFile,
 			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
 		})
+		poolOptions(&o.Upstreams[len(o.Upstreams)-1], u)
 	}
 	for _, s := range cfg.Server.TrustedProxies {
 		pfx, _ := config.ParsePrefix(s) // validated by config
@@ -313,6 +314,26 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		o.Routes = append(o.Routes, routeOptions(r))
 	}
 	return o
+}
+
+// poolOptions translates how upstream u finds and balances its
+// endpoints.
+func poolOptions(o *proxy.Upstream, u config.Upstream) {
+	o.Endpoints = u.Endpoints
+	o.Discover = proxy.Discover{DNS: u.Discover.DNS, Scheme: u.Discover.Scheme, Every: u.Discover.Every.Std()}
+	o.Balance = map[string]proxy.Balance{"round_robin": proxy.BalanceRoundRobin, "affinity": proxy.BalanceAffinity}[u.Balance]
+	o.Affinity = proxy.Affinity{Header: u.Affinity.Header, Prefix: u.Affinity.Prefix}
+	hc := u.HealthCheck
+	o.HealthCheck = proxy.HealthCheck{Path: hc.Path, Every: hc.Every.Std(), Timeout: hc.Timeout.Std(), Healthy: hc.Healthy,
+		Unhealthy: hc.Unhealthy}
+	if u.SlowStart != nil {
+		o.SlowStart = u.SlowStart.Std()
+		if o.SlowStart == 0 {
+			o.SlowStart = -1 // written 0s: no ramp
+		}
+	}
+	o.MaxEjected = float64(u.MaxEjected)
+	o.RideThrough = u.RideThrough.Std()
 }
 
 // routeOptions translates one route.

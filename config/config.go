@@ -194,8 +194,31 @@ type Upstream struct {
 	// Name identifies the upstream in routes, logs and errors. Required.
 	Name string `yaml:"name"`
 	// URL is scheme://host[:port][/prefix]; the request path is appended.
-	// A trailing slash is ignored. Required.
+	// A trailing slash is ignored. One of url, endpoints or discover is
+	// required.
 	URL string `yaml:"url"`
+	// Endpoints are the replicas of a pool, each in url's form, instead
+	// of url.
+	Endpoints []string `yaml:"endpoints"`
+	// Discover finds the pool's endpoints in DNS instead.
+	Discover Discover `yaml:"discover"`
+	// Balance picks an endpoint per attempt: least_requests (default),
+	// round_robin or affinity.
+	Balance string `yaml:"balance"`
+	// Affinity keys requests for balance: affinity.
+	Affinity Affinity `yaml:"affinity"`
+	// HealthCheck probes every endpoint; off unless set.
+	HealthCheck HealthCheck `yaml:"health_check"`
+	// SlowStart ramps a returning endpoint's share up over this long;
+	// 0s: no ramp. Default 30s.
+	SlowStart *Duration `yaml:"slow_start"`
+	// MaxEjected is the share of the pool breakers may eject at once
+	// ("50%" or 0.5); at least one endpoint always may be. Default 50%.
+	MaxEjected Percent `yaml:"max_ejected"`
+	// RideThrough, when set, makes a request wait up to this long (within
+	// its deadline) for an endpoint to come back when all are out. Default
+	// 0s: off.
+	RideThrough Duration `yaml:"ride_through"`
 	// APIKey, when set, replaces the client's Authorization with
 	// "Bearer <key>". ${VAR} is expanded from the environment; empty
 	// means unset.
@@ -224,6 +247,39 @@ type Upstream struct {
 	RetryBudget RetryBudget `yaml:"retry_budget"`
 	// Cooldown says what the upstream's 429s teach Sturdy.
 	Cooldown Cooldown `yaml:"cooldown"`
+}
+
+// Discover resolves a DNS name for a pool's endpoints.
+type Discover struct {
+	// DNS is host:port, e.g. a Kubernetes headless service. Required.
+	DNS string `yaml:"dns"`
+	// Scheme is http (default) or https; https verifies the DNS name.
+	Scheme string `yaml:"scheme"`
+	// Every is the re-resolution period. Default 10s.
+	Every Duration `yaml:"every"`
+}
+
+// Affinity says what keys a request for balance: affinity; set one.
+type Affinity struct {
+	// Header names a request header whose value is the key.
+	Header string `yaml:"header"`
+	// Prefix keys on the first N bytes of the messages' roles and
+	// contents.
+	Prefix int `yaml:"prefix"`
+}
+
+// HealthCheck configures active health checks of every endpoint.
+type HealthCheck struct {
+	// Path is GET on each endpoint's host, e.g. /health. Required.
+	Path string `yaml:"path"`
+	// Every is the period. Default 5s.
+	Every Duration `yaml:"every"`
+	// Timeout bounds each probe. Default 1s.
+	Timeout Duration `yaml:"timeout"`
+	// Healthy successes in a row bring an endpoint back. Default 2.
+	Healthy int `yaml:"healthy"`
+	// Unhealthy failures in a row take it out. Default 3.
+	Unhealthy int `yaml:"unhealthy"`
 }
 
 // Timeouts bound each attempt to an upstream.
@@ -345,6 +401,24 @@ func (d Duration) Std() time.Duration { return time.Duration(d) }
 
 // String formats d like time.Duration.
 func (d Duration) String() string { return time.Duration(d).String() }
+
+// Percent is a share written as "50%" or 0.5.
+type Percent float64
+
+// UnmarshalYAML parses a percentage or a fraction.
+func (v *Percent) UnmarshalYAML(n *yaml.Node) error {
+	s := strings.TrimSpace(n.Value)
+	div := 1.0
+	if t, ok := strings.CutSuffix(s, "%"); ok {
+		s, div = strings.TrimSpace(t), 100
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return typeError(n, "invalid share %q (want e.g. 50%% or 0.5)", n.Value)
+	}
+	*v = Percent(f / div)
+	return nil
+}
 
 // Size is a byte count written as 1048576, "512KiB", "32MiB", "1MB".
 type Size int64

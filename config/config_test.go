@@ -198,6 +198,30 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:4: upstreams[0].max_in_flight: must not be negative"}},
 		{"bad log level", "log: {level: loud}\nupstreams: [{name: a, url: 'http://h'}]\n",
 			[]string{`t.yaml:1: log.level: unknown level "loud"`}},
+		{"url and endpoints", "upstreams:\n  - name: a\n    url: http://h\n    endpoints: [http://h2]\n",
+			[]string{"t.yaml:3: upstreams[0].url: set one of url, endpoints and discover"}},
+		{"bad endpoint", "upstreams:\n  - name: a\n    endpoints:\n      - http://h\n      - h2:8000\n",
+			[]string{"t.yaml:5: upstreams[0].endpoints[1]: scheme must be http or https"}},
+		{"duplicate endpoint", "upstreams:\n  - name: a\n    endpoints: [http://h, http://h]\n",
+			[]string{`t.yaml:3: upstreams[0].endpoints[1]: duplicate endpoint "http://h"`}},
+		{"discover without port", "upstreams:\n  - name: a\n    discover: {dns: vllm.svc}\n",
+			[]string{`t.yaml:3: upstreams[0].discover.dns: must be host:port (got "vllm.svc")`}},
+		{"discover scheme", "upstreams:\n  - name: a\n    discover:\n      dns: vllm.svc:8000\n      scheme: grpc\n",
+			[]string{`t.yaml:5: upstreams[0].discover.scheme: must be http or https`}},
+		{"bad balance", "upstreams:\n  - name: a\n    url: http://h\n    balance: random\n",
+			[]string{`t.yaml:4: upstreams[0].balance: must be least_requests, round_robin or affinity (got "random")`}},
+		{"affinity without a key", "upstreams:\n  - name: a\n    endpoints: [http://h]\n    balance: affinity\n",
+			[]string{"upstreams[0].affinity: set one of header and prefix"}},
+		{"affinity without balance", "upstreams:\n  - name: a\n    endpoints: [http://h]\n    affinity: {prefix: 2048}\n",
+			[]string{"t.yaml:4: upstreams[0].affinity: applies only with balance: affinity"}},
+		{"health check path", "upstreams:\n  - name: a\n    url: http://h\n    health_check: {path: health}\n",
+			[]string{"upstreams[0].health_check.path: required, starting with /"}},
+		{"health check zero", "upstreams:\n  - name: a\n    url: http://h\n    health_check:\n      path: /health\n      unhealthy: 0\n",
+			[]string{"t.yaml:6: upstreams[0].health_check.unhealthy: must be at least 1"}},
+		{"max_ejected above all", "upstreams:\n  - name: a\n    url: http://h\n    max_ejected: 150%\n",
+			[]string{"t.yaml:4: upstreams[0].max_ejected: must be in (0%, 100%]"}},
+		{"max_ejected not a share", "upstreams:\n  - name: a\n    url: http://h\n    max_ejected: half\n",
+			[]string{`t.yaml:4: upstreams[0].max_ejected: invalid share "half"`}},
 		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:1: did not find expected"}},
 		{"several problems at once", "listen: :1\nbogus: 1\nupstreams:\n  - name: a\n    url: http://h\n    timeouts: {connect: soon}\n",
 			[]string{"t.yaml:2: bogus: unknown key", `t.yaml:6: upstreams[0].timeouts.connect: invalid duration "soon"`}},
@@ -252,5 +276,34 @@ func TestProblemsNeverQuoteASecret(t *testing.T) {
 				t.Errorf("%q: the message quotes a secret: %s", doc, msg)
 			}
 		}
+	}
+}
+
+func TestPoolKeys(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`upstreams:
+  - name: vllm
+    endpoints: [http://gpu-a:8000, http://gpu-b:8000]
+    balance: affinity
+    affinity: {prefix: 2048}
+    health_check: {path: /health, every: 5s, timeout: 1s, healthy: 2, unhealthy: 3}
+    slow_start: 0s
+    max_ejected: 25%
+    ride_through: 10s
+  - name: pods
+    discover: {dns: "vllm-headless.default.svc.cluster.local:8000", scheme: https, every: 10s}
+    max_ejected: 0.75
+routes: [{name: r, upstream: vllm}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := c.Upstreams[0], c.Upstreams[1]
+	if len(a.Endpoints) != 2 || a.Balance != "affinity" || a.Affinity.Prefix != 2048 || a.HealthCheck.Unhealthy != 3 ||
+		a.SlowStart == nil || *a.SlowStart != 0 || a.MaxEjected != 0.25 || a.RideThrough.Std() != 10*time.Second {
+		t.Errorf("endpoints upstream: %+v", a)
+	}
+	if b.Discover.Scheme != "https" || b.Discover.DNS != "vllm-headless.default.svc.cluster.local:8000" || b.MaxEjected != 0.75 ||
+		b.SlowStart != nil {
+		t.Errorf("discover upstream: %+v", b)
 	}
 }

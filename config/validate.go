@@ -139,9 +139,7 @@ func (p *problems) uniqueName(key, kind, name string, seen map[string]bool) {
 func (c *Config) validateUpstream(p *problems, i int, names map[string]bool) {
 	u, k := c.Upstreams[i], fmt.Sprintf("upstreams[%d].", i)
 	p.uniqueName(k+"name", "upstream", u.Name, names)
-	if err := checkUpstreamURL(u.URL); err != nil {
-		p.bad(k+"url", "%v", err)
-	}
+	c.validatePool(p, k, u)
 	if f := u.TLS.CAFile; f != "" {
 		if b, err := os.ReadFile(f); err != nil || !x509.NewCertPool().AppendCertsFromPEM(b) {
 			p.bad(k+"tls.ca_file", "cannot read PEM certificates from %q", f)
@@ -167,6 +165,73 @@ func (c *Config) validateUpstream(p *problems, i int, names map[string]bool) {
 	}
 	notNegative(p, k+"rate_limit.requests_per_second", u.RateLimit.RequestsPerSecond, " (0 disables pacing)")
 	notNegative(p, k+"max_in_flight", u.MaxInFlight, " (0 means unlimited)")
+}
+
+// validatePool checks how upstream u (its key prefix k) finds and
+// balances its endpoints.
+func (c *Config) validatePool(p *problems, k string, u Upstream) {
+	given := 0
+	for _, set := range []bool{u.URL != "", len(u.Endpoints) > 0, c.isWritten(k + "discover")} {
+		if set {
+			given++
+		}
+	}
+	switch {
+	case given == 0:
+		p.bad(k+"url", "required: set url, endpoints or discover (e.g. url: http://127.0.0.1:11434)")
+	case given > 1:
+		p.bad(k+"url", "set one of url, endpoints and discover")
+	case u.URL != "":
+		if err := checkUpstreamURL(u.URL); err != nil {
+			p.bad(k+"url", "%v", err)
+		}
+	case len(u.Endpoints) > 0:
+		seen := map[string]bool{}
+		for j, e := range u.Endpoints {
+			key := fmt.Sprintf("%sendpoints[%d]", k, j)
+			if err := checkUpstreamURL(e); err != nil {
+				p.bad(key, "%v", err)
+			} else if seen[e] {
+				p.bad(key, "duplicate endpoint %q", e)
+			}
+			seen[e] = true
+		}
+	default:
+		d := u.Discover
+		if host, port, err := net.SplitHostPort(d.DNS); err != nil || host == "" || port == "" {
+			p.bad(k+"discover.dns", "must be host:port (got %q)", d.DNS)
+		}
+		if c.isWritten(k+"discover.scheme") && d.Scheme != "http" && d.Scheme != "https" {
+			p.bad(k+"discover.scheme", "must be http or https (got %q)", d.Scheme)
+		}
+		positive(p, k+"discover.every", d.Every)
+	}
+	switch u.Balance {
+	case "", "least_requests", "round_robin":
+		if c.isWritten(k + "affinity") {
+			p.bad(k+"affinity", "applies only with balance: affinity")
+		}
+	case "affinity":
+		if (u.Affinity.Header == "") == (u.Affinity.Prefix <= 0) {
+			p.bad(k+"affinity", "set one of header and prefix (e.g. affinity: {header: X-Session-Id})")
+		}
+	default:
+		p.bad(k+"balance", "must be least_requests, round_robin or affinity (got %q)", u.Balance)
+	}
+	notNegative(p, k+"affinity.prefix", u.Affinity.Prefix, "")
+	if c.isWritten(k + "health_check") {
+		hc := u.HealthCheck
+		if !strings.HasPrefix(hc.Path, "/") {
+			p.bad(k+"health_check.path", "required, starting with / (e.g. /health)")
+		}
+		positive(p, k+"health_check.every", hc.Every)
+		positive(p, k+"health_check.timeout", hc.Timeout)
+		atLeast1(p, k+"health_check.healthy", hc.Healthy)
+		atLeast1(p, k+"health_check.unhealthy", hc.Unhealthy)
+	}
+	if m := float64(u.MaxEjected); m < 0 || m > 1 || (m == 0 && c.isWritten(k+"max_ejected")) {
+		p.bad(k+"max_ejected", "must be in (0%%, 100%%] (at least one endpoint may always be ejected)")
+	}
 }
 
 // validateRoute checks routes[i] against the upstream names and adds its

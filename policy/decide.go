@@ -75,11 +75,16 @@ type Decision struct {
 	// counted as an attempt, but not against max_attempts of the target,
 	// the retry budget or the breaker.
 	Replay bool
+	// Ride sends the request back to riding through an outage: the
+	// attempt was a returning endpoint's probe that could not connect, so
+	// it counts against neither max_attempts, max_total_attempts nor the
+	// retry budget — ride_through bounds it.
+	Ride bool
 }
 
 // SpendsBudget reports whether carrying d out sends a retry the retry
 // budget pays for: a retry in place that is not a stale replay.
-func (d Decision) SpendsBudget() bool { return d.Action == ActionAttempt && !d.Replay }
+func (d Decision) SpendsBudget() bool { return d.Action == ActionAttempt && !d.Replay && !d.Ride }
 
 // Attempt is what the loop knows after one attempt, as input to Decide.
 type Attempt struct {
@@ -110,6 +115,10 @@ type Attempt struct {
 	HasServerWait bool
 	// Remaining is the time left until the request's deadline.
 	Remaining time.Duration
+	// Riding is true when the request rides through an outage (time of
+	// its ride_through left) and this attempt's failure put its endpoint
+	// back out.
+	Riding bool
 }
 
 // Decide says what follows attempt a: a retry on the same target after a
@@ -123,6 +132,8 @@ type Attempt struct {
 // instead if one is left, the request is safe to send elsewhere and
 // max_total_attempts allows. A stale connection is resent at once, once
 // per attempt, for a replayable request; otherwise it counts as a reset.
+// A request riding through an outage whose probe could not connect goes
+// back to riding, uncounted.
 func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 	v := a.Verdict
 	maxTotal := r.MaxTotalAttempts
@@ -134,6 +145,9 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 			return d
 		}
 		v.Reason = ReasonReset
+	}
+	if a.Riding && v.Reason == ReasonConnect && a.Remaining > 0 {
+		return Decision{Action: ActionAttempt, Ride: true} // never sent
 	}
 	safe := a.Replayable || v.Reason == ReasonConnect || r.ReplayWrites
 	canFailover := a.HasFallback && a.Total < maxTotal && a.Remaining > 0

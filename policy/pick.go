@@ -29,9 +29,12 @@ func eligible(cs []Candidate, buf []int) []int {
 }
 
 // PickLeastRequests chooses by the power of two choices: two eligible
-// candidates drawn at random (rnd(n) in [0, n)), the one with fewer
-// requests in flight per unit of weight wins, a tie at random. It returns
-// -1 when none can take the request.
+// candidates drawn at random (rnd(n) in [0, n)); of equal weight, the one
+// with fewer requests in flight wins, a tie at random. Of unequal weights
+// (one ramping up after coming back), each wins in proportion to its
+// weight ÷ (requests in flight + 1), so a ramping endpoint gets its share
+// under light load too, where loads tie. It returns -1 when none can
+// take the request.
 func PickLeastRequests(cs []Candidate, rnd func(int64) int64) int {
 	var buf [64]int
 	el := eligible(cs, buf[:0])
@@ -46,12 +49,18 @@ func PickLeastRequests(cs []Candidate, rnd func(int64) int64) int {
 	if j >= i {
 		j++
 	}
-	a, b := el[i], el[j]
-	la, lb := float64(cs[a].Load+1)/cs[a].Weight, float64(cs[b].Load+1)/cs[b].Weight
-	if la < lb || la == lb && rnd(2) == 0 {
-		return a
+	a, b := cs[el[i]], cs[el[j]]
+	if a.Weight != b.Weight {
+		ea, eb := a.Weight/float64(a.Load+1), b.Weight/float64(b.Load+1)
+		if float64(rnd(1<<24))/(1<<24)*(ea+eb) < ea {
+			return el[i]
+		}
+		return el[j]
 	}
-	return b
+	if a.Load < b.Load || a.Load == b.Load && rnd(2) == 0 {
+		return el[i]
+	}
+	return el[j]
 }
 
 // PickRoundRobin chooses the turn'th eligible candidate (turn counts up

@@ -43,8 +43,17 @@ func TestPickLeastRequests(t *testing.T) {
 			loads = []int{loads[0] / 2, loads[1] / 2}
 		}
 	}
-	if share := float64(counts[0]) / 4000; share > 0.35 {
+	if share := float64(counts[0]) / 4000; share > 0.35 || share < 0.1 {
 		t.Fatalf("a ramping endpoint took %.2f of the requests", share)
+	}
+	// Under no load at all (every request done before the next), it
+	// takes its weight's share: 0.25 ÷ 1.25.
+	counts = make([]int, 2)
+	for i := 0; i < 4000; i++ {
+		counts[PickLeastRequests([]Candidate{{Weight: 0.25}, {Weight: 1}}, rnd)]++
+	}
+	if share := float64(counts[0]) / 4000; share < 0.15 || share > 0.25 {
+		t.Fatalf("idle, a ramping endpoint took %.2f of the requests, want 0.2", share)
 	}
 }
 

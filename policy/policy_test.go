@@ -323,6 +323,27 @@ func TestDecideStale(t *testing.T) {
 	}
 }
 
+func TestDecideRidingThrough(t *testing.T) {
+	r := Retry{MaxAttempts: 1, MaxTotalAttempts: 1, On: RetryOnAll}
+	connect, reset := Classify(Outcome{Fault: FaultConnect}), Classify(Outcome{Fault: FaultReset})
+	hour := time.Hour
+	ride := Decision{Action: ActionAttempt, Ride: true}
+	tests := []decideCase{
+		{"a probe that could not connect rides on, past every count", r,
+			Attempt{Verdict: connect, N: 1, Total: 1, Riding: true, BudgetSpent: true, Remaining: hour}, ride},
+		{"a write too: it was never sent", r, Attempt{Verdict: connect, N: 1, Total: 1, Riding: true, Remaining: hour}, ride},
+		{"not past the deadline", r, Attempt{Verdict: connect, N: 1, Total: 1, Riding: true, Replayable: true}, stopWith(StopDeadline)},
+		{"a reset may have been seen: counted as ever", r,
+			Attempt{Verdict: reset, N: 1, Total: 1, Riding: true, Replayable: true, Remaining: hour}, stopWith(StopMaxAttempts)},
+		{"not riding: counted as ever", r, Attempt{Verdict: connect, N: 1, Total: 1, Replayable: true, Remaining: hour},
+			stopWith(StopMaxAttempts)},
+	}
+	runDecideTable(t, tests)
+	if ride.SpendsBudget() {
+		t.Error("riding on spends no retry budget")
+	}
+}
+
 func TestClear(t *testing.T) {
 	hour := time.Hour
 	tests := []struct {

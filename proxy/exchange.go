@@ -88,8 +88,12 @@ type loopState struct {
 	up       *upstream // the current target's upstream
 	n        int       // attempts on it, a stale replay sharing its attempt's number
 	attempts int       // across all targets, stale replays included
-	// replaying is set while the next attempt is a stale replay.
-	replaying bool
+	// replaying is set while the next attempt is a stale replay;
+	// reriding while it follows a ride-through probe that could not
+	// connect, and rides counts those probes (they are not attempts
+	// max_total_attempts counts).
+	replaying, reriding bool
+	rides               int
 	// reservedAt is when the retry budget was taken for the retry being
 	// waited for, to give it back if the wait ends early.
 	reservedAt time.Time

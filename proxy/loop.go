@@ -103,7 +103,7 @@ func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.
 func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.leaveTarget()
 	lp := &ex.loop
-	lp.up, lp.n, lp.replaying = t.up, 0, false
+	lp.up, lp.n, lp.replaying, lp.reriding = t.up, 0, false, false
 	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil = false, false, 0, nil, time.Time{}
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
@@ -270,11 +270,13 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	ex.closeBody()
 	ex.reply.conn, lp.place = lp.place, nil
 	afterStale := lp.replaying
-	if !afterStale {
+	if lp.reriding {
+		lp.rides++
+	} else if !afterStale {
 		lp.n++
 	}
 	lp.attempts++
-	lp.replaying, lp.blocked = false, false
+	lp.replaying, lp.reriding, lp.blocked = false, false, false
 	now := time.Now()
 	if lp.n == 1 && !afterStale {
 		up.budget.FirstAttempt(now)
@@ -298,8 +300,9 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	ep.countAttempt(ex.p, up.name, result)
 	ex.noteResult(result, true)
 
-	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts, AfterStale: afterStale,
-		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback()}
+	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts - lp.rides, AfterStale: afterStale,
+		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
+		Riding: now.Before(lp.rideUntil) && ep.out()}
 	if ex.reply.has {
 		a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
 		// A pass-through fails over when the route says so, and on a
@@ -324,8 +327,8 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 // retrying counts and notes a retry policy chose, once its wait is over.
 func (ex *exchange) retrying(up *upstream, d policy.Decision) {
 	reason := ex.loop.verdict.Reason
-	ex.loop.replaying = d.Replay
-	if !d.Replay {
+	ex.loop.replaying, ex.loop.reriding = d.Replay, d.Ride
+	if !d.Replay && !d.Ride {
 		ex.p.m.RetryWait.WithLabelValues(up.name, d.Source.String()).Observe(d.Wait.Seconds())
 	}
 	ex.p.m.Retries.WithLabelValues(up.name, reason.String()).Inc()
