@@ -280,9 +280,10 @@ func TestProblemsNeverQuoteASecret(t *testing.T) {
 }
 
 func TestPoolKeys(t *testing.T) {
+	t.Setenv("STURDY_TEST_GPU_B", "gpu-b")
 	c, err := Parse("t.yaml", []byte(`upstreams:
   - name: vllm
-    endpoints: [http://gpu-a:8000, http://gpu-b:8000]
+    endpoints: [http://gpu-a:8000, "http://${STURDY_TEST_GPU_B}:8000"]
     balance: affinity
     affinity: {prefix: 2048}
     health_check: {path: /health, every: 5s, timeout: 1s, healthy: 2, unhealthy: 3}
@@ -298,7 +299,7 @@ routes: [{name: r, upstream: vllm}]
 		t.Fatal(err)
 	}
 	a, b := c.Upstreams[0], c.Upstreams[1]
-	if len(a.Endpoints) != 2 || a.Balance != "affinity" || a.Affinity.Prefix != 2048 || a.HealthCheck.Unhealthy != 3 ||
+	if len(a.Endpoints) != 2 || a.Endpoints[1] != "http://gpu-b:8000" || a.Balance != "affinity" || a.Affinity.Prefix != 2048 || a.HealthCheck.Unhealthy != 3 ||
 		a.SlowStart == nil || *a.SlowStart != 0 || a.MaxEjected != 0.25 || a.RideThrough.Std() != 10*time.Second {
 		t.Errorf("endpoints upstream: %+v", a)
 	}

@@ -208,8 +208,8 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
-// expandEnv replaces ${VAR} in listen and in each upstream's url and
-// api_key with the environment's value (empty when unset).
+// expandEnv replaces ${VAR} in listen and in each upstream's url,
+// endpoints and api_key with the environment's value (empty when unset).
 func (c *Config) expandEnv() {
 	expand := func(s string) string {
 		return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
@@ -221,6 +221,9 @@ func (c *Config) expandEnv() {
 	}
 	for i := range c.Upstreams {
 		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)
+		for j, e := range c.Upstreams[i].Endpoints {
+			c.Upstreams[i].Endpoints[j] = expand(e)
+		}
 		c.Upstreams[i].APIKey = expand(c.Upstreams[i].APIKey)
 	}
 }

@@ -206,6 +206,12 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 		}
 		positive(p, k+"discover.every", d.Every)
 	}
+	c.validateBalance(p, k, u)
+}
+
+// validateBalance checks upstream u's balance, affinity, health_check and
+// max_ejected (its key prefix k).
+func (c *Config) validateBalance(p *problems, k string, u Upstream) {
 	switch u.Balance {
 	case "", "least_requests", "round_robin":
 		if c.isWritten(k + "affinity") {

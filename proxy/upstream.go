@@ -108,32 +108,38 @@ func newUpstream(p *Proxy, o Upstream, prev *upstream) (*upstream, error) {
 	if prev != nil {
 		kept = *prev.pool.Load()
 	}
-	var urls []string
-	switch {
-	case o.Discover.DNS != "":
-		if prev != nil && prev.opts.Discover == o.Discover {
-			for _, ep := range kept {
-				urls = append(urls, ep.spec.url) // the last good set, refreshed by the loop
-			}
-			break
-		}
-		found, err := up.resolve()
-		if err != nil {
-			p.log.Warn().Str("upstream", o.Name).Str("dns", o.Discover.DNS).Str("error", err.Error()).
-				Msg("discovery failed: the pool starts empty, retrying")
-		}
-		urls = found
-	case len(o.Endpoints) > 0:
-		urls = o.Endpoints
-	default:
-		urls = []string{o.URL}
-	}
+	urls := up.urls(prev, kept)
 	pool, err := up.endpoints(urls, kept, false)
 	if err != nil {
 		return nil, err
 	}
 	up.pool.Store(&pool)
 	return up, nil
+}
+
+// urls returns the endpoint URLs the pool starts with: the url, the
+// endpoints, or what DNS has — on a reload with the same discover, the
+// last good set (kept), which the background loop refreshes.
+func (up *upstream) urls(prev *upstream, kept []*endpoint) []string {
+	o := up.opts
+	switch {
+	case o.Discover.DNS != "" && prev != nil && prev.opts.Discover == o.Discover:
+		urls := make([]string, 0, len(kept))
+		for _, ep := range kept {
+			urls = append(urls, ep.spec.url)
+		}
+		return urls
+	case o.Discover.DNS != "":
+		found, err := up.resolve()
+		if err != nil {
+			up.p.log.Warn().Str("upstream", o.Name).Str("dns", o.Discover.DNS).Str("error", err.Error()).
+				Msg("discovery failed: the pool starts empty, retrying")
+		}
+		return found
+	case len(o.Endpoints) > 0:
+		return o.Endpoints
+	}
+	return []string{o.URL}
 }
 
 // endpoints builds the pool for urls, reusing endpoints of kept with the
