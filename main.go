@@ -334,6 +334,7 @@ func poolOptions(o *proxy.Upstream, u config.Upstream) {
 	}
 	o.MaxEjected = float64(u.MaxEjected)
 	o.RideThrough = u.RideThrough.Std()
+	o.Continuation = map[string]proxy.Continuation{"vllm": proxy.ContinueVLLM, "prefill": proxy.ContinuePrefill}[u.Continuation]
 }
 
 // routeOptions translates one route.
@@ -343,8 +344,16 @@ func routeOptions(r config.Route) proxy.Route {
 	for _, f := range r.Fallbacks {
 		fallbacks = append(fallbacks, proxy.Target{Upstream: f.Upstream, Model: f.Model})
 	}
+	rescues := 0 // the default
+	if r.MaxRescues != nil {
+		if rescues = *r.MaxRescues; rescues == 0 {
+			rescues = -1 // written 0: none
+		}
+	}
 	return proxy.Route{
-		Name: r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
+		StreamHold: proxy.StreamHold{Max: r.StreamHold.Max.Std(), Bytes: int(r.StreamHold.Bytes)},
+		MaxRescues: rescues,
+		Name:       r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
 		FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
 		AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
 		Deadline:              r.Deadline.Std(),

@@ -219,6 +219,9 @@ type Upstream struct {
 	// its deadline) for an endpoint to come back when all are out. Default
 	// 0s: off.
 	RideThrough Duration `yaml:"ride_through"`
+	// Continuation says how the upstream continues a partial assistant
+	// message: vllm, prefill or none (default: never asked to).
+	Continuation string `yaml:"continuation"`
 	// APIKey, when set, replaces the client's Authorization with
 	// "Bearer <key>". ${VAR} is expanded from the environment; empty
 	// means unset.
@@ -348,6 +351,21 @@ type Route struct {
 	MaxDuration Duration `yaml:"max_duration"`
 	// Retry is the route's retry policy.
 	Retry Retry `yaml:"retry"`
+	// StreamHold holds a stream's status and headers until it ends or
+	// its window passes, so a failure inside it is retried unseen. Off
+	// unless set.
+	StreamHold StreamHold `yaml:"stream_hold"`
+	// MaxRescues bounds the continuations of a stream cut mid-answer
+	// (0: none). Default 1.
+	MaxRescues *int `yaml:"max_rescues"`
+}
+
+// StreamHold is a route's hold window for streams.
+type StreamHold struct {
+	// Max is the window's length from the first output. Default 2s.
+	Max Duration `yaml:"max"`
+	// Bytes ends the window once this much is held. Default 64KiB.
+	Bytes Size `yaml:"bytes"`
 }
 
 // Retry is a route's retry policy.

@@ -235,6 +235,11 @@ func (c *Config) validateBalance(p *problems, k string, u Upstream) {
 		atLeast1(p, k+"health_check.healthy", hc.Healthy)
 		atLeast1(p, k+"health_check.unhealthy", hc.Unhealthy)
 	}
+	switch u.Continuation {
+	case "", "none", "vllm", "prefill":
+	default:
+		p.bad(k+"continuation", "must be vllm, prefill or none (got %q)", u.Continuation)
+	}
 	if m := float64(u.MaxEjected); m < 0 || m > 1 || (m == 0 && c.isWritten(k+"max_ejected")) {
 		p.bad(k+"max_ejected", "must be in (0%%, 100%%] (at least one endpoint may always be ejected)")
 	}
@@ -271,7 +276,24 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 		p.bad(k+"max_body", "must be at least 1 byte")
 	}
 	c.validateRetry(p, k+"retry.", r.Retry)
+	if c.isWritten(k + "stream_hold") {
+		h := r.StreamHold
+		if h == (StreamHold{}) {
+			p.bad(k+"stream_hold", "set max and/or bytes (e.g. stream_hold: {max: 2s, bytes: 64KiB})")
+		}
+		positive(p, k+"stream_hold.max", h.Max)
+		atLeast1(p, k+"stream_hold.bytes", h.Bytes)
+		if h.Bytes > maxStreamHold {
+			p.bad(k+"stream_hold.bytes", "at most 16MiB (got %d bytes)", h.Bytes)
+		}
+	}
+	if r.MaxRescues != nil {
+		notNegative(p, k+"max_rescues", *r.MaxRescues, " (0: no rescues)")
+	}
 }
+
+// maxStreamHold bounds stream_hold.bytes: what one request may hold.
+const maxStreamHold = 16 << 20
 
 // validateRetry checks a route's retry policy; k ends in "retry.".
 func (c *Config) validateRetry(p *problems, k string, rt Retry) {

@@ -138,6 +138,9 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 			switch mark, code := policy.Judge(api, ev); mark {
 			case policy.MarkContent:
 				markStreaming(rp.msg)
+				if ex.req.route.streamHold.Max > 0 {
+					return ex.holdWindow(kind, api, judged)
+				}
 				return policy.FaultNone
 			case policy.MarkFailure:
 				rp.streamFailed, rp.streamError = true, code
@@ -149,12 +152,7 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 			markStreaming(rp.msg)
 			return policy.FaultNone
 		}
-		if len(rp.head) == cap(rp.head) {
-			rp.head = append(rp.head, 0)[:len(rp.head)]
-		}
-		n, err := rp.body.Read(rp.head[len(rp.head):min(cap(rp.head), maxHold)])
-		rp.head = rp.head[:len(rp.head)+n]
-		switch {
+		switch err := rp.readMore(maxHold); {
 		case err == io.EOF:
 			// The whole stream was framing: it goes as it is, and its end is
 			// checked as a stream's (see Read).
@@ -167,6 +165,76 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 			return policy.FaultReset
 		}
 	}
+}
+
+// holdWindow goes on holding a stream past its first output, for a route
+// with stream_hold: until the stream ends, the window passes (max from
+// now, within the deadline) or bytes are held. A failure inside the
+// window — a cut, a stall past idle, an in-band error — is the attempt's,
+// retried or failed over from scratch with nothing sent; past it the
+// stream flows as any. judged is how much of the head has been judged.
+func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) policy.Fault {
+	rp, hold := &ex.reply, ex.req.route.streamHold
+	until := time.Now().Add(hold.Max)
+	if until.After(ex.req.deadline) {
+		until = ex.req.deadline
+	}
+	if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
+		a.conn.capReads(until) // a stall may not outlast the window
+		defer a.conn.until.Store(0)
+	}
+	ex.enter(phaseStreamHold)
+	var scan events.Scanner
+	scan.Reset(kind)
+	_, _ = scan.Write(rp.head)
+	for {
+		for {
+			ev, n := nextEvent(kind, rp.head[judged:])
+			if n == 0 {
+				break
+			}
+			judged += n
+			if ev.Data == nil {
+				continue
+			}
+			if mark, code := policy.Judge(api, ev); mark == policy.MarkFailure {
+				rp.streamFailed, rp.streamError = true, code
+				return policy.FaultNone
+			}
+		}
+		if len(rp.head) >= hold.Bytes || !time.Now().Before(until) {
+			return policy.FaultNone
+		}
+		before := len(rp.head)
+		err := rp.readMore(hold.Bytes)
+		_, _ = scan.Write(rp.head[before:])
+		switch {
+		case err == io.EOF:
+			if scan.End(); !scan.Done() && rp.msg.Header.ContentLength() == -2 {
+				return policy.FaultReset // only the connection's close ended it: a cut
+			}
+			ex.closeBody()
+			rp.heldToEnd = true
+			return policy.FaultNone
+		case err != nil && isTimeout(err) && !time.Now().Before(until):
+			return policy.FaultNone // the window passed: the stream flows
+		case err != nil && isTimeout(err):
+			return policy.FaultTimeout
+		case err != nil:
+			return policy.FaultReset
+		}
+	}
+}
+
+// readMore reads the reply body's next bytes onto its head, which holds
+// at most limit bytes (more than it holds now).
+func (rp *reply) readMore(limit int) error {
+	if len(rp.head) == cap(rp.head) {
+		rp.head = append(rp.head, 0)[:len(rp.head)]
+	}
+	n, err := rp.body.Read(rp.head[len(rp.head):min(cap(rp.head), limit)])
+	rp.head = rp.head[:len(rp.head)+n]
+	return err
 }
 
 // nextEvent returns the first complete event in b — an SSE event up to

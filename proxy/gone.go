@@ -15,10 +15,11 @@ const (
 	phaseRetryAfter               // waiting before a retry (the upstream's Retry-After)
 	phaseStream                   // the response is streaming
 	phaseRideThrough              // waiting for an endpoint to come back (ride_through)
+	phaseStreamHold               // a stream's head is held (stream_hold)
 )
 
 var phaseNames = [...]string{"admit", "queue", "cooldown", "pacing", "response_head", "backoff", "retry_after", "stream",
-	"ride_through"}
+	"ride_through", "stream_hold"}
 
 func (p phase) String() string {
 	if int(p) < len(phaseNames) {

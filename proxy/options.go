@@ -35,6 +35,7 @@ const (
 	DefaultBareCooldown     = time.Second
 	DefaultSlowStart        = 30 * time.Second
 	DefaultMaxEjected       = 0.5
+	DefaultMaxRescues       = 1
 	DefaultHealthEvery      = 5 * time.Second
 	DefaultHealthTimeout    = time.Second
 	DefaultHealthy          = 2
@@ -72,6 +73,10 @@ type Upstream struct {
 	// deadline) for an endpoint to come back when every one is out,
 	// instead of failing at once; 0: off.
 	RideThrough time.Duration
+	// Continuation says how the upstream continues a partial assistant
+	// message, for rescuing a stream cut mid-answer (ContinueNone: it is
+	// never asked to).
+	Continuation Continuation
 	// APIKey, when set, replaces the client's Authorization header.
 	APIKey string
 	// ConnectTimeout bounds dialling and the TLS handshake. Default 2 s.
@@ -137,6 +142,40 @@ func (u Upstream) withDefaults() Upstream {
 	}
 	return u
 }
+
+// Continuation is how an upstream continues a partial assistant message
+// sent as the conversation's last message.
+type Continuation uint8
+
+// The ways of continuing.
+const (
+	// ContinueNone: the upstream is never sent a partial answer.
+	ContinueNone Continuation = iota
+	// ContinueVLLM: vLLM's continue_final_message: true with
+	// add_generation_prompt: false.
+	ContinueVLLM
+	// ContinuePrefill: the trailing assistant message alone (llama.cpp,
+	// Ollama and Anthropic-style servers continue it).
+	ContinuePrefill
+)
+
+// StreamHold holds a committed stream's status and headers until the
+// stream ends or its window passes, so a failure inside the window is
+// retried from scratch, unseen. Off when both are zero.
+type StreamHold struct {
+	// Max is the window's length from the stream's first output. Default
+	// 2 s when Bytes is set.
+	Max time.Duration
+	// Bytes ends the window once this much of the body is held. Default
+	// 64 KiB when Max is set.
+	Bytes int
+}
+
+// The stream_hold defaults.
+const (
+	DefaultStreamHoldMax   = 2 * time.Second
+	DefaultStreamHoldBytes = 64 << 10
+)
 
 // ServerLimits bound how clients use the listener (fixed at New).
 type ServerLimits struct {
@@ -317,6 +356,12 @@ type Route struct {
 	// Retry is the route's retry policy; its zero fields take policy's
 	// defaults (Retry.WithDefaults).
 	Retry policy.Retry
+	// StreamHold holds a stream's head until it ends or its window
+	// passes (off when zero).
+	StreamHold StreamHold
+	// MaxRescues bounds the continuations of one request's stream cut
+	// mid-answer. 0: the default, 1; negative: none.
+	MaxRescues int
 }
 
 func (r Route) withDefaults() Route {
@@ -325,6 +370,16 @@ func (r Route) withDefaults() Route {
 	orDefault(&r.Deadline, DefaultDeadline)
 	orDefault(&r.MaxBody, DefaultMaxBody)
 	r.Retry = r.Retry.WithDefaults(len(r.Fallbacks))
+	if r.StreamHold != (StreamHold{}) {
+		orDefault(&r.StreamHold.Max, DefaultStreamHoldMax)
+		orDefault(&r.StreamHold.Bytes, DefaultStreamHoldBytes)
+	}
+	switch {
+	case r.MaxRescues == 0:
+		r.MaxRescues = DefaultMaxRescues
+	case r.MaxRescues < 0:
+		r.MaxRescues = 0
+	}
 	return r
 }
 

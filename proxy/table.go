@@ -69,6 +69,8 @@ type route struct {
 	maxBody       int
 	maxDuration   time.Duration // 0: the defaults by kind (responseCap)
 	retry         policy.Retry
+	streamHold    StreamHold // off when Max is 0
+	maxRescues    int
 	// Histograms of this route, resolved once.
 	ttfb, durPlain, durStream prometheus.Observer
 }
@@ -165,7 +167,7 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error
 	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
 		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, maxDuration: ro.MaxDuration,
-		retry: ro.Retry}
+		retry: ro.Retry, streamHold: ro.StreamHold, maxRescues: ro.MaxRescues}
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)
 	}
