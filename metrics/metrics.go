@@ -56,6 +56,10 @@ type Metrics struct {
 	// RideThroughs counts requests that waited for an endpoint to come
 	// back (ride_through), by upstream.
 	RideThroughs *prometheus.CounterVec
+	// StreamRescues counts committed streams that failed mid-answer and
+	// could be continued, by result (continued, failed, unsafe,
+	// no_target, exhausted, interrupted).
+	StreamRescues *prometheus.CounterVec
 	// TimeToFirstByte observes the time until the client's response
 	// started, by route.
 	TimeToFirstByte *prometheus.HistogramVec
@@ -140,6 +144,8 @@ func New() *Metrics {
 			Help: "Active health checks by upstream and result (ok, fail)."}, []string{"upstream", "result"}),
 		RideThroughs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_ride_throughs_total",
 			Help: "Requests that waited for an endpoint to come back (ride_through), by upstream."}, []string{"upstream"}),
+		StreamRescues: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_stream_rescues_total",
+			Help: "Streams cut mid-answer on a route that can continue them, by result."}, []string{"result"}),
 		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_time_to_first_byte_seconds",
 			Help: "Time until the client's response started (retries included), by route.", Buckets: latencyBuckets},
 			[]string{"route"}),
@@ -177,7 +183,7 @@ func New() *Metrics {
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
-		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs,
+		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

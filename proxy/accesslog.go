@@ -8,27 +8,32 @@ import (
 
 // Access-log field names.
 const (
-	fieldID           = "id"
-	fieldMethod       = "method"
-	fieldPath         = "path"
-	fieldRoute        = "route"
-	fieldUpstream     = "upstream"
-	fieldEndpoint     = "endpoint"
-	fieldStatus       = "status"
-	fieldAttempts     = "attempts"
-	fieldRetries      = "retries"
-	fieldStop         = "stop"
-	fieldBreaker      = "breaker"
-	fieldModelBreaker = "model_breaker"
-	fieldStream       = "stream"
-	fieldBytesOut     = "bytes_out"
-	fieldTTFB         = "ttfb_ms"
-	fieldTTFT         = "ttft_ms"
-	fieldDuration     = "duration_ms"
-	fieldOutcome      = "outcome"
-	fieldError        = "error"
-	fieldTargets      = "targets"
-	fieldPhase        = "phase"
+	fieldID            = "id"
+	fieldMethod        = "method"
+	fieldPath          = "path"
+	fieldRoute         = "route"
+	fieldUpstream      = "upstream"
+	fieldEndpoint      = "endpoint"
+	fieldStatus        = "status"
+	fieldAttempts      = "attempts"
+	fieldRetries       = "retries"
+	fieldStop          = "stop"
+	fieldBreaker       = "breaker"
+	fieldModelBreaker  = "model_breaker"
+	fieldStream        = "stream"
+	fieldBytesOut      = "bytes_out"
+	fieldTTFB          = "ttfb_ms"
+	fieldTTFT          = "ttft_ms"
+	fieldDuration      = "duration_ms"
+	fieldOutcome       = "outcome"
+	fieldError         = "error"
+	fieldTargets       = "targets"
+	fieldPhase         = "phase"
+	fieldRescued       = "rescued"
+	fieldRescuedBy     = "rescued_by"
+	fieldSeam          = "seam_bytes"
+	fieldFirstUsage    = "first_usage"
+	fieldRescueRefused = "rescue_refused"
 )
 
 // Outcomes: how a request ended, in the access log and the
@@ -121,6 +126,17 @@ func (ex *exchange) logAccess() {
 	}
 	if out.outcome == outcomeClientGone {
 		ev.Str(fieldPhase, phase(ex.gonePhase.Load()).String())
+	}
+	if rs := &out.rescue; rs.tries > 0 || rs.refused != "" {
+		ev.Int(fieldRescued, rs.rescued)
+		if rs.rescued > 0 {
+			// The cut call never sent its usage: the continuation's is all
+			// the client got.
+			ev.Str(fieldRescuedBy, rs.by).Int64(fieldSeam, rs.seam).Str(fieldFirstUsage, "unknown")
+		}
+		if rs.refused != "" {
+			ev.Str(fieldRescueRefused, rs.refused)
+		}
 	}
 	ev.Bool(fieldStream, out.streaming).
 		Int64(fieldBytesOut, out.bytesOut).

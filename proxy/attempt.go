@@ -138,7 +138,7 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 			switch mark, code := policy.Judge(api, ev); mark {
 			case policy.MarkContent:
 				markStreaming(rp.msg)
-				if ex.req.route.streamHold.Max > 0 {
+				if ex.req.route.streamHold.Max > 0 && !ex.out.streaming { // not a continuation's
 					return ex.holdWindow(kind, api, judged)
 				}
 				return policy.FaultNone

@@ -140,8 +140,9 @@ type reply struct {
 	conn *endpoint
 	// has says the last attempt produced a status (no fault).
 	has bool
-	// up is the upstream that sent it.
+	// up is the upstream that sent it, ti its target's index in the route.
 	up *upstream
+	ti int
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader
@@ -186,6 +187,8 @@ type response struct {
 	broken     error  // why the upstream stream failed mid-body
 	// cut is set when Shutdown ends the stream past its grace (interrupt).
 	cut atomic.Bool
+	// rescue follows a stream that may be continued if it fails.
+	rescue rescue
 }
 
 // notes are what the access line lists: each retry and each target.

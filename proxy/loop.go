@@ -261,45 +261,12 @@ func (ex *exchange) block(o obstacle) {
 	}
 }
 
-// try makes one attempt on t's endpoint ep, reports it to the breakers,
-// counts and notes it, and returns policy's decision on what follows.
+// try makes one attempt on t's endpoint ep (send) and returns policy's
+// decision on what follows.
 func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	up, lp := t.up, &ex.loop
-	// The previous reply is given up now (its body and its connection
-	// place), and the place taken for this attempt goes with the new one.
-	ex.closeBody()
-	ex.reply.conn, lp.place = lp.place, nil
-	afterStale := lp.replaying
-	if lp.reriding {
-		lp.rides++
-	} else if !afterStale {
-		lp.n++
-	}
-	lp.attempts++
-	lp.replaying, lp.reriding, lp.blocked = false, false, false
+	out, afterStale := ex.send(t, ep, tk)
 	now := time.Now()
-	if lp.n == 1 && !afterStale {
-		up.budget.FirstAttempt(now)
-	}
-	ex.aim(ep)
-	out := ex.attempt(t, ep, now)
-	now = time.Now()
-	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	tk.conn.Done(breakerResult(lp.verdict.Conn))
-	tk.model.Done(breakerResult(lp.verdict.Health))
-	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
-		ex.failedOn(ep)
-	}
-	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone {
-		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
-	}
-	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
-		ex.reply.up = up
-	}
-	result := resultLabel(lp.verdict)
-	ep.countAttempt(ex.p, up.name, result)
-	ex.noteResult(result, true)
-
 	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts - lp.rides, AfterStale: afterStale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
 		Riding: now.Before(lp.rideUntil) && ep.out()}
@@ -322,6 +289,47 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 		ex.loop.reservedAt = now
 	}
 	return d
+}
+
+// send makes one attempt on t's endpoint ep, reports it to the breakers,
+// counts and notes it; lp.verdict says how it went. afterStale says it
+// was a stale connection's replay.
+func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcome, afterStale bool) {
+	up, lp := t.up, &ex.loop
+	// The previous reply is given up now (its body and its connection
+	// place), and the place taken for this attempt goes with the new one.
+	ex.closeBody()
+	ex.reply.conn, lp.place = lp.place, nil
+	afterStale = lp.replaying
+	if lp.reriding {
+		lp.rides++
+	} else if !afterStale {
+		lp.n++
+	}
+	lp.attempts++
+	lp.replaying, lp.reriding, lp.blocked = false, false, false
+	now := time.Now()
+	if lp.n == 1 && !afterStale {
+		up.budget.FirstAttempt(now)
+	}
+	ex.aim(ep)
+	out = ex.attempt(t, ep, now)
+	lp.verdict, lp.fault = policy.Classify(out), out.Fault
+	tk.conn.Done(breakerResult(lp.verdict.Conn))
+	tk.model.Done(breakerResult(lp.verdict.Health))
+	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
+		ex.failedOn(ep)
+	}
+	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone {
+		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
+	}
+	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
+		ex.reply.up, ex.reply.ti = up, lp.ti
+	}
+	result := resultLabel(lp.verdict)
+	ep.countAttempt(ex.p, up.name, result)
+	ex.noteResult(result, true)
+	return out, afterStale
 }
 
 // retrying counts and notes a retry policy chose, once its wait is over.

@@ -161,6 +161,16 @@ func (p *Proxy) Server() *fasthttp.Server {
 	return p.server
 }
 
+// isStopping reports whether shutdown has begun.
+func (p *Proxy) isStopping() bool {
+	select {
+	case <-p.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
 // Drain makes Ready report false from now on — load balancers stop
 // sending — while requests go on being served (a sidecar's agent may
 // still be finishing its work). Shutdown drains too.

@@ -79,6 +79,7 @@ func (ex *exchange) commit(final bool) {
 	if a, ok := src.LocalAddr().(*connAddr); ok {
 		a.conn.capReads(ex.responseCap())
 	}
+	ex.followForRescue()
 	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()

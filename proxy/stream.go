@@ -35,11 +35,6 @@ func kindOf(contentType []byte) events.Kind {
 // stream never ends as if it had succeeded.
 func (ex *exchange) Read(p []byte) (int, error) {
 	rp, out := &ex.reply, &ex.out
-	if rp.headOff < len(rp.head) {
-		n := copy(p, rp.head[rp.headOff:])
-		rp.headOff += n
-		return ex.relayed(p[:n]), nil
-	}
 	if out.tail != nil {
 		if len(out.tail) == 0 {
 			return 0, io.EOF
@@ -50,6 +45,14 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	}
 	if out.broken != nil {
 		return 0, errStreamAborted
+	}
+	if out.rescue.on {
+		return ex.readEvents(p)
+	}
+	if rp.headOff < len(rp.head) {
+		n := copy(p, rp.head[rp.headOff:])
+		rp.headOff += n
+		return ex.relayed(p[:n]), nil
 	}
 	if rp.body == nil {
 		if rp.heldToEnd { // the upstream's end came while its framing was held
@@ -148,6 +151,11 @@ func (ex *exchange) interruptionTail() []byte {
 		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.idle)
 	case errors.Is(out.broken, errUnterminated):
 		what = "the upstream closed the connection before the stream's end ([DONE] or a final event)"
+	case errors.Is(out.broken, errInBand):
+		what = errInBand.Error()
+	}
+	if out.rescue.tries > 0 {
+		what += ", and continuing it failed"
 	}
 	e := newError(CodeStreamInterrupted, what, up.name)
 	var b []byte

@@ -1,0 +1,346 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"sturdy/events"
+	"sturdy/policy"
+)
+
+// rescue follows a committed chat completions stream that a target of
+// the route could continue, should it fail mid-answer: events are relayed
+// whole (so the client never holds half of one at a seam), and the text
+// so far is kept to send as a trailing assistant message.
+type rescue struct {
+	on bool
+	// raw is set once an event outgrew maxHold: from then on bytes go as
+	// they come, unfollowed, and no continuation is possible.
+	raw bool
+	// pending holds upstream bytes not yet relayed (an unfinished event);
+	// ready whole events for the client, readyOff how much of it went.
+	pending  []byte
+	ready    []byte
+	readyOff int
+	// end is how the relayed upstream stream ended (io.EOF: cleanly), to
+	// act on once ready is out.
+	end error
+	// text is the answer streamed so far (choice 0), id the stream's id
+	// that a continuation's chunks take; blocker says what streamed
+	// rules a continuation out (policy.FollowChunk, Continuable).
+	text    []byte
+	id      []byte
+	blocker string
+	// ti is the target whose stream is relayed now; cont says it is a
+	// continuation, begun that its first output went by.
+	ti          int
+	cont, begun bool
+	// tries counts continuations sent, rescued those that took over;
+	// seam is the bytes the client had at the last seam, by the upstream
+	// that continued; refused why a failure could not be rescued.
+	tries, rescued int
+	seam           int64
+	by             string
+	refused        string
+}
+
+// errInBand is why a stream that reported an error mid-answer ended.
+var errInBand = errors.New("the upstream reported an error mid-stream")
+
+// followForRescue turns rescue on at commit for a chat completions
+// stream the route could continue: chunked SSE, a request continuing
+// cannot corrupt (policy.Continuable), and a target that can continue.
+func (ex *exchange) followForRescue() {
+	rs := &ex.out.rescue
+	if ex.req.api != policy.APIChat || ex.out.kind != events.SSE || !ex.out.chunked || ex.req.route.maxRescues == 0 ||
+		ex.loop.verdict.Class != policy.ClassSuccess {
+		return
+	}
+	rs.ti = ex.reply.ti
+	if ex.rescueTarget() < 0 {
+		return
+	}
+	rs.blocker = policy.Continuable(ex.ctx.Request.Body())
+	rs.on = true
+}
+
+// readEvents is Read for a followed stream: it relays whole events, and
+// when the upstream stream fails — a cut, a stall past idle, an in-band
+// error — continues it on a target that can (rescueStream), or ends it
+// as any failed stream.
+func (ex *exchange) readEvents(p []byte) (int, error) {
+	rs := &ex.out.rescue
+	for {
+		if rs.readyOff < len(rs.ready) {
+			n := copy(p, rs.ready[rs.readyOff:])
+			rs.readyOff += n
+			return ex.relayed(p[:n]), nil
+		}
+		rs.ready, rs.readyOff = rs.ready[:0], 0
+		if rs.end != nil {
+			if rs.end != io.EOF && ex.rescueStream() {
+				rs.end = nil
+				continue
+			}
+			rs.on = false
+			return ex.upstreamEnded(rs.end, p)
+		}
+		err := ex.pull()
+		if ex.takeEvents() {
+			err = errInBand
+		}
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF && ex.cutAtEnd():
+			err = errUnterminated
+		case err == io.EOF:
+			rs.ready = append(rs.ready, rs.pending...) // the last event may lack its blank line
+			rs.pending = rs.pending[:0]
+		}
+		rs.end = err
+	}
+}
+
+// pull adds the next upstream bytes to pending: the reply's held head
+// first, then its body.
+func (ex *exchange) pull() error {
+	rp, rs := &ex.reply, &ex.out.rescue
+	if rp.headOff < len(rp.head) {
+		rs.pending = append(rs.pending, rp.head[rp.headOff:]...)
+		rp.headOff = len(rp.head)
+		return nil
+	}
+	if rp.body == nil { // read to its end while held
+		return io.EOF
+	}
+	if len(rs.pending) == cap(rs.pending) {
+		rs.pending = slices.Grow(rs.pending, headSize)
+	}
+	n, err := rp.body.Read(rs.pending[len(rs.pending):cap(rs.pending)])
+	rs.pending = rs.pending[:len(rs.pending)+n]
+	return err
+}
+
+// cutAtEnd reports whether a stream that reached EOF was cut: only its
+// connection's close ended it, before its terminator.
+func (ex *exchange) cutAtEnd() bool {
+	if !ex.out.closeDelimited {
+		return false
+	}
+	s := ex.out.scan // a copy: what the client's scanner will make of the rest
+	_, _ = s.Write(ex.out.rescue.ready[ex.out.rescue.readyOff:])
+	_, _ = s.Write(ex.out.rescue.pending)
+	s.End()
+	return !s.Done()
+}
+
+// takeEvents moves pending's whole events to ready, following each. true
+// means an in-band error a continuation may rescue: it and whatever
+// follows it are not relayed.
+func (ex *exchange) takeEvents() (failed bool) {
+	rs := &ex.out.rescue
+	if rs.raw {
+		rs.ready, rs.pending = append(rs.ready, rs.pending...), rs.pending[:0]
+		return false
+	}
+	off := 0
+	for !failed {
+		ev, n := nextEvent(events.SSE, rs.pending[off:])
+		if n == 0 {
+			break
+		}
+		failed = ex.follow(ev, rs.pending[off:off+n])
+		off += n
+	}
+	if failed {
+		off = len(rs.pending)
+	}
+	rs.pending = rs.pending[:copy(rs.pending, rs.pending[off:])]
+	if len(rs.pending) > maxHold { // no event's end in sight: give up following
+		rs.raw, rs.blocker = true, "oversized_event"
+		rs.ready, rs.pending = append(rs.ready, rs.pending...), rs.pending[:0]
+	}
+	return failed
+}
+
+// follow relays one event (raw) of the stream to ready, after learning
+// from it: its text, its id, whatever rules a continuation out. A
+// continuation's events lose their role-only framing (the client had it)
+// and take the first stream's id. true means ev is an in-band error a
+// continuation may rescue, not relayed.
+func (ex *exchange) follow(ev policy.Event, raw []byte) (failed bool) {
+	rs := &ex.out.rescue
+	if ev.Data == nil || string(ev.Data) == "[DONE]" {
+		rs.ready = append(rs.ready, raw...)
+		return false
+	}
+	mark, code := policy.Judge(policy.APIChat, ev)
+	if mark == policy.MarkFailure {
+		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueRefusal() == "" {
+			return true
+		}
+		rs.ready = append(rs.ready, raw...)
+		return false
+	}
+	if rs.cont && !rs.begun {
+		if mark == policy.MarkFraming {
+			return false
+		}
+		rs.begun = true
+	}
+	text, blocker := policy.FollowChunk(ev.Data)
+	rs.text = append(rs.text, text...)
+	if rs.blocker == "" {
+		rs.blocker = blocker
+	}
+	id := gjson.GetBytes(ev.Data, "id").Str
+	switch {
+	case !rs.cont && len(rs.id) == 0:
+		rs.id = append(rs.id, id...)
+	case rs.cont && id != string(rs.id):
+		if data, err := sjson.SetBytes(slices.Clone(ev.Data), "id", string(rs.id)); err == nil {
+			rs.ready = append(append(append(rs.ready, "data: "...), data...), "\n\n"...)
+			return false
+		}
+	}
+	rs.ready = append(rs.ready, raw...)
+	return false
+}
+
+// rescueTarget returns the index of the target that continues the
+// stream: the current one if its upstream can continue, else the next
+// fallback that can; -1 for none.
+func (ex *exchange) rescueTarget() int {
+	ts := ex.req.route.targets
+	for i := ex.out.rescue.ti; i < len(ts); i++ {
+		if ts[i].up.opts.Continuation != ContinueNone {
+			return i
+		}
+	}
+	return -1
+}
+
+// rescueRefusal says why the failed stream cannot be continued now, as
+// the rescues metric's result, or "" when it can.
+func (ex *exchange) rescueRefusal() string {
+	rs, lp := &ex.out.rescue, &ex.loop
+	maxTotal := ex.req.retry.MaxTotalAttempts
+	if maxTotal <= 0 {
+		maxTotal = ex.req.retry.MaxAttempts
+	}
+	r := ex.req.route
+	switch {
+	case rs.blocker != "":
+		return "unsafe"
+	case ex.rescueTarget() < 0:
+		return "no_target"
+	case rs.tries >= r.maxRescues || lp.attempts-lp.rides >= maxTotal || time.Until(ex.req.deadline) <= 0,
+		r.maxDuration > 0 && time.Since(ex.req.start) >= r.maxDuration:
+		return "exhausted"
+	case ex.out.cut.Load() || ex.isGone.Load() || ex.p.isStopping():
+		return "interrupted"
+	}
+	return ""
+}
+
+// rescueStream continues the failed stream on a target that can, within
+// max_rescues, max_total_attempts and the deadline, and reports whether
+// one took over.
+func (ex *exchange) rescueStream() bool {
+	rs := &ex.out.rescue
+	for {
+		if why := ex.rescueRefusal(); why != "" {
+			if rs.refused == "" && why != "interrupted" {
+				rs.refused = why
+			}
+			if rs.tries == 0 || why != "exhausted" {
+				ex.p.m.StreamRescues.WithLabelValues(why).Inc()
+			}
+			return false
+		}
+		rs.tries++
+		ti := ex.rescueTarget()
+		if ex.continueOn(ti) {
+			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
+			return true
+		}
+		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
+		if ex.loop.verdict.Class != policy.ClassRetryable {
+			rs.ti = ti + 1 // it refused: the next that can, if any
+		}
+	}
+}
+
+// continueOn sends the continuation request to target ti — the body as
+// the target gets it, the text so far as a trailing assistant message —
+// and, when it answers with a stream, makes it the one relayed.
+func (ex *exchange) continueOn(ti int) bool {
+	rs, lp, rp := &ex.out.rescue, &ex.loop, &ex.reply
+	t := &ex.req.route.targets[ti]
+	failedUp, failedEp := lp.up, lp.ep
+	ex.closeBody() // closing the cut stream's connection stops its generation
+	lp.ti = ti
+	if ex.useTarget(t) != policy.ActionAttempt {
+		return false
+	}
+	if t.up == failedUp && failedEp != nil {
+		ex.failedOn(failedEp) // another replica, if one is in
+	}
+	if !ex.continuation(t.up.opts.Continuation) {
+		return false
+	}
+	if ex.gate(t.up) != policy.ActionAttempt {
+		return false
+	}
+	ep, tk, a := ex.choose(t.up)
+	if a != policy.ActionAttempt {
+		return false
+	}
+	out, _ := ex.send(t, ep, tk)
+	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || kindOf(rp.msg.Header.ContentType()) != events.SSE {
+		ex.closeBody()
+		return false
+	}
+	ex.out.closeDelimited = rp.msg.Header.ContentLength() == -2
+	if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
+		a.conn.capReads(ex.responseCap())
+	}
+	rs.ti, rs.cont, rs.begun = ti, true, false
+	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.name
+	ex.enter(phaseStream)
+	return true
+}
+
+// continuation rewrites the request for a continuation: the text so far
+// appended as a trailing assistant message, with vLLM's flags for
+// continuing it. With no text yet it is the request as it was. false
+// means the body could not be rewritten: it must not be sent as it is.
+func (ex *exchange) continuation(c Continuation) bool {
+	q, rs := &ex.req, &ex.out.rescue
+	if len(rs.text) == 0 {
+		return true
+	}
+	msg, _ := json.Marshal(struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}{"assistant", string(rs.text)})
+	b, err := sjson.SetRawBytes(slices.Clone(q.msg.Body()), "messages.-1", msg)
+	if err == nil && c == ContinueVLLM {
+		if b, err = sjson.SetBytes(b, "continue_final_message", true); err == nil {
+			b, err = sjson.SetBytes(b, "add_generation_prompt", false)
+		}
+	}
+	if err != nil {
+		return false
+	}
+	q.body = b
+	q.msg.SetBodyRaw(b)
+	return true
+}
