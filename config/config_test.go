@@ -204,6 +204,8 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:5: upstreams[0].endpoints[1]: scheme must be http or https"}},
 		{"duplicate endpoint", "upstreams:\n  - name: a\n    endpoints: [http://h, http://h]\n",
 			[]string{`t.yaml:3: upstreams[0].endpoints[1]: duplicate endpoint "http://h"`}},
+		{"duplicate endpoint but for a slash", "upstreams:\n  - name: a\n    endpoints: [http://h:8000, http://h:8000/]\n",
+			[]string{`t.yaml:3: upstreams[0].endpoints[1]: duplicate endpoint "http://h:8000/"`}},
 		{"discover without port", "upstreams:\n  - name: a\n    discover: {dns: vllm.svc}\n",
 			[]string{`t.yaml:3: upstreams[0].discover.dns: must be host:port (got "vllm.svc")`}},
 		{"discover scheme", "upstreams:\n  - name: a\n    discover:\n      dns: vllm.svc:8000\n      scheme: grpc\n",

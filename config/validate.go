@@ -191,10 +191,10 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 			key := fmt.Sprintf("%sendpoints[%d]", k, j)
 			if err := checkUpstreamURL(e); err != nil {
 				p.bad(key, "%v", err)
-			} else if seen[e] {
+			} else if seen[strings.TrimSuffix(e, "/")] {
 				p.bad(key, "duplicate endpoint %q", e)
 			}
-			seen[e] = true
+			seen[strings.TrimSuffix(e, "/")] = true
 		}
 	default:
 		d := u.Discover

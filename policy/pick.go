@@ -1,5 +1,7 @@
 package policy
 
+import "math"
+
 // Candidate is one endpoint as the picker sees it.
 type Candidate struct {
 	// Load is the requests in flight on it (streams included).
@@ -64,14 +66,23 @@ func PickLeastRequests(cs []Candidate, rnd func(int64) int64) int {
 }
 
 // PickRoundRobin chooses the turn'th eligible candidate (turn counts up
-// per pick); -1 when none can take the request.
-func PickRoundRobin(cs []Candidate, turn uint64) int {
+// per pick); -1 when none can take the request. A candidate ramping up
+// (Weight below 1) takes its turn with probability Weight, else passes
+// it to the next.
+func PickRoundRobin(cs []Candidate, turn uint64, rnd func(int64) int64) int {
 	var buf [64]int
 	el := eligible(cs, buf[:0])
 	if len(el) == 0 {
 		return -1
 	}
-	return el[turn%uint64(len(el))]
+	start := int(turn % uint64(len(el)))
+	for k := range el {
+		i := el[(start+k)%len(el)]
+		if w := cs[i].Weight; w >= 1 || float64(rnd(1<<24))/(1<<24) < w {
+			return i
+		}
+	}
+	return el[start]
 }
 
 // AffinityBound is how far above the mean load a sticky endpoint may go
@@ -95,7 +106,7 @@ func PickAffinity(cs []Candidate, key uint64) int {
 	for _, i := range el {
 		total += cs[i].Load
 	}
-	bound := int(AffinityBound*float64(total)/float64(len(el))) + 1
+	bound := int(math.Ceil(AffinityBound * float64(total) / float64(len(el))))
 	best, bestScore := -1, uint64(0)
 	for range el { // the highest-scoring endpoint under the bound
 		best, bestScore = -1, 0

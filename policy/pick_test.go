@@ -61,10 +61,20 @@ func TestPickRoundRobin(t *testing.T) {
 	cs := []Candidate{{Weight: 1}, {Weight: 0}, {Weight: 1, Tried: true}, {Weight: 1}}
 	var got []int
 	for turn := uint64(0); turn < 4; turn++ {
-		got = append(got, PickRoundRobin(cs, turn))
+		got = append(got, PickRoundRobin(cs, turn, rand.Int64N))
 	}
 	if got[0] != 0 || got[1] != 3 || got[2] != 0 || got[3] != 3 {
 		t.Fatalf("turns %v", got)
+	}
+	ramping := []Candidate{{Weight: 0.2}, {Weight: 1}}
+	n := 0
+	for turn := uint64(0); turn < 4000; turn++ {
+		if PickRoundRobin(ramping, turn, rand.Int64N) == 0 {
+			n++
+		}
+	}
+	if share := float64(n) / 4000; share < 0.07 || share > 0.15 {
+		t.Fatalf("a ramping endpoint at weight 0.2 took %.2f of the turns, want 0.1", share)
 	}
 }
 

@@ -85,6 +85,9 @@ func (t targetNote) MarshalZerologObject(e *zerolog.Event) {
 	if t.model != "" {
 		e.Str("model", t.model)
 	}
+	if t.endpoint != "" {
+		e.Str("endpoint", t.endpoint)
+	}
 	e.Int("attempts", t.attempts).Str("result", t.result)
 	if t.breaker != "" {
 		e.Str("breaker", t.breaker)

@@ -86,8 +86,7 @@ type endpoint struct {
 	// checker is the health checks' own client (never send's: a probe
 	// takes no connection place and no claim); passes and fails count
 	// the results in a row.
-	checker       *fasthttp.HostClient
-	checkerOnce   sync.Once
+	checker       atomic.Pointer[checker]
 	passes, fails atomic.Int32
 
 	// attempts holds the endpoint's attempt counters by result.
@@ -208,4 +207,27 @@ func (ep *endpoint) takeClaim() *exchange {
 }
 
 // close lets the endpoint's connections go.
-func (ep *endpoint) close() { ep.client.CloseIdleConnections() }
+func (ep *endpoint) close() {
+	ep.client.CloseIdleConnections()
+	if c := ep.checker.Load(); c != nil {
+		c.client.CloseIdleConnections()
+	}
+}
+
+// checker is an endpoint's health-check client, built for one setting.
+type checker struct {
+	hc     HealthCheck
+	client *fasthttp.HostClient
+}
+
+// resetHealth forgets the health checks' verdict on ep: for a reload
+// that turns them off or changes them (a new setting judges afresh).
+func (ep *endpoint) resetHealth() {
+	ep.healthy.Store(true)
+	ep.passes.Store(0)
+	ep.fails.Store(0)
+	ep.health.Store(nil)
+	if c := ep.checker.Swap(nil); c != nil {
+		c.client.CloseIdleConnections()
+	}
+}

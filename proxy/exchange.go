@@ -140,9 +140,11 @@ type reply struct {
 	conn *endpoint
 	// has says the last attempt produced a status (no fault).
 	has bool
-	// up is the upstream that sent it, ti its target's index in the route.
+	// up is the upstream that sent it, ti its target's index in the
+	// route, ep its endpoint.
 	up *upstream
 	ti int
+	ep *endpoint
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader
@@ -221,6 +223,7 @@ type retryNote struct {
 type targetNote struct {
 	upstream string
 	model    string
+	endpoint string // of its last attempt
 	attempts int
 	result   string
 	breaker  string // which breaker refused it (connection, model), if one did

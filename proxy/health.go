@@ -94,12 +94,16 @@ func (up *upstream) check(ep *endpoint) {
 // probe sends one health check GET with its own client (a probe takes
 // no connection place and no claim) and returns the status.
 func (ep *endpoint) probe(up *upstream, hc HealthCheck) (int, error) {
-	ep.checkerOnce.Do(func() {
-		ep.checker = &fasthttp.HostClient{Addr: ep.client.Addr, IsTLS: ep.tls != nil, TLSConfig: ep.tls,
+	c := ep.checker.Load()
+	if c == nil || c.hc != hc {
+		// Read and write timeouts bound a TLS handshake too: a server that
+		// accepts and never answers cannot hold the loop.
+		c = &checker{hc: hc, client: &fasthttp.HostClient{Addr: ep.client.Addr, IsTLS: ep.tls != nil, TLSConfig: ep.tls,
 			Dial:     func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, hc.Timeout) },
-			MaxConns: 2, MaxIdemponentCallAttempts: 1, NoDefaultUserAgentHeader: true, MaxIdleConnDuration: 2 * hc.Every,
-			MaxResponseBodySize: 64 << 10, SecureErrorLogMessage: true}
-	})
+			MaxConns: 1, MaxIdemponentCallAttempts: 1, NoDefaultUserAgentHeader: true, ReadTimeout: hc.Timeout,
+			WriteTimeout: hc.Timeout, MaxResponseBodySize: 64 << 10, SecureErrorLogMessage: true}}
+		ep.checker.Store(c)
+	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -113,10 +117,14 @@ func (ep *endpoint) probe(up *upstream, hc HealthCheck) (int, error) {
 		req.Header.SetHostBytes(ep.host)
 	}
 	req.Header.SetUserAgent("Sturdy-HealthCheck")
+	// A fresh connection each time: an idle one kept between probes
+	// (every ≥ a server's keep-alive timeout, 5 s for vLLM) would often
+	// be found closed, and a probe should test connecting anyway.
+	req.SetConnectionClose()
 	if up.auth != nil {
 		req.Header.SetBytesV("Authorization", up.auth) // /v1/models needs the key
 	}
-	if err := ep.checker.DoTimeout(req, resp, hc.Timeout); err != nil {
+	if err := c.client.DoTimeout(req, resp, hc.Timeout); err != nil {
 		return 0, err
 	}
 	return resp.StatusCode(), nil
@@ -186,7 +194,9 @@ func (up *upstream) rediscover() {
 	for _, ep := range old {
 		if !contains(pool, ep) {
 			ep.draining.Store(true)
+			up.drainedMu.Lock()
 			up.drained = append(up.drained, ep)
+			up.drainedMu.Unlock()
 			removed = append(removed, ep.addr)
 		}
 	}
@@ -199,8 +209,11 @@ func (up *upstream) rediscover() {
 	up.notify()
 }
 
-// sweepDrained lets go of the drained endpoints whose requests ended.
+// sweepDrained lets go of the drained endpoints whose requests ended
+// (the metric series too, unless the address is back in the pool).
 func (up *upstream) sweepDrained() {
+	up.drainedMu.Lock()
+	defer up.drainedMu.Unlock()
 	kept := up.drained[:0]
 	for _, ep := range up.drained {
 		if ep.load() > 0 {
@@ -208,10 +221,19 @@ func (up *upstream) sweepDrained() {
 			continue
 		}
 		ep.close()
-		up.p.forgetEndpoint(up.name, ep)
+		if !slices.ContainsFunc(up.endpointsNow(), func(e *endpoint) bool { return e.addr == ep.addr }) {
+			up.p.forgetEndpoint(up.name, ep)
+		}
 	}
 	clear(up.drained[len(kept):])
 	up.drained = kept
+}
+
+// draining returns the endpoints DNS dropped whose requests go on.
+func (up *upstream) draining() []*endpoint {
+	up.drainedMu.Lock()
+	defer up.drainedMu.Unlock()
+	return slices.Clone(up.drained)
 }
 
 // describeLookup names a resolution failure in a line.

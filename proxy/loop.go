@@ -104,7 +104,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.leaveTarget()
 	lp := &ex.loop
 	lp.up, lp.n, lp.replaying, lp.reriding = t.up, 0, false, false
-	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil = false, false, 0, nil, time.Time{}
+	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil, lp.ep = false, false, 0, nil, time.Time{}, nil
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
 		ex.enter(phaseQueue)
@@ -324,11 +324,14 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
 	}
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
-		ex.reply.up, ex.reply.ti = up, lp.ti
+		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
 	}
 	result := resultLabel(lp.verdict)
 	ep.countAttempt(ex.p, up.name, result)
 	ex.noteResult(result, true)
+	if ex.notes.nTried > 0 {
+		ex.notes.tried[ex.notes.nTried-1].endpoint = ep.addr
+	}
 	return out, afterStale
 }
 

@@ -43,6 +43,7 @@ func (ex *exchange) choose(up *upstream) (*endpoint, tickets, policy.Action) {
 		}
 		tk, no := ex.allow(ep)
 		if no == "" {
+			ex.stopRiding() // its place in the queue goes once it has its attempt
 			ex.loop.ep = ep
 			return ep, tk, policy.ActionAttempt
 		}
@@ -74,7 +75,7 @@ func (ex *exchange) pick(up *upstream, refused []*endpoint) *endpoint {
 	i := -1
 	switch up.balance {
 	case BalanceRoundRobin:
-		i = policy.PickRoundRobin(cs, up.turn.Add(1))
+		i = policy.PickRoundRobin(cs, up.turn.Add(1), ex.p.rand)
 	case BalanceAffinity:
 		if key, ok := ex.affinityKey(up); ok {
 			i = policy.PickAffinity(cs, key)
@@ -248,8 +249,12 @@ func (ex *exchange) rideThrough(up *upstream, changed <-chan struct{}) (again bo
 	}
 	wait := left
 	for _, ep := range up.endpointsNow() {
-		if in, _ := ep.probeIn(now, lp.model, up); in < wait {
-			wait = max(in, time.Millisecond)
+		// 0: its probe is out (or due), and its result wakes us (changed);
+		// the bound is a safety net, not a poll.
+		if in, _ := ep.probeIn(now, lp.model, up); in == 0 {
+			wait = min(wait, time.Second)
+		} else if in < wait {
+			wait = in
 		}
 	}
 	ex.enter(phaseRideThrough)
@@ -278,7 +283,6 @@ func (ex *exchange) release(up *upstream, ep *endpoint) bool {
 	spread := min(up.slowStart, up.rideThrough) / 10
 	delay := time.Duration(lp.rideDraw * float64(spread))
 	lp.rideDraw = 0
-	ex.stopRiding()
 	return ex.wait(min(delay, time.Until(ex.req.deadline)/2))
 }
 

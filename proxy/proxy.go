@@ -250,6 +250,7 @@ func (p *Proxy) CloseIdleConnections() {
 func (p *Proxy) startUpstreams(t *table, dropped []*upstream) {
 	live := map[[2]string]bool{}
 	for _, up := range t.upstreams {
+		up.own()
 		up.start()
 		for _, ep := range up.endpointsNow() {
 			live[[2]string{up.name, ep.addr}] = true

@@ -44,7 +44,7 @@ func (ex *exchange) respond() {
 func (ex *exchange) commit(final bool) {
 	ctx, rh, src := ex.ctx, &ex.ctx.Response.Header, ex.reply.msg
 	// The reply may be an earlier target's, when later ones were skipped.
-	ex.loop.up = ex.reply.up
+	ex.loop.up, ex.loop.ep = ex.reply.up, ex.reply.ep
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
 	passThrough := ex.loop.verdict.Class == policy.ClassPassThrough

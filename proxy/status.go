@@ -122,6 +122,9 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 			s.Counts.Exclusions += c.TotalExclusions
 			s.Counts.ConsecutiveFailures = max(s.Counts.ConsecutiveFailures, c.ConsecutiveFailures)
 		}
+		for _, ep := range up.draining() { // DNS dropped them; their requests go on
+			s.Endpoints = append(s.Endpoints, ep.status(now, up.slowStart))
+		}
 		s.ProbeInMS = max(probe, 0).Milliseconds()
 		out = append(out, s)
 	}

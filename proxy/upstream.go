@@ -42,8 +42,11 @@ type upstream struct {
 
 	// pool holds the endpoints taking requests now; DNS discovery swaps
 	// it. drained are those DNS dropped, kept until their requests end.
-	pool    atomic.Pointer[[]*endpoint]
-	drained []*endpoint // owned by the background loop
+	pool      atomic.Pointer[[]*endpoint]
+	drainedMu sync.Mutex
+	drained   []*endpoint
+	// prev is the upstream this one replaces in a reload, until own.
+	prev    *upstream
 	balance Balance
 	// affinity keys requests for BalanceAffinity.
 	affinity  Affinity
@@ -77,6 +80,7 @@ func newUpstream(p *Proxy, o Upstream, prev *upstream) (*upstream, error) {
 		name:         o.Name,
 		opts:         o,
 		p:            p,
+		prev:         prev,
 		firstByte:    o.FirstByteTimeout,
 		idle:         o.IdleTimeout,
 		budget:       &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
@@ -123,7 +127,8 @@ func newUpstream(p *Proxy, o Upstream, prev *upstream) (*upstream, error) {
 func (up *upstream) urls(prev *upstream, kept []*endpoint) []string {
 	o := up.opts
 	switch {
-	case o.Discover.DNS != "" && prev != nil && prev.opts.Discover == o.Discover:
+	case o.Discover.DNS != "" && prev != nil && prev.opts.Discover.DNS == o.Discover.DNS &&
+		prev.opts.Discover.Scheme == o.Discover.Scheme:
 		urls := make([]string, 0, len(kept))
 		for _, ep := range kept {
 			urls = append(urls, ep.spec.url)
@@ -164,8 +169,8 @@ func (up *upstream) endpoints(urls []string, kept []*endpoint, ramp bool) ([]*en
 			if ramp {
 				ep.cameBack(time.Now())
 			}
+			ep.owner.Store(up) // a kept one changes hands once the table is live (own)
 		}
-		ep.owner.Store(up)
 		pool = append(pool, ep)
 	}
 	return pool, nil
@@ -182,6 +187,27 @@ func (up *upstream) spec(url string) endpointSpec {
 		s.hostName = o.Discover.DNS // verified by TLS and sent as Host, never the address
 	}
 	return s
+}
+
+// own makes up the owner of its endpoints, once its table is live: their
+// breaker and health changes wake up's riders and count against its
+// max_ejected. Endpoints a reload kept from an upstream whose health
+// check changed (or went) are judged afresh, and those the previous
+// upstream was draining are drained on here.
+func (up *upstream) own() {
+	for _, ep := range up.endpointsNow() {
+		prev := ep.owner.Swap(up)
+		if prev != nil && prev != up && prev.opts.HealthCheck != up.opts.HealthCheck {
+			ep.resetHealth()
+		}
+	}
+	if up.prev != nil {
+		d := up.prev.draining()
+		up.drainedMu.Lock()
+		up.drained = append(up.drained, d...)
+		up.drainedMu.Unlock()
+		up.prev = nil
+	}
 }
 
 // endpointsNow returns the endpoints taking requests.
