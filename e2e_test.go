@@ -213,6 +213,61 @@ func TestOpenAIClientRaisesOnAResponsesStreamCut(t *testing.T) {
 	}
 }
 
+// TestOpenAIClientReadsARescuedStreamAsOne: a stream cut mid-answer and
+// continued on a fallback reads, through openai-go's accumulator, as one
+// normal stream: one id, the whole text, one finish_reason, the
+// continuation's usage.
+func TestOpenAIClientReadsARescuedStreamAsOne(t *testing.T) {
+	chunk := func(id, delta, finish string) string {
+		f := "null"
+		if finish != "" {
+			f = `"` + finish + `"`
+		}
+		return `data: {"id":"` + id + `","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` +
+			delta + `,"finish_reason":` + f + `}]}` + "\n\n"
+	}
+	primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Cut,
+		Chunks: []string{chunk("chatcmpl-a", `{"role":"assistant","content":""}`, ""), chunk("chatcmpl-a", `{"content":"The answer"}`, ""),
+			chunk("chatcmpl-a", `{"content":" is"}`, "")}})
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{
+		chunk("chatcmpl-b", `{"role":"assistant","content":""}`, ""), chunk("chatcmpl-b", `{"content":" 42."}`, ""),
+		chunk("chatcmpl-b", `{}`, "stop"),
+		`data: {"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}` + "\n\n",
+		"data: [DONE]\n\n"}})
+	yaml := strings.ReplaceAll(`
+upstreams:
+  - {name: primary, url: UPSTREAM, timeouts: {idle: 1s}}
+  - {name: fallback, url: FALLBACK, continuation: prefill}
+routes:
+  - {name: default, upstream: primary, fallbacks: [{upstream: fallback}], retry: {base_delay: 1ms, max_delay: 5ms}}
+`, "FALLBACK", fallback.URL)
+	client := newClient(startSturdy(t, yaml, primary.URL))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	params := chatParams
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := client.Chat.Completions.NewStreaming(ctx, params)
+	var acc openai.ChatCompletionAccumulator
+	finishes := 0
+	for stream.Next() {
+		ch := stream.Current()
+		acc.AddChunk(ch)
+		if len(ch.Choices) > 0 && ch.Choices[0].FinishReason != "" {
+			finishes++
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.ID != "chatcmpl-a" || len(acc.Choices) != 1 || acc.Choices[0].Message.Content != "The answer is 42." ||
+		acc.Choices[0].FinishReason != "stop" || finishes != 1 || acc.Usage.TotalTokens != 12 {
+		t.Fatalf("accumulated %+v (finish reasons: %d)", acc.ChatCompletion, finishes)
+	}
+	if fallback.Count() != 1 {
+		t.Fatalf("the fallback saw %d requests", fallback.Count())
+	}
+}
+
 // nodeSDK makes sure the openai npm SDK is installed (npm ci, once) and
 // returns node's path; the test is skipped where node or npm is missing.
 func nodeSDK(t *testing.T) string {

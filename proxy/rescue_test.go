@@ -95,3 +95,129 @@ func TestACutStreamIsContinuedOnAFallback(t *testing.T) {
 		})
 	}
 }
+
+// toolCallChunk starts a tool call whose JSON arguments are partial.
+const toolCallChunk = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a"}}]},"finish_reason":null}]}` + "\n\n"
+
+// TestNoContinuationWhereItWouldCorrupt: a cut stream that streamed a
+// tool call or reasoning, or whose request asks for n > 1, logprobs or a
+// JSON schema, ends with the interruption event; nothing is sent to the
+// fallback.
+func TestNoContinuationWhereItWouldCorrupt(t *testing.T) {
+	hel := upstreamtest.SSE("Hel")[0]
+	reasoning := `data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"reasoning_content":"Let me think"},"finish_reason":null}]}` + "\n\n"
+	for _, tt := range []struct {
+		name, body string
+		first      upstreamtest.Step
+	}{
+		{"a tool call streamed", streamChat, sseStep(hel, toolCallChunk)},
+		{"reasoning streamed", streamChat, sseStep(reasoning, hel)},
+		{"n > 1", `{"model":"m","stream":true,"n":2,"messages":[]}`, sseStep(hel)},
+		{"logprobs", `{"model":"m","stream":true,"logprobs":true,"messages":[]}`, sseStep(hel)},
+		{"a JSON schema", `{"model":"m","stream":true,"response_format":{"type":"json_schema","json_schema":{"name":"x"}},"messages":[]}`, sseStep(hel)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.first.Fault = upstreamtest.Cut
+			primary, fallback := upstreamtest.Start(t, tt.first), upstreamtest.Start(t, continuationOf(" world"))
+			h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+			resp, body := h.chat(tt.body)
+			if s := string(body); resp.StatusCode != 200 || !strings.HasPrefix(s, strings.Join(tt.first.Chunks, "")) ||
+				!strings.Contains(s, `"code":"stream_interrupted"`) || strings.Contains(s, "world") {
+				t.Fatalf("%d: %q", resp.StatusCode, s)
+			}
+			if fallback.Count() != 0 {
+				t.Fatalf("the fallback was sent %d requests", fallback.Count())
+			}
+			if line := h.accessLines(1)[0]; line["outcome"] != "stream_interrupted" || line["rescue_refused"] != "unsafe" {
+				t.Fatalf("access line %v", line)
+			}
+		})
+	}
+}
+
+// TestAContinuationGoesOnlyToATargetThatContinues: the fallback with
+// continuation: none is passed over (never sent a partial answer); the
+// next one, which continues, takes over.
+func TestAContinuationGoesOnlyToATargetThatContinues(t *testing.T) {
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel"))
+	refuser := upstreamtest.Start(t, sseStep(upstreamtest.SSE("restarted")...))
+	cont := continuationOf("lo")
+	continuer := upstreamtest.Start(t, cont)
+	h := startRescue(t, primary, refuser, ContinueNone, func(o *Options) {
+		c := testUpstream("c", continuer.URL)
+		c.Continuation = ContinueVLLM
+		o.Upstreams = append(o.Upstreams, c)
+		o.Routes[0].Fallbacks = append(o.Routes[0].Fallbacks, Target{Upstream: "c"})
+	})
+	resp, body := h.chat(streamChat)
+	if want := upstreamtest.SSE("Hel")[0] + relabelled(cont); resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("%d: %q", resp.StatusCode, body)
+	}
+	if refuser.Count() != 0 || continuer.Count() != 1 {
+		t.Fatalf("continuation none saw %d requests, the continuing one %d", refuser.Count(), continuer.Count())
+	}
+}
+
+// TestMaxRescuesBoundsContinuations: an upstream that continues itself
+// is asked again while max_rescues allows, each time with all the text
+// so far; past it the stream ends with the interruption event.
+func TestMaxRescuesBoundsContinuations(t *testing.T) {
+	second, third := continuationOf("B"), continuationOf("C")
+	second.Chunks, third.Chunks = second.Chunks[:2], third.Chunks[:2] // role chunk and one word, then cut
+	second.Fault, third.Fault = upstreamtest.Cut, upstreamtest.Cut
+	up := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "A"), second, third, continuationOf("never"))
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Upstreams[0].Continuation = ContinuePrefill
+		o.Routes[0].MaxRescues = 2
+	})
+	resp, body := h.chat(streamChat)
+	s := string(body)
+	want := upstreamtest.SSE("A")[0] + relabelled(second) + relabelled(third)
+	if resp.StatusCode != 200 || !strings.HasPrefix(s, want) || !strings.Contains(s, `"code":"stream_interrupted"`) ||
+		strings.Contains(s, "never") || strings.Contains(s, "[DONE]") {
+		t.Fatalf("%d: %q", resp.StatusCode, s)
+	}
+	reqs := up.Requests()
+	if len(reqs) != 3 {
+		t.Fatalf("the upstream saw %d requests, want 1 + max_rescues", len(reqs))
+	}
+	if got := gjson.GetBytes(reqs[2].Body, "messages.@reverse.0.content").Str; got != "AB" {
+		t.Fatalf("the second continuation carried %q, want all the text so far", got)
+	}
+	if line := h.accessLines(1)[0]; line["rescued"] != 2.0 || line["rescue_refused"] != "exhausted" {
+		t.Fatalf("access line %v", line)
+	}
+}
+
+// TestAContinuationThatFailsEndsTheStreamHonestly: a fallback that
+// refuses the partial answer (400) does not become the client's answer:
+// the stream ends with the interruption event.
+func TestAContinuationThatFailsEndsTheStreamHonestly(t *testing.T) {
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel"))
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Status: 400, Header: [][2]string{upstreamtest.JSONHeader},
+		Body: `{"error":{"message":"assistant prefill is not supported","type":"invalid_request_error"}}`})
+	h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+	resp, body := h.chat(streamChat)
+	s := string(body)
+	if resp.StatusCode != 200 || !strings.HasPrefix(s, upstreamtest.SSE("Hel")[0]) || !strings.Contains(s, "continuing it failed") ||
+		strings.Contains(s, "prefill is not supported") {
+		t.Fatalf("%d: %q", resp.StatusCode, s)
+	}
+	if fallback.Count() != 1 {
+		t.Fatalf("the fallback saw %d requests", fallback.Count())
+	}
+}
+
+// TestAResponsesStreamIsNotContinued: the Responses API's events carry
+// output items and sequence numbers a continuation cannot splice; a cut
+// one ends with its error event as ever.
+func TestAResponsesStreamIsNotContinued(t *testing.T) {
+	primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
+		Chunks: []string{created, respDelta}, Fault: upstreamtest.Cut})
+	fallback := upstreamtest.Start(t, sseStep(created, respDelta, respDone))
+	h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+	resp, body := h.do("POST", "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`, "Content-Type", "application/json")
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"code":"stream_interrupted"`) || fallback.Count() != 0 {
+		t.Fatalf("%d, fallback saw %d: %q", resp.StatusCode, fallback.Count(), body)
+	}
+}
