@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,29 +39,91 @@ func TestScenarioSmoke(t *testing.T) {
 		t.Fatalf("results file: %v %s", err, b)
 	}
 	for _, res := range doc.Results {
-		for _, tr := range res.Targets {
-			for _, r := range tr.Runs {
-				if r.Requests == 0 {
-					t.Errorf("%s/%s via %s sent nothing", res.Scenario, r.Run, tr.Target)
-				}
-				if res.Scenario == "overhead" && r.Success < 99 {
-					t.Errorf("overhead %s via %s: %.1f%% success", r.Run, tr.Target, r.Success)
-				}
-				if res.Scenario == "flaky" && tr.Target == "sturdy" && r.Success < 97 {
-					t.Errorf("flaky via sturdy: %.1f%% success", r.Success)
-				}
-				if res.Scenario == "ratelimited" && tr.Target == "sturdy" {
-					for _, f := range r.Figures {
-						if f.Name == "early_retries" && f.Value != 0 {
-							t.Errorf("%v retries landed before Retry-After", f.Value)
-						}
-					}
-				}
-			}
-		}
+		checkSmoke(t, res)
 	}
 	if svg, err := os.ReadFile(chart); err != nil || !bytes.Contains(svg, []byte("<polyline")) {
 		t.Fatalf("chart: %v", err)
+	}
+}
+
+// checkSmoke checks what must hold of one scenario's results even in a
+// second under -race: every run sent requests; Sturdy recovers what its
+// retries can; the ride-through variant does at least as well as direct;
+// a pool's replicas each report their share.
+func checkSmoke(t *testing.T, res scenarioResult) {
+	t.Helper()
+	direct := map[string]float64{} // run → direct success
+	seen := map[string]bool{}
+	for _, tr := range res.Targets {
+		seen[tr.Target] = true
+		for _, r := range tr.Runs {
+			if tr.Target == "direct" {
+				direct[r.Run] = r.Success
+			}
+		}
+	}
+	if res.Scenario == "outage" && !seen["sturdy+ride_through"] {
+		t.Errorf("outage has no sturdy+ride_through target: %v", seen)
+	}
+	for _, tr := range res.Targets {
+		for _, r := range tr.Runs {
+			at := res.Scenario + "/" + r.Run + " via " + tr.Target
+			if r.Requests == 0 {
+				t.Errorf("%s sent nothing", at)
+			}
+			low := res.Scenario == "overhead" && r.Success < 99 ||
+				(res.Scenario == "flaky" || res.Scenario == "replicas") && tr.Target == "sturdy" && r.Success < 97 ||
+				tr.Target == "sturdy+ride_through" && r.Success < direct[r.Run]
+			if low {
+				t.Errorf("%s: %.1f%% success (direct %.1f%%)", at, r.Success, direct[r.Run])
+			}
+			shares := 0.0
+			for _, f := range r.Figures {
+				if f.Name == "early_retries" && f.Value != 0 && tr.Target == "sturdy" {
+					t.Errorf("%s: %v retries landed before Retry-After", at, f.Value)
+				}
+				if strings.HasPrefix(f.Name, "share_") {
+					shares += f.Value
+				}
+			}
+			if res.Scenario == "replicas" && math.Abs(shares-100) > 0.01 {
+				t.Errorf("%s: replica shares add up to %.2f%%: %v", at, shares, r.Figures)
+			}
+		}
+	}
+}
+
+// TestPeerFlag parses -peer: a peer, then its URL for one scenario.
+func TestPeerFlag(t *testing.T) {
+	var p peerFlag
+	for _, v := range []string{"nginx=http://127.0.0.1:18081/@nginx", "nginx/replicas=http://127.0.0.1:18083"} {
+		if err := p.Set(v); err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+	}
+	if err := p.Set("haproxy/replicas=http://127.0.0.1:18084"); err == nil {
+		t.Errorf("a scenario URL for a peer not named yet was taken")
+	}
+	if len(p) != 1 || p[0].pids == nil || !p[0].peer {
+		t.Fatalf("peers: %+v", p)
+	}
+	got := []string{p[0].urlFor(findScenario("replicas")), p[0].urlFor(findScenario("flaky"))}
+	if want := []string{"http://127.0.0.1:18083", "http://127.0.0.1:18081"}; !slices.Equal(got, want) {
+		t.Errorf("URLs %v, want %v", got, want)
+	}
+}
+
+// TestReplicaAddr puts replica i on the fake server's port + 1 + i, where
+// the peers' replica configs point; port 0 stays any free port.
+func TestReplicaAddr(t *testing.T) {
+	for _, tt := range []struct {
+		listen string
+		i      int
+		want   string
+	}{{"127.0.0.1:18000", 0, "127.0.0.1:18001"}, {"127.0.0.1:18000", 3, "127.0.0.1:18004"}, {"127.0.0.1:0", 2, "127.0.0.1:0"}} {
+		if got, err := replicaAddr(tt.listen, tt.i); err != nil || got != tt.want {
+			t.Errorf("replicaAddr(%q, %d) = %q, %v; want %q", tt.listen, tt.i, got, err, tt.want)
+		}
 	}
 }
 

@@ -48,7 +48,7 @@ func measureCancel(bin string, tries int) ([]time.Duration, error) {
 		return nil, err
 	}
 	var pid int
-	stop, _, err := startSturdy(bin, addr, &scenario{name: "cancel"}, "http://"+up.Addr().String(), &pid)
+	stop, _, err := startSturdy(bin, addr, &scenario{name: "cancel"}, []string{"http://" + up.Addr().String()}, &pid)
 	if err != nil {
 		return nil, err
 	}

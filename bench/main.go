@@ -10,10 +10,11 @@
 //	go run ./bench -scenario flaky -target http://127.0.0.1:8080 -fake http://127.0.0.1:18000
 //	bench/peers/run.sh overhead        # adds nginx and HAProxy
 //
-// Scenarios: overhead, flaky, ratelimited, outage, storm, streams (see
-// bench/README.md). Load is open-loop where a rate is given (latency is
-// measured from each request's scheduled start: no coordinated omission)
-// and closed-loop otherwise; connections are kept alive.
+// Scenarios: overhead, flaky, ratelimited, outage, storm, streams,
+// replicas (see bench/README.md). Load is open-loop where a rate is given
+// (latency is measured from each request's scheduled start: no
+// coordinated omission) and closed-loop otherwise; connections are kept
+// alive.
 package main
 
 import (
@@ -42,23 +43,48 @@ type target struct {
 	// pids lists the processes whose CPU and memory are measured (none
 	// for the fake server itself).
 	pids func() []int
-	// start, if set, starts the target for a scenario and returns the URL
-	// it serves on and its stop function.
-	start func(sc *scenario, fakeURL string) (url string, stop func(), err error)
+	// start, if set, starts the target for a scenario in front of the
+	// upstream endpoints and returns the URL it serves on and its stop
+	// function.
+	start func(sc *scenario, upstreams []string) (url string, stop func(), err error)
+	// peer marks a -peer proxy; scenarioURL holds its URL for scenarios
+	// it serves on another listener (a replica pool's), by scenario name.
+	peer        bool
+	scenarioURL map[string]string
 }
 
-// peerFlag collects -peer name=url@comm.
+// urlFor returns the URL the target serves scenario sc on.
+func (t target) urlFor(sc *scenario) string {
+	if u := t.scenarioURL[sc.name]; u != "" {
+		return u
+	}
+	return t.url
+}
+
+// peerFlag collects -peer name=url[@comm] and name/scenario=url.
 type peerFlag []target
 
 func (p *peerFlag) String() string { return "" }
 
+// Set adds a peer (name=url[@comm]) or, with name/scenario=url, the URL an
+// already named peer serves one scenario on.
 func (p *peerFlag) Set(v string) error {
 	name, rest, ok := strings.Cut(v, "=")
 	if !ok {
-		return fmt.Errorf("want name=url[@comm], got %q", v)
+		return fmt.Errorf("want name=url[@comm] or name/scenario=url, got %q", v)
 	}
 	u, comm, _ := strings.Cut(rest, "@")
-	t := target{name: name, url: strings.TrimSuffix(u, "/")}
+	u = strings.TrimSuffix(u, "/")
+	if peer, sc, ok := strings.Cut(name, "/"); ok {
+		for i := range *p {
+			if t := &(*p)[i]; t.name == peer {
+				t.scenarioURL[sc] = u
+				return nil
+			}
+		}
+		return fmt.Errorf("-peer %s: name %s=url first", v, peer)
+	}
+	t := target{name: name, url: u, peer: true, scenarioURL: map[string]string{}}
 	if comm != "" {
 		t.pids = func() []int { return pidsByComm(comm) }
 	}
@@ -86,7 +112,7 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, all, or cancel")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, replicas, all, or cancel")
 	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel scenario")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
@@ -101,7 +127,7 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	fs.BoolVar(&c.noDirect, "no-direct", false, "skip the direct (no proxy) baseline")
 	fs.StringVar(&c.out, "out", "bench-results.json", "JSON results file")
 	fs.StringVar(&c.chart, "chart", "bench-latency.svg", "SVG latency CDF chart")
-	fs.Var(&c.peers, "peer", "also measure a peer proxy: name=url[@process-name], repeatable")
+	fs.Var(&c.peers, "peer", "also measure a peer proxy: name=url[@process-name], repeatable; name/scenario=url: its URL for one scenario")
 	return c, fs.Parse(args)
 }
 
@@ -130,7 +156,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var results []scenarioResult
 	for _, sc := range todo {
 		res := scenarioResult{Scenario: sc.name, About: sc.about}
-		for _, t := range targets {
+		for _, t := range targetsFor(sc, targets, stderr) {
 			tr, err := runTarget(sc, c.s, t, c.fakeListen, c.fakeURL, c.targetURL != "", stderr)
 			if err != nil {
 				fmt.Fprintf(stderr, "%s via %s: %v\n", sc.name, t.name, err)
@@ -204,45 +230,64 @@ func (c *command) write(results []scenarioResult) error {
 	return nil
 }
 
-// runTarget runs every load run of sc through t, each against a fresh
-// fake server with the scenario's profile.
+// targetsFor lists the targets sc runs through: the run's targets, each
+// of the scenario's Sturdy variants right after Sturdy, less the peers
+// without a URL for a replica pool (their default listener is in front of
+// the one fake server, which a pool scenario does not start).
+func targetsFor(sc *scenario, targets []target, stderr io.Writer) []target {
+	var out []target
+	for _, t := range targets {
+		if t.peer && len(sc.replicas) > 0 && t.scenarioURL[sc.name] == "" {
+			fmt.Fprintf(stderr, "%s via %s: skipped, no -peer %s/%s=URL for its pool\n", sc.name, t.name, t.name, sc.name)
+			continue
+		}
+		out = append(out, t)
+		if t.start != nil && t.name == "sturdy" {
+			for _, v := range sc.variants {
+				out = append(out, v.of(t))
+			}
+		}
+	}
+	return out
+}
+
+// runTarget runs every load run of sc through t, each against fresh fake
+// servers: the scenario's one, or one per replica of its pool (started
+// even with -target: nothing else would start them).
 func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, external bool, stderr io.Writer) (targetResult, error) {
 	tr := targetResult{Target: t.name}
 	for _, spec := range sc.runs(s) {
-		var fake *fakellm.Server
-		if !external {
+		var fk fakes
+		if !external || len(sc.replicas) > 0 {
 			var err error
-			if fake, err = fakellm.Start(fakeListen, sc.profile(s)); err != nil {
-				return tr, fmt.Errorf("fake server: %w", err)
+			if fk, err = startFakes(sc, s, fakeListen); err != nil {
+				return tr, err
 			}
 		}
-		url := t.url
+		url := t.urlFor(sc)
 		if t.direct {
-			url = fake.URL
+			url = fk.servers[0].URL // a pool's first replica, one of the healthy ones
 		}
 		stop := func() {}
 		if t.start != nil {
 			var err error
-			if url, stop, err = t.start(sc, fake.URL); err != nil {
-				fake.Close()
+			if url, stop, err = t.start(sc, fk.urls()); err != nil {
+				fk.close()
 				return tr, err
 			}
 		}
-		if fake != nil {
-			fake.Reset() // the outage window and counters start with the load
-		}
-		tr.Runs = append(tr.Runs, measureRun(sc, s, spec, t, url, fake, fakeURL, stderr))
+		fk.reset() // the outage window and counters start with the load
+		tr.Runs = append(tr.Runs, measureRun(sc, s, spec, t, url, fk, fakeURL, stderr))
 		stop()
-		if fake != nil {
-			fake.Close()
-		}
+		fk.close()
 	}
 	return tr, nil
 }
 
 // measureRun runs one load against url and summarizes it with the fake
-// server's counters and the proxy processes' CPU and memory.
-func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fake *fakellm.Server, fakeURL string, stderr io.Writer) runResult {
+// servers' counters (each replica's share of them for a pool) and the
+// proxy processes' CPU and memory.
+func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fk fakes, fakeURL string, stderr io.Writer) runResult {
 	var pids []int
 	if t.pids != nil {
 		pids = t.pids()
@@ -265,9 +310,10 @@ func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fa
 	elapsed := time.Since(start)
 	fmt.Fprintf(stderr, "\r%-45s done: %d requests in %.1fs%20s\n", label, len(recs), elapsed.Seconds(), "")
 	var st fakellm.Stats
+	var each []fakellm.Stats
 	switch {
-	case fake != nil:
-		st = fake.Stats()
+	case len(fk.servers) > 0:
+		st, each = fk.stats()
 	case fakeURL != "":
 		st = fetchStats(fakeURL)
 	}
@@ -275,9 +321,12 @@ func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fa
 	if sc.figures != nil {
 		rr.Figures = sc.figures(s, spec, recs, st)
 	}
+	rr.Figures = append(rr.Figures, fk.shares(st, each)...)
 	return rr
 }
 
+// fetchStats reads the counters of the fake server at url (-fake), zero
+// if it cannot.
 func fetchStats(url string) fakellm.Stats {
 	var st fakellm.Stats
 	resp, err := http.Get(strings.TrimSuffix(url, "/") + "/_stats")
@@ -322,7 +371,7 @@ func sturdyTarget(bin, listen string) target {
 	return target{
 		name: "sturdy",
 		pids: func() []int { return []int{pid} },
-		start: func(sc *scenario, fakeURL string) (string, func(), error) {
+		start: func(sc *scenario, upstreams []string) (string, func(), error) {
 			for try := 1; ; try++ {
 				addr := listen
 				if addr == "auto" {
@@ -331,7 +380,7 @@ func sturdyTarget(bin, listen string) target {
 						return "", nil, err
 					}
 				}
-				stop, exited, err := startSturdy(bin, addr, sc, fakeURL, &pid)
+				stop, exited, err := startSturdy(bin, addr, sc, upstreams, &pid)
 				switch {
 				case err == nil:
 					return "http://" + addr, stop, nil
@@ -345,9 +394,13 @@ func sturdyTarget(bin, listen string) target {
 	}
 }
 
-// startSturdy starts one sturdy process listening on addr and waits until
-// it accepts connections; exited tells whether it died trying.
-func startSturdy(bin, addr string, sc *scenario, fakeURL string, pid *int) (stop func(), exited bool, err error) {
+// startSturdy starts one sturdy process listening on addr, its upstream
+// "fake" the upstreams (url: for one, endpoints: for a pool), and waits
+// until it accepts connections; exited tells whether it died trying.
+func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (stop func(), exited bool, err error) {
+	if len(upstreams) == 0 {
+		return nil, false, fmt.Errorf("sturdy: no upstream to proxy to")
+	}
 	dir, err := os.MkdirTemp("", "sturdy-bench-cfg")
 	if err != nil {
 		return nil, false, err
@@ -356,8 +409,12 @@ func startSturdy(bin, addr string, sc *scenario, fakeURL string, pid *int) (stop
 	if err != nil {
 		return nil, false, err
 	}
-	cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    url: %s\n"+
-		"    max_connections: 4096\n    timeouts: {connect: 1s, first_byte: 30s, idle: 30s}\n%s", addr, admin, fakeURL, sc.sturdy)
+	where := "url: " + upstreams[0]
+	if len(upstreams) > 1 {
+		where = "endpoints: [" + strings.Join(upstreams, ", ") + "]"
+	}
+	cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    %s\n"+
+		"    max_connections: 4096\n    timeouts: {connect: 1s, first_byte: 30s, idle: 30s}\n%s", addr, admin, where, sc.sturdy)
 	path := filepath.Join(dir, "sturdy.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, false, err

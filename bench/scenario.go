@@ -40,8 +40,34 @@ type scenario struct {
 	runs    func(s settings) []runSpec
 	// sturdy is the upstream/route YAML fragment (breaker, retry) used.
 	sturdy string
+	// variants are Sturdy measured again with other fragments, each a
+	// target of its own in the same run.
+	variants []variant
+	// replicas, when set, make the upstream a pool: a fake server per
+	// replica instead of one with profile.
+	replicas []replica
 	// figures computes the scenario's own numbers from one run.
 	figures func(s settings, run runSpec, recs []record, st fakellm.Stats) []figure
+}
+
+// variant is Sturdy measured again in a scenario with another YAML
+// fragment: the target sturdy+name.
+type variant struct {
+	name   string
+	sturdy string
+}
+
+// of returns Sturdy's target t, renamed, started with v's fragment in place
+// of the scenario's.
+func (v variant) of(t target) target {
+	start := t.start
+	t.name = "sturdy+" + v.name
+	t.start = func(sc *scenario, upstreams []string) (string, func(), error) {
+		with := *sc
+		with.sturdy = v.sturdy
+		return start(&with, upstreams)
+	}
+	return t
 }
 
 // figure is one named result number.
@@ -124,15 +150,18 @@ routes:
 		},
 	},
 	{
-		name:  "outage",
-		about: "the upstream is down for the middle third of the run: breaker reaction, fast-fail latency, recovery",
+		name: "outage",
+		about: "the upstream is down for the middle third of the run: breaker reaction, fast-fail latency, recovery; " +
+			"sturdy+ride_through waits for it instead (ride_through: 10s)",
 		profile: func(s settings) fakellm.Profile {
 			return fakellm.Profile{Tokens: 8, Outage: fakellm.Outage{From: s.duration / 3, To: 2 * s.duration / 3}}
 		},
 		runs: func(s settings) []runSpec {
-			return []runSpec{{name: "outage", path: "/v1/chat/completions", rate: 200, conns: 512}}
+			// Room for every request riding through the outage (ride_through).
+			return []runSpec{{name: "outage", path: "/v1/chat/completions", rate: 200, conns: 4096}}
 		},
-		sturdy: outageSturdy,
+		sturdy:   outageSturdy,
+		variants: []variant{{name: "ride_through", sturdy: outageBreaker + "    ride_through: 10s\n" + outageRoute}},
 		figures: func(s settings, _ runSpec, recs []record, st fakellm.Stats) []figure {
 			from, to := s.duration/3, 2*s.duration/3
 			open, recovered := -1.0, -1.0
@@ -144,8 +173,10 @@ routes:
 						open = (r.at - from).Seconds()
 					}
 				}
-				if recovered < 0 && r.at >= to && ok(r) {
-					recovered = (r.at - to).Seconds()
+				// By completion: a request riding through the outage
+				// succeeds only once the upstream is back.
+				if done := r.at + r.latency; ok(r) && done >= to && (recovered < 0 || (done-to).Seconds() < recovered) {
+					recovered = (done - to).Seconds()
 				}
 			}
 			ff := latencies(fast, all, total)
@@ -198,19 +229,48 @@ routes:
 				{"mean_chunk_gap", float64(gaps) / float64(max(n, 1)) / 1e6, "ms"}, {"success", 100 * successRate(recs), "%"}}
 		},
 	},
+	{
+		name: "replicas",
+		about: "a pool of four replicas — two healthy (25–35 ms), one 3× slower, one failing 30 % with 503 — at 200 req/s: " +
+			"success, tail latency, each replica's share (direct: the first healthy replica alone)",
+		replicas: []replica{
+			{"healthy1", fakellm.Profile{Seed: 11, Tokens: 8, TTFT: replicaLatency}},
+			{"healthy2", fakellm.Profile{Seed: 12, Tokens: 8, TTFT: replicaLatency}},
+			{"slow", fakellm.Profile{Seed: 13, Tokens: 8, TTFT: fakellm.Latency{Base: 3 * replicaLatency.Base, Jitter: 3 * replicaLatency.Jitter}}},
+			{"failing", fakellm.Profile{Seed: 14, Tokens: 8, TTFT: replicaLatency, Status: map[int]float64{503: 0.3}}},
+		},
+		runs: func(settings) []runSpec {
+			return []runSpec{{name: "replicas", path: "/v1/chat/completions", rate: 200, conns: 512}}
+		},
+		sturdy: `    balance: least_requests
+routes:
+  - name: default
+    upstream: fake
+    retry: {max_attempts: 4, base_delay: 5ms, max_delay: 50ms}
+`,
+	},
 }
+
+// replicaLatency is a healthy replica's reply time in the replicas
+// scenario: 25–35 ms, a short completion of a small model.
+var replicaLatency = fakellm.Latency{Base: 25 * time.Millisecond, Jitter: 10 * time.Millisecond}
 
 const defaultSturdy = `routes:
   - name: default
     upstream: fake
 `
 
-const outageSturdy = `    breaker: {consecutive_failures: 5, open_for: 2s}
-routes:
+// outageBreaker and outageRoute make outageSturdy; the ride-through
+// variant goes between them.
+const (
+	outageBreaker = "    breaker: {consecutive_failures: 5, open_for: 2s}\n"
+	outageRoute   = `routes:
   - name: default
     upstream: fake
     retry: {max_attempts: 2, base_delay: 10ms, max_delay: 20ms}
 `
+	outageSturdy = outageBreaker + outageRoute
+)
 
 func successRate(recs []record) float64 {
 	if len(recs) == 0 {

@@ -5,7 +5,8 @@
 #   bench/peers/run.sh all
 # Installs nginx and HAProxy from Debian packages if they are missing
 # (needs root), starts them on loopback (ports 18081, 18082, in front of the
-# fake server on 18000) and stops them afterwards.
+# fake server on 18000; for the replicas scenario 18083, 18084, in front of
+# its four fake servers on 18001-18004) and stops them afterwards.
 set -euo pipefail
 scenario=${1:-overhead}
 shift || true
@@ -27,7 +28,12 @@ dir=$(mktemp -d)
 cleanup() {
   [ -f "$dir/nginx.pid" ] && kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
   [ -f "$dir/haproxy.pid" ] && kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
-  sleep 0.5
+  # Wait (up to 5 s) for every worker to exit, so a run right after this
+  # one does not find them.
+  for _ in $(seq 50); do
+    pgrep -x nginx >/dev/null || pgrep -x haproxy >/dev/null || break
+    sleep 0.1
+  done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -38,5 +44,5 @@ nginx -p "$dir" -c "$dir/nginx.conf"
 haproxy -f bench/peers/haproxy.cfg -D -p "$dir/haproxy.pid"
 
 go run ./bench -scenario "$scenario" \
-  -peer nginx=http://127.0.0.1:18081@nginx \
-  -peer haproxy=http://127.0.0.1:18082@haproxy "$@"
+  -peer nginx=http://127.0.0.1:18081@nginx -peer nginx/replicas=http://127.0.0.1:18083 \
+  -peer haproxy=http://127.0.0.1:18082@haproxy -peer haproxy/replicas=http://127.0.0.1:18084 "$@"

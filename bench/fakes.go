@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+
+	"sturdy/internal/fakellm"
+)
+
+// replica is one endpoint of a scenario's pool: a fake server of its own.
+type replica struct {
+	name    string
+	profile fakellm.Profile
+}
+
+// fakes are the fake model servers behind one load run: the scenario's one
+// server, or one per replica (names[i] names servers[i]).
+type fakes struct {
+	servers []*fakellm.Server
+	names   []string
+}
+
+// startFakes starts the fake servers of sc: one on listen with the
+// scenario's profile, or, for a pool, replica i on listen's port + 1 + i
+// (where the peers' replica configs point; port 0 stays 0: any free port).
+func startFakes(sc *scenario, s settings, listen string) (fakes, error) {
+	var f fakes
+	if len(sc.replicas) == 0 {
+		srv, err := fakellm.Start(listen, sc.profile(s))
+		if err != nil {
+			return f, fmt.Errorf("fake server: %w", err)
+		}
+		return fakes{servers: []*fakellm.Server{srv}, names: []string{"fake"}}, nil
+	}
+	for i, r := range sc.replicas {
+		addr, err := replicaAddr(listen, i)
+		if err == nil {
+			var srv *fakellm.Server
+			if srv, err = fakellm.Start(addr, r.profile); err == nil {
+				f.servers, f.names = append(f.servers, srv), append(f.names, r.name)
+				continue
+			}
+		}
+		f.close()
+		return fakes{}, fmt.Errorf("fake server %s: %w", r.name, err)
+	}
+	return f, nil
+}
+
+// replicaAddr is the address of replica i next to the fake server's
+// listen address: its port + 1 + i.
+func replicaAddr(listen string, i int) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return "", fmt.Errorf("port of %q: %w", listen, err)
+	}
+	if p != 0 {
+		p += 1 + i
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p)), nil
+}
+
+// urls lists the servers' URLs, the upstream endpoints of a run.
+func (f fakes) urls() []string {
+	var out []string
+	for _, s := range f.servers {
+		out = append(out, s.URL)
+	}
+	return out
+}
+
+// reset restarts every server's outage clock and counters (see
+// fakellm.Server.Reset), so a measurement starts clean.
+func (f fakes) reset() {
+	for _, s := range f.servers {
+		s.Reset()
+	}
+}
+
+// close stops every server.
+func (f fakes) close() {
+	for _, s := range f.servers {
+		s.Close()
+	}
+}
+
+// stats returns the servers' counters summed, and each server's on its own.
+func (f fakes) stats() (sum fakellm.Stats, each []fakellm.Stats) {
+	sum.Fates = map[string]int64{}
+	for _, s := range f.servers {
+		st := s.Stats()
+		each = append(each, st)
+		sum.Requests += st.Requests
+		sum.EarlyRetries += st.EarlyRetries
+		sum.InOutage += st.InOutage
+		for k, v := range st.Fates {
+			sum.Fates[k] += v
+		}
+	}
+	return sum, each
+}
+
+// shares gives, for a pool, each replica's share of the requests the
+// upstream received (share_<name>, %); nothing for a single server.
+func (f fakes) shares(sum fakellm.Stats, each []fakellm.Stats) []figure {
+	if len(each) < 2 {
+		return nil
+	}
+	var figs []figure
+	for i, st := range each {
+		figs = append(figs, figure{"share_" + f.names[i], 100 * float64(st.Requests) / float64(max(sum.Requests, 1)), "%"})
+	}
+	return figs
+}
