@@ -119,6 +119,10 @@ type Attempt struct {
 	// its ride_through left) and this attempt's failure put its endpoint
 	// back out.
 	Riding bool
+	// Elsewhere is true when another endpoint of the target, one this
+	// request has not failed on, can take the retry: it goes at once,
+	// without a backoff (the failure was most likely that replica's).
+	Elsewhere bool
 }
 
 // Decide says what follows attempt a: a retry on the same target after a
@@ -133,7 +137,8 @@ type Attempt struct {
 // max_total_attempts allows. A stale connection is resent at once, once
 // per attempt, for a replayable request; otherwise it counts as a reset.
 // A request riding through an outage whose probe could not connect goes
-// back to riding, uncounted.
+// back to riding, uncounted. A retry that goes to another replica goes at
+// once.
 func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 	v := a.Verdict
 	maxTotal := r.MaxTotalAttempts
@@ -186,6 +191,8 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 		return leave(StopBudget)
 	case a.HasServerWait:
 		return Decision{Action: ActionAttempt, Wait: a.ServerWait, Source: WaitServer}
+	case a.Elsewhere:
+		return Decision{Action: ActionAttempt, Source: WaitBackoff} // another replica: no wait
 	}
 	wait := r.Backoff.Delay(a.N, rnd)
 	if wait >= a.Remaining {

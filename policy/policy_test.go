@@ -344,6 +344,23 @@ func TestDecideRidingThrough(t *testing.T) {
 	}
 }
 
+func TestDecideRetryElsewhereAtOnce(t *testing.T) {
+	r := Retry{MaxAttempts: 3, Backoff: Backoff{Base: time.Second, Max: 8 * time.Second}, MaxRetryAfter: time.Minute, On: RetryOnAll}
+	hour := time.Hour
+	v5xx, v429 := Classify(Outcome{Status: 502}), Classify(Outcome{Status: 429})
+	tests := []decideCase{
+		{"another replica: no backoff", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, Elsewhere: true, Remaining: hour},
+			Decision{Action: ActionAttempt, Source: WaitBackoff}},
+		{"a server's wait still wins", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, Elsewhere: true, Remaining: hour,
+			ServerWait: 2 * time.Second, HasServerWait: true}, Decision{Action: ActionAttempt, Wait: 2 * time.Second, Source: WaitServer}},
+		{"max_attempts still bounds it", r, Attempt{Verdict: v5xx, N: 3, Total: 3, Replayable: true, Elsewhere: true, Remaining: hour},
+			stopWith(StopMaxAttempts)},
+		{"the budget still bounds it", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, Elsewhere: true, BudgetSpent: true,
+			Remaining: hour}, stopWith(StopBudget)},
+	}
+	runDecideTable(t, tests)
+}
+
 func TestClear(t *testing.T) {
 	hour := time.Hour
 	tests := []struct {

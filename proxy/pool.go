@@ -43,7 +43,8 @@ func (ex *exchange) choose(up *upstream) (*endpoint, tickets, policy.Action) {
 		}
 		tk, no := ex.allow(ep)
 		if no == "" {
-			ex.stopRiding() // its place in the queue goes once it has its attempt
+			ex.stopRiding() // its place in the queue, and its spread, go once it has its attempt
+			ex.loop.rideDraw = 0
 			ex.loop.ep = ep
 			return ep, tk, policy.ActionAttempt
 		}
@@ -105,6 +106,21 @@ func (ex *exchange) usable(ep *endpoint) bool {
 func contains(eps []*endpoint, ep *endpoint) bool {
 	for _, e := range eps {
 		if e == ep {
+			return true
+		}
+	}
+	return false
+}
+
+// elsewhere reports whether an endpoint of up this request has not failed
+// on can take a retry now.
+func (ex *exchange) elsewhere(up *upstream) bool {
+	pool := up.endpointsNow()
+	if len(pool) < 2 || ex.loop.nTried == 0 {
+		return false
+	}
+	for _, ep := range pool {
+		if ex.usable(ep) && !ex.triedOn(ep) && !ep.full() {
 			return true
 		}
 	}
@@ -282,7 +298,6 @@ func (ex *exchange) release(up *upstream, ep *endpoint) bool {
 	}
 	spread := min(up.slowStart, up.rideThrough) / 10
 	delay := time.Duration(lp.rideDraw * float64(spread))
-	lp.rideDraw = 0
 	return ex.wait(min(delay, time.Until(ex.req.deadline)/2))
 }
 

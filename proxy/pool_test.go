@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
+	"sturdy/policy"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -350,6 +351,27 @@ func TestHealthCheckEjectsAndRestores(t *testing.T) {
 	// At its weight's floor (0.1) its share is about 9 %: 25 is 5 sd off.
 	if n := a.served.Load() - before; n > 25 {
 		t.Fatalf("just back, with slow start, it served %d of 100 (over a quarter)", n)
+	}
+}
+
+// TestARetryOnAnotherReplicaDoesNotWait: with a long backoff, a request
+// whose first replica fails is retried on another at once.
+func TestARetryOnAnotherReplicaDoesNotWait(t *testing.T) {
+	failing, live := startReplica(t, ""), startReplica(t, "")
+	failing.status.Store(502)
+	h := startPool(t, func(u *Upstream) { u.Balance = BalanceRoundRobin }, failing, live)
+	h.p.tbl.Load().routes[0].retry.Backoff = policy.Backoff{Base: 5 * time.Second, Max: 5 * time.Second}
+	for i := 0; i < 4; i++ {
+		start := time.Now()
+		if resp, body := h.chat(""); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("the retry on the other replica waited: %v", took)
+		}
+	}
+	if failing.served.Load() == 0 {
+		t.Fatal("the failing replica was never tried: the test proves nothing")
 	}
 }
 
