@@ -13,8 +13,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
-	"sturdy/policy"
 	"sturdy/internal/upstreamtest"
+	"sturdy/policy"
 )
 
 // replica is a model server of a pool, for these tests: it counts the
