@@ -112,8 +112,8 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, replicas, all, or cancel")
-	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel scenario")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, replicas, all, cancel or rescue")
+	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
 	fs.IntVar(&c.s.conns, "conns", 32, "connections of closed-loop runs")
@@ -136,8 +136,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
-	if c.name == "cancel" {
+	switch c.name {
+	case "cancel":
 		return c.runCancel(stdout, stderr)
+	case "rescue":
+		return c.runRescue(stdout, stderr)
 	}
 	todo := scenarios
 	if c.name != "all" {
@@ -178,13 +181,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 // runCancel measures how soon a client's leaving closes the upstream
 // connection (the cancel scenario: Sturdy only, no load).
 func (c *command) runCancel(stdout, stderr io.Writer) int {
-	bin := c.sturdyBin
-	if bin == "" {
-		var err error
-		if bin, err = buildSturdy(); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
+	bin, err := c.sturdyBinary()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
 	}
 	delays, err := measureCancel(bin, c.tries)
 	if err != nil {
@@ -193,6 +193,31 @@ func (c *command) runCancel(stdout, stderr io.Writer) int {
 	}
 	cancelReport(stdout, delays)
 	return 0
+}
+
+// runRescue measures streams cut mid-answer and continued on a fallback
+// (the rescue scenario: Sturdy only, one stream at a time).
+func (c *command) runRescue(stdout, stderr io.Writer) int {
+	bin, err := c.sturdyBinary()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	tries, err := measureRescue(bin, c.tries)
+	if err != nil {
+		fmt.Fprintln(stderr, "rescue:", err)
+		return 1
+	}
+	rescueReport(stdout, tries)
+	return 0
+}
+
+// sturdyBinary is -sturdy, or a build of this checkout.
+func (c *command) sturdyBinary() (string, error) {
+	if c.sturdyBin != "" {
+		return c.sturdyBin, nil
+	}
+	return buildSturdy()
 }
 
 // targets lists what the run measures: one -target, or direct, Sturdy

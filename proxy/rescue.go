@@ -299,11 +299,16 @@ func (ex *exchange) continueOn(ti int) bool {
 	if ex.gate(t.up) != policy.ActionAttempt {
 		return false
 	}
-	ep, tk, a := ex.choose(t.up)
-	if a != policy.ActionAttempt {
-		return false
+	var out policy.Outcome
+	for replay := true; replay; { // a stale pooled connection is sent again at once, once
+		ep, tk, a := ex.choose(t.up)
+		if a != policy.ActionAttempt {
+			return false
+		}
+		out, _ = ex.send(t, ep, tk)
+		replay = out.Fault == policy.FaultStale && !lp.replaying
+		lp.replaying = replay
 	}
-	out, _ := ex.send(t, ep, tk)
 	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || kindOf(rp.msg.Header.ContentType()) != events.SSE {
 		ex.closeBody()
 		return false
