@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"sturdy/config"
 )
 
 // TestDependencyDirection keeps the layering of STYLE.md true: policy and
@@ -13,6 +19,7 @@ func TestDependencyDirection(t *testing.T) {
 		"sturdy/policy":  {"sturdy/"},
 		"sturdy/breaker": {"sturdy/"},
 		"sturdy/events":  {"sturdy/"},
+		"sturdy/fleet":   {"sturdy/"},
 		"sturdy/proxy":   {"sturdy/config", "sturdy/internal/"},
 		"sturdy/config":  {"sturdy/proxy", "sturdy/breaker"},
 	}
@@ -31,5 +38,37 @@ func TestDependencyDirection(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestDeployConfigsAreValid: the configs of deploy/ — the compose fleet's
+// and the Kubernetes ConfigMap's — pass -check.
+func TestDeployConfigsAreValid(t *testing.T) {
+	if _, err := config.Load("deploy/sturdy-fleet.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("deploy/kubernetes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	found := false
+	for {
+		var doc struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		if err := dec.Decode(&doc); err != nil {
+			break
+		}
+		if doc.Kind == "ConfigMap" {
+			found = true
+			if _, err := config.Parse("kubernetes.yaml ConfigMap", []byte(doc.Data["sturdy.yaml"])); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no ConfigMap in deploy/kubernetes.yaml")
 	}
 }

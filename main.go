@@ -25,6 +25,7 @@ import (
 	"sturdy/admin"
 	"sturdy/breaker"
 	"sturdy/config"
+	"sturdy/fleet"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/proxy"
@@ -274,7 +275,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys,
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
-			WriteTimeout: cfg.Server.WriteTimeout.Std()}}
+			WriteTimeout: cfg.Server.WriteTimeout.Std()}, SharedState: sharedOptions(cfg.SharedState)}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
 		o.Upstreams = append(o.Upstreams, proxy.Upstream{
@@ -335,6 +336,17 @@ func poolOptions(o *proxy.Upstream, u config.Upstream) {
 	o.MaxEjected = float64(u.MaxEjected)
 	o.RideThrough = u.RideThrough.Std()
 	o.Continuation = map[string]proxy.Continuation{"vllm": proxy.ContinueVLLM, "prefill": proxy.ContinuePrefill}[u.Continuation]
+}
+
+// sharedOptions translates shared_state (nil: none).
+func sharedOptions(s *config.SharedState) *proxy.SharedState {
+	if s == nil {
+		return nil
+	}
+	o := &proxy.SharedState{Refuse: s.OnFailure == "refuse", Config: fleet.Config{URL: s.RedisURL, MasterName: s.MasterName,
+		SentinelAddrs: s.SentinelAddresses, Password: s.Password, Prefix: s.KeyPrefix, HashKey: s.HashKey,
+		Timeout: s.Timeout.Std(), ShareBreakers: s.ShareBreakers}}
+	return o
 }
 
 // routeOptions translates one route.

@@ -3,7 +3,10 @@ package main
 import (
 	"fmt"
 	"net"
+	"os/exec"
 	"strconv"
+	"strings"
+	"time"
 
 	"sturdy/internal/fakellm"
 )
@@ -116,4 +119,45 @@ func (f fakes) shares(sum fakellm.Stats, each []fakellm.Stats) []figure {
 		figs = append(figs, figure{"share_" + f.names[i], 100 * float64(st.Requests) / float64(max(sum.Requests, 1)), "%"})
 	}
 	return figs
+}
+
+// withRedis returns sc ready to run: for a scenario that needs Redis, a
+// copy whose fragments name a redis-server started for it (stop ends it).
+func withRedis(sc *scenario) (*scenario, func(), error) {
+	if !sc.redis {
+		return sc, func() {}, nil
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return sc, func() {}, fmt.Errorf("needs redis-server (apt-get install -y redis-server)")
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return sc, func() {}, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		return sc, func() {}, err
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(end) {
+			stop()
+			return sc, func() {}, fmt.Errorf("redis-server did not listen on %s", addr)
+		}
+	}
+	with := *sc
+	url := "redis://" + addr + "/0"
+	with.sturdy = strings.ReplaceAll(sc.sturdy, "REDIS_URL", url)
+	with.variants = nil
+	for _, v := range sc.variants {
+		v.sturdy = strings.ReplaceAll(v.sturdy, "REDIS_URL", url)
+		with.variants = append(with.variants, v)
+	}
+	return &with, stop, nil
 }

@@ -158,6 +158,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var results []scenarioResult
 	for _, sc := range todo {
+		sc, stop, err := withRedis(sc)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", sc.name, err)
+			return 1
+		}
+		defer stop()
 		res := scenarioResult{Scenario: sc.name, About: sc.about}
 		for _, t := range targetsFor(sc, targets, stderr) {
 			tr, err := runTarget(sc, c.s, t, c.fakeListen, c.fakeURL, c.targetURL != "", stderr)

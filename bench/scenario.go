@@ -43,6 +43,9 @@ type scenario struct {
 	// variants are Sturdy measured again with other fragments, each a
 	// target of its own in the same run.
 	variants []variant
+	// redis, when set, starts a redis-server for the run: REDIS_URL in
+	// the fragments (the scenario's and its variants') is its URL.
+	redis bool
 	// replicas, when set, make the upstream a pool: a fake server per
 	// replica instead of one with profile.
 	replicas []replica
@@ -97,6 +100,21 @@ var scenarios = []*scenario{
 			}
 		},
 		sturdy: defaultSturdy,
+	},
+	{
+		name: "fleet",
+		about: "no faults, a rate_limit that never binds: what a shared limit costs — each request's slot taken in Redis " +
+			"(sturdy+shared_state) against the local limiter (sturdy)",
+		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
+		runs: func(s settings) []runSpec {
+			return []runSpec{
+				{name: "capacity", path: "/v1/chat/completions", conns: s.conns},
+				{name: fmt.Sprintf("latency@%g/s", s.rate/4), path: "/v1/chat/completions", rate: s.rate / 4, conns: 512},
+			}
+		},
+		sturdy:   fleetUpstream + defaultSturdy,
+		redis:    true,
+		variants: []variant{{name: "shared_state", sturdy: fleetUpstream + "shared_state: {redis_url: REDIS_URL, timeout: 50ms}\n" + defaultSturdy}},
 	},
 	{
 		name:  "flaky",
@@ -254,6 +272,10 @@ routes:
 // replicaLatency is a healthy replica's reply time in the replicas
 // scenario: 25–35 ms, a short completion of a small model.
 var replicaLatency = fakellm.Latency{Base: 25 * time.Millisecond, Jitter: 10 * time.Millisecond}
+
+// fleetUpstream is the fleet scenario's rate_limit: far above any rate
+// the machine reaches, so it costs its bookkeeping and never a wait.
+const fleetUpstream = "    rate_limit: {requests_per_second: 1000000, burst: 100000, max_wait: 1s}\n"
 
 const defaultSturdy = `routes:
   - name: default

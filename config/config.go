@@ -40,10 +40,38 @@ type Config struct {
 	// Auth, when it has keys, requires every client to present one as
 	// "Authorization: Bearer <key>".
 	Auth Auth `yaml:"auth"`
+	// SharedState, when set, shares cooldowns, limits and breaker hints
+	// with the other replicas of a fleet through Redis.
+	SharedState *SharedState `yaml:"shared_state"`
 
 	// written holds the keys the file set (dotted paths → line), so a
 	// written zero is told from a key left out.
 	written map[string]int
+}
+
+// SharedState is how a fleet of Sturdys shares state through Redis.
+type SharedState struct {
+	// RedisURL is redis:// or rediss:// with the database. Required.
+	// ${VAR} is expanded.
+	RedisURL string `yaml:"redis_url"`
+	// MasterName and SentinelAddresses find the master through Sentinel.
+	MasterName        string   `yaml:"master_name"`
+	SentinelAddresses []string `yaml:"sentinel_addresses"`
+	// Password (${VAR} expanded) or PasswordFile overrides the URL's.
+	Password     string `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	// KeyPrefix starts every key. Default "sturdy:".
+	KeyPrefix string `yaml:"key_prefix"`
+	// HashKey, when set (${VAR} expanded), keys credentials by
+	// HMAC-SHA-256 with it, else SHA-256.
+	HashKey string `yaml:"hash_key"`
+	// Timeout is the longest a request waits on Redis. Default 50ms.
+	Timeout Duration `yaml:"timeout"`
+	// OnFailure is local (default: carry on with this replica's state)
+	// or refuse (503 shared_state_unavailable).
+	OnFailure string `yaml:"on_failure"`
+	// ShareBreakers announces an endpoint's breaker opening to the fleet.
+	ShareBreakers bool `yaml:"share_breakers"`
 }
 
 // Server bounds the client-facing listener.

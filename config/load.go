@@ -192,6 +192,17 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 			bad(k, "%q is empty", u.APIKeyFile)
 		}
 	}
+	if s := c.SharedState; s != nil && s.PasswordFile != "" {
+		b, err := os.ReadFile(s.PasswordFile)
+		switch {
+		case s.Password != "":
+			bad("shared_state.password_file", "set password or password_file, not both")
+		case err != nil:
+			bad("shared_state.password_file", "cannot read %q: %v", s.PasswordFile, errors.Unwrap(err))
+		default:
+			s.Password = strings.TrimSpace(string(b))
+		}
+	}
 	if f := c.Auth.KeysFile; f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -208,8 +219,9 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
-// expandEnv replaces ${VAR} in listen and in each upstream's url,
-// endpoints and api_key with the environment's value (empty when unset).
+// expandEnv replaces ${VAR} in listen, in each upstream's url, endpoints
+// and api_key, and in shared_state's redis_url, password and hash_key
+// with the environment's value (empty when unset).
 func (c *Config) expandEnv() {
 	expand := func(s string) string {
 		return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
@@ -218,6 +230,9 @@ func (c *Config) expandEnv() {
 	c.AdminListen = expand(c.AdminListen)
 	for i := range c.Auth.Keys {
 		c.Auth.Keys[i] = expand(c.Auth.Keys[i])
+	}
+	if s := c.SharedState; s != nil {
+		s.RedisURL, s.Password, s.HashKey = expand(s.RedisURL), expand(s.Password), expand(s.HashKey)
 	}
 	for i := range c.Upstreams {
 		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)

@@ -49,6 +49,7 @@ func notNegative[T int | float64](p *problems, key string, v T, note string) {
 func (c *Config) Validate() []Problem {
 	p := &problems{c: c}
 	c.validateServer(p)
+	c.validateSharedState(p)
 	if len(c.Upstreams) == 0 {
 		p.bad("upstreams", "at least one upstream is required")
 	}
@@ -289,6 +290,27 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 	}
 	if r.MaxRescues != nil {
 		notNegative(p, k+"max_rescues", *r.MaxRescues, " (0: no rescues)")
+	}
+}
+
+// validateSharedState checks shared_state, when written.
+func (c *Config) validateSharedState(p *problems) {
+	s := c.SharedState
+	if s == nil {
+		return
+	}
+	const k = "shared_state."
+	if !strings.HasPrefix(s.RedisURL, "redis://") && !strings.HasPrefix(s.RedisURL, "rediss://") {
+		p.bad(k+"redis_url", "required: redis:// or rediss:// (e.g. redis://127.0.0.1:6379/0)")
+	} else if _, err := url.Parse(s.RedisURL); err != nil {
+		p.bad(k+"redis_url", "not a URL")
+	}
+	if (s.MasterName == "") != (len(s.SentinelAddresses) == 0) {
+		p.bad(k+"master_name", "set master_name and sentinel_addresses together (Sentinel), or neither")
+	}
+	positive(p, k+"timeout", s.Timeout)
+	if s.OnFailure != "" && s.OnFailure != "local" && s.OnFailure != "refuse" {
+		p.bad(k+"on_failure", "must be local or refuse (got %q)", s.OnFailure)
 	}
 }
 

@@ -60,6 +60,11 @@ type Metrics struct {
 	// could be continued, by result (continued, failed, unsafe,
 	// no_target, exhausted, interrupted).
 	StreamRescues *prometheus.CounterVec
+	// SharedStateUp is 1 while the fleet's Redis answers (0 while not;
+	// absent without shared_state); SharedStateErrors counts its failed
+	// calls by operation.
+	SharedStateUp     prometheus.Gauge
+	SharedStateErrors *prometheus.CounterVec
 	// TimeToFirstByte observes the time until the client's response
 	// started, by route.
 	TimeToFirstByte *prometheus.HistogramVec
@@ -144,6 +149,10 @@ func New() *Metrics {
 			Help: "Active health checks by upstream and result (ok, fail)."}, []string{"upstream", "result"}),
 		RideThroughs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_ride_throughs_total",
 			Help: "Requests that waited for an endpoint to come back (ride_through), by upstream."}, []string{"upstream"}),
+		SharedStateUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_shared_state_up",
+			Help: "1 while the fleet's shared state (Redis) answers, 0 while it does not."}),
+		SharedStateErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_shared_state_errors_total",
+			Help: "Failed calls to the fleet's shared state (Redis), by operation."}, []string{"op"}),
 		StreamRescues: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_stream_rescues_total",
 			Help: "Streams cut mid-answer on a route that can continue them, by result."}, []string{"result"}),
 		TimeToFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_time_to_first_byte_seconds",
@@ -183,7 +192,7 @@ func New() *Metrics {
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
-		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues,
+		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateUp, m.SharedStateErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

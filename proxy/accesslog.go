@@ -39,18 +39,19 @@ const (
 // Outcomes: how a request ended, in the access log and the
 // sturdy_requests_total outcome label (a fixed vocabulary).
 const (
-	outcomeOK                = "ok"                 // a success reply
-	outcomePassThrough       = "pass_through"       // the client's own error, untouched
-	outcomeExhausted         = "exhausted"          // the last upstream reply, retrying over
-	outcomeCircuitOpen       = "circuit_open"       // every target's breaker open
-	outcomeRateLimited       = "rate_limited"       // a 429 Sturdy answered itself
-	outcomeUpstreamBusy      = "upstream_busy"      // no max_in_flight slot or connection place in time
-	outcomeUpstreamError     = "upstream_error"     // no upstream reply at all
-	outcomeRejected          = "rejected"           // refused before any attempt (400/404/413/431)
-	outcomeUnauthorized      = "unauthorized"       // no accepted client key
-	outcomeStreamInterrupted = "stream_interrupted" // the upstream failed mid-stream
-	outcomeClientGone        = "client_gone"        // the client left mid-response
-	outcomeShuttingDown      = "shutting_down"      // a wait ended by shutdown, no reply at hand
+	outcomeOK                = "ok"                       // a success reply
+	outcomePassThrough       = "pass_through"             // the client's own error, untouched
+	outcomeExhausted         = "exhausted"                // the last upstream reply, retrying over
+	outcomeCircuitOpen       = "circuit_open"             // every target's breaker open
+	outcomeRateLimited       = "rate_limited"             // a 429 Sturdy answered itself
+	outcomeUpstreamBusy      = "upstream_busy"            // no max_in_flight slot or connection place in time
+	outcomeUpstreamError     = "upstream_error"           // no upstream reply at all
+	outcomeRejected          = "rejected"                 // refused before any attempt (400/404/413/431)
+	outcomeUnauthorized      = "unauthorized"             // no accepted client key
+	outcomeStreamInterrupted = "stream_interrupted"       // the upstream failed mid-stream
+	outcomeClientGone        = "client_gone"              // the client left mid-response
+	outcomeShuttingDown      = "shutting_down"            // a wait ended by shutdown, no reply at hand
+	outcomeSharedState       = "shared_state_unavailable" // Redis did not answer, on_failure: refuse
 )
 
 // retryList logs the retries of a request as

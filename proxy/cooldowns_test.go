@@ -24,10 +24,10 @@ func TestBareCooldownsAreSweptAndRunsEnd(t *testing.T) {
 	}
 	key := uint64(1 << 40)
 	c.bare(key, past, time.Second, noJitter)
-	if d := c.bare(key, past.Add(time.Second), time.Second, noJitter); d != 2*time.Second {
+	if d, streak := c.bare(key, past.Add(time.Second), time.Second, noJitter); d != 2*time.Second || streak != 2 {
 		t.Fatalf("a second bare 429 in a row: %v, want 2s", d)
 	}
-	if d := c.bare(key, time.Now(), time.Second, noJitter); d != time.Second {
+	if d, _ := c.bare(key, time.Now(), time.Second, noJitter); d != time.Second {
 		t.Fatalf("a bare 429 an hour after the run: %v, want 1s", d)
 	}
 }

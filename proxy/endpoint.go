@@ -73,6 +73,9 @@ type endpoint struct {
 	// breaker is not closed, counted against max_ejected.
 	owner   atomic.Pointer[upstream]
 	ejected atomic.Bool
+	// hintedUntil is when another replica's breaker expects to probe ep
+	// (UnixNano; 0: no hint), for share_breakers.
+	hintedUntil atomic.Int64
 
 	// healthy is false while an active health check has it out; back is
 	// when it last came back (UnixNano, for slow start; 0: never out);
@@ -154,7 +157,14 @@ func (ep *endpoint) full() bool { return len(ep.conns) == cap(ep.conns) }
 // out reports whether the endpoint takes no requests: its connection
 // breaker is open, a health check has it out, or DNS dropped it.
 func (ep *endpoint) out() bool {
-	return ep.breaker.State() == breaker.StateOpen || !ep.healthy.Load() || ep.draining.Load()
+	return ep.breaker.State() == breaker.StateOpen || !ep.healthy.Load() || ep.draining.Load() || ep.hinted()
+}
+
+// hinted reports whether another replica's breaker has ep out for now
+// (shared_state.share_breakers).
+func (ep *endpoint) hinted() bool {
+	h := ep.hintedUntil.Load()
+	return h != 0 && time.Now().UnixNano() < h
 }
 
 // weight is the endpoint's share while it ramps up after coming back

@@ -33,6 +33,7 @@ const (
 	CodeShuttingDown        = "shutting_down"
 	CodeTooManyConnections  = "too_many_connections"
 	CodeStreamInterrupted   = "stream_interrupted"
+	CodeSharedState         = "shared_state_unavailable"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.
@@ -100,6 +101,9 @@ var errorTable = []errorSpec{
 	{code: CodeTooManyConnections, status: 503,
 		message: "Sturdy is serving as many client connections as it allows (%d, server.max_connections); retry after the Retry-After delay",
 		when:    "a new client connection would pass `server.max_connections`: answered at once and closed"},
+	{code: CodeSharedState, status: 503,
+		message: "the fleet's shared state (Redis) did not answer within %s, and shared_state.on_failure is refuse; retry after the Retry-After delay",
+		when:    "with `shared_state.on_failure: refuse`, Redis did not answer a shared limit in time (or is down)", sdkRetries: true},
 	{code: CodeStreamInterrupted, status: 0,
 		message: "%s from upstream %q; the output so far is incomplete: retry the request",
 		when:    "sent *inside* a stream that failed after it started (see below)"},

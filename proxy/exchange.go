@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/events"
+	"sturdy/fleet"
 	"sturdy/metrics"
 	"sturdy/policy"
 )
@@ -100,11 +101,15 @@ type loopState struct {
 	slot       *upstream // whose max_in_flight slot is held
 	// model is the model as sent to the current target (its breaker and
 	// cooldown scope); coolKey keys its cooldowns, once computed.
-	model     string
-	coolKey   uint64
-	coolKnown bool
-	place     *endpoint // whose connection place is taken for the next attempt
-	entered   *upstream // whose in-flight count this request is in
+	model      string
+	coolKey    uint64
+	coolDigest fleet.Key
+	coolKnown  bool
+	// sharedRefused says Redis did not answer a shared limit and
+	// on_failure is refuse.
+	sharedRefused bool
+	place         *endpoint // whose connection place is taken for the next attempt
+	entered       *upstream // whose in-flight count this request is in
 	// ep is the endpoint of the current (or last) attempt; aimed the one
 	// the request's URI and Host are built for; tried the endpoints of
 	// this target a retryable attempt failed on (retries go elsewhere).

@@ -52,6 +52,26 @@ func printable(b []byte) bool {
 	return true
 }
 
+// takeClient spends one request of this client's `clients:` limit cl:
+// the fleet's when shared_state is set, else (or when Redis does not
+// answer and on_failure is local) this replica's own. e is the refusal
+// when Redis does not answer and on_failure is refuse.
+func (ex *exchange) takeClient(cl *clientLimiter, now time.Time) (wait time.Duration, ok bool, e *apiError) {
+	key := ex.ctx.Request.Header.PeekBytes(cl.header)
+	if ex.p.fleet.Load() == nil {
+		wait, ok = cl.take(key, now)
+		return wait, ok, nil
+	}
+	switch sl := ex.p.reserveShared(ex.p.clientLimitName(cl, key), cl.opts.RequestsPerSecond, cl.opts.Burst, 0); {
+	case sl.refused:
+		return 0, false, ex.p.sharedFailure()
+	case !sl.local:
+		return sl.wait, sl.taken, nil
+	}
+	wait, ok = cl.take(key, now)
+	return wait, ok, nil
+}
+
 // admit refuses what Sturdy will not forward — proxy requests (CONNECT,
 // absolute URIs), smuggling-shaped framing, clients without an accepted
 // key or over their rate limit, paths no route serves, bodies over the
@@ -76,7 +96,10 @@ func (ex *exchange) admit() *apiError {
 	}
 	now := time.Now()
 	for _, cl := range ex.tbl.clients {
-		if wait, ok := cl.take(ctx.Request.Header.PeekBytes(cl.header), now); !ok {
+		if wait, ok, e := ex.takeClient(cl, now); e != nil {
+			ex.out.outcome = outcomeSharedState
+			return e
+		} else if !ok {
 			ex.p.m.RateLimited.WithLabelValues("client").Inc()
 			ex.out.outcome = outcomeRateLimited
 			e := newError(CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s)",

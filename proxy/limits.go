@@ -9,8 +9,10 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// credSeed keys the hashes of client credentials: cooldowns and client
-// limits are keyed by a hash of a header value, never the value itself.
+// credSeed keys the hashes of client credentials for this process's own
+// client buckets: they are keyed by a hash of a header value, never the
+// value itself. (Cooldowns, which the fleet shares, use fleet.Digest: the
+// same in every process.)
 var credSeed = maphash.MakeSeed()
 
 // credHash hashes a credential (an Authorization value, a client key).
@@ -54,10 +56,21 @@ func (c *cooldowns) set(key uint64, t time.Time) {
 	c.put(key, t, -1)
 }
 
+// adopt records a cooldown another replica learned, with its streak of
+// bare 429s (0: none), so the next bare 429 here doubles on from it.
+func (c *cooldowns) adopt(key uint64, t time.Time, streak int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if streak == 0 {
+		streak = -1 // keep ours
+	}
+	c.put(key, t, streak)
+}
+
 // bare records a 429 that said no wait: a cooldown of base, doubling for
 // each such 429 in a row (up to maxBareCooldown), from now; it returns
-// its length. extend adds its random extension.
-func (c *cooldowns) bare(key uint64, now time.Time, base time.Duration, extend func(time.Duration) time.Duration) time.Duration {
+// its length and the streak. extend adds its random extension.
+func (c *cooldowns) bare(key uint64, now time.Time, base time.Duration, extend func(time.Duration) time.Duration) (time.Duration, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	streak := 1
@@ -70,7 +83,7 @@ func (c *cooldowns) bare(key uint64, now time.Time, base time.Duration, extend f
 	}
 	d = extend(min(d, maxBareCooldown))
 	c.put(key, now.Add(d), streak)
-	return d
+	return d, streak
 }
 
 // stale reports whether a run of bare 429s is over by itself: its last

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"hash/maphash"
 	"slices"
 	"time"
 	"unsafe"
@@ -10,6 +9,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"sturdy/breaker"
+	"sturdy/fleet"
 	"sturdy/policy"
 )
 
@@ -193,6 +193,30 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 		now = time.Now()
 	}
 	if up.limiter == nil {
+		return policy.ActionAttempt
+	}
+	return ex.pace(up, now)
+}
+
+// pace waits for the upstream's rate_limit turn: the fleet's when
+// shared_state is set (one slot for the fleet, GCRA in Redis), else —
+// or when Redis does not answer and on_failure is local — this
+// replica's own limiter.
+func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
+	o := up.opts.RateLimit
+	switch sl := ex.p.reserveShared("pace:"+up.name, o.RequestsPerSecond, o.Burst, up.maxWait); {
+	case sl.refused:
+		ex.loop.sharedRefused = true
+		return policy.ActionStop
+	case !sl.local:
+		d := ex.clear(policy.ObstaclePacing, up, sl.wait, up.maxWait, "")
+		if d.Action != policy.ActionAttempt {
+			return ex.carry(d)
+		}
+		ex.enter(phasePacing)
+		if !ex.wait(d.Wait) {
+			return policy.ActionStop
+		}
 		return policy.ActionAttempt
 	}
 	r := up.limiter.ReserveN(now, 1)
@@ -399,14 +423,13 @@ func (ex *exchange) interrupted() policy.Action {
 func (ex *exchange) cooldownKey(up *upstream) uint64 {
 	lp := &ex.loop
 	if !lp.coolKnown {
-		var h maphash.Hash
-		h.SetSeed(credSeed)
+		var cred []byte
 		if up.auth == nil {
-			_, _ = h.Write(ex.ctx.Request.Header.PeekBytes(hdrAuthorization))
+			cred = ex.ctx.Request.Header.PeekBytes(hdrAuthorization)
 		}
-		_ = h.WriteByte(0)
-		_, _ = h.WriteString(lp.model)
-		lp.coolKey, lp.coolKnown = h.Sum64(), true
+		// The same in every replica, so the fleet shares it.
+		lp.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
+		lp.coolKey, lp.coolKnown = localKey(lp.coolDigest), true
 	}
 	return lp.coolKey
 }
@@ -458,8 +481,10 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 	switch {
 	case until.After(now):
 		up.cooldowns.set(ex.cooldownKey(up), until)
+		ex.publishCooldown(up, until, 0)
 	case is429 && !ok: // "too many", but not for how long
-		up.cooldowns.bare(ex.cooldownKey(up), now, up.bareCooldown, ex.extend)
+		d, streak := up.cooldowns.bare(ex.cooldownKey(up), now, up.bareCooldown, ex.extend)
+		ex.publishCooldown(up, now.Add(d), streak)
 	default:
 		return wait, ok
 	}

@@ -385,8 +385,11 @@ func (r Route) withDefaults() Route {
 
 // Options configures a Proxy.
 type Options struct {
-	Upstreams []Upstream
-	Routes    []Route
+	// SharedState, when set, shares cooldowns, limits and breaker hints
+	// with the fleet's other replicas through Redis.
+	SharedState *SharedState
+	Upstreams   []Upstream
+	Routes      []Route
 	// Clients are per-client rate limits every request must pass.
 	Clients []ClientLimit
 	// AuthKeys, when set, are the keys clients must present as

@@ -26,7 +26,9 @@ import (
 // Handle (or Server()); Reload swaps its configuration live; Shutdown
 // stops it.
 type Proxy struct {
-	tbl      atomic.Pointer[table]
+	tbl atomic.Pointer[table]
+	// fleet is the connection to the fleet's shared state (nil: none).
+	fleet    atomic.Pointer[shared]
 	log      zerolog.Logger
 	rand     func(int64) int64
 	m        *metrics.Metrics
@@ -73,6 +75,9 @@ func New(o Options) (*Proxy, error) {
 		return nil, err
 	}
 	p.maxBody = t.maxBody
+	if err := p.startShared(o.SharedState); err != nil {
+		return nil, err
+	}
 	p.tbl.Store(t)
 	p.startUpstreams(t, nil)
 	return p, nil
@@ -92,6 +97,9 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 	}
 	if t.maxBody > p.maxBody {
 		warnings = append(warnings, fmt.Sprintf("max_body above %d bytes takes effect after a restart", p.maxBody))
+	}
+	if err := p.startShared(o.SharedState); err != nil {
+		return nil, err
 	}
 	p.tbl.Store(t)
 	p.startUpstreams(t, dropped)
@@ -126,6 +134,10 @@ func (p *Proxy) endpointBreakerChanged(ep *endpoint, from, to breaker.State) {
 	case breaker.StateOpen:
 		if from == breaker.StateClosed {
 			ev = ev.Str("reason", "ejected")
+		}
+		if f := p.fleet.Load(); f != nil && f.opts.ShareBreakers {
+			// Not here: the breaker calls this with its lock held.
+			go func() { f.st.AnnounceBreaker(up.name, ep.addr, time.Now().Add(ep.breaker.ProbeIn(time.Now()))) }()
 		}
 	}
 	ev.Str("upstream", up.name).Str("endpoint", ep.addr).Str("from", from.String()).Str("to", to.String()).

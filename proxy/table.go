@@ -81,6 +81,16 @@ type target struct {
 	model string
 }
 
+// upstream returns the upstream named name, nil when there is none.
+func (t *table) upstream(name string) *upstream {
+	for _, up := range t.upstreams {
+		if up.name == name {
+			return up
+		}
+	}
+	return nil
+}
+
 // buildTable builds a table from o, reusing the upstreams of prev whose
 // options are unchanged; it also returns prev's upstreams left out.
 func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) {

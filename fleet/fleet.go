@@ -1,0 +1,259 @@
+// Package fleet shares what one Sturdy learns with the others of its
+// fleet through Redis: cooldowns (published, and loaded on every
+// (re)connect), pacing and per-client limits (one GCRA reservation per
+// request, atomic in Redis) and, opt-in, breaker hints. It is
+// local-first: a request never waits on Redis longer than the timeout,
+// and when Redis is slow or down the caller carries on with its own
+// state (or refuses, as configured).
+package fleet
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// Config is how to reach Redis and how to use it.
+type Config struct {
+	// URL is redis:// or rediss:// (go-redis's form, with the database).
+	URL string
+	// MasterName and SentinelAddrs, when set, find the master through
+	// Sentinel instead (URL's password, database and TLS still apply).
+	MasterName    string
+	SentinelAddrs []string
+	// Password, when set, overrides the URL's.
+	Password string
+	// Prefix starts every key and the events channel.
+	Prefix string
+	// HashKey, when set, keys credentials by HMAC-SHA-256 with it (else
+	// SHA-256).
+	HashKey string
+	// Timeout bounds every Redis call a request waits for.
+	Timeout time.Duration
+	// ShareBreakers announces an endpoint's breaker opening to the fleet.
+	ShareBreakers bool
+}
+
+// Key identifies a credential's (and model's) state in the fleet: a hash,
+// never the credential.
+type Key [16]byte
+
+// Digest hashes parts (separated) into a Key: HMAC-SHA-256 with hashKey,
+// or SHA-256 without one. It is the same in every process.
+func Digest(hashKey string, parts ...[]byte) Key {
+	var h hash.Hash
+	if hashKey != "" {
+		h = hmac.New(sha256.New, []byte(hashKey))
+	} else {
+		h = sha256.New()
+	}
+	for i, p := range parts {
+		if i > 0 {
+			h.Write([]byte{0})
+		}
+		h.Write(p)
+	}
+	var k Key
+	copy(k[:], h.Sum(nil))
+	return k
+}
+
+// Cooldown is one cooldown as the fleet shares it.
+type Cooldown struct {
+	Upstream string
+	Key      Key
+	Until    time.Time
+	// Streak counts 429s without a wait in a row (0 for a cooldown with
+	// one): the next replica's doubling goes on from it.
+	Streak int
+}
+
+// Hooks are how the fleet's news reaches the proxy.
+type Hooks struct {
+	// Cooldown is called for a cooldown another replica learned (and for
+	// each one in force when the connection (re)opens).
+	Cooldown func(Cooldown)
+	// BreakerOpened is called when another replica's breaker of an
+	// endpoint opened, until when it expects to probe.
+	BreakerOpened func(upstream, endpoint string, until time.Time)
+	// Up is called when Redis becomes reachable (true) or not (false).
+	Up func(bool)
+	// Error counts a failed Redis call, by operation.
+	Error func(op string)
+}
+
+// State is a connection to the fleet's Redis.
+type State struct {
+	cfg   Config
+	rdb   redis.UniversalClient
+	log   zerolog.Logger
+	hooks Hooks
+	up    atomic.Bool
+	stop  context.CancelFunc
+	done  sync.WaitGroup
+	// ps is the events subscription; closing it ends a Receive in
+	// progress (which no context interrupts).
+	ps *redis.PubSub
+}
+
+// quiet drops go-redis's own log lines: they can name addresses, and the
+// State logs each reachability change itself, once.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+var quietOnce sync.Once
+
+// New connects to Redis (lazily: an unreachable Redis is not an error
+// here, only a State that is down) and starts following the fleet's
+// events.
+func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
+	quietOnce.Do(func() { redis.SetLogger(quiet{}) })
+	o, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, errors.New("shared_state.redis_url: not a redis:// or rediss:// URL go-redis accepts")
+	}
+	if cfg.Password != "" {
+		o.Password = cfg.Password
+	}
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = max(cfg.Timeout, time.Second), cfg.Timeout, cfg.Timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = 0 // a request waits one round trip at most
+	var rdb redis.UniversalClient
+	if cfg.MasterName != "" {
+		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.MasterName, SentinelAddrs: cfg.SentinelAddrs,
+			Password: o.Password, Username: o.Username, DB: o.DB, TLSConfig: o.TLSConfig, DialTimeout: o.DialTimeout,
+			ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true, MaxRetries: 0})
+	} else {
+		rdb = redis.NewClient(o)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &State{cfg: cfg, rdb: rdb, log: log, hooks: hooks, stop: stop}
+	s.up.Store(true) // until a call says otherwise
+	s.ps = rdb.Subscribe(ctx, s.channel())
+	s.done.Add(1)
+	go s.follow(ctx)
+	return s, nil
+}
+
+// Close stops following the fleet and closes the connections.
+func (s *State) Close() {
+	s.stop()
+	_ = s.ps.Close()
+	s.done.Wait()
+	_ = s.rdb.Close()
+}
+
+// Up reports whether the last call to Redis succeeded.
+func (s *State) Up() bool { return s.up.Load() }
+
+// Timeout is the longest a request waits on Redis.
+func (s *State) Timeout() time.Duration { return s.cfg.Timeout }
+
+// HashKey is the key credentials are hashed with ("" for SHA-256).
+func (s *State) HashKey() string { return s.cfg.HashKey }
+
+// result records a call's outcome: the first failure after success (and
+// the first success after failure) is logged once, not per request.
+func (s *State) result(op string, err error) {
+	if err == nil || errors.Is(err, redis.Nil) {
+		if !s.up.Swap(true) {
+			s.log.Info().Msg("shared state: Redis reachable again")
+			if s.hooks.Up != nil {
+				s.hooks.Up(true)
+			}
+		}
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	if s.hooks.Error != nil {
+		s.hooks.Error(op)
+	}
+	if s.up.Swap(false) {
+		s.log.Warn().Str("op", op).Str("error", describe(err)).Msg("shared state: Redis unreachable, carrying on without it")
+		if s.hooks.Up != nil {
+			s.hooks.Up(false)
+		}
+	}
+}
+
+// describe names a Redis failure without quoting a reply or an address.
+func describe(err error) string {
+	var ne interface{ Timeout() bool }
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case strings.Contains(err.Error(), "refused"):
+		return "connection refused"
+	case strings.HasPrefix(err.Error(), "NOAUTH"), strings.HasPrefix(err.Error(), "WRONGPASS"):
+		return "authentication failed"
+	}
+	return "connection failed"
+}
+
+func (s *State) channel() string { return s.cfg.Prefix + "events" }
+
+func (s *State) cooldownKey(upstream string, k Key) string {
+	return s.cfg.Prefix + "cooldown:" + upstream + ":" + hex.EncodeToString(k[:])
+}
+
+// setCooldown keeps the later of the stored cooldown and this one, and
+// publishes it when it is the later: KEYS[1] the cooldown, KEYS[2] the
+// channel; ARGV until (Unix ms), streak, the event.
+var setCooldown = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+local untilMs = tonumber(ARGV[1])
+if cur then
+  local u = tonumber(string.match(cur, '^(%d+)'))
+  if u and u >= untilMs then return 0 end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if untilMs <= now then return 0 end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2], 'PX', untilMs - now + 1000)
+redis.call('PUBLISH', KEYS[2], ARGV[3])
+return 1`)
+
+// PublishCooldown shares a cooldown this replica learned. It does not
+// wait: the request that learned it goes on.
+func (s *State) PublishCooldown(c Cooldown) {
+	until := strconv.FormatInt(c.Until.UnixMilli(), 10)
+	event := "c|" + c.Upstream + "|" + hex.EncodeToString(c.Key[:]) + "|" + until + "|" + strconv.Itoa(c.Streak)
+	s.background("publish_cooldown", func(ctx context.Context) error {
+		return setCooldown.Run(ctx, s.rdb, []string{s.cooldownKey(c.Upstream, c.Key), s.channel()}, until, c.Streak, event).Err()
+	})
+}
+
+// AnnounceBreaker tells the fleet an endpoint's breaker opened, until
+// when it expects to probe (with share_breakers).
+func (s *State) AnnounceBreaker(upstream, endpoint string, until time.Time) {
+	if !s.cfg.ShareBreakers {
+		return
+	}
+	event := "b|" + upstream + "|" + endpoint + "|" + strconv.FormatInt(until.UnixMilli(), 10)
+	s.background("publish_breaker", func(ctx context.Context) error {
+		return s.rdb.Publish(ctx, s.channel(), event).Err()
+	})
+}
+
+// background runs a call no request waits for, within the timeout.
+func (s *State) background(op string, call func(context.Context) error) {
+	go func() { // not waited for by Close: the timeout bounds it
+		ctx, cancel := context.WithTimeout(context.Background(), max(s.cfg.Timeout, time.Second))
+		defer cancel()
+		s.result(op, call(ctx))
+	}()
+}

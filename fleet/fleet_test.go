@@ -1,0 +1,146 @@
+package fleet
+
+import (
+	"encoding/hex"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
+
+	"sturdy/internal/redistest"
+)
+
+func start(t *testing.T, url string, hooks Hooks) *State {
+	t.Helper()
+	s, err := New(Config{URL: url, Prefix: "t:", Timeout: 200 * time.Millisecond, ShareBreakers: true}, zerolog.Nop(), hooks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestDigestIsStable: a credential's key is the same in every process
+// (a golden value), and the hash key changes it.
+func TestDigestIsStable(t *testing.T) {
+	for _, tt := range []struct{ hashKey, want string }{
+		{"", "721f7fc017ef3e03b71b119232465741"},      // SHA-256 of "Bearer sk-x\x00gpt-4o"
+		{"fleet", "c91a8ffc75d0a5828ce871788a78116d"}, // HMAC-SHA-256 with "fleet"
+	} {
+		k := Digest(tt.hashKey, []byte("Bearer sk-x"), []byte("gpt-4o"))
+		if got := hex.EncodeToString(k[:]); got != tt.want {
+			t.Errorf("hash key %q: %s, want %s", tt.hashKey, got, tt.want)
+		}
+	}
+	if Digest("", []byte("Bearer sk-xg"), []byte("pt-4o")) == Digest("", []byte("Bearer sk-x"), []byte("gpt-4o")) {
+		t.Fatal("parts are not separated")
+	}
+}
+
+// TestCooldownsReachTheFleet: a cooldown one replica publishes reaches
+// another within 100 ms, and one that starts later loads it.
+func TestCooldownsReachTheFleet(t *testing.T) {
+	r := redistest.Start(t)
+	got := make(chan Cooldown, 4)
+	start(t, r.URL, Hooks{Cooldown: func(c Cooldown) { got <- c }})
+	a := start(t, r.URL, Hooks{})
+	time.Sleep(100 * time.Millisecond) // b subscribed
+	c := Cooldown{Upstream: "openai", Key: Digest("", []byte("k"), []byte("m")), Until: time.Now().Add(5 * time.Second), Streak: 2}
+	sent := time.Now()
+	a.PublishCooldown(c)
+	select {
+	case g := <-got:
+		if g.Upstream != c.Upstream || g.Key != c.Key || g.Until.UnixMilli() != c.Until.UnixMilli() || g.Streak != 2 {
+			t.Fatalf("got %+v, want %+v", g, c)
+		}
+		if d := time.Since(sent); d > 100*time.Millisecond {
+			t.Fatalf("took %v", d)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the cooldown never reached the other replica")
+	}
+	late := make(chan Cooldown, 4)
+	start(t, r.URL, Hooks{Cooldown: func(c Cooldown) { late <- c }})
+	select {
+	case g := <-late:
+		if g.Key != c.Key {
+			t.Fatalf("loaded %+v", g)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a replica that started later did not load the cooldown in force")
+	}
+}
+
+// TestReserveMatchesTheLocalLimiter: the GCRA script grants and delays
+// as rate.Limiter.Reserve does for the same sequence.
+func TestReserveMatchesTheLocalLimiter(t *testing.T) {
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	for _, tt := range []struct {
+		rate  float64
+		burst int
+		wait  time.Duration
+	}{{10, 1, time.Second}, {10, 5, 200 * time.Millisecond}, {0.5, 2, 0}, {2, 3, 1200 * time.Millisecond}} { // slow enough that the calls take no token's worth of time
+		lim := rate.NewLimiter(rate.Limit(tt.rate), tt.burst)
+		name := time.Now().String()
+		now := time.Now()
+		for i := 0; i < 3*tt.burst+3; i++ {
+			res := lim.ReserveN(now, 1)
+			want := res.DelayFrom(now)
+			wantTaken := want <= tt.wait
+			if !wantTaken {
+				res.CancelAt(now)
+			}
+			delay, taken, err := s.Reserve(name, tt.rate, tt.burst, tt.wait)
+			if err != nil {
+				t.Fatal(err)
+			}
+			elapsed := time.Since(now) // Redis's clock runs on meanwhile
+			if taken != wantTaken || delay > want || delay < want-elapsed-time.Millisecond {
+				t.Fatalf("rate %v burst %d, reservation %d: taken %v delay %v, local %v %v", tt.rate, tt.burst, i, taken, delay,
+					wantTaken, want)
+			}
+		}
+	}
+}
+
+// TestRedisDownIsAnErrorWithinTheTimeout: a dead Redis answers no call
+// slower than the timeout, is reported down once, and up again once it
+// returns.
+func TestRedisDownIsAnErrorWithinTheTimeout(t *testing.T) {
+	r := redistest.Start(t)
+	var mu sync.Mutex
+	var ups []bool
+	s := start(t, r.URL, Hooks{Up: func(up bool) { mu.Lock(); ups = append(ups, up); mu.Unlock() }})
+	if _, _, err := s.Reserve("x", 10, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	r.Kill()
+	for i := 0; i < 5; i++ {
+		start := time.Now()
+		if _, _, err := s.Reserve("x", 10, 1, 0); err == nil {
+			t.Fatal("a dead Redis answered")
+		}
+		if d := time.Since(start); d > 300*time.Millisecond {
+			t.Fatalf("a call waited %v on a dead Redis (timeout 200ms)", d)
+		}
+	}
+	if s.Up() {
+		t.Fatal("still up")
+	}
+	r.Restart()
+	deadline := time.Now().Add(3 * time.Second)
+	for _, _, err := s.Reserve("x", 10, 1, time.Second); err != nil; _, _, err = s.Reserve("x", 10, 1, time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never reachable again: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ups) != 2 || ups[0] || !ups[1] {
+		t.Fatalf("transitions %v, want [false true]", ups)
+	}
+}

@@ -1,0 +1,76 @@
+// Package redistest runs a real redis-server for tests: on 127.0.0.1, a
+// free port, no persistence, stopped when the test ends. A test that
+// needs it fails when redis-server is not installed (.ci/run installs
+// it); it never skips.
+package redistest
+
+import (
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// Server is a running redis-server.
+type Server struct {
+	// Addr is 127.0.0.1:port; URL is redis://Addr/0.
+	Addr, URL string
+	t         testing.TB
+	port      int
+	cmd       *exec.Cmd
+}
+
+// Start runs a redis-server until the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is not installed (apt-get install -y redis-server; .ci/run does it)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), t: t, port: port}
+	s.URL = "redis://" + s.Addr + "/0"
+	s.start(bin)
+	t.Cleanup(s.Kill)
+	return s
+}
+
+func (s *Server) start(bin string) {
+	s.t.Helper()
+	s.cmd = exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port), "--save", "", "--appendonly", "no",
+		"--protected-mode", "yes")
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return
+		}
+	}
+	s.t.Fatalf("redis-server did not listen on %s", s.Addr)
+}
+
+// Kill stops the server at once (SIGKILL), as a crash would.
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// Restart starts the server again on the same port, empty.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Kill()
+	bin, _ := exec.LookPath("redis-server")
+	s.start(bin)
+}

@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"reflect"
+	"time"
+
+	"sturdy/fleet"
+)
+
+// SharedState shares cooldowns, limits and breaker hints with the other
+// replicas of a fleet through Redis (package fleet).
+type SharedState struct {
+	fleet.Config
+	// Refuse answers 503 shared_state_unavailable when Redis does not
+	// answer a shared limit in time (on_failure: refuse) instead of
+	// carrying on with this replica's own state.
+	Refuse bool
+}
+
+// The shared_state defaults.
+const (
+	DefaultSharedPrefix  = "sturdy:"
+	DefaultSharedTimeout = 50 * time.Millisecond
+)
+
+func (s SharedState) withDefaults() SharedState {
+	orDefault(&s.Prefix, DefaultSharedPrefix)
+	orDefault(&s.Timeout, DefaultSharedTimeout)
+	return s
+}
+
+// shared is the running connection to the fleet, with its settings.
+type shared struct {
+	opts SharedState
+	st   *fleet.State
+}
+
+// startShared connects to the fleet when o asks for it and makes it the
+// proxy's, closing the one it replaces; a reload that keeps the settings
+// keeps the connection.
+func (p *Proxy) startShared(o *SharedState) error {
+	old := p.fleet.Load()
+	if o != nil {
+		d := o.withDefaults()
+		o = &d
+	}
+	switch {
+	case o == nil && old == nil:
+		return nil
+	case o != nil && old != nil && reflect.DeepEqual(*o, old.opts):
+		return nil
+	}
+	var next *shared
+	if o != nil {
+		st, err := fleet.New(o.Config, p.log, fleet.Hooks{Cooldown: p.sharedCooldown, BreakerOpened: p.breakerHint,
+			Up:    func(up bool) { p.m.SharedStateUp.Set(boolGauge(up)) },
+			Error: func(op string) { p.m.SharedStateErrors.WithLabelValues(op).Inc() }})
+		if err != nil {
+			return err
+		}
+		next = &shared{opts: *o, st: st}
+		p.m.SharedStateUp.Set(1)
+	}
+	p.fleet.Store(next)
+	if old != nil {
+		old.st.Close()
+	}
+	return nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sharedCooldown adopts a cooldown another replica learned.
+func (p *Proxy) sharedCooldown(c fleet.Cooldown) {
+	if up := p.tbl.Load().upstream(c.Upstream); up != nil && up.bareCooldown > 0 {
+		up.cooldowns.adopt(localKey(c.Key), c.Until, c.Streak)
+	}
+}
+
+// localKey is the cooldown map's key of a fleet key.
+func localKey(k fleet.Key) uint64 { return binary.LittleEndian.Uint64(k[:8]) }
+
+// hashKey is the key credentials are hashed with: the fleet's, or none.
+func (p *Proxy) hashKey() string {
+	if f := p.fleet.Load(); f != nil {
+		return f.st.HashKey()
+	}
+	return ""
+}
+
+// publishCooldown shares a cooldown this replica learned, if in a fleet.
+func (ex *exchange) publishCooldown(up *upstream, until time.Time, streak int) {
+	if f := ex.p.fleet.Load(); f != nil {
+		f.st.PublishCooldown(fleet.Cooldown{Upstream: up.name, Key: ex.loop.coolDigest, Until: until, Streak: streak})
+	}
+}
+
+// sharedLimit is how a fleet-wide limit answered: wait before the slot
+// (taken), or that none comes within maxWait (not taken, wait is until
+// one would); local says to use this replica's own limiter instead (no
+// fleet, or Redis did not answer and on_failure is local); refused that
+// Redis did not answer and on_failure is refuse.
+type sharedLimit struct {
+	wait           time.Duration
+	taken          bool
+	local, refused bool
+}
+
+// reserveShared takes a slot of the fleet-wide limit name. While Redis
+// is known down no call is made: a request never waits on a dead Redis.
+func (p *Proxy) reserveShared(name string, rps float64, burst int, maxWait time.Duration) sharedLimit {
+	f := p.fleet.Load()
+	if f == nil {
+		return sharedLimit{local: true}
+	}
+	if f.st.Up() {
+		if wait, taken, err := f.st.Reserve(name, rps, burst, maxWait); err == nil {
+			return sharedLimit{wait: wait, taken: taken}
+		}
+	}
+	if f.opts.Refuse {
+		return sharedLimit{refused: true}
+	}
+	return sharedLimit{local: true}
+}
+
+// sharedFailure is the error for a request refused because Redis did not
+// answer (on_failure: refuse).
+func (p *Proxy) sharedFailure() *apiError {
+	timeout := time.Duration(0)
+	if f := p.fleet.Load(); f != nil {
+		timeout = f.st.Timeout()
+	}
+	e := newError(CodeSharedState, timeout)
+	e.retryAfter = time.Second
+	return e
+}
+
+// clientLimitName names a `clients:` entry's limit of one client in the
+// fleet: by its settings and the hash of its key, never the key.
+func (p *Proxy) clientLimitName(cl *clientLimiter, key []byte) string {
+	d := fleet.Digest(p.hashKey(), key)
+	return fmt.Sprintf("client:%s:%g:%d:%s", cl.opts.KeyHeader, cl.opts.RequestsPerSecond, cl.opts.Burst, hex.EncodeToString(d[:]))
+}
+
+// breakerHint takes an endpoint another replica's breaker opened on out
+// of this replica's picks until that replica's probe (share_breakers);
+// this replica's own breaker is untouched and probes on its own.
+func (p *Proxy) breakerHint(upstream, endpoint string, until time.Time) {
+	up := p.tbl.Load().upstream(upstream)
+	if up == nil {
+		return
+	}
+	for _, ep := range up.endpointsNow() {
+		if ep.addr == endpoint {
+			ep.hintedUntil.Store(until.UnixNano())
+			up.notify()
+		}
+	}
+}

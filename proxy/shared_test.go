@@ -1,0 +1,253 @@
+package proxy
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/valyala/fasthttp"
+
+	"sturdy/breaker"
+	"sturdy/fleet"
+	"sturdy/internal/redistest"
+	"sturdy/internal/upstreamtest"
+)
+
+// fleetOf starts n Sturdys in front of upstreamURL sharing state through
+// the Redis at redisURL; edit adjusts each one's options.
+func fleetOf(t *testing.T, n int, upstreamURL, redisURL string, edit func(*Options)) []*harness {
+	t.Helper()
+	var hs []*harness
+	for i := 0; i < n; i++ {
+		hs = append(hs, startProxy(t, upstreamURL, func(o *Options) {
+			o.SharedState = &SharedState{Config: fleet.Config{URL: redisURL, Prefix: "t:", Timeout: 50 * time.Millisecond}}
+			if edit != nil {
+				edit(o)
+			}
+		}))
+	}
+	time.Sleep(100 * time.Millisecond) // every one subscribed
+	return hs
+}
+
+// countingUpstream answers 200 and counts the requests it gets; the
+// first `first` get status instead, with headers.
+func countingUpstream(t *testing.T, first int, status int, header ...string) (url string, served *atomic.Int64) {
+	served = &atomic.Int64{}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if n := served.Add(1); n <= int64(first) {
+			ctx.SetStatusCode(status)
+			for i := 0; i+1 < len(header); i += 2 {
+				ctx.Response.Header.Set(header[i], header[i+1])
+			}
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(upstreamtest.ChatCompletion("ok"))
+	}, Logger: upstreamtest.Quiet{}}
+	return upstreamtest.Serve(t, srv), served
+}
+
+// TestACooldownOneReplicaLearnsHoldsForTheFleet: a 429 with Retry-After
+// learned by one Sturdy keeps the other two from sending that
+// credential's and model's requests upstream, within 100 ms; another
+// credential is not held.
+func TestACooldownOneReplicaLearnsHoldsForTheFleet(t *testing.T) {
+	r := redistest.Start(t)
+	url, served := countingUpstream(t, 1, 429, "Retry-After", "5")
+	hs := fleetOf(t, 3, url, r.URL, func(o *Options) { o.Routes[0].Retry.MaxRetryAfter = time.Second })
+	if resp, _ := hs[0].chat("", "Authorization", "Bearer sk-team-a"); resp.StatusCode != 429 {
+		t.Fatalf("the upstream's 429: %d", resp.StatusCode)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, h := range hs[1:] {
+		resp, body := h.chat("", "Authorization", "Bearer sk-team-a")
+		if code, _ := errorOf(t, body); resp.StatusCode != 429 || code != CodeRateLimited || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("another replica, same credential: %d %s", resp.StatusCode, body)
+		}
+	}
+	if n := served.Load(); n != 1 {
+		t.Fatalf("the upstream saw %d requests during the cooldown, want 1", n)
+	}
+	if resp, _ := hs[2].chat("", "Authorization", "Bearer sk-team-b"); resp.StatusCode != 200 {
+		t.Fatalf("another credential was held: %d", resp.StatusCode)
+	}
+}
+
+// TestASharedPaceHoldsForTheFleet: three Sturdys with rate_limit 20/s,
+// each offered 20/s, send the upstream at most 20/s (+ burst) together.
+func TestASharedPaceHoldsForTheFleet(t *testing.T) {
+	r := redistest.Start(t)
+	url, served := countingUpstream(t, 0, 200)
+	hs := fleetOf(t, 3, url, r.URL, func(o *Options) {
+		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 20, Burst: 2, MaxWait: 20 * time.Millisecond}
+	})
+	const window = 2 * time.Second
+	start := time.Now()
+	var wg sync.WaitGroup
+	var passed atomic.Int64
+	for _, h := range hs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(50 * time.Millisecond) // 20/s
+			defer tick.Stop()
+			for i := 0; i < int(window/(50*time.Millisecond)); i++ {
+				<-tick.C
+				if resp, _ := h.chat(""); resp.StatusCode == 200 {
+					passed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	limit := int64(20*elapsed.Seconds()) + 2 + 2 // the rate over the run, the burst, one slot of slack each end
+	if n := served.Load(); n > limit || n < 20 {
+		t.Fatalf("the upstream saw %d requests in %v from 3 replicas at 20/s each; the fleet's limit allows %d", n, elapsed, limit)
+	}
+	if passed.Load() != served.Load() {
+		t.Fatalf("%d passed, the upstream served %d", passed.Load(), served.Load())
+	}
+}
+
+// TestAClientLimitHoldsForTheFleet: one client's 5/s across three
+// Sturdys is 5/s, not 15.
+func TestAClientLimitHoldsForTheFleet(t *testing.T) {
+	r := redistest.Start(t)
+	url, _ := countingUpstream(t, 0, 200)
+	hs := fleetOf(t, 3, url, r.URL, func(o *Options) {
+		o.Clients = []ClientLimit{{KeyHeader: "Authorization", RequestsPerSecond: 5, Burst: 5}}
+	})
+	ok := 0
+	start := time.Now()
+	for i := 0; i < 15; i++ {
+		if resp, _ := hs[i%3].chat("", "Authorization", "Bearer sk-one"); resp.StatusCode == 200 {
+			ok++
+		}
+	}
+	if allowed := 5 + int(5*time.Since(start).Seconds()) + 1; ok > allowed {
+		t.Fatalf("%d of 15 passed across the fleet, its limit allows %d", ok, allowed)
+	}
+	if resp, _ := hs[0].chat("", "Authorization", "Bearer sk-other"); resp.StatusCode != 200 {
+		t.Fatalf("another client was limited: %d", resp.StatusCode)
+	}
+}
+
+// TestRedisDownIsNeverInTheWay: with Redis killed, requests flow (this
+// replica's own limits) and none waits on it; the outage is reported,
+// and once Redis is back the fleet shares again, without a restart.
+func TestRedisDownIsNeverInTheWay(t *testing.T) {
+	r := redistest.Start(t)
+	url, _ := countingUpstream(t, 0, 200)
+	hs := fleetOf(t, 1, url, r.URL, func(o *Options) {
+		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
+	})
+	h := hs[0]
+	r.Kill()
+	for i := 0; i < 20; i++ {
+		start := time.Now()
+		if resp, body := h.chat(""); resp.StatusCode != 200 {
+			t.Fatalf("with Redis down: %d %s", resp.StatusCode, body)
+		}
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Fatalf("a request took %v with Redis down (timeout 50ms)", took)
+		}
+	}
+	if up := testutil.ToFloat64(h.p.m.SharedStateUp); up != 0 {
+		t.Fatalf("sturdy_shared_state_up %v with Redis down", up)
+	}
+	r.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(h.p.m.SharedStateUp) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis came back, the fleet never noticed")
+		}
+		h.chat("")
+		time.Sleep(100 * time.Millisecond)
+	}
+	if lines := strings.Count(h.logs.String(), "Redis unreachable"); lines != 1 {
+		t.Fatalf("%d log lines for one outage, want 1", lines)
+	}
+}
+
+// TestOnFailureRefuse: with on_failure: refuse and Redis down, a request
+// under a shared limit gets 503 shared_state_unavailable at once.
+func TestOnFailureRefuse(t *testing.T) {
+	r := redistest.Start(t)
+	url, served := countingUpstream(t, 0, 200)
+	hs := fleetOf(t, 1, url, r.URL, func(o *Options) {
+		o.SharedState.Refuse = true
+		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 100, Burst: 10, MaxWait: time.Second}
+	})
+	if resp, _ := hs[0].chat(""); resp.StatusCode != 200 {
+		t.Fatalf("with Redis up: %d", resp.StatusCode)
+	}
+	r.Kill()
+	resp, body := hs[0].chat("")
+	if code, _ := errorOf(t, body); resp.StatusCode != 503 || code != CodeSharedState || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("refused: %d %s", resp.StatusCode, body)
+	}
+	if served.Load() != 1 {
+		t.Fatalf("the upstream saw %d", served.Load())
+	}
+}
+
+// TestASlowRedisCostsAtMostTheTimeout: 200 ms added between Sturdy and
+// Redis (Toxiproxy); no request waits longer than the timeout for it.
+func TestASlowRedisCostsAtMostTheTimeout(t *testing.T) {
+	r := redistest.Start(t)
+	tp, tpURL := chaos(t, r.Addr)
+	url, _ := countingUpstream(t, 0, 200)
+	hs := fleetOf(t, 1, url, "redis"+strings.TrimPrefix(tpURL, "http")+"/0", func(o *Options) {
+		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
+	})
+	if resp, _ := hs[0].chat(""); resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	addToxic(t, tp, "latency", "downstream", `{"latency":200}`)
+	for i := 0; i < 10; i++ {
+		start := time.Now()
+		if resp, _ := hs[0].chat(""); resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		if took := time.Since(start); took > 150*time.Millisecond {
+			t.Fatalf("a request took %v behind a Redis 200 ms slow (timeout 50ms)", took)
+		}
+	}
+}
+
+// TestABreakerOpeningIsAHintToTheFleet: with share_breakers, an endpoint
+// one replica's breaker took out is left alone by the others until that
+// replica's probe, though their own breakers never saw it fail.
+func TestABreakerOpeningIsAHintToTheFleet(t *testing.T) {
+	r := redistest.Start(t)
+	live := startReplica(t, "")
+	dead := "http://" + freePort(t)
+	hs := fleetOf(t, 2, "", r.URL, func(o *Options) {
+		o.SharedState.ShareBreakers = true
+		u := &o.Upstreams[0]
+		u.URL, u.Endpoints, u.MaxEjected = "", []string{live.url, dead}, 1
+		u.Breaker.ConsecutiveFailures, u.Breaker.OpenFor = 1, time.Minute
+	})
+	for i := 0; i < 10 && hs[0].endpoint(&replica{url: dead}).breaker.State() != breaker.StateOpen; i++ {
+		hs[0].chat("")
+	}
+	if hs[0].endpoint(&replica{url: dead}).breaker.State() != breaker.StateOpen {
+		t.Fatal("the dead endpoint's breaker never opened on the first replica")
+	}
+	time.Sleep(100 * time.Millisecond)
+	other := hs[1].endpoint(&replica{url: dead})
+	if !other.out() || other.breaker.State() != breaker.StateClosed {
+		t.Fatalf("the hint did not reach the other replica (out %v, its own breaker %v)", other.out(), other.breaker.State())
+	}
+	for i := 0; i < 10; i++ {
+		resp, _ := hs[1].chat("")
+		if resp.StatusCode != 200 || resp.Header.Get("X-Sturdy-Attempts") != "" && resp.Header.Get("X-Sturdy-Attempts") != "1" {
+			t.Fatalf("the other replica still tried the dead endpoint: %d, attempts %s", resp.StatusCode, resp.Header.Get("X-Sturdy-Attempts"))
+		}
+	}
+}
