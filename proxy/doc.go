@@ -3,9 +3,11 @@
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
 //	loop.go     targets, gates, waits   run → onTarget → gate / try → wait
-//	attempt.go  send, read the head     attempt → readHead
+//	pool.go     pick an endpoint        choose → pick (policy.Pick*) | rideThrough
+//	attempt.go  send, read the head     attempt → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   Read → upstreamEnded → CloseWithError
+//	rescue.go   a stream cut mid-answer Read → readEvents → rescueStream → continueOn
 //
 // Who decides what:
 //   - classify an attempt: policy.Classify, on the Outcome attempt reports;
@@ -22,11 +24,17 @@
 //     closes the upstream connection an attempt holds (upstream.send's
 //     claim tells which);
 //   - commit and the answer: respond; every error body: errorTable, written
-//     by apiError.write (errors.go).
+//     by apiError.write (errors.go);
+//   - which endpoint of a pool: policy.PickLeastRequests / PickRoundRobin /
+//     PickAffinity, in pick; what a stream's events mean: policy.Judge,
+//     policy.FollowChunk, policy.Continuable;
+//   - what is shared with a fleet: shared.go (package fleet does the
+//     Redis side).
 //
 // The exchange's state is split into named parts (exchange.go): the
 // outbound request, the loop's state, the last upstream reply, the
 // client's response and the access log's notes. Options and their
 // defaults are in options.go, the routing table in table.go, the upstream
-// transport in upstream.go and transport.go.
+// and its pool in upstream.go, endpoint.go and health.go, the transport
+// in transport.go.
 package proxy

@@ -68,6 +68,13 @@ func (p *Proxy) startShared(o *SharedState) error {
 	if old != nil {
 		old.st.Close()
 	}
+	switch {
+	case next == nil:
+		p.log.Info().Msg("shared state off: this replica learns and paces alone")
+	default:
+		p.log.Info().Str("key_prefix", next.opts.Prefix).Bool("refuse", next.opts.Refuse).
+			Msg("shared state on: cooldowns and limits shared through Redis")
+	}
 	return nil
 }
 
