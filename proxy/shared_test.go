@@ -251,3 +251,33 @@ func TestABreakerOpeningIsAHintToTheFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestAReloadTurnsSharedStateOnAndOff: shared_state hot-reloads — a
+// reload that adds it joins the fleet (its cooldowns held here), one that
+// drops it leaves.
+func TestAReloadTurnsSharedStateOnAndOff(t *testing.T) {
+	r := redistest.Start(t)
+	url, served := countingUpstream(t, 1, 429, "Retry-After", "5")
+	var o Options
+	alone := startProxy(t, url, func(opts *Options) { opts.Routes[0].Retry.MaxRetryAfter = time.Second; o = *opts })
+	learner := fleetOf(t, 1, url, r.URL, func(opts *Options) { opts.Routes[0].Retry.MaxRetryAfter = time.Second })[0]
+	o.SharedState = &SharedState{Config: fleet.Config{URL: r.URL, Prefix: "t:", Timeout: 50 * time.Millisecond}}
+	if _, err := alone.p.Reload(o); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if resp, _ := learner.chat("", "Authorization", "Bearer sk-a"); resp.StatusCode != 429 {
+		t.Fatalf("the upstream's 429: %d", resp.StatusCode)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if resp, body := alone.chat("", "Authorization", "Bearer sk-a"); resp.StatusCode != 429 || served.Load() != 1 {
+		t.Fatalf("after the reload joined the fleet: %d %s, upstream saw %d", resp.StatusCode, body, served.Load())
+	}
+	o.SharedState = nil
+	if _, err := alone.p.Reload(o); err != nil {
+		t.Fatal(err)
+	}
+	if alone.p.fleet.Load() != nil {
+		t.Fatal("a reload without shared_state kept the fleet")
+	}
+}
