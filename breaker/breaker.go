@@ -38,6 +38,12 @@ const (
 	// Excluded: says nothing about health (429, client gone): neither
 	// counted nor resetting a run of failures.
 	Excluded
+	// Unreachable: a failure where nothing answered the connection
+	// (refused, dial timeout) — most often a server not up yet. A breaker
+	// that opens on one stays open min(FirstOpen, OpenFor) first,
+	// doubling after each failed probe up to OpenFor, so a model server
+	// that starts late is used within about a second.
+	Unreachable
 )
 
 // Settings configures a Breaker. A zero field means its default.
@@ -61,6 +67,10 @@ type Settings struct {
 	// that many successes in a row close it, one failure opens it again.
 	// Default 1.
 	HalfOpenRequests uint32
+	// FirstOpen is how long the breaker first stays open when it opened
+	// on an Unreachable failure (doubling per failed probe up to
+	// OpenFor). Default 1 s.
+	FirstOpen time.Duration
 	// OnStateChange, if set, is called on every transition. It runs under
 	// the breaker's lock: it must not call back into the breaker.
 	OnStateChange func(name string, from, to State)
@@ -80,6 +90,7 @@ const (
 	DefaultWindow              = 30 * time.Second
 	DefaultOpenFor             = 15 * time.Second
 	DefaultHalfOpenRequests    = 1
+	DefaultFirstOpen           = time.Second
 )
 
 // windowBuckets is the rolling window's resolution.
@@ -88,20 +99,33 @@ const windowBuckets = 10
 var (
 	errFailure  = errors.New("breaker: attempt failed")
 	errExcluded = errors.New("breaker: attempt excluded")
+	// errUnreachable is reported as errFailure, after noting it.
+	errUnreachable = errors.New("breaker: upstream unreachable")
 )
 
 // Breaker is one upstream's circuit breaker. It is safe for concurrent use.
+//
+// gobreaker's open time is fixed, so the breaker asks it for the
+// shortest (FirstOpen, at most OpenFor) and holds itself open for as long as
+// this open lasts: OpenFor, or after Unreachable failures a doubling
+// backoff from firstOpen.
 type Breaker struct {
 	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
-	openFor time.Duration
-	// openedAt is the UnixNano time of the last transition to open.
-	openedAt atomic.Int64
+	openFor, firstOpen time.Duration
+	// openedAt is the UnixNano time of the last transition to open, until
+	// when that open lasts (0 while not open).
+	openedAt, until atomic.Int64
+	// unreachable says the last failure was Unreachable; backoff is the
+	// length of the next open after one (doubling up to openFor).
+	unreachable atomic.Bool
+	backoff     atomic.Int64
 }
 
 // New returns a closed breaker named name.
 func New(name string, s Settings) *Breaker {
 	s = s.normalized()
-	b := &Breaker{openFor: s.OpenFor}
+	b := &Breaker{openFor: s.OpenFor, firstOpen: s.FirstOpen}
+	b.backoff.Store(int64(s.FirstOpen))
 	consecutive, minRequests, ratio, mayOpen := s.ConsecutiveFailures, s.MinRequests, s.FailureRatio, s.MayOpen
 	bucket := max(s.Window/windowBuckets, time.Millisecond)
 	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
@@ -109,7 +133,7 @@ func New(name string, s Settings) *Breaker {
 		MaxRequests:  s.HalfOpenRequests,
 		Interval:     s.Window,
 		BucketPeriod: bucket,
-		Timeout:      s.OpenFor,
+		Timeout:      s.FirstOpen,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			completed := c.TotalSuccesses + c.TotalFailures
 			trip := c.ConsecutiveFailures >= consecutive ||
@@ -117,9 +141,7 @@ func New(name string, s Settings) *Breaker {
 			return trip && (mayOpen == nil || mayOpen())
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
-			if to == gobreaker.StateOpen {
-				b.openedAt.Store(time.Now().UnixNano())
-			}
+			b.changed(to)
 			if s.OnStateChange != nil {
 				s.OnStateChange(name, from, to)
 			}
@@ -127,6 +149,33 @@ func New(name string, s Settings) *Breaker {
 		IsExcluded: func(err error) bool { return err == errExcluded },
 	})
 	return b
+}
+
+// changed keeps the breaker's own view of how long an open lasts: from
+// a transition to open, OpenFor — or after an Unreachable failure the
+// backoff, which doubles for the next; closing resets it.
+func (b *Breaker) changed(to State) {
+	now := time.Now()
+	switch to {
+	case gobreaker.StateOpen:
+		d := b.openFor
+		if b.unreachable.Load() {
+			d = time.Duration(b.backoff.Load())
+			b.backoff.Store(int64(min(2*d, b.openFor)))
+		}
+		b.openedAt.Store(now.UnixNano())
+		b.until.Store(now.Add(d).UnixNano())
+	case gobreaker.StateClosed:
+		b.until.Store(0)
+		b.backoff.Store(int64(b.firstOpen))
+	}
+}
+
+// held reports whether the breaker is open by its own clock (gobreaker's
+// shorter one may have passed).
+func (b *Breaker) held(now time.Time) bool {
+	u := b.until.Load()
+	return u != 0 && now.UnixNano() < u
 }
 
 func (s Settings) normalized() Settings {
@@ -148,6 +197,10 @@ func (s Settings) normalized() Settings {
 	if s.HalfOpenRequests == 0 {
 		s.HalfOpenRequests = DefaultHalfOpenRequests
 	}
+	if s.FirstOpen <= 0 {
+		s.FirstOpen = DefaultFirstOpen
+	}
+	s.FirstOpen = min(s.FirstOpen, s.OpenFor)
 	return s
 }
 
@@ -162,6 +215,8 @@ func (t Ticket) Done(r Result) {
 		t.report(nil)
 	case Failure:
 		t.report(errFailure)
+	case Unreachable:
+		t.report(errUnreachable)
 	default:
 		t.report(errExcluded)
 	}
@@ -171,25 +226,41 @@ func (t Ticket) Done(r Result) {
 // ticket's Done must be called once with the attempt's result. When not
 // ok, the breaker is open (or half-open with all probes taken).
 func (b *Breaker) Allow() (t Ticket, ok bool) {
+	if b.held(time.Now()) {
+		return Ticket{}, false
+	}
 	report, err := b.cb.Allow()
 	if err != nil {
 		return Ticket{}, false
 	}
-	return Ticket{report: report}, true
+	return Ticket{report: func(err error) {
+		switch err {
+		case errUnreachable:
+			b.unreachable.Store(true)
+			err = errFailure
+		case errFailure:
+			b.unreachable.Store(false)
+		}
+		report(err)
+	}}, true
 }
 
 // ProbeIn returns how long until the open breaker lets a probe through;
 // zero when it is not open (or the probe is due).
 func (b *Breaker) ProbeIn(now time.Time) time.Duration {
-	if b.cb.State() != gobreaker.StateOpen {
+	if !b.held(now) {
 		return 0
 	}
-	d := time.Unix(0, b.openedAt.Load()).Add(b.openFor).Sub(now)
-	return max(d, 0)
+	return time.Duration(b.until.Load() - now.UnixNano())
 }
 
 // State returns the breaker's current state.
-func (b *Breaker) State() State { return b.cb.State() }
+func (b *Breaker) State() State {
+	if b.held(time.Now()) {
+		return StateOpen
+	}
+	return b.cb.State()
+}
 
 // Counts returns the breaker's counts in the current window.
 func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }

@@ -133,3 +133,37 @@ func TestDefaults(t *testing.T) {
 		t.Fatalf("defaults %+v, want %+v", s, want)
 	}
 }
+
+// TestAnUnreachableUpstreamIsProbedSoonThenLessOften: opened on refused
+// connects, the breaker first stays open FirstOpen, doubling per failed
+// probe up to OpenFor; opened on other failures, OpenFor.
+func TestAnUnreachableUpstreamIsProbedSoonThenLessOften(t *testing.T) {
+	s := Settings{ConsecutiveFailures: 1, MinRequests: 1000, FirstOpen: 40 * time.Millisecond, OpenFor: 200 * time.Millisecond}
+	b := New("u", s)
+	for _, want := range []time.Duration{40, 80, 160, 200, 200} {
+		report(t, b, Unreachable, 1)
+		if in := b.ProbeIn(time.Now()); b.State() != StateOpen || in > want*time.Millisecond || in < want*time.Millisecond-20*time.Millisecond {
+			t.Fatalf("open for %v, want %vms (state %v)", in, want, b.State())
+		}
+		if _, ok := b.Allow(); ok {
+			t.Fatal("an open breaker let an attempt through")
+		}
+		time.Sleep(b.ProbeIn(time.Now()) + 5*time.Millisecond)
+		if b.State() != StateHalfOpen {
+			t.Fatalf("state %v once the open ended, want half-open", b.State())
+		}
+	}
+	report(t, b, Success, 1)
+	if b.State() != StateClosed {
+		t.Fatalf("state %v after the probe succeeded", b.State())
+	}
+	report(t, b, Unreachable, 1) // closed again: the backoff starts over
+	if in := b.ProbeIn(time.Now()); in > 40*time.Millisecond {
+		t.Fatalf("after closing, opened for %v, want the first open again", in)
+	}
+	other := New("v", s)
+	report(t, other, Failure, 1)
+	if in := other.ProbeIn(time.Now()); in < 180*time.Millisecond {
+		t.Fatalf("opened on a 5xx-like failure for %v, want open_for", in)
+	}
+}

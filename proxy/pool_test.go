@@ -593,3 +593,32 @@ func TestReloadKeepsEndpointState(t *testing.T) {
 		t.Fatal("the added endpoint got nothing")
 	}
 }
+
+// TestAModelServerStartedLateIsUsedWithinASecond: Sturdy started before
+// its model server opens the breaker on refused connects, and probes
+// again after about a second — not open_for — once the server is up.
+func TestAModelServerStartedLateIsUsedWithinASecond(t *testing.T) {
+	addr := freePort(t)
+	h := startProxy(t, "http://"+addr, func(o *Options) {
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 2, MinRequests: 1000, OpenFor: time.Minute}
+		o.Routes[0].Retry.MaxAttempts = 1
+	})
+	for i := 0; i < 3; i++ {
+		h.chat("")
+	}
+	if resp, _ := h.chat(""); resp.StatusCode != 503 {
+		t.Fatalf("with nothing listening and the breaker open: %d", resp.StatusCode)
+	}
+	startReplica(t, addr)
+	up := time.Now()
+	for {
+		resp, _ := h.chat("")
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Since(up) > 3*time.Second {
+			t.Fatalf("the server was up %v and Sturdy still answered %d (open_for is a minute)", time.Since(up), resp.StatusCode)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
