@@ -110,7 +110,7 @@ var (
 // this open lasts: OpenFor, or after Unreachable failures a doubling
 // backoff from firstOpen.
 type Breaker struct {
-	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cb                 *gobreaker.TwoStepCircuitBreaker[struct{}]
 	openFor, firstOpen time.Duration
 	// openedAt is the UnixNano time of the last transition to open, until
 	// when that open lasts (0 while not open).
