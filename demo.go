@@ -26,6 +26,9 @@ func startDemoUpstream() (*fakellm.Server, error) {
 	return fakellm.Start("127.0.0.1:0", demoProfile)
 }
 
+// demoFaults says, in the startup log, what the demo's fake server does.
+var demoFaults = "8% 503, 4% 429 (retry-after-ms 300), 3% 500, 3% resets; down from 60s to 75s after start (the breaker opens, then recovers)"
+
 // demoConfig makes the breaker quick to show: it opens after 5 failures
 // in a row and probes again after 5 s.
 func demoConfig(cfg *config.Config) {

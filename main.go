@@ -6,20 +6,24 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"sturdy/admin"
@@ -50,6 +54,8 @@ func main() {
 // to (re)build the configuration.
 type settings struct {
 	configPath, upstream, listen, adminListen string
+	// demo is set for -demo: the upstream is the embedded fake server.
+	demo bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -78,7 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		defer fake.Close()
-		s.upstream, s.configPath = fake.URL, ""
+		s.upstream, s.configPath, s.demo = fake.URL, "", true
 	}
 	cfg, err := loadConfig(s)
 	if err != nil {
@@ -143,16 +149,21 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 		return nil, err
 	}
 	if in.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-		in.ln.Close()
-		logger.Error().Err(err).Str("admin_listen", cfg.AdminListen).
-			Msg("cannot bind the admin listener; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN")
-		return nil, err
+		if s.adminListen != "" || cfg.Written("admin_listen") {
+			in.ln.Close()
+			logger.Error().Err(err).Str("admin_listen", cfg.AdminListen).
+				Msg("cannot bind the admin listener; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN")
+			return nil, err
+		}
+		// The default address is taken (another Sturdy, a Prometheus):
+		// the proxy is what the user asked for, so it serves anyway.
+		logger.Warn().Str("admin_listen", cfg.AdminListen).Str("error", describeListenError(err)).
+			Msg("admin listener off (its default address is taken): no /metrics, /healthz, /readyz; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN to another address")
+		in.adminLn = nil
 	}
 	in.adminSrv = &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: log.New(logger.With().Str("component", "admin").Logger(), "", 0)}
-	logger.Info().Str("listen", in.ln.Addr().String()).Bool("tls", cfg.TLS.CertFile != "").
-		Bool("client_auth", len(cfg.Auth.Keys) > 0).Str("admin_listen", in.adminLn.Addr().String()).
-		Str("version", version).Msg("sturdy started")
+	startupLine(logger, s, cfg, in)
 	go func() {
 		if cfg.TLS.CertFile != "" {
 			in.served <- p.ServeTLS(in.ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
@@ -160,7 +171,9 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 		}
 		in.served <- p.Serve(in.ln)
 	}()
-	go func() { in.served <- in.adminSrv.Serve(in.adminLn) }()
+	if in.adminLn != nil {
+		go func() { in.served <- in.adminSrv.Serve(in.adminLn) }()
+	}
 	signal.Notify(in.hup, syscall.SIGHUP)
 	var ctx context.Context
 	ctx, in.stopWatching = context.WithCancel(context.Background())
@@ -168,6 +181,56 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 	in.reloader.current.Store(cfg)
 	in.watching = in.reloader.start(ctx, in.hup)
 	return in, nil
+}
+
+// startupLine logs what a user needs to know once Sturdy serves: where
+// it listens, each upstream and where it points, the routes, the admin
+// address — and warns when it listens on every interface without auth.
+func startupLine(logger zerolog.Logger, s settings, cfg *config.Config, in *instance) {
+	ev := logger.Info().Str("listen", in.ln.Addr().String()).Bool("tls", cfg.TLS.CertFile != "").
+		Bool("client_auth", len(cfg.Auth.Keys) > 0)
+	if in.adminLn != nil {
+		ev = ev.Str("admin_listen", in.adminLn.Addr().String())
+	}
+	ups := zerolog.Dict()
+	for _, u := range cfg.Upstreams {
+		switch {
+		case u.URL != "":
+			ups.Str(u.Name, u.URL)
+		case len(u.Endpoints) > 0:
+			ups.Str(u.Name, strings.Join(u.Endpoints, ", "))
+		default:
+			ups.Str(u.Name, "dns "+u.Discover.DNS)
+		}
+	}
+	routes := zerolog.Arr()
+	for _, r := range cfg.Routes {
+		prefix := r.PathPrefix
+		if prefix == "" {
+			prefix = "/"
+		}
+		routes.Str(prefix + " → " + r.Upstream)
+	}
+	ev.Dict("upstreams", ups).Array("routes", routes).Str("version", version).Msg("sturdy started")
+	if s.demo {
+		logger.Info().Str("fake_server", s.upstream).Str("faults", demoFaults).
+			Msg("demo mode: Sturdy is in front of an embedded fake model server")
+	}
+	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && len(cfg.Auth.Keys) == 0 && (host == "" || host == "0.0.0.0" || host == "::") {
+		logger.Warn().Str("listen", cfg.Listen).
+			Msg("listening on every interface with no client auth: anyone who reaches this port uses your upstreams (set auth.keys, or listen on 127.0.0.1)")
+	}
+}
+
+// describeListenError names why a listener could not bind, in a few words.
+func describeListenError(err error) string {
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return "address already in use"
+	case errors.Is(err, syscall.EACCES):
+		return "permission denied"
+	}
+	return err.Error()
 }
 
 // run serves until a signal arrives on stop (or a server fails), then
@@ -391,7 +454,7 @@ var onTimeout = map[string]policy.OnTimeout{"": policy.OnTimeoutDefault, "retry"
 // log package through it, so with format json every line is JSON.
 func newLogger(c config.Log, w io.Writer) zerolog.Logger {
 	if c.Format == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}
+		w = consoleWriter(w)
 	}
 	level, err := zerolog.ParseLevel(c.Level)
 	if err != nil {
@@ -402,6 +465,29 @@ func newLogger(c config.Log, w io.Writer) zerolog.Logger {
 	log.SetFlags(0)
 	log.SetOutput(logger.With().Str("component", "stdlog").Logger())
 	return logger
+}
+
+// consoleWriter is the console log format: colours only on a terminal,
+// a request line led by what a person looks for (status, method, path,
+// outcome, attempts, duration), times in ms to 0.1.
+func consoleWriter(w io.Writer) zerolog.ConsoleWriter {
+	f, ok := w.(*os.File)
+	tty := ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+	return zerolog.ConsoleWriter{Out: w, NoColor: !tty, TimeFormat: "15:04:05.000",
+		FieldsOrder: []string{"status", "method", "path", "outcome", "attempts", "duration_ms", "upstream", "endpoint", "error"},
+		FormatPrepare: func(m map[string]any) error {
+			for _, k := range []string{"duration_ms", "ttfb_ms", "ttft_ms"} {
+				if n, ok := m[k].(json.Number); ok {
+					if v, err := n.Float64(); err == nil {
+						m[k] = math.Round(v*10) / 10
+					}
+				}
+			}
+			return nil
+		},
+		// What a person reading along can do without (the JSON format keeps
+		// every field).
+		FieldsExclude: []string{"id", "route", "stream", "bytes_out", "ttfb_ms", "ttft_ms", "breaker", "model_breaker", "targets"}}
 }
 
 // probeHealth asks the admin listener's /healthz; a wildcard listen

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"sturdy/config"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -338,5 +340,53 @@ func TestDrainThenSecondSignal(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Fatalf("the second signal took %v to end the drain", took)
+	}
+}
+
+// TestTheDefaultAdminAddressTakenIsNotFatal: with 127.0.0.1:9090 held
+// (by this test, or by whoever already holds it), Sturdy started without
+// an admin address warns and serves; an admin address given explicitly
+// that is taken stays fatal.
+func TestTheDefaultAdminAddressTakenIsNotFatal(t *testing.T) {
+	if ln, err := net.Listen("tcp", config.DefaultAdminListen); err == nil {
+		defer ln.Close()
+	}
+	p := runBinary(t, func(listen, _ string) []string { return []string{"-listen", listen} })
+	resp, err := http.Get("http://" + p.addr + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if logs := p.logs.String(); !strings.Contains(logs, "admin listener off") || !strings.Contains(logs, "sturdy started") {
+		t.Fatalf("no warning, or no start:\n%s", logs)
+	}
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	bin, err := buildOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "-listen", freeAddr(t), "-admin-listen", taken.Addr().String()).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), "cannot bind the admin listener") {
+		t.Fatalf("an explicit admin address that is taken: %v\n%s", err, out)
+	}
+}
+
+// TestTheStartupLineSaysWhatRuns: upstreams with their URLs, routes, and
+// in -demo the fake server and its faults.
+func TestTheStartupLineSaysWhatRuns(t *testing.T) {
+	p := runBinary(t, func(listen, admin string) []string {
+		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
+	})
+	logs := p.logs.String()
+	for _, want := range []string{"sturdy started", "demo-llm", "http://127.0.0.1:", "/ → demo-llm", "demo mode", "down from 60s"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the startup log lacks %q:\n%s", want, logs)
+		}
 	}
 }

@@ -160,6 +160,10 @@ func (c *Config) isWritten(key string) bool {
 	return ok
 }
 
+// Written reports whether the file set key (a dotted path, e.g.
+// "admin_listen"), as opposed to leaving it to its default.
+func (c *Config) Written(key string) bool { return c.isWritten(key) }
+
 func (c *Config) applyImplicitRoute() {
 	if len(c.Routes) == 0 && len(c.Upstreams) == 1 {
 		c.Routes = []Route{{Name: "default", Upstream: c.Upstreams[0].Name}}

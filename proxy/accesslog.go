@@ -29,6 +29,7 @@ const (
 	fieldError         = "error"
 	fieldTargets       = "targets"
 	fieldPhase         = "phase"
+	fieldCause         = "cause"
 	fieldRescued       = "rescued"
 	fieldRescuedBy     = "rescued_by"
 	fieldSeam          = "seam_bytes"
@@ -127,6 +128,9 @@ func (ex *exchange) logAccess() {
 	}
 	if out.errCode != "" {
 		ev.Str(fieldError, out.errCode)
+	}
+	if lp.why != "" && out.outcome == outcomeUpstreamError {
+		ev.Str(fieldCause, lp.why)
 	}
 	if out.outcome == outcomeClientGone {
 		ev.Str(fieldPhase, phase(ex.gonePhase.Load()).String())

@@ -33,6 +33,7 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 		case !isTimeout(err) && staleConnection(resp):
 			return policy.Outcome{Fault: policy.FaultStale}
 		}
+		ex.loop.why = whyUnreachable(err)
 		return policy.Outcome{Fault: faultOf(err)}
 	}
 	ex.reply.headAt = time.Now()

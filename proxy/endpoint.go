@@ -181,6 +181,16 @@ func (ep *endpoint) weight(now time.Time, slowStart time.Duration) float64 {
 	return max(0.1, float64(since)/float64(slowStart))
 }
 
+// public is the endpoint's URL as an error message may show it: scheme,
+// host and path prefix, never userinfo.
+func (ep *endpoint) public() string {
+	if u, err := url.Parse(ep.spec.url); err == nil {
+		u.User = nil
+		return u.String()
+	}
+	return ep.addr
+}
+
 // cameBack starts the endpoint's slow start.
 func (ep *endpoint) cameBack(now time.Time) { ep.back.Store(now.UnixNano()) }
 

@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"syscall"
@@ -224,6 +227,41 @@ func (e *dialError) Unwrap() error { return e.err }
 // fasthttp cut the client connection: a stream that failed must never end
 // as if it had succeeded.
 var errStreamAborted = errors.New("upstream stream failed mid-body")
+
+// whyUnreachable names, in a few fixed words (never quoting a server),
+// why an attempt got no response: the OS's or the TLS library's reason.
+func whyUnreachable(err error) string {
+	var dns *net.DNSError
+	var unknownCA x509.UnknownAuthorityError
+	var badHost x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var tlsErr *tls.CertificateVerificationError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.As(err, &dns) && dns.IsNotFound:
+		return "no such host"
+	case errors.As(err, &dns):
+		return "DNS lookup failed"
+	case errors.As(err, &unknownCA):
+		return "TLS: certificate signed by unknown authority (set tls.ca_file)"
+	case errors.As(err, &badHost):
+		return "TLS: certificate is not valid for this host name"
+	case errors.As(err, &invalid):
+		return "TLS: certificate invalid or expired"
+	case errors.As(err, &tlsErr):
+		return "TLS: certificate not verified"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "no route to host"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, fasthttp.ErrDialTimeout), isTimeout(err):
+		return "timeout"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, fasthttp.ErrConnectionClosed):
+		return "connection closed"
+	}
+	return "connection failed"
+}
 
 // faultOf maps a fasthttp client error to the attempt's fault.
 func faultOf(err error) policy.Fault {

@@ -132,6 +132,7 @@ type loopState struct {
 	obstacle obstacle
 	blocked  bool
 	fault    policy.Fault
+	why      string // the last attempt without a response: why (whyUnreachable)
 	verdict  policy.Verdict
 	stop     policy.Stop
 }

@@ -828,3 +828,26 @@ func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
 		})
 	}
 }
+
+// TestAnUnreachableUpstreamIsNamedWithItsCause: the error body and the
+// access log name the upstream's URL and why it could not be reached —
+// refused, or a certificate nobody vouches for — in fixed words.
+func TestAnUnreachableUpstreamIsNamedWithItsCause(t *testing.T) {
+	cert, key := upstreamtest.SelfSigned(t)
+	tlsUp := upstreamtest.StartTLS(t, cert, key, upstreamtest.Step{Body: "{}"})
+	for _, tt := range []struct{ name, url, why string }{
+		{"refused", "http://" + freePort(t), "connection refused"},
+		{"unknown CA", tlsUp.URL, "TLS: certificate signed by unknown authority (set tls.ca_file)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := startProxy(t, tt.url, func(o *Options) { o.Routes[0].Retry.MaxAttempts = 1 })
+			resp, body := h.chat("")
+			if resp.StatusCode != 502 || !strings.Contains(string(body), "at "+tt.url+" ("+tt.why) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if line := h.accessLines(1)[0]; line["cause"] != tt.why {
+				t.Fatalf("access line %v", line)
+			}
+		})
+	}
+}

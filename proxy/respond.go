@@ -201,12 +201,19 @@ func (ex *exchange) obstructed() {
 // noReply answers when attempts were made but none produced a response.
 func (ex *exchange) noReply() {
 	up, tried := ex.loop.up.name, ex.triedText()
-	failed := "could not be reached"
+	at := ""
+	if ep := ex.loop.ep; ep != nil {
+		at = " at " + ep.public() // no credentials
+	}
+	failed := "could not be reached" + at
 	switch ex.loop.fault {
 	case policy.FaultReset, policy.FaultStale:
-		failed = "closed the connection before responding"
+		failed = "closed the connection before responding" + at
 	case policy.FaultLocal:
 		failed = "could not be reached: Sturdy is out of file descriptors"
+	}
+	if ex.loop.why != "" && ex.loop.fault != policy.FaultLocal {
+		failed += " (" + ex.loop.why + ")"
 	}
 	var e *apiError
 	switch {
