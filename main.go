@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -98,6 +99,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case *healthcheck:
 		return probeHealth(cfg.AdminListen, stderr)
 	case *check:
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintln(stdout, "warning:", describeProblem(s, w))
+		}
 		fmt.Fprintln(stdout, "config OK")
 		return 0
 	}
@@ -164,6 +168,9 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 	in.adminSrv = &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: log.New(logger.With().Str("component", "admin").Logger(), "", 0)}
 	startupLine(logger, s, cfg, in)
+	for _, w := range cfg.Warnings() {
+		logger.Warn().Msg(describeProblem(s, w))
+	}
 	go func() {
 		if cfg.TLS.CertFile != "" {
 			in.served <- p.ServeTLS(in.ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
@@ -220,6 +227,18 @@ func startupLine(logger zerolog.Logger, s settings, cfg *config.Config, in *inst
 		logger.Warn().Str("listen", cfg.Listen).
 			Msg("listening on every interface with no client auth: anyone who reaches this port uses your upstreams (set auth.keys, or listen on 127.0.0.1)")
 	}
+}
+
+// describeProblem is a config warning as "file:line: key: message".
+func describeProblem(s settings, p config.Problem) string {
+	where := s.configPath
+	if where == "" {
+		where = "-upstream"
+	}
+	if p.Line > 0 {
+		where += ":" + strconv.Itoa(p.Line)
+	}
+	return where + ": " + p.Key + ": " + p.Msg
 }
 
 // describeListenError names why a listener could not bind, in a few words.

@@ -390,3 +390,15 @@ func TestTheStartupLineSaysWhatRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckWarnsOfAURLEndingInV1: -check says so, with the fix, and the
+// config is still valid.
+func TestCheckWarnsOfAURLEndingInV1(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-check", "-upstream", "http://127.0.0.1:8000/v1"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if s := out.String(); !strings.Contains(s, "warning: -upstream: upstreams[0].url: ends in /v1") || !strings.Contains(s, "did you mean http://127.0.0.1:8000?") {
+		t.Fatalf("output %q", s)
+	}
+}

@@ -310,3 +310,15 @@ routes: [{name: r, upstream: vllm}]
 		t.Errorf("discover upstream: %+v", b)
 	}
 }
+
+func TestWarningsNameAURLEndingInV1(t *testing.T) {
+	c, err := Parse("t.yaml", []byte("upstreams:\n  - name: a\n    url: http://h:8000/v1\n  - name: b\n    endpoints: [http://g:1, http://g:2/v1/]\n  - name: c\n    url: http://h:8000/v1beta\nroutes: [{name: r, upstream: a}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := c.Warnings()
+	if len(ws) != 2 || ws[0].Key != "upstreams[0].url" || ws[0].Line != 3 || !strings.Contains(ws[0].Msg, "did you mean http://h:8000?") ||
+		ws[1].Key != "upstreams[1].endpoints[1]" || !strings.Contains(ws[1].Msg, "http://g:2/v1/v1/chat/completions") {
+		t.Fatalf("warnings %+v", ws)
+	}
+}

@@ -293,6 +293,29 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 	}
 }
 
+// Warnings lists what is valid but most likely not meant, each with its
+// key and line (0 for a value from a flag or the environment): an
+// upstream URL ending in /v1 — how OpenAI SDKs spell a base URL — gets
+// the request path appended, so /v1/chat/completions would go to
+// …/v1/v1/chat/completions.
+func (c *Config) Warnings() []Problem {
+	var ps []Problem
+	check := func(key, u string) {
+		if trimmed := strings.TrimSuffix(u, "/"); strings.HasSuffix(trimmed, "/v1") {
+			ps = append(ps, Problem{Key: key, Line: c.written[key], Msg: fmt.Sprintf(
+				"ends in /v1, and the request's path is appended to it: /v1/chat/completions would go to %s/v1/chat/completions; "+
+					"did you mean %s?", trimmed, strings.TrimSuffix(trimmed, "/v1"))})
+		}
+	}
+	for i, u := range c.Upstreams {
+		check(fmt.Sprintf("upstreams[%d].url", i), u.URL)
+		for j, e := range u.Endpoints {
+			check(fmt.Sprintf("upstreams[%d].endpoints[%d]", i, j), e)
+		}
+	}
+	return ps
+}
+
 // validateSharedState checks shared_state, when written.
 func (c *Config) validateSharedState(p *problems) {
 	s := c.SharedState
