@@ -19,9 +19,12 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/sturdy /sturdy
 COPY config.example.yaml /etc/sturdy/config.example.yaml
 # In a container the admin listener must be reachable by probes: bind all
-# interfaces (it stays off the public port; publish 9090 only to your monitoring).
-ENV STURDY_LISTEN=:8080 \
-    STURDY_ADMIN_LISTEN=:9090
+# interfaces (it stays off the public port; publish 9090 only to your
+# monitoring). These are defaults only: a mounted config's listen and
+# admin_listen win over them (STURDY_LISTEN / STURDY_ADMIN_LISTEN, or the
+# flags, win over the file).
+ENV STURDY_DEFAULT_LISTEN=:8080 \
+    STURDY_DEFAULT_ADMIN_LISTEN=:9090
 EXPOSE 8080 9090
 USER nonroot:nonroot
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 CMD ["/sturdy", "-healthcheck"]

@@ -338,9 +338,13 @@ func loadConfig(s settings) (*config.Config, error) {
 	}
 	if s.listen != "" {
 		cfg.Listen = s.listen
+	} else if d := os.Getenv("STURDY_DEFAULT_LISTEN"); d != "" && !cfg.Written("listen") {
+		cfg.Listen = d // a container's default: the file's listen wins over it
 	}
 	if s.adminListen != "" {
 		cfg.AdminListen = s.adminListen
+	} else if d := os.Getenv("STURDY_DEFAULT_ADMIN_LISTEN"); d != "" && !cfg.Written("admin_listen") {
+		cfg.AdminListen = d
 	}
 	name := s.configPath
 	if name == "" {

@@ -402,3 +402,27 @@ func TestCheckWarnsOfAURLEndingInV1(t *testing.T) {
 		t.Fatalf("output %q", s)
 	}
 }
+
+// TestContainerDefaultsYieldToTheFile: STURDY_DEFAULT_LISTEN and
+// STURDY_DEFAULT_ADMIN_LISTEN (the Dockerfile's) apply where the file is
+// silent; a mounted file's listen and admin_listen win over them.
+func TestContainerDefaultsYieldToTheFile(t *testing.T) {
+	t.Setenv("STURDY_DEFAULT_LISTEN", ":8080")
+	t.Setenv("STURDY_DEFAULT_ADMIN_LISTEN", ":9090")
+	cfg, err := loadConfig(settings{})
+	if err != nil || cfg.Listen != ":8080" || cfg.AdminListen != ":9090" {
+		t.Fatalf("no file: %v %q %q", err, cfg.Listen, cfg.AdminListen)
+	}
+	path := filepath.Join(t.TempDir(), "s.yaml")
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:7000\nadmin_listen: 127.0.0.1:7001\nupstreams: [{name: a, url: http://h}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = loadConfig(settings{configPath: path})
+	if err != nil || cfg.Listen != "127.0.0.1:7000" || cfg.AdminListen != "127.0.0.1:7001" {
+		t.Fatalf("the file's addresses lost to the container defaults: %v %q %q", err, cfg.Listen, cfg.AdminListen)
+	}
+	cfg, err = loadConfig(settings{configPath: path, listen: "127.0.0.1:7002"})
+	if err != nil || cfg.Listen != "127.0.0.1:7002" {
+		t.Fatalf("the flag lost to the file: %v %q", err, cfg.Listen)
+	}
+}
