@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -70,5 +71,50 @@ func TestDeployConfigsAreValid(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("no ConfigMap in deploy/kubernetes.yaml")
+	}
+}
+
+// TestDeployFilesHoldTogether checks what CI cannot run (no Docker
+// engine): in docker-compose.yml the agent's model is the one pulled,
+// everything published is on the host's loopback, and services wait for
+// what they need to be healthy; the Kubernetes image is loadable without
+// a registry.
+func TestDeployFilesHoldTogether(t *testing.T) {
+	b, err := os.ReadFile("deploy/docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Image     string         `yaml:"image"`
+			Command   any            `yaml:"command"`
+			Ports     []string       `yaml:"ports"`
+			DependsOn map[string]any `yaml:"depends_on"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(b, &compose); err != nil {
+		t.Fatal(err)
+	}
+	pull := fmt.Sprint(compose.Services["ollama-pull"].Command)
+	agent := fmt.Sprint(compose.Services["agent"].Command)
+	if !strings.Contains(pull, "llama3.1") || !strings.Contains(agent, `model=\"llama3.1\"`) && !strings.Contains(agent, `model="llama3.1"`) {
+		t.Errorf("the agent asks for a model the pull service does not pull: pull %q, agent %q", pull, agent)
+	}
+	for name, s := range compose.Services {
+		for _, p := range s.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("%s publishes %s beyond the host's loopback", name, p)
+			}
+		}
+	}
+	if _, ok := compose.Services["agent"].DependsOn["sturdy"].(map[string]any); !ok {
+		t.Error("the agent does not wait for Sturdy to be healthy")
+	}
+	k8s, err := os.ReadFile("deploy/kubernetes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(k8s); strings.Contains(s, ":latest") || !strings.Contains(s, "imagePullPolicy: IfNotPresent") {
+		t.Error("the Kubernetes example needs a local image: no :latest, imagePullPolicy: IfNotPresent")
 	}
 }
