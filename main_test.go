@@ -426,3 +426,30 @@ func TestContainerDefaultsYieldToTheFile(t *testing.T) {
 		t.Fatalf("the flag lost to the file: %v %q", err, cfg.Listen)
 	}
 }
+
+// TestTheDemoShowsAClientMistakePassingThrough: the demo's fake server
+// refuses what a real one would, and Sturdy hands that back untouched.
+func TestTheDemoShowsAClientMistakePassingThrough(t *testing.T) {
+	addr := runBinary(t, func(listen, admin string) []string {
+		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
+	}).addr
+	for _, tt := range []struct {
+		path, body string
+		status     int
+		want       string
+	}{
+		{"/v1/nonexistent", `{"model":"demo"}`, 404, `"code":"not_found"`},
+		{"/v1/chat/completions", `{"model":"demo"}`, 400, `missing required parameter: 'messages'`},
+		{"/v1/chat/completions", `not json`, 400, `not valid JSON`},
+	} {
+		resp, err := http.Post("http://"+addr+tt.path, "application/json", strings.NewReader(tt.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.want) || resp.Header.Get("X-Sturdy-Attempts") != "" {
+			t.Errorf("%s %s: %d %s (attempts %q)", tt.path, tt.body, resp.StatusCode, b, resp.Header.Get("X-Sturdy-Attempts"))
+		}
+	}
+}

@@ -12,8 +12,11 @@ package fakellm
 
 import (
 	"bufio"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -255,6 +258,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	now := time.Now()
 	s.requests.Add(1)
+	if refuse(ctx, path) { // a client's mistake is answered as a real server would, before any fault
+		return
+	}
 	s.noteRetry(string(ctx.Request.Header.Peek("X-Request-Id")), now)
 	fate, status, ttft, itl := s.fate(now)
 	p := &s.profile
@@ -281,7 +287,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		fmt.Fprintf(ctx, `{"object":"list","data":[{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}]}`, model)
 	case "/v1/embeddings":
 		s.sleep(ttft)
-		writeEmbedding(ctx, model)
+		writeEmbedding(ctx, model, gjson.GetBytes(body, "encoding_format").String() == "base64")
 	case "/api/chat", "/api/generate":
 		s.stream(ctx, fate, model, ttft, itl, formatOllama)
 	case "/v1/responses":
@@ -315,17 +321,95 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, body []byte, fate, model str
 }
 
 // writeEmbedding answers an embeddings request with a fixed 64-dimension
-// vector.
-func writeEmbedding(ctx *fasthttp.RequestCtx, model string) {
+// vector: floats, or with encoding_format base64 (what the Node SDK asks
+// for) the little-endian float32s in base64, as OpenAI sends them.
+func writeEmbedding(ctx *fasthttp.RequestCtx, model string, b64 bool) {
 	ctx.SetContentType("application/json")
-	fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[`)
-	for i := 0; i < 64; i++ {
-		if i > 0 {
-			ctx.WriteString(",")
-		}
-		fmt.Fprintf(ctx, "%.4f", float64(i%7)/7-0.5)
+	fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":`)
+	vec := make([]float32, 64)
+	for i := range vec {
+		vec[i] = float32(i%7)/7 - 0.5
 	}
-	fmt.Fprintf(ctx, `]}],"model":%q,"usage":{"prompt_tokens":8,"total_tokens":8}}`, model)
+	if b64 {
+		raw := make([]byte, 4*len(vec))
+		for i, v := range vec {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+		}
+		fmt.Fprintf(ctx, "%q", base64.StdEncoding.EncodeToString(raw))
+	} else {
+		ctx.WriteString("[")
+		for i, v := range vec {
+			if i > 0 {
+				ctx.WriteString(",")
+			}
+			fmt.Fprintf(ctx, "%.4f", v)
+		}
+		ctx.WriteString("]")
+	}
+	fmt.Fprintf(ctx, `}],"model":%q,"usage":{"prompt_tokens":8,"total_tokens":8}}`, model)
+}
+
+// endpoints are the paths the fake server serves, with the method and
+// the body fields each needs (what a real server rejects without them).
+var endpoints = map[string]struct {
+	method string
+	needs  []string
+	ollama bool
+}{
+	"/v1/chat/completions": {method: "POST", needs: []string{"model", "messages"}},
+	"/v1/completions":      {method: "POST", needs: []string{"model", "prompt"}},
+	"/v1/responses":        {method: "POST", needs: []string{"model", "input"}},
+	"/v1/embeddings":       {method: "POST", needs: []string{"model", "input"}},
+	"/v1/models":           {method: "GET"},
+	"/api/chat":            {method: "POST", needs: []string{"model", "messages"}, ollama: true},
+	"/api/generate":        {method: "POST", needs: []string{"model"}, ollama: true},
+}
+
+// refuse answers a request a real server would refuse — an unknown path
+// (404), a wrong method (405), a body that is not JSON or lacks what the
+// endpoint needs (400) — in the server's own error shape, and reports
+// whether it did.
+func refuse(ctx *fasthttp.RequestCtx, path string) bool {
+	ep, ok := endpoints[path]
+	var status int
+	var msg, param string
+	body := ctx.Request.Body()
+	switch {
+	case !ok:
+		status, msg = 404, fmt.Sprintf("unknown path %s (this fake server serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, /api/chat, /api/generate)", path)
+	case string(ctx.Method()) != ep.method:
+		status, msg = 405, fmt.Sprintf("%s takes %s, not %s", path, ep.method, ctx.Method())
+	case ep.method == "POST" && !gjson.ValidBytes(body):
+		status, msg = 400, "the request body is not valid JSON"
+	case ep.method == "POST" && !gjson.ParseBytes(body).IsObject():
+		status, msg = 400, "the request body must be a JSON object"
+	default:
+		for _, f := range ep.needs {
+			if !gjson.GetBytes(body, f).Exists() {
+				status, msg, param = 400, fmt.Sprintf("missing required parameter: '%s'", f), f
+				break
+			}
+		}
+	}
+	if status == 0 {
+		return false
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	if ep.ollama {
+		fmt.Fprintf(ctx, `{"error":%q}`, msg)
+		return true
+	}
+	typ, code := "invalid_request_error", "null"
+	if status == 404 {
+		code = `"not_found"`
+	}
+	p := "null"
+	if param != "" {
+		p = strconv.Quote(param)
+	}
+	fmt.Fprintf(ctx, `{"error":{"message":%q,"type":%q,"param":%s,"code":%s}}`, msg, typ, p, code)
+	return true
 }
 
 // noteRetry counts a request that returns before its 429's Retry-After.

@@ -39,17 +39,17 @@ func TestEndpoints(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(body, `"object":"chat.completion"`) || !strings.Contains(body, `"usage"`) {
 		t.Fatalf("chat: %d %s", resp.StatusCode, body)
 	}
-	resp, body = post(t, s.URL+"/v1/chat/completions", `{"model":"m1","stream":true}`)
+	resp, body = post(t, s.URL+"/v1/chat/completions", `{"model":"m1","stream":true,"messages":[]}`)
 	if resp.Header.Get("Content-Type") != "text/event-stream" || strings.Count(body, "chat.completion.chunk") != 5 ||
 		!strings.HasSuffix(body, "data: [DONE]\n\n") || !strings.Contains(body, `"usage"`) {
 		t.Fatalf("sse: %s", body)
 	}
-	resp, body = post(t, s.URL+"/api/chat", `{"model":"llama3"}`)
+	resp, body = post(t, s.URL+"/api/chat", `{"model":"llama3","messages":[]}`)
 	lines := strings.Split(strings.TrimSpace(body), "\n")
 	if resp.Header.Get("Content-Type") != "application/x-ndjson" || len(lines) != 5 || !strings.Contains(lines[4], `"done":true`) {
 		t.Fatalf("ndjson: %s", body)
 	}
-	if _, body = post(t, s.URL+"/v1/embeddings", `{"input":"x"}`); !strings.Contains(body, `"embedding":[`) {
+	if _, body = post(t, s.URL+"/v1/embeddings", `{"model":"e","input":"x"}`); !strings.Contains(body, `"embedding":[`) {
 		t.Fatalf("embeddings: %s", body)
 	}
 	if st := s.Stats(); st.Requests != 4 || st.Fates[FateOK] != 4 {
@@ -79,12 +79,12 @@ func TestFatesAreSeededAndDeterministic(t *testing.T) {
 
 func TestStreamFaults(t *testing.T) {
 	s := start(t, Profile{Cut: 1, CutAfter: 2, Tokens: 8})
-	_, body := post(t, s.URL+"/v1/chat/completions", `{"stream":true}`)
+	_, body := post(t, s.URL+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[]}`)
 	if !strings.HasPrefix(body, "READ ERROR") && strings.Contains(body, "[DONE]") {
 		t.Fatalf("cut stream ended cleanly: %q", body)
 	}
 	s2 := start(t, Profile{Stall: 1, StallAfter: 1, HangFor: 300 * time.Millisecond, Tokens: 8})
-	resp, err := http.Post(s2.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	resp, err := http.Post(s2.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,15 +97,15 @@ func TestStreamFaults(t *testing.T) {
 
 func TestOutageWindowAndEarlyRetries(t *testing.T) {
 	s := start(t, Profile{Outage: Outage{From: 0, To: 200 * time.Millisecond}})
-	if resp, _ := post(t, s.URL+"/v1/chat/completions", `{}`); resp.StatusCode != 503 {
+	if resp, _ := post(t, s.URL+"/v1/chat/completions", `{"model":"m","messages":[]}`); resp.StatusCode != 503 {
 		t.Fatalf("during outage: %d", resp.StatusCode)
 	}
 	time.Sleep(250 * time.Millisecond)
-	if resp, _ := post(t, s.URL+"/v1/chat/completions", `{}`); resp.StatusCode != 200 {
+	if resp, _ := post(t, s.URL+"/v1/chat/completions", `{"model":"m","messages":[]}`); resp.StatusCode != 200 {
 		t.Fatalf("after outage: %d", resp.StatusCode)
 	}
 	s2 := start(t, Profile{Status: map[int]float64{429: 1}, RetryAfter: time.Second})
-	req, _ := http.NewRequest("POST", s2.URL+"/v1/chat/completions", strings.NewReader(`{}`))
+	req, _ := http.NewRequest("POST", s2.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
 	req.Header.Set("X-Request-Id", "r1")
 	for i := 0; i < 2; i++ {
 		resp, err := http.DefaultClient.Do(req.Clone(req.Context()))
@@ -116,7 +116,7 @@ func TestOutageWindowAndEarlyRetries(t *testing.T) {
 		if resp.Header.Get("Retry-After") != "1" {
 			t.Fatalf("Retry-After %q", resp.Header.Get("Retry-After"))
 		}
-		req.Body = io.NopCloser(strings.NewReader(`{}`))
+		req.Body = io.NopCloser(strings.NewReader(`{"model":"m","messages":[]}`))
 	}
 	if st := s2.Stats(); st.EarlyRetries != 1 {
 		t.Fatalf("early retries %d, want 1", st.EarlyRetries)
@@ -141,7 +141,44 @@ func TestResponsesAPI(t *testing.T) {
 		t.Fatalf("responses stream: %v\n%s", types, body)
 	}
 	cut := start(t, Profile{Tokens: 3, Cut: 1, CutAfter: 1})
-	if _, body := post(t, cut.URL+"/v1/responses", `{"stream":true}`); !strings.Contains(body, "READ ERROR") {
+	if _, body := post(t, cut.URL+"/v1/responses", `{"model":"m","stream":true,"input":"hi"}`); !strings.Contains(body, "READ ERROR") {
 		t.Fatalf("a cut responses stream: %q", body)
+	}
+}
+
+// TestAFakeServerRefusesWhatARealOneWould: unknown paths, wrong methods,
+// bodies that are not JSON or lack what the endpoint needs get the
+// server's own error shape; embeddings honour encoding_format.
+func TestAFakeServerRefusesWhatARealOneWould(t *testing.T) {
+	s, err := Start("127.0.0.1:0", Profile{Tokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tt := range []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"POST", "/v1/nonexistent", `{}`, 404, `"code":"not_found"`},
+		{"GET", "/", ``, 404, `"type":"invalid_request_error"`},
+		{"GET", "/v1/chat/completions", ``, 405, `takes POST`},
+		{"POST", "/v1/chat/completions", `not json`, 400, `not valid JSON`},
+		{"POST", "/v1/chat/completions", `{"messages":[]}`, 400, `"param":"model"`},
+		{"POST", "/v1/responses", `{"model":"m"}`, 400, `'input'`},
+		{"POST", "/api/chat", `{"model":"m"}`, 400, `{"error":"missing required parameter: 'messages'"}`},
+		{"GET", "/v1/models", ``, 200, `"object":"list"`},
+		{"POST", "/v1/embeddings", `{"model":"e","input":"x","encoding_format":"base64"}`, 200, `"embedding":"`},
+	} {
+		req, _ := http.NewRequest(tt.method, s.URL+tt.path, strings.NewReader(tt.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.want) {
+			t.Errorf("%s %s %s: %d %s", tt.method, tt.path, tt.body, resp.StatusCode, b)
+		}
 	}
 }
