@@ -117,7 +117,7 @@ func Load(path string) (*Config, error) {
 func Parse(name string, data []byte) (*Config, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, &Error{File: name, Problems: yamlProblems(err, nil)}
+		return nil, &Error{File: name, Problems: syntaxProblems(err, data)}
 	}
 	idx := newKeyIndex(&root)
 	problems := unknownKeys(&root, reflect.TypeFor[Config]())
@@ -127,12 +127,26 @@ func Parse(name string, data []byte) (*Config, error) {
 			problems = append(problems, yamlProblems(err, idx)...)
 		}
 	}
-	if len(problems) == 0 {
-		c.written = idx.lines
-		c.expandEnv()
-		c.applyImplicitRoute()
-		problems = append(problems, c.readSecretFiles(idx)...)
-		for _, p := range c.Validate() {
+	// Validate what did decode too, so one bad value does not hide the
+	// rest; a key already reported is not reported again.
+	reported := map[string]bool{}
+	for _, p := range problems {
+		reported[p.Key] = true
+	}
+	c.written = idx.lines
+	c.expandEnv()
+	c.applyImplicitRoute()
+	problems = append(problems, c.readSecretFiles(idx)...)
+	covered := func(key string) bool {
+		for k := range reported {
+			if key == k || strings.HasPrefix(key, k+".") || strings.HasPrefix(key, k+"[") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, p := range c.Validate() {
+		if !covered(p.Key) {
 			p.Line = idx.line(p.Key)
 			problems = append(problems, p)
 		}
@@ -252,6 +266,58 @@ var yamlLine = regexp.MustCompile(`^line (\d+)(?::(\d+))?: (.*)$`)
 
 // yamlProblems turns a yaml error into problems, naming the key found on
 // each reported line when idx knows it.
+// syntaxProblems reports a document YAML cannot parse. A tab in the
+// indentation is reported on the line that has it (yaml names the line
+// before).
+func syntaxProblems(err error, data []byte) []Problem {
+	ps := yamlProblems(err, nil)
+	if len(ps) == 1 && strings.Contains(ps[0].Msg, "tab character") {
+		for i, line := range strings.Split(string(data), "\n") {
+			if indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]; strings.Contains(indent, "\t") {
+				return []Problem{{Line: i + 1, Msg: "a tab in the indentation: YAML indents with spaces"}}
+			}
+		}
+	}
+	return ps
+}
+
+// unmarshalMsg matches yaml's type errors, to say them in plain words.
+var unmarshalMsg = regexp.MustCompile("^cannot unmarshal !!(\\w+)(?: `(.*)`)? into (.+)$")
+
+// plainWords turns yaml's "cannot unmarshal !!str `lots` into int" into
+// `want an integer, got "lots"`.
+func plainWords(msg string) string {
+	m := unmarshalMsg.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	got := strconv.Quote(m[2])
+	switch m[1] {
+	case "seq":
+		got = "a list"
+	case "map":
+		got = "a mapping (key: value)"
+	case "int", "float", "bool":
+		got = m[2]
+	}
+	want := "a " + m[3]
+	switch t := m[3]; {
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+		want = "an integer"
+	case strings.HasPrefix(t, "float"):
+		want = "a number"
+	case t == "bool":
+		want = "true or false"
+	case t == "string":
+		want = "a string"
+	case strings.HasPrefix(t, "[]"):
+		want = "a list"
+	case strings.HasPrefix(t, "map["), strings.HasPrefix(t, "config."):
+		want = "a mapping (key: value)"
+	}
+	return "want " + want + ", got " + got
+}
+
 func yamlProblems(err error, idx *keyIndex) []Problem {
 	var te *yaml.TypeError
 	var msgs []string
@@ -266,7 +332,7 @@ func yamlProblems(err error, idx *keyIndex) []Problem {
 		if s := yamlLine.FindStringSubmatch(m); s != nil {
 			p.Line, _ = strconv.Atoi(s[1])
 			col, _ := strconv.Atoi(s[2])
-			p.Msg = s[3]
+			p.Msg = plainWords(s[3])
 			if idx != nil {
 				p.Key = idx.keyAt(p.Line, col)
 			}

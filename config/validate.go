@@ -375,6 +375,9 @@ func checkUpstreamURL(raw string) error {
 	if raw == "" {
 		return fmt.Errorf("required (e.g. http://127.0.0.1:11434)")
 	}
+	if !strings.Contains(raw, "://") {
+		return fmt.Errorf("%q has no scheme: did you mean http://%s?", raw, raw)
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return fmt.Errorf("invalid URL %q", raw)
