@@ -63,7 +63,7 @@ var errorTable = []errorSpec{
 		message: "bad request: %s",
 		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`, a path whose dot-segments leave its route's `path_prefix`"},
 	{code: CodeHeadersTooLarge, status: 431,
-		message: "request line and headers are larger than the %d bytes Sturdy accepts; send fewer or smaller headers",
+		message: "request headers exceed %s (server.max_header_bytes); send fewer or smaller headers",
 		when:    "request line and headers over `server.max_header_bytes`"},
 	{code: CodeRequestTimeout, status: 408,
 		message: "the request was not received within %s (server.read_timeout); send it whole, without pauses",

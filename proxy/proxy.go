@@ -9,6 +9,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -298,10 +299,32 @@ type fasthttpLogger struct{ log zerolog.Logger }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
+			if strings.HasPrefix(format, "error when serving connection") && answered(err) {
+				return // handleParseError answered it, and logged its one line
+			}
 			args[i] = describe(err)
 		}
 	}
 	l.log.Warn().Str("component", "fasthttp").Msgf(format, args...)
+}
+
+// answered reports whether a connection error is one handleParseError
+// answered the client for (a request it could not read).
+func answered(err error) bool {
+	var small *fasthttp.ErrSmallBuffer
+	return !isTimeout(err) && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) &&
+		!errors.Is(err, net.ErrClosed) || errors.As(err, &small) || errors.Is(err, fasthttp.ErrBodyTooLarge)
+}
+
+// sizeText says a byte count as a person would: 32 KiB, 1 MiB, 900 bytes.
+func sizeText(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // describe names the kind of a connection or parse error without any of
@@ -335,7 +358,7 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		e = newError(CodeRequestTooLarge, "Sturdy", p.maxBody)
 	case errors.As(err, &small):
-		e = newError(CodeHeadersTooLarge, p.limits.MaxHeaderBytes)
+		e = newError(CodeHeadersTooLarge, sizeText(p.limits.MaxHeaderBytes))
 	}
 	id := p.appendRequestID(nil)
 	e.write(ctx, id)
