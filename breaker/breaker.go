@@ -119,6 +119,9 @@ type Breaker struct {
 	// length of the next open after one (doubling up to openFor).
 	unreachable atomic.Bool
 	backoff     atomic.Int64
+	// tripped holds the counts that last opened the breaker (gobreaker
+	// clears its counts on every transition).
+	tripped atomic.Pointer[gobreaker.Counts]
 }
 
 // New returns a closed breaker named name.
@@ -138,7 +141,11 @@ func New(name string, s Settings) *Breaker {
 			completed := c.TotalSuccesses + c.TotalFailures
 			trip := c.ConsecutiveFailures >= consecutive ||
 				completed >= minRequests && float64(c.TotalFailures) >= ratio*float64(completed)
-			return trip && (mayOpen == nil || mayOpen())
+			if trip && (mayOpen == nil || mayOpen()) {
+				b.tripped.Store(&c)
+				return true
+			}
+			return false
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			b.changed(to)
@@ -260,6 +267,15 @@ func (b *Breaker) State() State {
 		return StateOpen
 	}
 	return b.cb.State()
+}
+
+// TrippedOn returns the counts that last opened the breaker (ok false
+// when it never opened): while open, Counts are zero.
+func (b *Breaker) TrippedOn() (c gobreaker.Counts, ok bool) {
+	if p := b.tripped.Load(); p != nil {
+		return *p, true
+	}
+	return c, false
 }
 
 // Counts returns the breaker's counts in the current window.

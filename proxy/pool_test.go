@@ -242,8 +242,8 @@ func TestDeadEndpointIsEjectedAndRetriedElsewhere(t *testing.T) {
 			st = e
 		}
 	}
-	if st.State != "ejected" || st.Ejections != 1 {
-		t.Fatalf("/debug/upstreams shows the dead endpoint as %+v", st)
+	if st.State != "ejected" || st.Ejections != 1 || st.TrippedOn == nil || st.TrippedOn.ConsecutiveFailures != 2 {
+		t.Fatalf("/debug/upstreams shows the dead endpoint as %+v (tripped on %+v)", st, st.TrippedOn)
 	}
 	if live.served.Load() != 40 {
 		t.Fatalf("the live replica served %d of 40", live.served.Load())

@@ -68,6 +68,16 @@ type EndpointStatus struct {
 	Ejections int64 `json:"ejections"`
 	// Health is the last health check's result ("" without checks).
 	Health string `json:"health,omitempty"`
+	// TrippedOn is what opened its breaker last (the breaker's counts
+	// start over at every state change), while it is not closed.
+	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
+}
+
+// TripCounts are the breaker counts that opened a breaker.
+type TripCounts struct {
+	Requests            uint32 `json:"requests"`
+	Failures            uint32 `json:"failures"`
+	ConsecutiveFailures uint32 `json:"consecutive_failures"`
 }
 
 // ModelBreakerState is one model's reply breaker on an endpoint.
@@ -149,6 +159,9 @@ func (ep *endpoint) status(now time.Time, slowStart time.Duration) EndpointStatu
 	}
 	if h := ep.health.Load(); h != nil {
 		s.Health = *h
+	}
+	if c, ok := ep.breaker.TrippedOn(); ok && b != breaker.StateClosed {
+		s.TrippedOn = &TripCounts{Requests: c.Requests, Failures: c.TotalFailures, ConsecutiveFailures: c.ConsecutiveFailures}
 	}
 	return s
 }
