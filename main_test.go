@@ -57,7 +57,7 @@ func TestUpstreamFlagWithoutConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Upstreams[0].URL != "http://127.0.0.1:9999/base" || cfg.Listen != "127.0.0.1:0" || cfg.Routes[0].Upstream != "default" {
+	if cfg.Upstreams[0].URL != "http://127.0.0.1:9999/base" || cfg.Listen != "127.0.0.1:0" || cfg.Routes[0].Upstream != config.DefaultUpstreamName {
 		t.Fatalf("%+v", cfg)
 	}
 	if _, err := loadConfig(settings{upstream: "ftp://nope"}); err == nil {

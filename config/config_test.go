@@ -15,7 +15,7 @@ func TestDefaultConfigIsValid(t *testing.T) {
 		t.Fatalf("default config invalid: %+v", ps)
 	}
 	if c.Listen != ":8080" || c.AdminListen != DefaultAdminListen || c.Upstreams[0].URL != DefaultUpstreamURL ||
-		len(c.Routes) != 1 || c.Routes[0].Upstream != "default" {
+		len(c.Routes) != 1 || c.Routes[0].Upstream != DefaultUpstreamName {
 		t.Fatalf("unexpected default: %+v", c)
 	}
 	// The defaults of values used elsewhere belong to the packages that use

@@ -97,7 +97,7 @@ func Default(url string) *Config {
 		url = DefaultUpstreamURL
 	}
 	c := defaultConfig()
-	c.Upstreams = []Upstream{{Name: "default", URL: url}}
+	c.Upstreams = []Upstream{{Name: DefaultUpstreamName, URL: url}}
 	c.applyImplicitRoute()
 	return c
 }
@@ -161,6 +161,10 @@ func Parse(name string, data []byte) (*Config, error) {
 // defaultConfig holds the defaults that are config's own: the listen
 // addresses and logging. Every other default belongs to the package that
 // uses the value (proxy, policy, breaker): a key left out stays zero here.
+// DefaultUpstreamName names the embedded default's one upstream — not
+// "default", the implicit route's name, so a message tells them apart.
+const DefaultUpstreamName = "model-server"
+
 func defaultConfig() *Config {
 	return &Config{Listen: ":8080", AdminListen: DefaultAdminListen, Log: Log{Level: "info", Format: "json"}}
 }
