@@ -100,8 +100,13 @@ type State struct {
 	log   zerolog.Logger
 	hooks Hooks
 	up    atomic.Bool
-	stop  context.CancelFunc
-	done  sync.WaitGroup
+	// probeAt is when, while down, the next call may try Redis again
+	// (UnixNano): one per second finds out it is back; closed is set by
+	// Close, after which no result counts.
+	probeAt atomic.Int64
+	closed  atomic.Bool
+	stop    context.CancelFunc
+	done    sync.WaitGroup
 	// ps is the events subscription; closing it ends a Receive in
 	// progress (which no context interrupts).
 	ps *redis.PubSub
@@ -149,6 +154,7 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 
 // Close stops following the fleet and closes the connections.
 func (s *State) Close() {
+	s.closed.Store(true)
 	s.stop()
 	_ = s.ps.Close()
 	s.done.Wait()
@@ -157,6 +163,21 @@ func (s *State) Close() {
 
 // Up reports whether the last call to Redis succeeded.
 func (s *State) Up() bool { return s.up.Load() }
+
+// downProbe is how often, while Redis is down, one call tries it.
+const downProbe = time.Second
+
+// Usable reports whether a call should try Redis now: while it is up,
+// always; while down, one call per downProbe (which finds out it is
+// back), the others carry on without it at once.
+func (s *State) Usable() bool {
+	if s.up.Load() {
+		return true
+	}
+	now := time.Now().UnixNano()
+	at := s.probeAt.Load()
+	return now >= at && s.probeAt.CompareAndSwap(at, now+int64(downProbe))
+}
 
 // Timeout is the longest a request waits on Redis.
 func (s *State) Timeout() time.Duration { return s.cfg.Timeout }
@@ -167,6 +188,9 @@ func (s *State) HashKey() string { return s.cfg.HashKey }
 // result records a call's outcome: the first failure after success (and
 // the first success after failure) is logged once, not per request.
 func (s *State) result(op string, err error) {
+	if s.closed.Load() {
+		return // a call that outlived Close says nothing of the new State
+	}
 	if err == nil || errors.Is(err, redis.Nil) {
 		if !s.up.Swap(true) {
 			s.log.Info().Msg("shared state: Redis reachable again")
@@ -182,6 +206,7 @@ func (s *State) result(op string, err error) {
 	if s.hooks.Error != nil {
 		s.hooks.Error(op)
 	}
+	s.probeAt.Store(time.Now().Add(downProbe).UnixNano())
 	if s.up.Swap(false) {
 		s.log.Warn().Str("op", op).Str("error", describe(err)).Msg("shared state: Redis unreachable, carrying on without it")
 		if s.hooks.Up != nil {

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"encoding/hex"
 	"sync"
 	"testing"
@@ -144,5 +145,26 @@ func TestRedisDownIsAnErrorWithinTheTimeout(t *testing.T) {
 	defer mu.Unlock()
 	if len(ups) != 2 || ups[0] || !ups[1] {
 		t.Fatalf("transitions %v, want [false true]", ups)
+	}
+}
+
+// TestOneSlowReplyDoesNotTurnTheFleetOff: after a call timed out, Redis
+// healthy, calls try it again within a second and it is up again.
+func TestOneSlowReplyDoesNotTurnTheFleetOff(t *testing.T) {
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	s.result("reserve", context.DeadlineExceeded)
+	if s.Up() {
+		t.Fatal("a timeout left it up")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for !s.Up() {
+		if time.Now().After(deadline) {
+			t.Fatal("one slow reply turned the fleet off for good")
+		}
+		if s.Usable() {
+			_, _, _ = s.Reserve("probe", 10, 1, 0)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -40,6 +40,7 @@ func (s *State) follow(ctx context.Context) {
 				s.loadCooldowns(ctx)
 			}
 		case *redis.Message:
+			s.result("subscribe", nil) // Redis answers
 			s.event(m.Payload)
 		}
 	}

@@ -170,7 +170,7 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 
 // holdWindow goes on holding a stream past its first output, for a route
 // with stream_hold: until the stream ends, the window passes (max from
-// now, within the deadline) or bytes are held. A failure inside the
+// now, within the deadline; checked as bytes arrive) or bytes are held. A failure inside the
 // window — a cut, a stall past idle, an in-band error — is the attempt's,
 // retried or failed over from scratch with nothing sent; past it the
 // stream flows as any. judged is how much of the head has been judged.
@@ -180,10 +180,11 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 	if until.After(ex.req.deadline) {
 		until = ex.req.deadline
 	}
-	if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
-		a.conn.capReads(until) // a stall may not outlast the window
-		defer a.conn.until.Store(0)
-	}
+	// The window is ended by the clock between reads, never by a read
+	// deadline: a timeout inside fasthttp's chunk framing could leave the
+	// body unreadable for the stream that follows. So a silence inside
+	// the window holds the head until the next bytes (or idle passes,
+	// which is a stall: retried).
 	ex.enter(phaseStreamHold)
 	var scan events.Scanner
 	scan.Reset(kind)
@@ -217,8 +218,6 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 			ex.closeBody()
 			rp.heldToEnd = true
 			return policy.FaultNone
-		case err != nil && isTimeout(err) && !time.Now().Before(until):
-			return policy.FaultNone // the window passed: the stream flows
 		case err != nil && isTimeout(err):
 			return policy.FaultTimeout
 		case err != nil:

@@ -56,11 +56,12 @@ func (ex *exchange) abortUpstream() {
 }
 
 // using records the upstream connection an attempt was given (see
-// upstream.claimMu); if the client already left, it is closed at once.
+// upstream.claimMu); if the client already left, or Shutdown already
+// cut the stream (a continuation's connection), it is closed at once.
 func (ex *exchange) using(c *upstreamConn) {
 	ex.connMu.Lock()
 	ex.upConn = c
-	gone := ex.isGone.Load()
+	gone := ex.isGone.Load() || ex.out.cut.Load()
 	ex.connMu.Unlock()
 	if gone {
 		_ = c.Close()

@@ -286,6 +286,9 @@ func (ex *exchange) continueOn(ti int) bool {
 	t := &ex.req.route.targets[ti]
 	failedUp, failedEp := lp.up, lp.ep
 	ex.closeBody() // closing the cut stream's connection stops its generation
+	// The event it was cut in never reached the client, nor the text so
+	// far: the continuation starts after the last whole event.
+	rs.pending = rs.pending[:0]
 	lp.ti = ti
 	if ex.useTarget(t) != policy.ActionAttempt {
 		return false
@@ -309,7 +312,8 @@ func (ex *exchange) continueOn(ti int) bool {
 		replay = out.Fault == policy.FaultStale && !lp.replaying
 		lp.replaying = replay
 	}
-	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || kindOf(rp.msg.Header.ContentType()) != events.SSE {
+	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || kindOf(rp.msg.Header.ContentType()) != events.SSE ||
+		ex.out.cut.Load() || ex.isGone.Load() {
 		ex.closeBody()
 		return false
 	}

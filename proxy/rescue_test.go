@@ -221,3 +221,28 @@ func TestAResponsesStreamIsNotContinued(t *testing.T) {
 		t.Fatalf("%d, fallback saw %d: %q", resp.StatusCode, fallback.Count(), body)
 	}
 }
+
+// TestACutMidEventLeavesNoFragmentAtTheSeam: a stream cut inside an
+// event (part-way into its JSON, or just before its blank line) never
+// hands that fragment to the client, glued to the continuation or not:
+// the continuation starts after the last whole event.
+func TestACutMidEventLeavesNoFragmentAtTheSeam(t *testing.T) {
+	for _, cut := range []int{40, len(upstreamtest.SSE("lo")[0]) - 1} {
+		ch := upstreamtest.SSE("Hel", "lo")
+		first := sseStep(ch[0], ch[1][:cut])
+		first.Fault = upstreamtest.Stall
+		primary := upstreamtest.Start(t, first)
+		cont := continuationOf("lo", " world")
+		cont.Chunks = cont.Chunks[1:] // a server that sends no role-only chunk
+		fallback := upstreamtest.Start(t, cont)
+		h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+		resp, body := h.chat(streamChat)
+		want := ch[0] + strings.ReplaceAll(strings.Join(cont.Chunks, ""), `"id":"chatcmpl-2"`, `"id":"chatcmpl-1"`)
+		if resp.StatusCode != 200 || string(body) != want {
+			t.Errorf("cut at byte %d: %d:\n%q\nwant\n%q", cut, resp.StatusCode, body, want)
+		}
+		if got := gjson.GetBytes(fallback.Requests()[0].Body, "messages.@reverse.0.content").Str; got != "Hel" {
+			t.Errorf("cut at byte %d: continued from %q, want the whole events' text only", cut, got)
+		}
+	}
+}

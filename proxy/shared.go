@@ -122,13 +122,14 @@ type sharedLimit struct {
 }
 
 // reserveShared takes a slot of the fleet-wide limit name. While Redis
-// is known down no call is made: a request never waits on a dead Redis.
+// is known down only one request a second tries it (to find out it is
+// back); the others never wait on a dead Redis.
 func (p *Proxy) reserveShared(name string, rps float64, burst int, maxWait time.Duration) sharedLimit {
 	f := p.fleet.Load()
 	if f == nil {
 		return sharedLimit{local: true}
 	}
-	if f.st.Up() {
+	if f.st.Usable() {
 		if wait, taken, err := f.st.Reserve(name, rps, burst, maxWait); err == nil {
 			return sharedLimit{wait: wait, taken: taken}
 		}
