@@ -496,9 +496,18 @@ func newLogger(c config.Log, w io.Writer) zerolog.Logger {
 func consoleWriter(w io.Writer) zerolog.ConsoleWriter {
 	f, ok := w.(*os.File)
 	tty := ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
-	return zerolog.ConsoleWriter{Out: w, NoColor: !tty, TimeFormat: "15:04:05.000",
+	return zerolog.ConsoleWriter{Out: w, NoColor: !tty, TimeFormat: "15:04:05",
 		FieldsOrder: []string{"status", "method", "path", "outcome", "attempts", "duration_ms", "upstream", "endpoint", "error"},
 		FormatPrepare: func(m map[string]any) error {
+			if rs, ok := m["retries"].([]any); ok { // "5xx 300ms, connect 12ms"
+				var parts []string
+				for _, r := range rs {
+					if r, ok := r.(map[string]any); ok {
+						parts = append(parts, fmt.Sprintf("%v %vms", r["reason"], r["wait_ms"]))
+					}
+				}
+				m["retries"] = strings.Join(parts, ", ")
+			}
 			for _, k := range []string{"duration_ms", "ttfb_ms", "ttft_ms"} {
 				if n, ok := m[k].(json.Number); ok {
 					if v, err := n.Float64(); err == nil {
@@ -510,7 +519,7 @@ func consoleWriter(w io.Writer) zerolog.ConsoleWriter {
 		},
 		// What a person reading along can do without (the JSON format keeps
 		// every field).
-		FieldsExclude: []string{"id", "route", "stream", "bytes_out", "ttfb_ms", "ttft_ms", "breaker", "model_breaker", "targets"}}
+		FieldsExclude: []string{"id", "route", "stream", "bytes_out", "ttfb_ms", "ttft_ms", "breaker", "model_breaker", "targets", "endpoint"}}
 }
 
 // probeHealth asks the admin listener's /healthz; a wildcard listen

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"sturdy/config"
 	"sturdy/internal/upstreamtest"
 )
@@ -450,6 +452,48 @@ func TestTheDemoShowsAClientMistakePassingThrough(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.want) || resp.Header.Get("X-Sturdy-Attempts") != "" {
 			t.Errorf("%s %s: %d %s (attempts %q)", tt.path, tt.body, resp.StatusCode, b, resp.Header.Get("X-Sturdy-Attempts"))
+		}
+	}
+}
+
+// TestTheConsoleFormatReadsAtAGlance: no colours off a terminal, the
+// request line led by status, method, path, outcome, attempts and
+// duration (to 0.1 ms), retries in short words.
+func TestTheConsoleFormatReadsAtAGlance(t *testing.T) {
+	var buf bytes.Buffer
+	logger := newLogger(config.Log{Level: "info", Format: "console"}, &buf)
+	logger.Info().Str("upstream", "u").Str("id", "x-1").Float64("duration_ms", 12.3456).Int("attempts", 2).
+		Str("outcome", "ok").Str("path", "/v1/chat/completions").Str("method", "POST").Int("status", 200).
+		RawJSON("retries", []byte(`[{"reason":"5xx","endpoint":"h:1","wait_ms":300}]`)).Msg("request")
+	line := buf.String()
+	want := `request status=200 method=POST path=/v1/chat/completions outcome=ok attempts=2 duration_ms=12.3 upstream=u retries="5xx 300ms"`
+	if strings.Contains(line, "\x1b[") || !strings.Contains(line, want) || strings.Contains(line, "x-1") {
+		t.Fatalf("console line %q, want it to contain %q, no colour and no id", line, want)
+	}
+}
+
+// TestListeningEverywhereWithoutAuthIsWarned: the startup warns when the
+// listen address is every interface and no client key is required.
+func TestListeningEverywhereWithoutAuthIsWarned(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // the check reads the configured address, not this one
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tt := range []struct {
+		listen string
+		keys   []string
+		warned bool
+	}{{":8080", nil, true}, {"0.0.0.0:8080", nil, true}, {"127.0.0.1:8080", nil, false}, {":8080", []string{"k-0123456789abcdef"}, false}} {
+		var buf bytes.Buffer
+		cfg, err := loadConfig(settings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Listen, cfg.Auth.Keys = tt.listen, tt.keys
+		startupLine(zerolog.New(&buf), settings{}, cfg, &instance{ln: ln})
+		if got := strings.Contains(buf.String(), "listening on every interface with no client auth"); got != tt.warned {
+			t.Errorf("listen %q keys %d: warned %v\n%s", tt.listen, len(tt.keys), got, buf.String())
 		}
 	}
 }
