@@ -99,8 +99,6 @@ const windowBuckets = 10
 var (
 	errFailure  = errors.New("breaker: attempt failed")
 	errExcluded = errors.New("breaker: attempt excluded")
-	// errUnreachable is reported as errFailure, after noting it.
-	errUnreachable = errors.New("breaker: upstream unreachable")
 )
 
 // Breaker is one upstream's circuit breaker. It is safe for concurrent use.
@@ -212,7 +210,10 @@ func (s Settings) normalized() Settings {
 }
 
 // Ticket is an allowed attempt's pass: report its result with Done.
-type Ticket struct{ report func(error) }
+type Ticket struct {
+	b      *Breaker
+	report func(error)
+}
 
 // Done reports the attempt's result, exactly once, as soon as it is known
 // (at response headers, not at the end of a stream).
@@ -221,9 +222,11 @@ func (t Ticket) Done(r Result) {
 	case Success:
 		t.report(nil)
 	case Failure:
+		t.b.unreachable.Store(false)
 		t.report(errFailure)
 	case Unreachable:
-		t.report(errUnreachable)
+		t.b.unreachable.Store(true)
+		t.report(errFailure)
 	default:
 		t.report(errExcluded)
 	}
@@ -240,16 +243,7 @@ func (b *Breaker) Allow() (t Ticket, ok bool) {
 	if err != nil {
 		return Ticket{}, false
 	}
-	return Ticket{report: func(err error) {
-		switch err {
-		case errUnreachable:
-			b.unreachable.Store(true)
-			err = errFailure
-		case errFailure:
-			b.unreachable.Store(false)
-		}
-		report(err)
-	}}, true
+	return Ticket{b: b, report: report}, true
 }
 
 // ProbeIn returns how long until the open breaker lets a probe through;

@@ -124,9 +124,13 @@ func (c *cooldowns) put(key uint64, t time.Time, streak int) {
 	}
 }
 
+// inStreak reports whether any key is in a run of bare 429s (one atomic
+// load): only then is a success worth its key's hash.
+func (c *cooldowns) inStreak() bool { return c.streaks.Load() != 0 }
+
 // succeeded ends key's run of bare 429s.
 func (c *cooldowns) succeeded(key uint64) {
-	if c.streaks.Load() == 0 {
+	if !c.inStreak() {
 		return
 	}
 	c.mu.Lock()

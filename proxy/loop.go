@@ -348,7 +348,7 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
 	}
-	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone {
+	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone && up.cooldowns.inStreak() {
 		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
 	}
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
