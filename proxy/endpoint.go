@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/tls"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"strings"
@@ -76,6 +77,10 @@ type endpoint struct {
 	// hintedUntil is when another replica's breaker expects to probe ep
 	// (UnixNano; 0: no hint), for share_breakers.
 	hintedUntil atomic.Int64
+	// failing is the moving share of its recent attempts that failed
+	// (float64 bits): a replica that fails fast looks idle by its load
+	// alone, so picks weigh it down by this.
+	failing atomic.Uint64
 
 	// healthy is false while an active health check has it out; back is
 	// when it last came back (UnixNano, for slow start; 0: never out);
@@ -189,6 +194,47 @@ func (ep *endpoint) public() string {
 		return u.String()
 	}
 	return ep.addr
+}
+
+// failingAlpha is the weight of the latest attempt in failing (about the
+// last ten attempts count).
+const failingAlpha = 0.1
+
+// outcome moves failing by one attempt's result.
+func (ep *endpoint) outcome(failed bool) {
+	x := 0.0
+	if failed {
+		x = 1
+	}
+	for {
+		old := ep.failing.Load()
+		f := math.Float64frombits(old)
+		if f == 0 && x == 0 {
+			return // the common case: nothing failing, nothing to write
+		}
+		next := f + failingAlpha*(x-f)
+		if next < 1e-3 {
+			next = 0
+		}
+		if ep.failing.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// soundness scales ep's share by its recent failures: (1 − failing)^8, at
+// least a twentieth so it still gets the requests that show it recovered
+// (30 % failing: about a twentieth; 2 %: 0.85).
+func (ep *endpoint) soundness() float64 {
+	f := math.Float64frombits(ep.failing.Load())
+	if f == 0 {
+		return 1
+	}
+	h := 1 - f
+	h *= h // ^2
+	h *= h // ^4
+	h *= h // ^8
+	return max(h, 0.05)
 }
 
 // cameBack starts the endpoint's slow start.

@@ -356,6 +356,9 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	}
 	result := resultLabel(lp.verdict)
 	ep.countAttempt(ex.p, up.name, result)
+	if lp.verdict.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && lp.verdict.Reason != policy.Reason429 {
+		ep.outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
+	}
 	ex.noteResult(result, true)
 	if ex.notes.nTried > 0 {
 		ex.notes.tried[ex.notes.nTried-1].endpoint = ep.addr

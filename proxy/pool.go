@@ -69,7 +69,7 @@ func (ex *exchange) pick(up *upstream, refused []*endpoint) *endpoint {
 	for _, ep := range pool {
 		c := policy.Candidate{Load: ep.load(), ID: ep.id, Tried: ex.triedOn(ep) || ep.full()}
 		if ex.usable(ep) && !contains(refused, ep) {
-			c.Weight = ep.weight(now, up.slowStart)
+			c.Weight = ep.weight(now, up.slowStart) * ep.soundness()
 		}
 		cs = append(cs, c)
 	}

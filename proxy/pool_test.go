@@ -622,3 +622,24 @@ func TestAModelServerStartedLateIsUsedWithinASecond(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestAReplicaThatFailsFastDrawsLittleTraffic: a replica answering 502 at
+// once looks idle by its in-flight count; its recent failures weigh it
+// down, so it gets a small share of the attempts (and every request
+// still succeeds on the other), though its breaker never trips.
+func TestAReplicaThatFailsFastDrawsLittleTraffic(t *testing.T) {
+	failing, live := startReplica(t, ""), startReplica(t, "")
+	failing.status.Store(502)
+	live.delay.Store(int64(5 * time.Millisecond))
+	h := startPool(t, func(u *Upstream) {
+		u.Breaker = breaker.Settings{ConsecutiveFailures: 1000, MinRequests: 1000}
+	}, failing, live)
+	h.burst(200, 4)
+	f, l := failing.served.Load(), live.served.Load()
+	if share := float64(f) / float64(f+l); share > 0.2 {
+		t.Fatalf("the failing replica got %.0f%% of the attempts (%d of %d)", 100*share, f, f+l)
+	}
+	if h.endpoint(failing).breaker.State() != breaker.StateClosed {
+		t.Fatal("the breaker tripped: the test proves nothing about picking")
+	}
+}
