@@ -127,53 +127,31 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 	rp := &ex.reply
 	judged := 0
 	for {
-		for {
-			ev, n := nextEvent(kind, rp.head[judged:])
-			if n == 0 {
-				break
-			}
-			judged += n
-			if ev.Data == nil {
-				continue // a comment or an empty event
-			}
-			switch mark, code := policy.Judge(api, ev); mark {
-			case policy.MarkContent:
-				markStreaming(rp.msg)
-				if ex.req.route.streamHold.Max > 0 && !ex.out.streaming { // not a continuation's
-					return ex.holdWindow(kind, api, judged)
-				}
-				return policy.FaultNone
-			case policy.MarkFailure:
-				rp.streamFailed, rp.streamError = true, code
-				markStreaming(rp.msg)
-				return policy.FaultNone
-			}
-		}
-		if len(rp.head) >= maxHold {
+		var mark policy.Mark
+		judged, mark = rp.judgeHead(kind, api, judged, true)
+		switch {
+		case mark == policy.MarkContent && ex.req.route.streamHold.Max > 0 && !ex.out.streaming: // not a continuation's
+			markStreaming(rp.msg)
+			return ex.holdWindow(kind, api, judged)
+		case mark != policy.MarkFraming, len(rp.head) >= maxHold:
 			markStreaming(rp.msg)
 			return policy.FaultNone
 		}
-		switch err := rp.readMore(maxHold); {
-		case err == io.EOF:
-			// The whole stream was framing: it goes as it is, and its end is
-			// checked as a stream's (see Read).
-			ex.closeBody()
-			rp.heldToEnd = true
-			return policy.FaultNone
-		case err != nil && isTimeout(err):
-			return policy.FaultTimeout
-		case err != nil:
-			return policy.FaultReset
+		// At the stream's end the whole stream was framing: it goes as it
+		// is, and its end is checked as a stream's (see Read).
+		if ended, f := ex.holdMore(maxHold, nil); ended || f != policy.FaultNone {
+			return f
 		}
 	}
 }
 
 // holdWindow goes on holding a stream past its first output, for a route
 // with stream_hold: until the stream ends, the window passes (max from
-// now, within the deadline; checked as bytes arrive) or bytes are held. A failure inside the
-// window — a cut, a stall past idle, an in-band error — is the attempt's,
-// retried or failed over from scratch with nothing sent; past it the
-// stream flows as any. judged is how much of the head has been judged.
+// now, within the deadline; checked as bytes arrive) or bytes are held.
+// A failure inside the window — a cut, a stall past idle, an in-band
+// error — is the attempt's, retried or failed over from scratch with
+// nothing sent; past it the stream flows as any. judged is how much of
+// the head has been judged.
 func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) policy.Fault {
 	rp, hold := &ex.reply, ex.req.route.streamHold
 	until := time.Now().Add(hold.Max)
@@ -190,51 +168,86 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 	scan.Reset(kind)
 	_, _ = scan.Write(rp.head)
 	for {
-		for {
-			ev, n := nextEvent(kind, rp.head[judged:])
-			if n == 0 {
-				break
-			}
-			judged += n
-			if ev.Data == nil {
-				continue
-			}
-			if mark, code := policy.Judge(api, ev); mark == policy.MarkFailure {
-				rp.streamFailed, rp.streamError = true, code
-				return policy.FaultNone
-			}
-		}
-		if len(rp.head) >= hold.Bytes || !time.Now().Before(until) {
+		var mark policy.Mark
+		if judged, mark = rp.judgeHead(kind, api, judged, false); mark == policy.MarkFailure ||
+			len(rp.head) >= hold.Bytes || !time.Now().Before(until) {
 			return policy.FaultNone
 		}
-		before := len(rp.head)
-		err := rp.readMore(hold.Bytes)
-		_, _ = scan.Write(rp.head[before:])
-		switch {
-		case err == io.EOF:
-			if scan.End(); !scan.Done() && rp.msg.Header.ContentLength() == -2 {
-				return policy.FaultReset // only the connection's close ended it: a cut
-			}
-			ex.closeBody()
-			rp.heldToEnd = true
-			return policy.FaultNone
-		case err != nil && isTimeout(err):
-			return policy.FaultTimeout
-		case err != nil:
-			return policy.FaultReset
+		if ended, f := ex.holdMore(hold.Bytes, &scan); ended || f != policy.FaultNone {
+			return f
 		}
 	}
 }
 
+// judgeHead judges the head's whole events from offset judged on
+// (policy.Judge) and returns how far it got and the mark that stopped
+// it: a failure (noted on the reply) or, when content is set, the first
+// output; MarkFraming when neither came.
+func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content bool) (int, policy.Mark) {
+	for {
+		ev, n := nextEvent(kind, rp.head[judged:])
+		if n == 0 {
+			return judged, policy.MarkFraming
+		}
+		judged += n
+		if ev.Data == nil {
+			continue // a comment or an empty event
+		}
+		switch mark, code := policy.Judge(api, ev); {
+		case mark == policy.MarkFailure:
+			rp.streamFailed, rp.streamError = true, code
+			return judged, mark
+		case mark == policy.MarkContent && content:
+			return judged, mark
+		}
+	}
+}
+
+// holdMore reads the next bytes of a held stream onto the reply's head
+// (at most limit in all). ended says the stream ended whole while held
+// (all of it is in the head); a fault, that it failed: a cut, a stall
+// past idle — or, followed by scan, an end that only the connection's
+// close made, before the stream's terminator.
+func (ex *exchange) holdMore(limit int, scan *events.Scanner) (ended bool, f policy.Fault) {
+	rp := &ex.reply
+	before := len(rp.head)
+	err := rp.readMore(limit)
+	if scan != nil {
+		_, _ = scan.Write(rp.head[before:])
+	}
+	switch {
+	case err == io.EOF:
+		if scan != nil {
+			if scan.End(); !scan.Done() && rp.msg.Header.ContentLength() == -2 {
+				return false, policy.FaultReset
+			}
+		}
+		ex.closeBody()
+		rp.heldToEnd = true
+		return true, policy.FaultNone
+	case err != nil && isTimeout(err):
+		return false, policy.FaultTimeout
+	case err != nil:
+		return false, policy.FaultReset
+	}
+	return false, policy.FaultNone
+}
+
 // readMore reads the reply body's next bytes onto its head, which holds
 // at most limit bytes (more than it holds now).
-func (rp *reply) readMore(limit int) error {
-	if len(rp.head) == cap(rp.head) {
-		rp.head = append(rp.head, 0)[:len(rp.head)]
-	}
-	n, err := rp.body.Read(rp.head[len(rp.head):min(cap(rp.head), limit)])
-	rp.head = rp.head[:len(rp.head)+n]
+func (rp *reply) readMore(limit int) (err error) {
+	rp.head, err = readOnto(rp.head, rp.body, limit)
 	return err
+}
+
+// readOnto appends one Read of r to buf, growing it when full, so that
+// buf holds at most limit bytes (more than it holds now).
+func readOnto(buf []byte, r io.Reader, limit int) ([]byte, error) {
+	if len(buf) == cap(buf) {
+		buf = append(buf, 0)[:len(buf)]
+	}
+	n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
+	return buf[:len(buf)+n], err
 }
 
 // nextEvent returns the first complete event in b — an SSE event up to

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"slices"
 	"time"
 
@@ -68,6 +69,7 @@ func (ex *exchange) followForRescue() {
 	}
 	rs.blocker = policy.Continuable(ex.ctx.Request.Body())
 	rs.on = true
+	rs.pending = make([]byte, 0, headSize) // one read takes what a chunk brings
 }
 
 // readEvents is Read for a followed stream: it relays whole events, and
@@ -120,11 +122,8 @@ func (ex *exchange) pull() error {
 	if rp.body == nil { // read to its end while held
 		return io.EOF
 	}
-	if len(rs.pending) == cap(rs.pending) {
-		rs.pending = slices.Grow(rs.pending, headSize)
-	}
-	n, err := rp.body.Read(rs.pending[len(rs.pending):cap(rs.pending)])
-	rs.pending = rs.pending[:len(rs.pending)+n]
+	var err error
+	rs.pending, err = readOnto(rs.pending, rp.body, math.MaxInt)
 	return err
 }
 
