@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -19,30 +18,16 @@ const cancelHold = 50 * time.Millisecond
 // returns, for each try, how long after the client's close Sturdy closed
 // its upstream connection — what makes a model server stop generating.
 func measureCancel(bin string, tries int) ([]time.Duration, error) {
-	up, err := net.Listen("tcp", "127.0.0.1:0")
+	closed := make(chan time.Time, 1)
+	up, err := serveRaw(func(c net.Conn, _ *http.Request) {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.Copy(io.Discard, c) // until Sturdy closes
+		closed <- time.Now()
+	})
 	if err != nil {
 		return nil, err
 	}
 	defer up.Close()
-	closed := make(chan time.Time, 1)
-	go func() {
-		for {
-			c, err := up.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-				_, _ = io.Copy(io.Discard, br) // until Sturdy closes
-				closed <- time.Now()
-			}()
-		}
-	}()
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err

@@ -136,11 +136,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
-	switch c.name {
-	case "cancel":
-		return c.runCancel(stdout, stderr)
-	case "rescue":
-		return c.runRescue(stdout, stderr)
+	if _, ok := solos[c.name]; ok {
+		return c.runSolo(c.name, stdout, stderr)
 	}
 	todo := scenarios
 	if c.name != "all" {
@@ -184,37 +181,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// runCancel measures how soon a client's leaving closes the upstream
-// connection (the cancel scenario: Sturdy only, no load).
-func (c *command) runCancel(stdout, stderr io.Writer) int {
-	bin, err := c.sturdyBinary()
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
-	delays, err := measureCancel(bin, c.tries)
-	if err != nil {
-		fmt.Fprintln(stderr, "cancel:", err)
-		return 1
-	}
-	cancelReport(stdout, delays)
-	return 0
+// solos are the measurements that run Sturdy alone, one try at a time,
+// instead of a load run (not in all): each measures tries and returns
+// the report to print.
+var solos = map[string]func(bin string, tries int) (report func(io.Writer), err error){
+	// cancel: how soon a client's leaving closes the upstream connection.
+	"cancel": func(bin string, tries int) (func(io.Writer), error) {
+		delays, err := measureCancel(bin, tries)
+		return func(w io.Writer) { cancelReport(w, delays) }, err
+	},
+	// rescue: streams cut mid-answer, continued on a fallback.
+	"rescue": func(bin string, tries int) (func(io.Writer), error) {
+		ts, err := measureRescue(bin, tries)
+		return func(w io.Writer) { rescueReport(w, ts) }, err
+	},
 }
 
-// runRescue measures streams cut mid-answer and continued on a fallback
-// (the rescue scenario: Sturdy only, one stream at a time).
-func (c *command) runRescue(stdout, stderr io.Writer) int {
+// runSolo runs the solo measurement name and prints its report.
+func (c *command) runSolo(name string, stdout, stderr io.Writer) int {
 	bin, err := c.sturdyBinary()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	tries, err := measureRescue(bin, c.tries)
+	report, err := solos[name](bin, c.tries)
 	if err != nil {
-		fmt.Fprintln(stderr, "rescue:", err)
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
-	rescueReport(stdout, tries)
+	report(stdout)
 	return 0
 }
 

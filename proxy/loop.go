@@ -293,7 +293,7 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	now := time.Now()
 	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts - lp.rides, AfterStale: afterStale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
-		Riding: now.Before(lp.rideUntil) && ep.out(), Elsewhere: ex.elsewhere(up)}
+		Riding: now.Before(lp.rideUntil) && ep.out(), Elsewhere: lp.verdict.Class == policy.ClassRetryable && ex.elsewhere(up)}
 	if ex.reply.has {
 		a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
 		// A pass-through fails over when the route says so, and on a
