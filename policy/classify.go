@@ -145,6 +145,9 @@ const (
 	HealthSuccess Health = iota
 	// HealthFailure: the upstream is failing (5xx, connect, reset, timeout).
 	HealthFailure
+	// HealthUnreachable: a failure where nothing answered the connection
+	// (connect): most often a server not up yet, probed again soon.
+	HealthUnreachable
 	// HealthExcluded: says nothing about the upstream's health (429,
 	// client gone, a stale pooled connection); neither counts nor resets a
 	// run of failures.
@@ -168,7 +171,7 @@ type Verdict struct {
 func Classify(o Outcome) Verdict {
 	switch o.Fault {
 	case FaultConnect:
-		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded, Conn: HealthFailure}
+		return Verdict{Class: ClassRetryable, Reason: ReasonConnect, Health: HealthExcluded, Conn: HealthUnreachable}
 	case FaultReset:
 		return Verdict{Class: ClassRetryable, Reason: ReasonReset, Health: HealthExcluded, Conn: HealthFailure}
 	case FaultTimeout:

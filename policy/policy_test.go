@@ -21,7 +21,7 @@ func TestClassify(t *testing.T) {
 		{"500: the reply breaker's, the connection worked", Outcome{Status: 500}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
 		{"503 retryable failure", Outcome{Status: 503}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
 		{"529 retryable failure", Outcome{Status: 529}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
-		{"connect: the connection breaker's", Outcome{Fault: FaultConnect}, Verdict{ClassRetryable, ReasonConnect, HealthExcluded, HealthFailure}},
+		{"connect: the connection breaker's", Outcome{Fault: FaultConnect}, Verdict{ClassRetryable, ReasonConnect, HealthExcluded, HealthUnreachable}},
 		{"reset", Outcome{Fault: FaultReset}, Verdict{ClassRetryable, ReasonReset, HealthExcluded, HealthFailure}},
 		{"timeout: the reply breaker's", Outcome{Fault: FaultTimeout}, Verdict{ClassRetryable, ReasonTimeout, HealthFailure, HealthExcluded}},
 		{"fault wins over a stale status", Outcome{Status: 200, Fault: FaultReset}, Verdict{ClassRetryable, ReasonReset, HealthExcluded, HealthFailure}},

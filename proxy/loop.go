@@ -339,11 +339,7 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	ex.aim(ep)
 	out = ex.attempt(t, ep, now)
 	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	if out.Fault == policy.FaultConnect {
-		tk.conn.Done(breaker.Unreachable) // nothing answered: probed again soon (breaker.FirstOpen)
-	} else {
-		tk.conn.Done(breakerResult(lp.verdict.Conn))
-	}
+	tk.conn.Done(breakerResult(lp.verdict.Conn))
 	tk.model.Done(breakerResult(lp.verdict.Health))
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
@@ -550,6 +546,8 @@ func breakerResult(h policy.Health) breaker.Result {
 		return breaker.Success
 	case policy.HealthFailure:
 		return breaker.Failure
+	case policy.HealthUnreachable:
+		return breaker.Unreachable // nothing answered: probed again soon (breaker.FirstOpen)
 	default:
 		return breaker.Excluded
 	}
