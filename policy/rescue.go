@@ -23,14 +23,16 @@ func Continuable(body []byte) (why string) {
 	return ""
 }
 
-// FollowChunk reads one chat.completion.chunk of a committed stream: the
-// text it adds to the answer (choice 0's content), and what in it, once
+// FollowChunk reads one chat.completion.chunk of a committed stream (one
+// parse): its id, the text it adds to the answer (choice 0's content),
+// and what in it, once
 // streamed, rules a continuation out ("" for nothing): "tool_calls"
 // (partial JSON arguments), "reasoning" (a continuation would think
 // again), "refusal", "audio", or "finished" (a finish_reason: the answer
 // is whole, nothing is left to continue).
-func FollowChunk(data []byte) (text, blocker string) {
+func FollowChunk(data []byte) (id, text, blocker string) {
 	chunk := gjson.ParseBytes(data)
+	id = chunk.Get("id").Str
 	for _, c := range chunk.Get("choices").Array() {
 		d := c.Get("delta")
 		if c.Get("index").Int() == 0 {
@@ -49,10 +51,10 @@ func FollowChunk(data []byte) (text, blocker string) {
 			blocker = "finished"
 		}
 		if blocker != "" {
-			return text, blocker
+			return id, text, blocker
 		}
 	}
-	return text, ""
+	return id, text, ""
 }
 
 // present reports whether v is an object with something in it (servers

@@ -19,6 +19,9 @@ func TestContinuable(t *testing.T) {
 }
 
 func TestFollowChunk(t *testing.T) {
+	if id, _, _ := FollowChunk([]byte(`{"id":"chatcmpl-9","choices":[]}`)); id != "chatcmpl-9" {
+		t.Errorf("id %q", id)
+	}
 	for _, tt := range []struct{ chunk, text, blocker string }{
 		{`{"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}`, "Hel", ""},
 		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`, "", ""},
@@ -32,7 +35,7 @@ func TestFollowChunk(t *testing.T) {
 		{`{"choices":[{"index":0,"delta":{"content":"."},"finish_reason":"stop"}]}`, ".", "finished"},
 		{`{"choices":[],"usage":{"total_tokens":3}}`, "", ""},
 	} {
-		text, blocker := FollowChunk([]byte(tt.chunk))
+		_, text, blocker := FollowChunk([]byte(tt.chunk))
 		if text != tt.text || blocker != tt.blocker {
 			t.Errorf("%s: %q %q, want %q %q", tt.chunk, text, blocker, tt.text, tt.blocker)
 		}

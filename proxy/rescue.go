@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"sturdy/events"
@@ -194,12 +193,11 @@ func (ex *exchange) follow(ev policy.Event, raw []byte) (failed bool) {
 		}
 		rs.begun = true
 	}
-	text, blocker := policy.FollowChunk(ev.Data)
+	id, text, blocker := policy.FollowChunk(ev.Data)
 	rs.text = append(rs.text, text...)
 	if rs.blocker == "" {
 		rs.blocker = blocker
 	}
-	id := gjson.GetBytes(ev.Data, "id").Str
 	switch {
 	case !rs.cont && len(rs.id) == 0:
 		rs.id = append(rs.id, id...)
