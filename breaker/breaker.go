@@ -110,9 +110,8 @@ var (
 type Breaker struct {
 	cb                 *gobreaker.TwoStepCircuitBreaker[struct{}]
 	openFor, firstOpen time.Duration
-	// openedAt is the UnixNano time of the last transition to open, until
-	// when that open lasts (0 while not open).
-	openedAt, until atomic.Int64
+	// until is when the current open ends (UnixNano; 0 while not open).
+	until atomic.Int64
 	// unreachable says the last failure was Unreachable; backoff is the
 	// length of the next open after one (doubling up to openFor).
 	unreachable atomic.Bool
@@ -168,7 +167,6 @@ func (b *Breaker) changed(to State) {
 			d = time.Duration(b.backoff.Load())
 			b.backoff.Store(int64(min(2*d, b.openFor)))
 		}
-		b.openedAt.Store(now.UnixNano())
 		b.until.Store(now.Add(d).UnixNano())
 	case gobreaker.StateClosed:
 		b.until.Store(0)
