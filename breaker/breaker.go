@@ -175,10 +175,11 @@ func (b *Breaker) changed(to State) {
 }
 
 // held reports whether the breaker is open by its own clock (gobreaker's
-// shorter one may have passed).
-func (b *Breaker) held(now time.Time) bool {
+// shorter one may have passed). A breaker that is not open costs one
+// atomic load: no clock read.
+func (b *Breaker) held() bool {
 	u := b.until.Load()
-	return u != 0 && now.UnixNano() < u
+	return u != 0 && time.Now().UnixNano() < u
 }
 
 func (s Settings) normalized() Settings {
@@ -234,7 +235,7 @@ func (t Ticket) Done(r Result) {
 // ticket's Done must be called once with the attempt's result. When not
 // ok, the breaker is open (or half-open with all probes taken).
 func (b *Breaker) Allow() (t Ticket, ok bool) {
-	if b.held(time.Now()) {
+	if b.held() {
 		return Ticket{}, false
 	}
 	report, err := b.cb.Allow()
@@ -247,15 +248,13 @@ func (b *Breaker) Allow() (t Ticket, ok bool) {
 // ProbeIn returns how long until the open breaker lets a probe through;
 // zero when it is not open (or the probe is due).
 func (b *Breaker) ProbeIn(now time.Time) time.Duration {
-	if !b.held(now) {
-		return 0
-	}
-	return time.Duration(b.until.Load() - now.UnixNano())
+	d := time.Duration(b.until.Load() - now.UnixNano())
+	return max(d, 0) // 0 when not open (until is 0) or the probe is due
 }
 
 // State returns the breaker's current state.
 func (b *Breaker) State() State {
-	if b.held(time.Now()) {
+	if b.held() {
 		return StateOpen
 	}
 	return b.cb.State()
