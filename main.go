@@ -34,6 +34,7 @@ import (
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/proxy"
+	"sturdy/tracing"
 )
 
 // version and commit are stamped at build time:
@@ -353,6 +354,9 @@ func loadConfig(s settings) (*config.Config, error) {
 	if ps := cfg.Validate(); len(ps) > 0 {
 		return nil, &config.Error{File: name, Problems: ps}
 	}
+	if _, _, err := tracing.Resolve(tracingFile(cfg.Tracing), os.Getenv); err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
 	return cfg, nil
 }
 
@@ -361,7 +365,8 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys,
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
-			WriteTimeout: cfg.Server.WriteTimeout.Std()}, SharedState: sharedOptions(cfg.SharedState)}
+			WriteTimeout: cfg.Server.WriteTimeout.Std()}, SharedState: sharedOptions(cfg.SharedState),
+		Tracing: tracingOptions(cfg.Tracing)}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
 		o.Upstreams = append(o.Upstreams, proxy.Upstream{
@@ -433,6 +438,22 @@ func sharedOptions(s *config.SharedState) *proxy.SharedState {
 		SentinelAddrs: s.SentinelAddresses, Password: s.Password, Prefix: s.KeyPrefix, HashKey: s.HashKey,
 		Timeout: s.Timeout.Std(), ShareBreakers: s.ShareBreakers}}
 	return o
+}
+
+// tracingFile is the file's tracing section as package tracing reads it.
+func tracingFile(t config.Tracing) tracing.File {
+	return tracing.File{Endpoint: t.Endpoint, Protocol: t.Protocol, SampleRatio: t.SampleRatio, ServiceName: t.ServiceName,
+		Headers: t.Headers}
+}
+
+// tracingOptions resolves tracing from the file and the OTEL_*
+// environment (nil: off). loadConfig has reported a wrong variable.
+func tracingOptions(t config.Tracing) *proxy.Tracing {
+	s, on, err := tracing.Resolve(tracingFile(t), os.Getenv)
+	if err != nil || !on {
+		return nil
+	}
+	return &proxy.Tracing{Settings: s, Version: version}
 }
 
 // routeOptions translates one route.

@@ -11,20 +11,24 @@ import (
 	"testing"
 	"time"
 
+	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
 )
 
 // TestLogsCarryNoSecrets runs a full scenario through the binary at debug
-// level — successes, retries, a stream, pass-through and auth failures, a
-// rejected reload — and checks that no API key, Authorization value, body
-// or query string reaches its output.
+// level, traced — successes, retries, a stream, pass-through and auth
+// failures, a rejected reload — and checks that no API key, Authorization
+// value, body or query string reaches its output or an exported span
+// (spans exported when it shuts down, before the SDK's 5 s batch).
 func TestLogsCarryNoSecrets(t *testing.T) {
 	const (
 		upstreamKey = "sk-UPSTREAM-SECRET-0001"
 		clientKey   = "sturdy-CLIENT-SECRET-0002"
 		bodyMarker  = "BODY-SECRET-0003"
 		queryMarker = "QUERY-SECRET-0004"
+		otlpToken   = "OTLP-TOKEN-SECRET-0005"
 	)
+	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 503, Body: `{"error":"` + bodyMarker + `"}`},
 		upstreamtest.Step{Body: `{"echo":"` + bodyMarker + `"}`},
@@ -42,7 +46,8 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	p := runBinary(t, func(listen, admin string) []string {
 		cfg = "listen: " + listen + "\nadmin_listen: " + admin + "\nlog: {level: debug}\nauth: {keys: [" + clientKey + "]}\n" +
 			"upstreams:\n  - {name: m, url: " + up.URL + ", api_key_file: " + keyFile + "}\n" +
-			"routes:\n  - {name: r, upstream: m, retry: {base_delay: 1ms, max_delay: 2ms}}\n"
+			"routes:\n  - {name: r, upstream: m, retry: {base_delay: 1ms, max_delay: 2ms}}\n" +
+			"tracing: {endpoint: '" + rcv.URL + "', headers: {authorization: 'Bearer " + otlpToken + "'}}\n"
 		if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -85,9 +90,16 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	if !strings.Contains(out, `"message":"request"`) || !strings.Contains(out, "config rejected") {
 		t.Fatalf("scenario did not run as planned:\n%s", out)
 	}
-	for _, secret := range []string{upstreamKey, clientKey, bodyMarker, queryMarker} {
+	spans := string(rcv.Raw())
+	if rcv.Count() < 5 || len(rcv.Headers()) == 0 || rcv.Headers()[0].Get("Authorization") != "Bearer "+otlpToken {
+		t.Fatalf("spans not exported at shutdown with the configured headers: %d spans", rcv.Count())
+	}
+	for _, secret := range []string{upstreamKey, clientKey, bodyMarker, queryMarker, otlpToken} {
 		if strings.Contains(out, secret) {
 			t.Errorf("%s reached the log:\n%s", secret, out)
+		}
+		if strings.Contains(spans, secret) {
+			t.Errorf("%s reached an exported span", secret)
 		}
 	}
 }

@@ -43,6 +43,9 @@ type Config struct {
 	// SharedState, when set, shares cooldowns, limits and breaker hints
 	// with the other replicas of a fleet through Redis.
 	SharedState *SharedState `yaml:"shared_state"`
+	// Tracing exports OpenTelemetry traces of every request over OTLP;
+	// the standard OTEL_* variables fill what it leaves unset.
+	Tracing Tracing `yaml:"tracing"`
 
 	// written holds the keys the file set (dotted paths → line), so a
 	// written zero is told from a key left out.
@@ -72,6 +75,24 @@ type SharedState struct {
 	OnFailure string `yaml:"on_failure"`
 	// ShareBreakers announces an endpoint's breaker opening to the fleet.
 	ShareBreakers bool `yaml:"share_breakers"`
+}
+
+// Tracing is where and how Sturdy exports traces. Every key left out is
+// filled from the OTEL_* environment (the file's keys win over it).
+type Tracing struct {
+	// Endpoint is the collector's base URL (http/protobuf: /v1/traces is
+	// appended; grpc: usually :4317). Empty: OTEL_EXPORTER_OTLP_ENDPOINT,
+	// else tracing off.
+	Endpoint string `yaml:"endpoint"`
+	// Protocol is http/protobuf (default) or grpc.
+	Protocol string `yaml:"protocol"`
+	// SampleRatio is the share of traces started here that are sampled; a
+	// sampled incoming traceparent is always followed. Default 1.
+	SampleRatio *float64 `yaml:"sample_ratio"`
+	// ServiceName is service.name. Default "sturdy".
+	ServiceName string `yaml:"service_name"`
+	// Headers go with every export (${VAR} expanded in the values).
+	Headers map[string]string `yaml:"headers"`
 }
 
 // Server bounds the client-facing listener.

@@ -107,6 +107,14 @@ routes: [{name: r, upstream: a}]
 	if c.Upstreams[0].APIKey != "sk-test" || c.Upstreams[0].URL != "http://127.0.0.1:11434" || c.Upstreams[1].APIKey != "" {
 		t.Fatalf("expansion: %+v", c.Upstreams)
 	}
+	c, err = Parse("t.yaml", []byte("upstreams: [{name: a, url: 'http://h'}]\n"+
+		"tracing: {endpoint: 'http://127.0.0.1:${STURDY_TEST_PORT}', headers: {authorization: 'Bearer ${STURDY_TEST_KEY}'}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tracing.Endpoint != "http://127.0.0.1:11434" || c.Tracing.Headers["authorization"] != "Bearer sk-test" {
+		t.Fatalf("tracing expansion: %+v", c.Tracing)
+	}
 }
 
 func TestSecretsFromFiles(t *testing.T) {
@@ -158,7 +166,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		want       []string // substrings of the message, in order of lines
 	}{
 		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
-			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, auth, clients, listen, log, routes, server, shared_state, tls, upstreams)"}},
+			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, auth, clients, listen, log, routes, server, shared_state, tls, tracing, upstreams)"}},
 		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
 			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
 		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",
@@ -231,6 +239,11 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		{"max_ejected not a share", "upstreams:\n  - name: a\n    url: http://h\n    max_ejected: half\n",
 			[]string{`t.yaml:4: upstreams[0].max_ejected: invalid share "half"`}},
 		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:1: did not find expected"}},
+		{"tracing keys", "upstreams: [{name: a, url: 'http://h'}]\ntracing:\n  endpoint: 127.0.0.1:4318\n  protocol: http/json\n  sample_ratio: 1.5\n",
+			[]string{"t.yaml:3: tracing.endpoint: \"127.0.0.1:4318\"", "t.yaml:4: tracing.protocol: must be http/protobuf or grpc",
+				"t.yaml:5: tracing.sample_ratio: must be from 0 to 1 (got 1.5)"}},
+		{"tracing unknown key", "upstreams: [{name: a, url: 'http://h'}]\ntracing: {endpoint: 'http://c:4318', sampler: on}\n",
+			[]string{"t.yaml:2: tracing.sampler: unknown key"}},
 		{"several problems at once", "listen: :1\nbogus: 1\nupstreams:\n  - name: a\n    url: http://h\n    timeouts: {connect: soon}\n",
 			[]string{"t.yaml:2: bogus: unknown key", `t.yaml:6: upstreams[0].timeouts.connect: invalid duration "soon"`}},
 	}

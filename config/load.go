@@ -242,8 +242,9 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
 // expandEnv replaces ${VAR} in listen, in each upstream's url, endpoints
-// and api_key, and in shared_state's redis_url, password and hash_key
-// with the environment's value (empty when unset).
+// and api_key, in shared_state's redis_url, password and hash_key, and in
+// tracing's endpoint and header values with the environment's value
+// (empty when unset).
 func (c *Config) expandEnv() {
 	expand := func(s string) string {
 		return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
@@ -255,6 +256,10 @@ func (c *Config) expandEnv() {
 	}
 	if s := c.SharedState; s != nil {
 		s.RedisURL, s.Password, s.HashKey = expand(s.RedisURL), expand(s.Password), expand(s.HashKey)
+	}
+	c.Tracing.Endpoint = expand(c.Tracing.Endpoint)
+	for k, v := range c.Tracing.Headers {
+		c.Tracing.Headers[k] = expand(v)
 	}
 	for i := range c.Upstreams {
 		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)

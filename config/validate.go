@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"sturdy/policy"
+	"sturdy/tracing"
 )
 
 // problems collects what Validate finds. A key left out of the file is
@@ -50,6 +51,7 @@ func (c *Config) Validate() []Problem {
 	p := &problems{c: c}
 	c.validateServer(p)
 	c.validateSharedState(p)
+	c.validateTracing(p)
 	if len(c.Upstreams) == 0 {
 		p.bad("upstreams", "at least one upstream is required")
 	}
@@ -334,6 +336,28 @@ func (c *Config) validateSharedState(p *problems) {
 	positive(p, k+"timeout", s.Timeout)
 	if s.OnFailure != "" && s.OnFailure != "local" && s.OnFailure != "refuse" {
 		p.bad(k+"on_failure", "must be local or refuse (got %q)", s.OnFailure)
+	}
+}
+
+// validateTracing checks the tracing keys the file sets.
+func (c *Config) validateTracing(p *problems) {
+	t := c.Tracing
+	const k = "tracing."
+	if t.Endpoint != "" {
+		if err := tracing.CheckEndpoint(t.Endpoint); err != nil {
+			p.bad(k+"endpoint", "%v", err)
+		}
+	}
+	if t.Protocol != "" && t.Protocol != tracing.ProtocolHTTP && t.Protocol != tracing.ProtocolGRPC {
+		p.bad(k+"protocol", "must be http/protobuf or grpc (got %q)", t.Protocol)
+	}
+	if r := t.SampleRatio; r != nil && (*r < 0 || *r > 1) {
+		p.bad(k+"sample_ratio", "must be from 0 to 1 (got %g)", *r)
+	}
+	for h := range t.Headers {
+		if h == "" || strings.ContainsAny(h, " :\r\n") {
+			p.bad(k+"headers", "%q is not a header name", h)
+		}
 	}
 }
 

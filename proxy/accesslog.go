@@ -35,6 +35,7 @@ const (
 	fieldSeam          = "seam_bytes"
 	fieldFirstUsage    = "first_usage"
 	fieldRescueRefused = "rescue_refused"
+	fieldTraceID       = "trace_id"
 )
 
 // Outcomes: how a request ended, in the access log and the
@@ -145,6 +146,9 @@ func (ex *exchange) logAccess() {
 		if rs.refused != "" {
 			ev.Str(fieldRescueRefused, rs.refused)
 		}
+	}
+	if id, ok := ex.traceID(); ok {
+		ev.Str(fieldTraceID, id.String())
 	}
 	ev.Bool(fieldStream, out.streaming).
 		Int64(fieldBytesOut, out.bytesOut).

@@ -56,6 +56,7 @@ type exchange struct {
 	reply reply
 	out   response
 	notes notes
+	tr    traceState
 }
 
 // outbound is the request as Sturdy sends it upstream, and what is fixed
@@ -248,6 +249,7 @@ func (ex *exchange) finish() {
 	}
 	ex.leaveTarget()
 	ex.logAccess()
+	ex.endTrace()
 	ex.measure()
 	ex.closeBody()
 	ex.req.msg.Reset()
@@ -261,6 +263,7 @@ func (ex *exchange) finish() {
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
 		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head)},
+		tr:    traceState{tail: ex.tr.tail[:0]},
 	}
 	exchangePool.Put(ex)
 }

@@ -20,6 +20,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
+	ex.startTrace()
 	if ex.cc = clientConnOf(ctx.Conn()); ex.cc != nil {
 		ex.cc.serving(ex)
 	}
@@ -28,6 +29,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		ex.finish()
 		return
 	}
+	ex.traceRoute()
 	ex.prepare()
 	ex.run()
 	if !ex.out.streaming {

@@ -225,9 +225,10 @@ type slots chan struct{}
 type slotResult uint8
 
 const (
-	slotTaken     slotResult = iota
-	slotTimedOut             // none freed within the wait
-	slotCancelled            // cancel or gone fired first
+	slotTaken     slotResult = iota // at once
+	slotWaited                      // once one was freed
+	slotTimedOut                    // none freed within the wait
+	slotCancelled                   // cancel or gone fired first
 )
 
 // acquire takes a slot, waiting up to wait unless cancel or gone is
@@ -245,7 +246,7 @@ func (s slots) acquire(wait time.Duration, cancel, gone <-chan struct{}) slotRes
 	defer t.Stop()
 	select {
 	case s <- struct{}{}:
-		return slotTaken
+		return slotWaited
 	case <-t.C:
 		return slotTimedOut
 	case <-cancel:

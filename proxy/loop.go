@@ -48,10 +48,12 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 			return ex.carry(d)
 		}
 		ex.enter(phaseBackoff)
+		source := sourceSturdy
 		if d.Source == policy.WaitServer {
 			ex.enter(phaseRetryAfter)
+			source = sourceServer
 		}
-		if !ex.wait(d.Wait) {
+		if !ex.wait(d.Wait, source) {
 			if d.SpendsBudget() {
 				t.up.budget.Cancel(ex.loop.reservedAt) // never sent
 			}
@@ -108,7 +110,10 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
 		ex.enter(phaseQueue)
-		switch t.up.slots.acquire(min(t.up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
+		start := ex.queueStart()
+		r := t.up.slots.acquire(min(t.up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone())
+		ex.traceQueued(start, r, sourceInFlight)
+		switch r {
 		case slotTimedOut:
 			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
 		case slotCancelled:
@@ -187,7 +192,7 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 			return ex.carry(d)
 		}
 		ex.enter(phaseCooldown)
-		if !ex.wait(d.Wait) {
+		if !ex.wait(d.Wait, sourceCooldown) {
 			return policy.ActionStop
 		}
 		now = time.Now()
@@ -214,7 +219,7 @@ func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
 			return ex.carry(d)
 		}
 		ex.enter(phasePacing)
-		if !ex.wait(d.Wait) {
+		if !ex.wait(d.Wait, sourceFleetLimit) {
 			return policy.ActionStop
 		}
 		return policy.ActionAttempt
@@ -226,7 +231,7 @@ func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
 		return ex.carry(d)
 	}
 	ex.enter(phasePacing)
-	if !ex.wait(d.Wait) {
+	if !ex.wait(d.Wait, sourceRateLimit) {
 		r.Cancel()
 		return policy.ActionStop
 	}
@@ -239,7 +244,10 @@ func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
 // target is busy (fail over, or 503 upstream_busy).
 func (ex *exchange) takeConnection(up *upstream, ep *endpoint) policy.Action {
 	ex.enter(phaseQueue)
-	switch ep.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone()) {
+	start := ex.queueStart()
+	r := ep.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone())
+	ex.traceQueued(start, r, sourceConnections)
+	switch r {
 	case slotTimedOut:
 		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
 	case slotCancelled:
@@ -306,6 +314,7 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
+	ex.attemptDecided(d)
 	if reserved && !d.SpendsBudget() {
 		up.budget.Cancel(now)
 	}
@@ -337,8 +346,10 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 		up.budget.FirstAttempt(now)
 	}
 	ex.aim(ep)
+	ex.startAttempt(t, ep)
 	out = ex.attempt(t, ep, now)
 	lp.verdict, lp.fault = policy.Classify(out), out.Fault
+	ex.attemptDone(ep, out)
 	tk.conn.Done(breakerResult(lp.verdict.Conn))
 	tk.model.Done(breakerResult(lp.verdict.Health))
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
@@ -378,8 +389,10 @@ func (ex *exchange) retrying(up *upstream, d policy.Decision) {
 
 // wait waits d, unless Sturdy shuts down (or, once watched, the client
 // leaves) first; false means it ended early, or that shutdown had already
-// begun, and ex.loop.stop says why. The timer is always stopped.
-func (ex *exchange) wait(d time.Duration) bool {
+// begun, and ex.loop.stop says why. The timer is always stopped. source
+// says who set the wait (for a trace).
+func (ex *exchange) wait(d time.Duration, source string) bool {
+	ex.traceWait(d, source)
 	if d <= 0 {
 		select {
 		case <-ex.p.stopping:

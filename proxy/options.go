@@ -388,8 +388,10 @@ type Options struct {
 	// SharedState, when set, shares cooldowns, limits and breaker hints
 	// with the fleet's other replicas through Redis.
 	SharedState *SharedState
-	Upstreams   []Upstream
-	Routes      []Route
+	// Tracing, when set, traces every request with OpenTelemetry.
+	Tracing   *Tracing
+	Upstreams []Upstream
+	Routes    []Route
 	// Clients are per-client rate limits every request must pass.
 	Clients []ClientLimit
 	// AuthKeys, when set, are the keys clients must present as

@@ -274,6 +274,7 @@ func (ex *exchange) rideThrough(up *upstream, changed <-chan struct{}) (again bo
 		}
 	}
 	ex.enter(phaseRideThrough)
+	ex.traceWait(wait, sourceRideThrough)
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -298,7 +299,7 @@ func (ex *exchange) release(up *upstream, ep *endpoint) bool {
 	}
 	spread := min(up.slowStart, up.rideThrough) / 10
 	delay := time.Duration(lp.rideDraw * float64(spread))
-	return ex.wait(min(delay, time.Until(ex.req.deadline)/2))
+	return ex.wait(min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
 }
 
 // stopRiding gives back the ride-through queue place, if one is held.

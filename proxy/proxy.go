@@ -29,15 +29,19 @@ import (
 type Proxy struct {
 	tbl atomic.Pointer[table]
 	// fleet is the connection to the fleet's shared state (nil: none).
-	fleet    atomic.Pointer[shared]
-	log      zerolog.Logger
-	rand     func(int64) int64
-	m        *metrics.Metrics
-	lookup   func(ctx context.Context, host string) ([]string, error)
-	maxBody  int // the server's body limit, fixed at New
-	limits   ServerLimits
-	idPrefix string
-	idSeq    atomic.Uint64
+	fleet atomic.Pointer[shared]
+	// tracer traces requests (nil: tracing off); retiredTracers are
+	// those a reload replaced, still exporting their requests' spans.
+	tracer         atomic.Pointer[tracer]
+	retiredTracers retired
+	log            zerolog.Logger
+	rand           func(int64) int64
+	m              *metrics.Metrics
+	lookup         func(ctx context.Context, host string) ([]string, error)
+	maxBody        int // the server's body limit, fixed at New
+	limits         ServerLimits
+	idPrefix       string
+	idSeq          atomic.Uint64
 	// stopping is closed when shutdown begins: every wait in progress
 	// ends, and none starts.
 	stopping     chan struct{}
@@ -79,6 +83,9 @@ func New(o Options) (*Proxy, error) {
 	if err := p.startShared(o.SharedState); err != nil {
 		return nil, err
 	}
+	if err := p.startTracing(o.Tracing); err != nil {
+		return nil, err
+	}
 	p.tbl.Store(t)
 	p.startUpstreams(t, nil)
 	return p, nil
@@ -100,6 +107,9 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 		warnings = append(warnings, fmt.Sprintf("max_body above %d bytes takes effect after a restart", p.maxBody))
 	}
 	if err := p.startShared(o.SharedState); err != nil {
+		return nil, err
+	}
+	if err := p.startTracing(o.Tracing); err != nil {
 		return nil, err
 	}
 	p.tbl.Store(t)
@@ -214,6 +224,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			p.interruptStreams()
 		}
 		p.CloseIdleConnections()
+		p.stopTracing()
 	})
 	return err
 }

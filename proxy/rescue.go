@@ -257,6 +257,7 @@ func (ex *exchange) rescueStream() bool {
 			if rs.refused == "" && why != "interrupted" {
 				rs.refused = why
 			}
+			ex.traceRescue(why)
 			if rs.tries == 0 || why != "exhausted" {
 				ex.p.m.StreamRescues.WithLabelValues(why).Inc()
 			}
@@ -264,11 +265,15 @@ func (ex *exchange) rescueStream() bool {
 		}
 		rs.tries++
 		ti := ex.rescueTarget()
+		ex.attemptCut(rs.end)
 		if ex.continueOn(ti) {
 			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
+			ex.traceRescue("continued")
 			return true
 		}
 		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
+		ex.traceRescue("failed")
+		ex.endAttempt() // the continuation's span: it said how it failed
 		if ex.loop.verdict.Class != policy.ClassRetryable {
 			rs.ti = ti + 1 // it refused: the next that can, if any
 		}

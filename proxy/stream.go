@@ -81,6 +81,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 // relayed counts upstream bytes going to the client and follows them
 // with the event scanner.
 func (ex *exchange) relayed(b []byte) int {
+	ex.keepTail(b)
 	if ex.out.kind != 0 {
 		_, _ = ex.out.scan.Write(b)
 	}

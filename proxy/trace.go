@@ -1,0 +1,627 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"sturdy/policy"
+	"sturdy/tracing"
+)
+
+// Tracing traces every request with OpenTelemetry: a server span per
+// request, a client span per attempt, W3C trace context continued from
+// the client and sent upstream per attempt.
+type Tracing struct {
+	tracing.Settings
+	// Version is the service.version spans carry.
+	Version string
+	// batchTimeout, when set, exports that often (tests).
+	batchTimeout time.Duration
+}
+
+// Attribute names: OpenTelemetry's HTTP and GenAI semantic conventions,
+// and Sturdy's own under sturdy.*.
+const (
+	attrMethod        = attribute.Key("http.request.method")
+	attrStatus        = attribute.Key("http.response.status_code")
+	attrRoute         = attribute.Key("http.route")
+	attrResend        = attribute.Key("http.request.resend_count")
+	attrBodySize      = attribute.Key("http.response.body.size")
+	attrURLPath       = attribute.Key("url.path")
+	attrURLScheme     = attribute.Key("url.scheme")
+	attrURLFull       = attribute.Key("url.full")
+	attrServerAddr    = attribute.Key("server.address")
+	attrServerPort    = attribute.Key("server.port")
+	attrClientAddr    = attribute.Key("client.address")
+	attrUserAgent     = attribute.Key("user_agent.original")
+	attrProtoVersion  = attribute.Key("network.protocol.version")
+	attrErrorType     = attribute.Key("error.type")
+	attrOperation     = attribute.Key("gen_ai.operation.name")
+	attrRequestModel  = attribute.Key("gen_ai.request.model")
+	attrResponseModel = attribute.Key("gen_ai.response.model")
+	attrInputTokens   = attribute.Key("gen_ai.usage.input_tokens")
+	attrOutputTokens  = attribute.Key("gen_ai.usage.output_tokens")
+	attrRequestID     = attribute.Key("sturdy.request_id")
+	attrSturdyRoute   = attribute.Key("sturdy.route")
+	attrUpstream      = attribute.Key("sturdy.upstream")
+	attrEndpoint      = attribute.Key("sturdy.endpoint")
+	attrOutcome       = attribute.Key("sturdy.outcome")
+	attrAttempts      = attribute.Key("sturdy.attempts")
+	attrAttempt       = attribute.Key("sturdy.attempt")
+	attrStop          = attribute.Key("sturdy.stop")
+	attrErrorCode     = attribute.Key("sturdy.error")
+	attrStream        = attribute.Key("sturdy.stream")
+	attrTTFB          = attribute.Key("sturdy.ttfb_ms")
+	attrTTFT          = attribute.Key("sturdy.ttft_ms")
+	attrResult        = attribute.Key("sturdy.result")
+	attrRetryReason   = attribute.Key("sturdy.retry_reason")
+	attrDecision      = attribute.Key("sturdy.decision")
+	attrConnBreaker   = attribute.Key("sturdy.breaker.connection")
+	attrModelBreaker  = attribute.Key("sturdy.breaker.model")
+	attrCause         = attribute.Key("sturdy.cause")
+	attrStaleReplay   = attribute.Key("sturdy.stale_replay")
+	attrContinuation  = attribute.Key("sturdy.continuation")
+	attrRescued       = attribute.Key("sturdy.rescued")
+	attrWaitMS        = attribute.Key("sturdy.wait.ms")
+	attrWaitSource    = attribute.Key("sturdy.wait.source")
+	attrPhase         = attribute.Key("sturdy.phase")
+	attrRescueResult  = attribute.Key("sturdy.rescue.result")
+)
+
+// The sources of a wait, as a trace names them.
+const (
+	sourceSturdy      = "sturdy"          // Sturdy's own backoff
+	sourceServer      = "server"          // the upstream's Retry-After / retry-after-ms
+	sourceCooldown    = "cooldown"        // a cooldown learned from an earlier reply (here or in the fleet)
+	sourceRateLimit   = "rate_limit"      // the upstream's rate_limit, this replica's
+	sourceFleetLimit  = "fleet_limit"     // the upstream's rate_limit, the fleet's (Redis)
+	sourceInFlight    = "max_in_flight"   // a max_in_flight slot
+	sourceConnections = "max_connections" // a connection place
+	sourceRideThrough = "ride_through"    // an endpoint to come back
+)
+
+// tailSize is how much of a relayed body a traced request keeps: enough
+// for a stream's last event, where usage is told.
+const tailSize = 4 << 10
+
+// traceState is an exchange's part in a trace; span nil: not traced, and
+// every hook returns at once.
+type traceState struct {
+	t *tracing.Tracer
+	// ctx carries the server span, the attempts' parent.
+	ctx  context.Context
+	span trace.Span
+	// attempt is the attempt in progress, or the one whose reply goes to
+	// the client (ended with the request).
+	attempt trace.Span
+	// tail is the last tailSize bytes relayed from the upstream.
+	tail []byte
+}
+
+// propagator reads and writes W3C traceparent and tracestate.
+var propagator = propagation.TraceContext{}
+
+// headerCarrier lets the propagator read a client's request headers and
+// write an upstream request's.
+type headerCarrier struct{ h *fasthttp.RequestHeader }
+
+func (c headerCarrier) Get(k string) string { return string(c.h.Peek(k)) }
+func (c headerCarrier) Set(k, v string)     { c.h.Set(k, v) }
+func (c headerCarrier) Keys() []string      { return propagator.Fields() }
+
+// tracer is the running tracer, with what it was started with.
+type tracer struct {
+	opts Tracing
+	t    *tracing.Tracer
+}
+
+// retireAfter is how long a tracer a reload replaced keeps exporting the
+// spans of requests that started with it.
+const retireAfter = time.Minute
+
+// startTracing starts tracing when o asks for it and makes it the
+// proxy's; the tracer it replaces exports its requests' spans for
+// retireAfter more, then stops. A reload that keeps the settings keeps
+// the tracer.
+func (p *Proxy) startTracing(o *Tracing) error {
+	old := p.tracer.Load()
+	switch {
+	case o == nil && old == nil:
+		return nil
+	case o != nil && old != nil && tracingEqual(*o, old.opts):
+		return nil
+	}
+	var next *tracer
+	if o != nil {
+		var opts []tracing.Option
+		if o.batchTimeout > 0 {
+			opts = append(opts, tracing.WithBatchTimeout(o.batchTimeout))
+		}
+		t, err := tracing.New(o.Settings, o.Version, opts...)
+		if err != nil {
+			return err
+		}
+		next = &tracer{opts: *o, t: t}
+	}
+	p.tracer.Store(next)
+	if old != nil {
+		p.retire(old.t)
+	}
+	if next == nil {
+		p.log.Info().Msg("tracing off")
+	} else {
+		p.log.Info().Str("exporter", next.opts.Protocol).Str("endpoint", next.opts.URL).
+			Float64("sample_ratio", next.opts.SampleRatio).Str("service_name", next.opts.ServiceName).Msg("tracing on")
+	}
+	return nil
+}
+
+func tracingEqual(a, b Tracing) bool {
+	if len(a.Headers) == 0 && len(b.Headers) == 0 {
+		a.Headers, b.Headers = nil, nil
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// retired are the tracers replaced by a reload, not yet stopped.
+type retired struct {
+	mu sync.Mutex
+	ts map[*tracing.Tracer]struct{}
+}
+
+// retire stops t after retireAfter (or at Shutdown, if sooner).
+func (p *Proxy) retire(t *tracing.Tracer) {
+	p.retiredTracers.mu.Lock()
+	if p.retiredTracers.ts == nil {
+		p.retiredTracers.ts = map[*tracing.Tracer]struct{}{}
+	}
+	p.retiredTracers.ts[t] = struct{}{}
+	p.retiredTracers.mu.Unlock()
+	time.AfterFunc(retireAfter, func() {
+		p.retiredTracers.mu.Lock()
+		_, ok := p.retiredTracers.ts[t]
+		delete(p.retiredTracers.ts, t)
+		p.retiredTracers.mu.Unlock()
+		if ok {
+			ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+			defer cancel()
+			_ = t.Shutdown(ctx)
+		}
+	})
+}
+
+// traceFlushTimeout bounds exporting the last spans at shutdown.
+const traceFlushTimeout = 5 * time.Second
+
+// stopTracing exports the spans not yet exported, of every tracer, and
+// stops them (Shutdown, once requests are done).
+func (p *Proxy) stopTracing() {
+	ts := []*tracing.Tracer{}
+	if cur := p.tracer.Load(); cur != nil {
+		ts = append(ts, cur.t)
+	}
+	p.retiredTracers.mu.Lock()
+	for t := range p.retiredTracers.ts {
+		ts = append(ts, t)
+	}
+	clear(p.retiredTracers.ts)
+	p.retiredTracers.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+	defer cancel()
+	for _, t := range ts {
+		if err := t.Shutdown(ctx); err != nil {
+			p.log.Warn().Err(err).Msg("tracing: spans not all exported at shutdown")
+		}
+	}
+}
+
+// startTrace starts the request's server span, continuing the client's
+// trace when its traceparent says so.
+func (ex *exchange) startTrace() {
+	tr := ex.p.tracer.Load()
+	if tr == nil {
+		return
+	}
+	ctx, rh := ex.ctx, &ex.ctx.Request.Header
+	parent := propagator.Extract(context.Background(), headerCarrier{rh})
+	scheme := "http"
+	if ctx.IsTLS() {
+		scheme = "https"
+	}
+	host, port := splitHostPort(string(rh.Host()), scheme)
+	attrs := []attribute.KeyValue{
+		attrMethod.String(string(ctx.Method())),
+		attrURLPath.String(string(rawPath(rh.RequestURI()))),
+		attrURLScheme.String(scheme),
+		attrServerAddr.String(host),
+		attrClientAddr.String(ctx.RemoteIP().String()),
+		attrProtoVersion.String(protoVersion(rh.IsHTTP11())),
+		attrRequestID.String(string(ex.req.id)),
+	}
+	if port > 0 {
+		attrs = append(attrs, attrServerPort.Int(port))
+	}
+	if ua := rh.UserAgent(); len(ua) > 0 {
+		attrs = append(attrs, attrUserAgent.String(string(ua)))
+	}
+	ex.tr.t = tr.t
+	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, string(ctx.Method()), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(ex.req.start), trace.WithAttributes(attrs...))
+}
+
+func protoVersion(http11 bool) string {
+	if http11 {
+		return "1.1"
+	}
+	return "1.0"
+}
+
+// splitHostPort splits a Host header or endpoint address; the port is
+// the scheme's when none is written.
+func splitHostPort(hostport, scheme string) (string, int) {
+	host, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host, p = hostport, ""
+	}
+	if port, err := strconv.Atoi(p); err == nil {
+		return host, port
+	}
+	if scheme == "https" {
+		return host, 443
+	}
+	return host, 80
+}
+
+// traceRoute names the server span for the route the request took and
+// notes the model it asked for.
+func (ex *exchange) traceRoute() {
+	s := ex.tr.span
+	if s == nil {
+		return
+	}
+	r := ex.req.route
+	s.SetName(string(ex.ctx.Method()) + " " + string(r.prefix))
+	attrs := []attribute.KeyValue{attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name)}
+	if op := operationOf(rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
+		attrs = append(attrs, attrOperation.String(op))
+	}
+	if m := gjson.GetBytes(ex.ctx.Request.Body(), "model"); m.Type == gjson.String {
+		attrs = append(attrs, attrRequestModel.String(strings.Clone(m.Str)))
+	}
+	s.SetAttributes(attrs...)
+}
+
+// operationOf is gen_ai.operation.name for a path ("": not a GenAI call).
+func operationOf(path []byte) string {
+	path = bytes.TrimSuffix(path, []byte("/"))
+	switch {
+	case bytes.HasSuffix(path, []byte("/chat/completions")), bytes.HasSuffix(path, []byte("/api/chat")),
+		bytes.HasSuffix(path, []byte("/responses")):
+		return "chat"
+	case bytes.HasSuffix(path, []byte("/completions")), bytes.HasSuffix(path, []byte("/api/generate")):
+		return "text_completion"
+	case bytes.HasSuffix(path, []byte("/embeddings")), bytes.HasSuffix(path, []byte("/api/embed")),
+		bytes.HasSuffix(path, []byte("/api/embeddings")):
+		return "embeddings"
+	}
+	return ""
+}
+
+// startAttempt starts the attempt's client span under the request's and
+// puts its traceparent (and the client's tracestate) on the upstream
+// request, so the model server's spans hang under this attempt.
+func (ex *exchange) startAttempt(t *target, ep *endpoint) {
+	if ex.tr.span == nil {
+		return
+	}
+	ex.endAttempt()
+	lp := &ex.loop
+	scheme := "http"
+	if bytes.HasPrefix(ep.base, []byte("https:")) {
+		scheme = "https"
+	}
+	host, port := splitHostPort(ep.addr, scheme)
+	attrs := []attribute.KeyValue{
+		attrMethod.String(string(ex.ctx.Method())),
+		attrServerAddr.String(host),
+		attrServerPort.Int(port),
+		// Without the query: no secret rides in a span.
+		attrURLFull.String(string(ep.base) + string(rawPath(ex.ctx.Request.Header.RequestURI()))),
+		attrUpstream.String(t.up.name),
+		attrEndpoint.String(ep.addr),
+		attrAttempt.Int(lp.attempts),
+	}
+	if lp.model != "" {
+		// lp.model is read in place from the body: the span outlives it.
+		attrs = append(attrs, attrRequestModel.String(strings.Clone(lp.model)))
+	}
+	if lp.attempts > 1 {
+		attrs = append(attrs, attrResend.Int(lp.attempts-1))
+	}
+	if lp.replaying {
+		attrs = append(attrs, attrStaleReplay.Bool(true))
+	}
+	if ex.out.rescue.tries > 0 {
+		attrs = append(attrs, attrContinuation.Bool(true))
+	}
+	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, string(ex.ctx.Method())+" "+t.up.name,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	propagator.Inject(ctx, headerCarrier{&ex.req.msg.Header})
+	ex.tr.attempt = s
+}
+
+// attemptDone records how the attempt went: its status or fault, its
+// result and the breakers' states after it.
+func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
+	s := ex.tr.attempt
+	if s == nil {
+		return
+	}
+	lp := &ex.loop
+	v := lp.verdict
+	attrs := []attribute.KeyValue{
+		attrResult.String(resultLabel(v)),
+		attrConnBreaker.String(ep.breaker.State().String()),
+		attrModelBreaker.String(ep.modelBreakerState(lp.model)),
+	}
+	errType := ""
+	if out.Fault == policy.FaultNone {
+		attrs = append(attrs, attrStatus.Int(out.Status))
+		if out.Status >= 400 {
+			errType = strconv.Itoa(out.Status)
+		}
+	} else {
+		errType = out.Fault.String()
+		if lp.why != "" && out.Fault == policy.FaultConnect {
+			attrs = append(attrs, attrCause.String(lp.why))
+		}
+	}
+	if v.Class == policy.ClassRetryable {
+		attrs = append(attrs, attrRetryReason.String(v.Reason.String()))
+		if out.StreamFailed && errType == "" {
+			errType = "stream_error"
+		}
+	}
+	if errType != "" {
+		attrs = append(attrs, attrErrorType.String(errType))
+		s.SetStatus(codes.Error, resultLabel(v))
+	}
+	s.SetAttributes(attrs...)
+}
+
+// attemptDecided records what policy chose after the attempt; the
+// attempt's span ends unless its reply may be the client's.
+func (ex *exchange) attemptDecided(d policy.Decision) {
+	s := ex.tr.attempt
+	if s == nil {
+		return
+	}
+	if d.Action == policy.ActionAttempt {
+		s.SetAttributes(attrDecision.String("retry"))
+	} else {
+		s.SetAttributes(attrDecision.String(d.Action.String()))
+	}
+	if d.Action != policy.ActionStop {
+		ex.endAttempt()
+	}
+}
+
+// attemptCut marks the attempt whose stream failed mid-answer and ends
+// its span.
+func (ex *exchange) attemptCut(err error) {
+	s := ex.tr.attempt
+	if s == nil {
+		return
+	}
+	s.SetAttributes(attrErrorType.String("stream_interrupted"))
+	msg := "the stream failed mid-response"
+	if err != nil {
+		msg += ": " + err.Error()
+	}
+	s.SetStatus(codes.Error, msg)
+	ex.endAttempt()
+}
+
+// endAttempt ends the attempt's span, if one is open.
+func (ex *exchange) endAttempt() {
+	if s := ex.tr.attempt; s != nil {
+		s.End()
+		ex.tr.attempt = nil
+	}
+}
+
+// traceWait notes a wait of d on the request's span, named for the
+// phase it is in (backoff, retry_after, cooldown, pacing, queue,
+// ride_through), with who set it.
+func (ex *exchange) traceWait(d time.Duration, source string) {
+	if ex.tr.span == nil || d <= 0 {
+		return
+	}
+	ex.tr.span.AddEvent(phase(ex.phase.Load()).String(), trace.WithAttributes(
+		attrWaitMS.Float64(float64(d)/float64(time.Millisecond)), attrWaitSource.String(source)))
+}
+
+// traceQueued notes a queue wait that began at start, when it had to
+// wait (zero start: not traced).
+func (ex *exchange) traceQueued(start time.Time, r slotResult, source string) {
+	if ex.tr.span == nil || r == slotTaken {
+		return
+	}
+	ex.tr.span.AddEvent(phaseQueue.String(), trace.WithTimestamp(start), trace.WithAttributes(
+		attrWaitMS.Float64(float64(time.Since(start))/float64(time.Millisecond)), attrWaitSource.String(source)))
+}
+
+// queueStart is when a queue wait begins, read only when traced.
+func (ex *exchange) queueStart() time.Time {
+	if ex.tr.span == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// traceCommit notes the moment the reply went to the client.
+func (ex *exchange) traceCommit() {
+	if ex.tr.span == nil {
+		return
+	}
+	ex.tr.span.AddEvent("commit", trace.WithAttributes(attrStatus.Int(ex.out.status),
+		attrStream.Bool(ex.reply.body != nil || ex.reply.heldToEnd), attrUpstream.String(ex.loop.up.name)))
+}
+
+// traceRescue notes a rescue of a stream cut mid-answer: continued,
+// failed, or why none was tried.
+func (ex *exchange) traceRescue(result string) {
+	if ex.tr.span == nil {
+		return
+	}
+	ex.tr.span.AddEvent("rescue", trace.WithAttributes(attrRescueResult.String(result)))
+}
+
+// keepTail keeps the last tailSize bytes relayed, for the usage a
+// stream's last event tells.
+func (ex *exchange) keepTail(b []byte) {
+	if ex.tr.span == nil {
+		return
+	}
+	t := ex.tr.tail
+	if t == nil {
+		t = make([]byte, 0, tailSize)
+	}
+	if len(b) >= tailSize {
+		t = append(t[:0], b[len(b)-tailSize:]...)
+	} else {
+		if over := len(t) + len(b) - tailSize; over > 0 {
+			t = t[:copy(t, t[over:])]
+		}
+		t = append(t, b...)
+	}
+	ex.tr.tail = t
+}
+
+// endTrace ends the request's spans with how it went.
+func (ex *exchange) endTrace() {
+	s := ex.tr.span
+	if s == nil {
+		return
+	}
+	out, lp := &ex.out, &ex.loop
+	if out.broken != nil {
+		ex.attemptCut(out.broken)
+	}
+	ex.endAttempt()
+	if out.outcome == outcomeClientGone {
+		s.AddEvent("client_gone", trace.WithAttributes(attrPhase.String(phase(ex.gonePhase.Load()).String())))
+	}
+	attrs := []attribute.KeyValue{
+		attrStatus.Int(out.status),
+		attrOutcome.String(out.outcome),
+		attrAttempts.Int(lp.attempts),
+		attrBodySize.Int64(out.bytesOut),
+		attrStream.Bool(out.streaming),
+	}
+	if ex.req.route != nil {
+		attrs = append(attrs, attrUpstream.String(lp.up.name))
+		if lp.ep != nil {
+			attrs = append(attrs, attrEndpoint.String(lp.ep.addr))
+		}
+	}
+	if lp.stop.Ended() {
+		attrs = append(attrs, attrStop.String(lp.stop.String()))
+	}
+	if out.errCode != "" {
+		attrs = append(attrs, attrErrorCode.String(out.errCode))
+	}
+	if out.ttfb > 0 {
+		attrs = append(attrs, attrTTFB.Float64(float64(out.ttfb)/float64(time.Millisecond)))
+	}
+	if out.ttft > 0 {
+		attrs = append(attrs, attrTTFT.Float64(float64(out.ttft)/float64(time.Millisecond)))
+	}
+	if out.rescue.rescued > 0 {
+		attrs = append(attrs, attrRescued.Int(out.rescue.rescued))
+	}
+	body := ex.tr.tail
+	if !out.streaming && ex.reply.has {
+		body = ex.reply.head
+	}
+	if u := usageOf(body); u.model != "" || u.known {
+		if u.model != "" {
+			attrs = append(attrs, attrResponseModel.String(u.model))
+		}
+		if u.known {
+			attrs = append(attrs, attrInputTokens.Int64(u.input), attrOutputTokens.Int64(u.output))
+		}
+	}
+	if out.status >= 500 || out.outcome == outcomeStreamInterrupted {
+		t := out.errCode
+		if t == "" {
+			t = out.outcome
+		}
+		attrs = append(attrs, attrErrorType.String(t))
+		s.SetStatus(codes.Error, out.outcome)
+	}
+	s.SetAttributes(attrs...)
+	s.End()
+}
+
+// traceID is the request's trace id, for the access line; false: not
+// traced.
+func (ex *exchange) traceID() (trace.TraceID, bool) {
+	if ex.tr.span == nil {
+		return trace.TraceID{}, false
+	}
+	return ex.tr.span.SpanContext().TraceID(), true
+}
+
+// usage is what a reply says of the model that answered and the tokens
+// it used.
+type usage struct {
+	model         string
+	input, output int64
+	known         bool
+}
+
+// usageOf reads usage from a reply body, or from the last bytes of a
+// stream: the last "usage" object (OpenAI's chat and completions, the
+// Responses API), or Ollama's prompt_eval_count/eval_count; and the last
+// "model" named.
+func usageOf(b []byte) usage {
+	var u usage
+	if i := bytes.LastIndex(b, []byte(`"model":`)); i >= 0 {
+		if m := gjson.ParseBytes(b[i+len(`"model":`):]); m.Type == gjson.String {
+			u.model = m.Str
+		}
+	}
+	if i := bytes.LastIndex(b, []byte(`"usage":`)); i >= 0 {
+		if o := gjson.ParseBytes(b[i+len(`"usage":`):]); o.IsObject() {
+			in, out := o.Get("prompt_tokens"), o.Get("completion_tokens")
+			if !in.Exists() {
+				in, out = o.Get("input_tokens"), o.Get("output_tokens")
+			}
+			if in.Exists() || out.Exists() {
+				u.input, u.output, u.known = in.Int(), out.Int(), true
+			}
+		}
+		return u
+	}
+	if i := bytes.LastIndex(b, []byte(`"prompt_eval_count":`)); i >= 0 {
+		u.input, u.known = gjson.ParseBytes(b[i+len(`"prompt_eval_count":`):]).Int(), true
+		if j := bytes.LastIndex(b, []byte(`"eval_count":`)); j >= 0 {
+			u.output = gjson.ParseBytes(b[j+len(`"eval_count":`):]).Int()
+		}
+	}
+	return u
+}

@@ -1,0 +1,321 @@
+package proxy
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/trace/noop"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"sturdy/internal/otlptest"
+	"sturdy/internal/upstreamtest"
+	"sturdy/tracing"
+)
+
+// withTracing points the proxy's tracing at rcv, exporting every 20ms.
+func withTracing(o *Options, rcv *otlptest.Receiver, ratio float64) {
+	o.Tracing = &Tracing{Settings: tracing.Settings{URL: rcv.URL + "/v1/traces", Protocol: tracing.ProtocolHTTP,
+		SampleRatio: ratio, ServiceName: "sturdy-test"}, Version: "test", batchTimeout: 20 * time.Millisecond}
+}
+
+const clientTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// serverSpan returns the trace's server span and its attempts (client
+// spans under it), in start order, once the server span is in.
+func serverSpan(t *testing.T, rcv *otlptest.Receiver, traceID string, attempts int) (otlptest.Span, []otlptest.Span) {
+	t.Helper()
+	var root otlptest.Span
+	spans := rcv.Await(t, 5*time.Second, func(spans []otlptest.Span) bool {
+		for _, s := range otlptest.Trace(spans, traceID) {
+			if s.Kind == tracepb.Span_SPAN_KIND_SERVER {
+				root = s
+				return len(otlptest.Children(spans, s.ID)) >= attempts
+			}
+		}
+		return false
+	})
+	return root, otlptest.Children(spans, root.ID)
+}
+
+// traceparentSpan returns the trace and span id of a traceparent header.
+func traceparentSpan(t *testing.T, tp string) (traceID, spanID, flags string) {
+	t.Helper()
+	f := strings.Split(tp, "-")
+	if len(f) != 4 || f[0] != "00" || len(f[1]) != 32 || len(f[2]) != 16 {
+		t.Fatalf("traceparent %q", tp)
+	}
+	return f[1], f[2], f[3]
+}
+
+func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
+	rcv := otlptest.Start(t)
+	primary := upstreamtest.Start(t,
+		upstreamtest.Step{Status: 503},
+		upstreamtest.Step{Status: 503, Header: [][2]string{{"Retry-After-Ms", "60"}}},
+		upstreamtest.Step{Status: 503})
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.JSONHeader},
+		Body: `{"id":"c1","model":"llama3.1-8b","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}`})
+	h := startProxy(t, primary.URL, func(o *Options) {
+		o.Routes[0].Retry.MaxAttempts = 3
+		withFallbacks(o, []string{fallback.URL}, "llama3.1")
+		withTracing(o, rcv, 1)
+	})
+	resp, body := h.chat(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
+		"traceparent", clientTraceparent, "tracestate", "vendor=opaque", "Authorization", "Bearer sk-secret-client-key")
+	if resp.StatusCode != 200 {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	root, attempts := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 4)
+	if root.ParentID != "00f067aa0ba902b7" {
+		t.Fatalf("server span's parent %q, want the client's span", root.ParentID)
+	}
+	if root.Name != "POST /" || root.Attrs["http.route"] != "/" || root.Attrs["http.request.method"] != "POST" ||
+		root.Attrs["url.path"] != "/v1/chat/completions" || root.Attrs["http.response.status_code"] != int64(200) ||
+		root.Attrs["sturdy.outcome"] != "ok" || root.Attrs["sturdy.attempts"] != int64(4) || root.Attrs["sturdy.upstream"] != "b" ||
+		root.Attrs["gen_ai.request.model"] != "gpt-4o" || root.Attrs["gen_ai.response.model"] != "llama3.1-8b" ||
+		root.Attrs["gen_ai.usage.input_tokens"] != int64(7) || root.Attrs["gen_ai.usage.output_tokens"] != int64(3) ||
+		root.Attrs["gen_ai.operation.name"] != "chat" || root.Resource["service.name"] != "sturdy-test" {
+		t.Fatalf("server span %q %v resource %v", root.Name, root.Attrs, root.Resource)
+	}
+	if len(attempts) != 4 {
+		t.Fatalf("%d attempt spans, want 4", len(attempts))
+	}
+	want := []struct {
+		upstream, model, decision string
+		status                    int64
+	}{{"up", "gpt-4o", "retry", 503}, {"up", "gpt-4o", "retry", 503}, {"up", "gpt-4o", "failover", 503}, {"b", "llama3.1", "stop", 200}}
+	for i, a := range attempts {
+		w := want[i]
+		if a.Kind != tracepb.Span_SPAN_KIND_CLIENT || a.Attrs["sturdy.upstream"] != w.upstream ||
+			a.Attrs["gen_ai.request.model"] != w.model || a.Attrs["sturdy.decision"] != w.decision ||
+			a.Attrs["http.response.status_code"] != w.status || a.Attrs["sturdy.attempt"] != int64(i+1) ||
+			a.Attrs["sturdy.breaker.connection"] != "closed" || a.Attrs["sturdy.endpoint"] == nil {
+			t.Fatalf("attempt %d: %q %v", i+1, a.Name, a.Attrs)
+		}
+		if i < 3 && (a.Attrs["sturdy.retry_reason"] != "5xx" || a.StatusCode != tracepb.Status_STATUS_CODE_ERROR ||
+			a.Attrs["error.type"] != "503") {
+			t.Fatalf("failed attempt %d: %v status %v", i+1, a.Attrs, a.StatusCode)
+		}
+		if i > 0 && a.Attrs["http.request.resend_count"] != int64(i) {
+			t.Fatalf("attempt %d resend_count %v", i+1, a.Attrs["http.request.resend_count"])
+		}
+		if i < 3 && a.End.After(attempts[i+1].Start) {
+			t.Fatalf("attempt %d's span ends after the next one starts", i+1)
+		}
+	}
+	// Each upstream request carried its own attempt's traceparent, and
+	// the client's tracestate.
+	var seen []http.Header
+	for _, r := range append(primary.Requests(), fallback.Requests()...) {
+		hd := http.Header{}
+		for k, v := range r.Header {
+			hd.Set(k, v)
+		}
+		seen = append(seen, hd)
+	}
+	for i, hd := range seen {
+		tid, sid, flags := traceparentSpan(t, hd.Get("Traceparent"))
+		if tid != attempts[i].TraceID || sid != attempts[i].ID || flags != "01" {
+			t.Fatalf("upstream request %d traceparent %q, want span %s", i+1, hd.Get("Traceparent"), attempts[i].ID)
+		}
+		if hd.Get("Tracestate") != "vendor=opaque" {
+			t.Fatalf("upstream request %d tracestate %q", i+1, hd.Get("Tracestate"))
+		}
+	}
+	// The waits: a backoff Sturdy chose, then the server's Retry-After.
+	var waits []otlptest.Event
+	for _, e := range root.Events {
+		if e.Name == "backoff" || e.Name == "retry_after" {
+			waits = append(waits, e)
+		}
+	}
+	if len(waits) != 2 || waits[0].Name != "backoff" || waits[0].Attrs["sturdy.wait.source"] != "sturdy" ||
+		waits[1].Name != "retry_after" || waits[1].Attrs["sturdy.wait.source"] != "server" ||
+		waits[1].Attrs["sturdy.wait.ms"].(float64) < 50 {
+		t.Fatalf("wait events %v", waits)
+	}
+	if c, ok := root.Event("commit"); !ok || c.Attrs["sturdy.upstream"] != "b" {
+		t.Fatalf("commit event %v (%v)", c, ok)
+	}
+	line := h.accessLines(1)[0]
+	if line["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Fatalf("access line trace_id %v", line["trace_id"])
+	}
+	if raw := string(rcv.Raw()); strings.Contains(raw, "sk-secret-client-key") || strings.Contains(raw, "Bearer") {
+		t.Fatal("a credential reached an exported span")
+	}
+}
+
+func TestTraceOfAStreamEndsWithTheStream(t *testing.T) {
+	rcv := otlptest.Start(t)
+	chunks := upstreamtest.SSE("Hello", " there")
+	usage := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m-2","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}` + "\n\n"
+	chunks = append(chunks[:len(chunks)-1], usage, chunks[len(chunks)-1])
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}}, Chunks: chunks,
+		ChunkDelay: 30 * time.Millisecond})
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 1) })
+	resp, body := h.chat(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	line := h.accessLines(1)[0]
+	traceID, _ := line["trace_id"].(string)
+	if len(traceID) != 32 {
+		t.Fatalf("access line trace_id %v", line["trace_id"])
+	}
+	root, attempts := serverSpan(t, rcv, traceID, 1)
+	if root.ParentID != "" {
+		t.Fatalf("a request without traceparent starts a trace; parent %q", root.ParentID)
+	}
+	commit, ok := root.Event("commit")
+	if !ok || commit.Attrs["sturdy.stream"] != true {
+		t.Fatalf("commit event %v (%v)", commit, ok)
+	}
+	if root.Attrs["sturdy.stream"] != true || root.Attrs["gen_ai.usage.input_tokens"] != int64(11) ||
+		root.Attrs["gen_ai.usage.output_tokens"] != int64(2) || root.Attrs["gen_ai.response.model"] != "m-2" ||
+		root.Attrs["http.response.body.size"] != int64(len(body)) || root.Attrs["sturdy.ttft_ms"] == nil {
+		t.Fatalf("server span %v", root.Attrs)
+	}
+	a := attempts[0]
+	// The attempt's span covers the streamed body: it ends after the
+	// last chunk, well after the commit.
+	if len(attempts) != 1 || a.End.Sub(commit.Time) < 80*time.Millisecond || a.Attrs["sturdy.decision"] != "stop" {
+		t.Fatalf("attempt %v, ends %v after the commit", a.Attrs, a.End.Sub(commit.Time))
+	}
+	if a.End.After(root.End) {
+		t.Fatal("the attempt ends after its request")
+	}
+}
+
+func TestTraceOfAClientThatLeaves(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Header: [][2]string{{"Retry-After", "5"}}})
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 1) })
+	req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+	req.Header.Set("traceparent", clientTraceparent)
+	c := &http.Client{Timeout: 300 * time.Millisecond}
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("the request was answered")
+	}
+	root, attempts := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	gone, ok := root.Event("client_gone")
+	if !ok || gone.Attrs["sturdy.phase"] != "retry_after" || root.Attrs["sturdy.outcome"] != "client_gone" {
+		t.Fatalf("server span %v events %v", root.Attrs, root.Events)
+	}
+	if w, ok := root.Event("retry_after"); !ok || w.Attrs["sturdy.wait.ms"].(float64) < 5000 {
+		t.Fatalf("retry_after event %v", w)
+	}
+	if len(attempts) != 1 || attempts[0].Attrs["sturdy.decision"] != "retry" {
+		t.Fatalf("attempts %v", attempts)
+	}
+	if up.Count() != 1 {
+		t.Fatalf("upstream saw %d requests after the client left", up.Count())
+	}
+}
+
+func TestTracingOffPassesTraceHeadersUntouched(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	h := startProxy(t, up.URL, nil)
+	h.chat("", "traceparent", clientTraceparent, "tracestate", "a=b")
+	r := up.Requests()[0]
+	if r.Header["Traceparent"] != clientTraceparent || r.Header["Tracestate"] != "a=b" {
+		t.Fatalf("upstream got traceparent %q tracestate %q", r.Header["Traceparent"], r.Header["Tracestate"])
+	}
+	if strings.Contains(h.logs.String(), "trace_id") {
+		t.Fatal("trace_id logged with tracing off")
+	}
+}
+
+func TestSamplingFollowsASampledParent(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 0) })
+	h.chat("", "traceparent", clientTraceparent)                                          // sampled: followed
+	h.chat("", "traceparent", "00-11111111111111111111111111111111-2222222222222222-00") // not sampled
+	h.chat("")                                                                           // a root at ratio 0
+	root, _ := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	if root.Name != "POST /" {
+		t.Fatalf("span %q", root.Name)
+	}
+	reqs := up.Requests()
+	if _, _, flags := traceparentSpan(t, reqs[1].Header["Traceparent"]); flags != "00" ||
+		!strings.HasPrefix(reqs[1].Header["Traceparent"], "00-11111111111111111111111111111111-") {
+		t.Fatalf("an unsampled trace goes on unsampled: %q", reqs[1].Header["Traceparent"])
+	}
+	if _, _, flags := traceparentSpan(t, reqs[2].Header["Traceparent"]); flags != "00" {
+		t.Fatalf("a root not sampled sends %q", reqs[2].Header["Traceparent"])
+	}
+	// Flush: shutting down exports everything; only the sampled trace
+	// is there.
+	h.p.stopTracing()
+	for _, s := range rcv.Spans() {
+		if s.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
+			t.Fatalf("an unsampled span was exported: %v", s)
+		}
+	}
+}
+
+func TestTracingHotReloads(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	var o Options
+	h := startProxy(t, up.URL, func(opts *Options) { o = *opts })
+	h.chat("", "traceparent", clientTraceparent)
+	withTracing(&o, rcv, 1)
+	if _, err := h.p.Reload(o); err != nil {
+		t.Fatal(err)
+	}
+	h.chat("", "traceparent", clientTraceparent)
+	serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	if tp := up.Requests()[1].Header["Traceparent"]; tp == clientTraceparent {
+		t.Fatal("after the reload the attempt sends the client's traceparent, not its own")
+	}
+	o.Tracing = nil
+	if _, err := h.p.Reload(o); err != nil {
+		t.Fatal(err)
+	}
+	h.chat("", "traceparent", clientTraceparent)
+	if tp := up.Requests()[2].Header["Traceparent"]; tp != clientTraceparent {
+		t.Fatalf("tracing off again: upstream got %q", tp)
+	}
+	if !strings.Contains(h.logs.String(), `"tracing on"`) || !strings.Contains(h.logs.String(), `"tracing off"`) {
+		t.Fatalf("reloads not logged: %s", h.logs.String())
+	}
+}
+
+func TestUsageOf(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		want       usage
+	}{
+		{"chat", `{"model":"gpt-4o-2024","usage":{"prompt_tokens":5,"completion_tokens":9}}`, usage{"gpt-4o-2024", 5, 9, true}},
+		{"responses", `{"type":"response.completed","response":{"model":"o3","usage":{"input_tokens":4,"output_tokens":2}}}`,
+			usage{"o3", 4, 2, true}},
+		{"stream tail", "data: {\"model\":\"m\",\"usage\":null}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+			usage{"m", 1, 2, true}},
+		{"usage null", "data: {\"model\":\"m\",\"usage\":null}\n\n", usage{model: "m"}},
+		{"ollama", `{"model":"llama3","done":true,"prompt_eval_count":26,"eval_count":290}`, usage{"llama3", 26, 290, true}},
+		{"none", `{"data":[1,2]}`, usage{}},
+		{"cut", `{"model":"m","usage":{"prompt_to`, usage{model: "m"}},
+	} {
+		if got := usageOf([]byte(c.body)); got != c.want {
+			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestKeepTailKeepsTheLastBytes(t *testing.T) {
+	ex := &exchange{tr: traceState{span: noop.Span{}}}
+	var all []byte
+	for i := range 300 {
+		b := []byte(strings.Repeat(string(rune('a'+i%26)), i%97))
+		all = append(all, b...)
+		ex.keepTail(b)
+	}
+	if string(ex.tr.tail) != string(all[len(all)-tailSize:]) {
+		t.Fatal("tail is not the last bytes")
+	}
+}

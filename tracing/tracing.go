@@ -1,0 +1,249 @@
+// Package tracing is Sturdy's OpenTelemetry side: its settings — the
+// config file's tracing keys, with the standard OTEL_* environment
+// variables filling what the file leaves unset — and the tracer provider
+// that samples spans and exports them over OTLP (HTTP/protobuf or gRPC).
+// What goes in the spans is the proxy's business.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The protocols spans are exported with.
+const (
+	ProtocolHTTP = "http/protobuf"
+	ProtocolGRPC = "grpc"
+)
+
+// DefaultServiceName is service.name when neither the file nor
+// OTEL_SERVICE_NAME sets one.
+const DefaultServiceName = "sturdy"
+
+// tracesPath is where an OTLP/HTTP collector takes spans.
+const tracesPath = "/v1/traces"
+
+// File is the config file's tracing section; a zero field (nil
+// SampleRatio, nil Headers) is one the file does not set.
+type File struct {
+	Endpoint    string
+	Protocol    string
+	SampleRatio *float64
+	ServiceName string
+	Headers     map[string]string
+}
+
+// Settings are the tracing settings in force, the file's filled from the
+// environment.
+type Settings struct {
+	// URL is where spans go: for http/protobuf the full URL spans are
+	// posted to (…/v1/traces), for grpc the collector's URL.
+	URL         string
+	Protocol    string
+	SampleRatio float64
+	ServiceName string
+	// Headers go with every export (nil: OTEL_EXPORTER_OTLP_HEADERS, read
+	// by the exporter). Their values are secrets: never logged.
+	Headers map[string]string
+}
+
+// Resolve returns the tracing settings f and the environment (getenv)
+// make, and whether tracing is on. A key the file sets wins over its
+// variable; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (a full URL) or
+// OTEL_EXPORTER_OTLP_ENDPOINT (a base URL) alone turns tracing on;
+// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off
+// whatever the file says. An error names the variable that is wrong.
+func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error) {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") || strings.EqualFold(getenv("OTEL_TRACES_EXPORTER"), "none") {
+		return Settings{}, false, nil
+	}
+	s = Settings{Protocol: f.Protocol, ServiceName: f.ServiceName, Headers: f.Headers}
+	if s.Protocol == "" {
+		s.Protocol = firstSet(getenv, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+		switch s.Protocol {
+		case "":
+			s.Protocol = ProtocolHTTP
+		case ProtocolHTTP, ProtocolGRPC:
+		default:
+			return Settings{}, false, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL: %q: Sturdy exports http/protobuf or grpc", s.Protocol)
+		}
+	}
+	full := false // a signal-specific endpoint is used as written
+	switch {
+	case f.Endpoint != "":
+		s.URL = f.Endpoint
+	case getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
+		s.URL, full = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), true
+	case getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "":
+		s.URL = getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	default:
+		return Settings{}, false, nil
+	}
+	if f.Endpoint == "" {
+		if err := CheckEndpoint(s.URL); err != nil {
+			return Settings{}, false, fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: %v", err)
+		}
+	}
+	if s.Protocol == ProtocolHTTP && !full && !strings.HasSuffix(s.URL, tracesPath) {
+		s.URL = strings.TrimSuffix(s.URL, "/") + tracesPath
+	}
+	if s.SampleRatio, err = sampleRatio(f.SampleRatio, getenv); err != nil {
+		return Settings{}, false, err
+	}
+	if s.ServiceName == "" {
+		if s.ServiceName = getenv("OTEL_SERVICE_NAME"); s.ServiceName == "" {
+			s.ServiceName = DefaultServiceName
+		}
+	}
+	return s, true, nil
+}
+
+// CheckEndpoint reports what is wrong with a collector URL, if anything.
+func CheckEndpoint(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not a URL", raw)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%q: want http:// or https:// and the collector's address (e.g. http://127.0.0.1:4318)", raw)
+	case u.Host == "":
+		return fmt.Errorf("%q has no host", raw)
+	case u.RawQuery != "" || u.User != nil:
+		return fmt.Errorf("%q: no query or user info (credentials go in headers)", raw)
+	}
+	return nil
+}
+
+// sampleRatio is the file's sample_ratio, else OTEL_TRACES_SAMPLER's
+// (always_on, always_off, traceidratio with OTEL_TRACES_SAMPLER_ARG; the
+// parentbased_ forms alike: Sturdy always follows a sampled parent), else
+// 1.
+func sampleRatio(file *float64, getenv func(string) string) (float64, error) {
+	if file != nil {
+		return *file, nil
+	}
+	switch name := getenv("OTEL_TRACES_SAMPLER"); strings.TrimPrefix(name, "parentbased_") {
+	case "", "always_on":
+		return 1, nil
+	case "always_off":
+		return 0, nil
+	case "traceidratio":
+		arg := getenv("OTEL_TRACES_SAMPLER_ARG")
+		if arg == "" {
+			return 1, nil
+		}
+		r, err := strconv.ParseFloat(arg, 64)
+		if err != nil || r < 0 || r > 1 {
+			return 0, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG: %q: want a ratio from 0 to 1", arg)
+		}
+		return r, nil
+	default:
+		return 0, fmt.Errorf("OTEL_TRACES_SAMPLER: %q: Sturdy samples always_on, always_off or traceidratio (parent-based)", name)
+	}
+}
+
+func firstSet(getenv func(string) string, names ...string) string {
+	for _, n := range names {
+		if v := getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Tracer is a running tracer provider: the spans it starts are sampled
+// (a sampled parent always followed, the rest at the sample ratio) and
+// exported in batches.
+type Tracer struct {
+	settings Settings
+	provider *sdktrace.TracerProvider
+	tracer   trace.Tracer
+}
+
+// Option adjusts a Tracer before it starts.
+type Option func(*options)
+
+type options struct{ batchTimeout time.Duration }
+
+// WithBatchTimeout exports a batch at least this often (the SDK's
+// default is 5 s), for tests that wait on their spans.
+func WithBatchTimeout(d time.Duration) Option {
+	return func(o *options) { o.batchTimeout = d }
+}
+
+// New starts a tracer exporting with s. version is service.version
+// (empty: none). It does not connect: exports are attempted, and failures
+// dropped, in the background.
+func New(s Settings, version string, opts ...Option) (*Tracer, error) {
+	ctx := context.Background()
+	var exp sdktrace.SpanExporter
+	var err error
+	switch s.Protocol {
+	case ProtocolGRPC:
+		g := []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(s.URL)}
+		if s.Headers != nil {
+			g = append(g, otlptracegrpc.WithHeaders(s.Headers))
+		}
+		exp, err = otlptracegrpc.New(ctx, g...)
+	case ProtocolHTTP, "":
+		h := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(s.URL)}
+		if s.Headers != nil {
+			h = append(h, otlptracehttp.WithHeaders(s.Headers))
+		}
+		exp, err = otlptracehttp.New(ctx, h...)
+	default:
+		return nil, fmt.Errorf("tracing: unknown protocol %q", s.Protocol)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	attrs := []attribute.KeyValue{attribute.String("service.name", s.ServiceName)}
+	if version != "" {
+		attrs = append(attrs, attribute.String("service.version", version))
+	}
+	// OTEL_RESOURCE_ATTRIBUTES adds to the resource; the service name is
+	// the one resolved.
+	res, err := resource.New(ctx, resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithAttributes(attrs...))
+	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	var batch []sdktrace.BatchSpanProcessorOption
+	if o.batchTimeout > 0 {
+		batch = append(batch, sdktrace.WithBatchTimeout(o.batchTimeout))
+	}
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp, batch...),
+		sdktrace.WithResource(res),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(s.SampleRatio))),
+	)
+	return &Tracer{settings: s, provider: tp, tracer: tp.Tracer("sturdy")}, nil
+}
+
+// Tracer returns the tracer spans are started with.
+func (t *Tracer) Tracer() trace.Tracer { return t.tracer }
+
+// Settings returns what t was started with.
+func (t *Tracer) Settings() Settings { return t.settings }
+
+// Shutdown exports the spans not yet exported, until ctx ends, and stops
+// t: spans ended afterwards are dropped.
+func (t *Tracer) Shutdown(ctx context.Context) error { return t.provider.Shutdown(ctx) }
+
+// ForceFlush exports the spans ended so far, until ctx ends.
+func (t *Tracer) ForceFlush(ctx context.Context) error { return t.provider.ForceFlush(ctx) }
