@@ -233,7 +233,7 @@ func TestSamplingFollowsASampledParent(t *testing.T) {
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 0) })
-	h.chat("", "traceparent", clientTraceparent)                                          // sampled: followed
+	h.chat("", "traceparent", clientTraceparent)                                         // sampled: followed
 	h.chat("", "traceparent", "00-11111111111111111111111111111111-2222222222222222-00") // not sampled
 	h.chat("")                                                                           // a root at ratio 0
 	root, _ := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
