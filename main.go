@@ -103,6 +103,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for _, w := range cfg.Warnings() {
 			fmt.Fprintln(stdout, "warning:", describeProblem(s, w))
 		}
+		if t := tracingOptions(cfg.Tracing); t != nil {
+			fmt.Fprintf(stdout, "tracing on: %s to %s, sample ratio %g, service %s\n", t.Protocol, t.URL, t.SampleRatio, t.ServiceName)
+		}
 		fmt.Fprintln(stdout, "config OK")
 		return 0
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
+	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -31,7 +32,21 @@ func BenchmarkHeaderCopy(b *testing.B) {
 
 // BenchmarkProxiedRequest is one full non-streamed request through the
 // proxy: client → Sturdy → upstream, all over in-memory listeners.
-func BenchmarkProxiedRequest(b *testing.B) {
+func BenchmarkProxiedRequest(b *testing.B) { benchProxied(b, nil) }
+
+// BenchmarkProxiedRequestTraced is BenchmarkProxiedRequest with tracing
+// on, every request sampled, its spans exported to an in-process OTLP
+// receiver: what tracing costs per request, export included.
+func BenchmarkProxiedRequestTraced(b *testing.B) {
+	rcv, err := otlptest.New(false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rcv.Close()
+	benchProxied(b, func(o *Options) { withTracing(o, rcv, 1) })
+}
+
+func benchProxied(b *testing.B, edit func(*Options)) {
 	upLn := fasthttputil.NewInmemoryListener()
 	body := upstreamtest.ChatCompletion("hello from the benchmark")
 	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
@@ -42,6 +57,9 @@ func BenchmarkProxiedRequest(b *testing.B) {
 	defer up.Shutdown()
 
 	o := Options{Upstreams: []Upstream{testUpstream("up", "http://inmemory")}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()}
+	if edit != nil {
+		edit(&o)
+	}
 	p, err := New(o)
 	if err != nil {
 		b.Fatal(err)

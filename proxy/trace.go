@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -272,13 +271,12 @@ func protoVersion(http11 bool) string {
 // splitHostPort splits a Host header or endpoint address; the port is
 // the scheme's when none is written.
 func splitHostPort(hostport, scheme string) (string, int) {
-	host, p, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host, p = hostport, ""
+	if i := strings.LastIndexByte(hostport, ':'); i >= 0 && !strings.Contains(hostport[i:], "]") {
+		if port, err := strconv.Atoi(hostport[i+1:]); err == nil {
+			return strings.Trim(hostport[:i], "[]"), port
+		}
 	}
-	if port, err := strconv.Atoi(p); err == nil {
-		return host, port
-	}
+	host := strings.Trim(hostport, "[]")
 	if scheme == "https" {
 		return host, 443
 	}

@@ -319,3 +319,91 @@ func TestKeepTailKeepsTheLastBytes(t *testing.T) {
 		t.Fatal("tail is not the last bytes")
 	}
 }
+
+func TestSplitHostPort(t *testing.T) {
+	for _, c := range []struct {
+		in, scheme, host string
+		port             int
+	}{{"127.0.0.1:8080", "http", "127.0.0.1", 8080}, {"example.com", "https", "example.com", 443}, {"example.com", "http", "example.com", 80},
+		{"[::1]:9", "http", "::1", 9}, {"[::1]", "https", "::1", 443}, {"h:", "http", "h:", 80}} {
+		if h, p := splitHostPort(c.in, c.scheme); h != c.host || p != c.port {
+			t.Errorf("%q: %q %d", c.in, h, p)
+		}
+	}
+}
+
+func TestTracingOverGRPC(t *testing.T) {
+	rcv := otlptest.StartGRPC(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	h := startProxy(t, up.URL, func(o *Options) {
+		withTracing(o, rcv, 1)
+		o.Tracing.URL, o.Tracing.Protocol = rcv.URL, tracing.ProtocolGRPC
+		o.Tracing.Headers = map[string]string{"x-collector-token": "t0ken"}
+	})
+	h.chat("", "traceparent", clientTraceparent)
+	root, attempts := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	if root.Attrs["http.response.status_code"] != int64(200) || len(attempts) != 1 {
+		t.Fatalf("server span %v, %d attempts", root.Attrs, len(attempts))
+	}
+	if got := rcv.Headers()[0].Get("x-collector-token"); got != "t0ken" {
+		t.Fatalf("export metadata x-collector-token %q", got)
+	}
+}
+
+func TestTraceOfARescuedStream(t *testing.T) {
+	rcv := otlptest.Start(t)
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
+	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
+	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) { withTracing(o, rcv, 1) })
+	if resp, body := h.chat(streamChat, "traceparent", clientTraceparent); resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	root, attempts := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 2)
+	if e, ok := root.Event("rescue"); !ok || e.Attrs["sturdy.rescue.result"] != "continued" || root.Attrs["sturdy.rescued"] != int64(1) {
+		t.Fatalf("server span %v events %v", root.Attrs, root.Events)
+	}
+	cut, cont := attempts[0], attempts[1]
+	if cut.Attrs["error.type"] != "stream_interrupted" || cut.StatusCode != tracepb.Status_STATUS_CODE_ERROR ||
+		cont.Attrs["sturdy.continuation"] != true || cont.Attrs["sturdy.upstream"] != "fb" || cont.StatusCode == tracepb.Status_STATUS_CODE_ERROR {
+		t.Fatalf("cut %v\ncontinuation %v", cut.Attrs, cont.Attrs)
+	}
+	if tid, sid, _ := traceparentSpan(t, fallback.Requests()[0].Header["Traceparent"]); tid != cont.TraceID || sid != cont.ID {
+		t.Fatal("the continuation's request does not carry its own span")
+	}
+}
+
+func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}", Delay: 150 * time.Millisecond})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 2 * time.Second}
+		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 2*time.Second
+		withTracing(o, rcv, 1)
+	})
+	done := make(chan struct{})
+	go func() { defer close(done); h.chat("") }()
+	time.Sleep(30 * time.Millisecond) // the first holds the one slot
+	h.chat("")
+	<-done
+	spans := rcv.Await(t, 5*time.Second, func(spans []otlptest.Span) bool {
+		n := 0
+		for _, s := range spans {
+			if s.Kind == tracepb.Span_SPAN_KIND_SERVER {
+				n++
+			}
+		}
+		return n == 2
+	})
+	var queued, paced bool
+	for _, s := range spans {
+		if e, ok := s.Event("queue"); ok && e.Attrs["sturdy.wait.source"] == "max_in_flight" && e.Attrs["sturdy.wait.ms"].(float64) > 50 {
+			queued = true
+		}
+		if e, ok := s.Event("pacing"); ok && e.Attrs["sturdy.wait.source"] == "rate_limit" {
+			paced = true
+		}
+	}
+	if !queued || !paced {
+		t.Fatalf("queue %v, pacing %v in %v", queued, paced, spans)
+	}
+}

@@ -6,6 +6,7 @@ package otlptest
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -19,6 +20,8 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -53,22 +56,25 @@ func (s Span) Event(name string) (Event, bool) {
 	return Event{}, false
 }
 
-// Receiver takes OTLP/HTTP protobuf exports at URL/v1/traces.
+// Receiver takes OTLP exports: over HTTP (protobuf) at URL/v1/traces, or
+// over gRPC (StartGRPC).
 type Receiver struct {
 	// URL is the collector's base URL (http://127.0.0.1:port).
 	URL string
-	// Keep, when false, only counts spans (a bench's sink).
+	// keep, when false, makes it a sink: exports are counted, not read.
 	keep    bool
 	srv     *http.Server
+	grpc    *grpc.Server
 	mu      sync.Mutex
 	spans   []Span
-	count   int
+	count   int   // exports
+	bytes   int64 // a sink's export bytes
 	raw     bytes.Buffer
 	headers []http.Header
 }
 
 // New starts a receiver on a free loopback port; keep says whether it
-// keeps what it receives (else it only counts spans).
+// keeps what it receives (else it is a sink that only counts exports).
 func New(keep bool) (*Receiver, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -92,7 +98,48 @@ func Start(t testing.TB) *Receiver {
 }
 
 // Close stops the receiver.
-func (r *Receiver) Close() { _ = r.srv.Close() }
+func (r *Receiver) Close() {
+	if r.srv != nil {
+		_ = r.srv.Close()
+	}
+	if r.grpc != nil {
+		r.grpc.Stop()
+	}
+}
+
+// StartGRPC runs an OTLP/gRPC receiver that keeps what it gets until t
+// ends; its URL is http://127.0.0.1:port.
+func StartGRPC(t testing.TB) *Receiver {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Receiver{URL: "http://" + ln.Addr().String(), keep: true, grpc: grpc.NewServer()}
+	coltracepb.RegisterTraceServiceServer(r.grpc, grpcService{r: r})
+	go func() { _ = r.grpc.Serve(ln) }()
+	t.Cleanup(r.Close)
+	return r
+}
+
+type grpcService struct {
+	coltracepb.UnimplementedTraceServiceServer
+	r *Receiver
+}
+
+func (g grpcService) Export(ctx context.Context, ex *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	raw, _ := proto.Marshal(ex)
+	h := http.Header{}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for k, vs := range md {
+			for _, v := range vs {
+				h.Add(k, v)
+			}
+		}
+	}
+	g.r.store(ex, raw, h)
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
 
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" {
@@ -108,6 +155,15 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		}
 		body = zr
 	}
+	if !r.keep { // a sink: what it costs to take the export, no more
+		n, _ := io.Copy(io.Discard, body)
+		r.mu.Lock()
+		r.count++
+		r.bytes += n
+		r.mu.Unlock()
+		r.ok(w)
+		return
+	}
 	b, err := io.ReadAll(body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -118,23 +174,29 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	r.store(&ex, b, req.Header.Clone())
+	r.ok(w)
+}
+
+// store keeps one export: its spans, bytes and headers.
+func (r *Receiver) store(ex *coltracepb.ExportTraceServiceRequest, raw []byte, h http.Header) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, rs := range ex.ResourceSpans {
 		res := attrs(rs.GetResource().GetAttributes())
 		for _, ss := range rs.ScopeSpans {
 			for _, s := range ss.Spans {
-				r.count++
-				if r.keep {
-					r.spans = append(r.spans, decode(s, res))
-				}
+				r.spans = append(r.spans, decode(s, res))
 			}
 		}
 	}
-	if r.keep {
-		r.raw.Write(b)
-		r.headers = append(r.headers, req.Header.Clone())
-	}
-	r.mu.Unlock()
+	r.raw.Write(raw)
+	r.headers = append(r.headers, h)
+	r.count++
+}
+
+// ok answers an export: all spans taken.
+func (r *Receiver) ok(w http.ResponseWriter) {
 	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = w.Write(out)
@@ -178,11 +240,12 @@ func (r *Receiver) Spans() []Span {
 	return append([]Span(nil), r.spans...)
 }
 
-// Count returns how many spans were received.
-func (r *Receiver) Count() int {
+// Exports returns how many exports were received, and (for a sink) their
+// bytes.
+func (r *Receiver) Exports() (n int, bytes int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.count
+	return r.count, r.bytes
 }
 
 // Raw returns every export's bytes as received (for scanning them for
