@@ -77,7 +77,7 @@ func TestDeployConfigsAreValid(t *testing.T) {
 // TestDeployFilesHoldTogether checks what CI cannot run (no Docker
 // engine): in docker-compose.yml the agent's model is the one pulled,
 // everything published is on the host's loopback, and services wait for
-// what they need to be healthy; the Kubernetes image is loadable without
+// what they need to be healthy, Jaeger is optional; the Kubernetes image is loadable without
 // a registry.
 func TestDeployFilesHoldTogether(t *testing.T) {
 	b, err := os.ReadFile("deploy/docker-compose.yml")
@@ -90,6 +90,8 @@ func TestDeployFilesHoldTogether(t *testing.T) {
 			Command   any            `yaml:"command"`
 			Ports     []string       `yaml:"ports"`
 			DependsOn map[string]any `yaml:"depends_on"`
+			Profiles  []string       `yaml:"profiles"`
+			Env       map[string]any `yaml:"environment"`
 		} `yaml:"services"`
 	}
 	if err := yaml.Unmarshal(b, &compose); err != nil {
@@ -109,6 +111,15 @@ func TestDeployFilesHoldTogether(t *testing.T) {
 	}
 	if _, ok := compose.Services["agent"].DependsOn["sturdy"].(map[string]any); !ok {
 		t.Error("the agent does not wait for Sturdy to be healthy")
+	}
+	// Jaeger is there on demand only, and both replicas can be pointed at it.
+	if j := compose.Services["jaeger"]; fmt.Sprint(j.Profiles) != "[tracing]" || !strings.Contains(string(b), "OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318") {
+		t.Error("no optional Jaeger (profile tracing) with the endpoint to give Sturdy")
+	}
+	for _, name := range []string{"sturdy", "sturdy-2"} {
+		if _, ok := compose.Services[name].Env["OTEL_EXPORTER_OTLP_ENDPOINT"]; !ok {
+			t.Errorf("%s cannot be pointed at Jaeger (no OTEL_EXPORTER_OTLP_ENDPOINT)", name)
+		}
 	}
 	k8s, err := os.ReadFile("deploy/kubernetes.yaml")
 	if err != nil {

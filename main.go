@@ -146,6 +146,9 @@ type instance struct {
 // error has been logged.
 func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, error) {
 	m := metrics.New()
+	tracing.LogErrors(func(err error, suppressed int) {
+		logger.Warn().Err(err).Int("not_logged_since", suppressed).Msg("tracing: spans not exported")
+	})
 	p, err := proxy.New(proxyOptions(cfg, logger, m))
 	if err != nil {
 		logger.Error().Err(err).Msg("invalid configuration")

@@ -12,8 +12,10 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -247,3 +249,30 @@ func (t *Tracer) Shutdown(ctx context.Context) error { return t.provider.Shutdow
 
 // ForceFlush exports the spans ended so far, until ctx ends.
 func (t *Tracer) ForceFlush(ctx context.Context) error { return t.provider.ForceFlush(ctx) }
+
+// errorEvery bounds how often the SDK's errors are logged: a collector
+// that is down fails every batch.
+const errorEvery = 30 * time.Second
+
+// LogErrors sends the OpenTelemetry SDK's errors (a collector that cannot
+// be reached, spans dropped) to log instead of the standard logger: the
+// first at once, then at most one per errorEvery, with how many were not
+// logged meanwhile.
+func LogErrors(log func(err error, suppressed int)) {
+	var mu sync.Mutex
+	var last time.Time
+	suppressed := 0
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		mu.Lock()
+		now := time.Now()
+		if !last.IsZero() && now.Sub(last) < errorEvery {
+			suppressed++
+			mu.Unlock()
+			return
+		}
+		n := suppressed
+		last, suppressed = now, 0
+		mu.Unlock()
+		log(err, n)
+	}))
+}

@@ -1,8 +1,11 @@
 package tracing
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel"
 )
 
 func TestResolve(t *testing.T) {
@@ -74,5 +77,17 @@ func TestCheckEndpoint(t *testing.T) {
 		if err := CheckEndpoint(raw); (err == nil) != ok {
 			t.Errorf("%q: %v", raw, err)
 		}
+	}
+}
+
+func TestLogErrorsLogsTheFirstThenAtMostOneAWhile(t *testing.T) {
+	var got []int
+	LogErrors(func(err error, suppressed int) { got = append(got, suppressed) })
+	defer otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {}))
+	for range 5 {
+		otel.Handle(errors.New("collector down"))
+	}
+	if len(got) != 1 || got[0] != 0 {
+		t.Fatalf("logged %v, want one line", got)
 	}
 }
