@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sturdy/internal/fakellm"
+	"sturdy/internal/otlptest"
 )
 
 // replica is one endpoint of a scenario's pool: a fake server of its own.
@@ -121,6 +122,45 @@ func (f fakes) shares(sum fakellm.Stats, each []fakellm.Stats) []figure {
 	return figs
 }
 
+// withServices returns sc ready to run, with the Redis and the OTLP
+// collector its fragments name started for it (stop ends them).
+func withServices(sc *scenario) (*scenario, func(), error) {
+	sc, stopRedis, err := withRedis(sc)
+	if err != nil {
+		return sc, stopRedis, err
+	}
+	sc, stopCollector, err := withCollector(sc)
+	return sc, func() { stopCollector(); stopRedis() }, err
+}
+
+// withCollector returns, for a scenario that exports traces, a copy
+// whose fragments name an OTLP/HTTP sink started for it in this process:
+// it takes every export and throws it away, so what is measured is
+// Sturdy's side of tracing.
+func withCollector(sc *scenario) (*scenario, func(), error) {
+	if !sc.otlp {
+		return sc, func() {}, nil
+	}
+	rcv, err := otlptest.New(false)
+	if err != nil {
+		return sc, func() {}, err
+	}
+	return sc.replacing("OTLP_URL", rcv.URL), rcv.Close, nil
+}
+
+// replacing returns a copy of sc with placeholder replaced in its
+// fragments and its variants'.
+func (sc *scenario) replacing(placeholder, value string) *scenario {
+	with := *sc
+	with.sturdy = strings.ReplaceAll(sc.sturdy, placeholder, value)
+	with.variants = nil
+	for _, v := range sc.variants {
+		v.sturdy = strings.ReplaceAll(v.sturdy, placeholder, value)
+		with.variants = append(with.variants, v)
+	}
+	return &with
+}
+
 // withRedis returns sc ready to run: for a scenario that needs Redis, a
 // copy whose fragments name a redis-server started for it (stop ends it).
 func withRedis(sc *scenario) (*scenario, func(), error) {
@@ -151,13 +191,5 @@ func withRedis(sc *scenario) (*scenario, func(), error) {
 			return sc, func() {}, fmt.Errorf("redis-server did not listen on %s", addr)
 		}
 	}
-	with := *sc
-	url := "redis://" + addr + "/0"
-	with.sturdy = strings.ReplaceAll(sc.sturdy, "REDIS_URL", url)
-	with.variants = nil
-	for _, v := range sc.variants {
-		v.sturdy = strings.ReplaceAll(v.sturdy, "REDIS_URL", url)
-		with.variants = append(with.variants, v)
-	}
-	return &with, stop, nil
+	return sc.replacing("REDIS_URL", "redis://"+addr+"/0"), stop, nil
 }

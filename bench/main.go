@@ -112,7 +112,7 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, flaky, ratelimited, outage, storm, streams, replicas, all, cancel or rescue")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel or rescue")
 	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
@@ -155,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var results []scenarioResult
 	for _, sc := range todo {
-		sc, stop, err := withRedis(sc)
+		sc, stop, err := withServices(sc)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", sc.name, err)
 			return 1

@@ -46,6 +46,9 @@ type scenario struct {
 	// redis, when set, starts a redis-server for the run: REDIS_URL in
 	// the fragments (the scenario's and its variants') is its URL.
 	redis bool
+	// otlp, when set, starts an OTLP/HTTP sink for the run: OTLP_URL in
+	// the fragments is its URL.
+	otlp bool
 	// replicas, when set, make the upstream a pool: a fake server per
 	// replica instead of one with profile.
 	replicas []replica
@@ -115,6 +118,22 @@ var scenarios = []*scenario{
 		sturdy:   fleetUpstream + defaultSturdy,
 		redis:    true,
 		variants: []variant{{name: "shared_state", sturdy: fleetUpstream + "shared_state: {redis_url: REDIS_URL, timeout: 50ms}\n" + defaultSturdy}},
+	},
+	{
+		name: "tracing",
+		about: "no faults: what tracing costs — every request traced, sampled and exported over OTLP/HTTP to a sink " +
+			"(sturdy+tracing) against tracing off (sturdy)",
+		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
+		runs: func(s settings) []runSpec {
+			return []runSpec{
+				{name: "capacity", path: "/v1/chat/completions", conns: s.conns},
+				{name: fmt.Sprintf("latency@%g/s", s.rate), path: "/v1/chat/completions", rate: s.rate, conns: 512},
+				{name: "streamed", path: "/v1/chat/completions", stream: true, conns: s.conns},
+			}
+		},
+		sturdy:   defaultSturdy,
+		otlp:     true,
+		variants: []variant{{name: "tracing", sturdy: "tracing: {endpoint: OTLP_URL, sample_ratio: 1.0}\n" + defaultSturdy}},
 	},
 	{
 		name:  "flaky",

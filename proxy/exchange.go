@@ -263,7 +263,7 @@ func (ex *exchange) finish() {
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
 		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head)},
-		tr:    traceState{tail: ex.tr.tail[:0]},
+		tr:    traceState{tail: ex.tr.tail[:0], attrs: ex.tr.attrs[:0], attemptAttrs: ex.tr.attemptAttrs[:0]},
 	}
 	exchangePool.Put(ex)
 }

@@ -108,6 +108,9 @@ type traceState struct {
 	attempt trace.Span
 	// tail is the last tailSize bytes relayed from the upstream.
 	tail []byte
+	// attrs and attemptAttrs gather the server span's and the attempt's
+	// attributes, set once as each span ends (one copy into the span).
+	attrs, attemptAttrs []attribute.KeyValue
 }
 
 // propagator reads and writes W3C traceparent and tracestate.
@@ -241,7 +244,7 @@ func (ex *exchange) startTrace() {
 		scheme = "https"
 	}
 	host, port := splitHostPort(string(rh.Host()), scheme)
-	attrs := []attribute.KeyValue{
+	attrs := append(ex.tr.attrs[:0],
 		attrMethod.String(string(ctx.Method())),
 		attrURLPath.String(string(rawPath(rh.RequestURI()))),
 		attrURLScheme.String(scheme),
@@ -249,16 +252,16 @@ func (ex *exchange) startTrace() {
 		attrClientAddr.String(ctx.RemoteIP().String()),
 		attrProtoVersion.String(protoVersion(rh.IsHTTP11())),
 		attrRequestID.String(string(ex.req.id)),
-	}
+	)
 	if port > 0 {
 		attrs = append(attrs, attrServerPort.Int(port))
 	}
 	if ua := rh.UserAgent(); len(ua) > 0 {
 		attrs = append(attrs, attrUserAgent.String(string(ua)))
 	}
-	ex.tr.t = tr.t
+	ex.tr.t, ex.tr.attrs = tr.t, attrs
 	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, string(ctx.Method()), trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(ex.req.start), trace.WithAttributes(attrs...))
+		trace.WithTimestamp(ex.req.start))
 }
 
 func protoVersion(http11 bool) string {
@@ -292,14 +295,14 @@ func (ex *exchange) traceRoute() {
 	}
 	r := ex.req.route
 	s.SetName(string(ex.ctx.Method()) + " " + string(r.prefix))
-	attrs := []attribute.KeyValue{attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name)}
+	attrs := append(ex.tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
 	if op := operationOf(rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
 		attrs = append(attrs, attrOperation.String(op))
 	}
 	if m := gjson.GetBytes(ex.ctx.Request.Body(), "model"); m.Type == gjson.String {
 		attrs = append(attrs, attrRequestModel.String(strings.Clone(m.Str)))
 	}
-	s.SetAttributes(attrs...)
+	ex.tr.attrs = attrs
 }
 
 // operationOf is gen_ai.operation.name for a path ("": not a GenAI call).
@@ -332,16 +335,15 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 		scheme = "https"
 	}
 	host, port := splitHostPort(ep.addr, scheme)
-	attrs := []attribute.KeyValue{
+	attrs := append(ex.tr.attemptAttrs[:0],
 		attrMethod.String(string(ex.ctx.Method())),
 		attrServerAddr.String(host),
 		attrServerPort.Int(port),
 		// Without the query: no secret rides in a span.
-		attrURLFull.String(string(ep.base) + string(rawPath(ex.ctx.Request.Header.RequestURI()))),
+		attrURLFull.String(string(ep.base)+string(rawPath(ex.ctx.Request.Header.RequestURI()))),
 		attrUpstream.String(t.up.name),
-		attrEndpoint.String(ep.addr),
 		attrAttempt.Int(lp.attempts),
-	}
+	)
 	if lp.model != "" {
 		// lp.model is read in place from the body: the span outlives it.
 		attrs = append(attrs, attrRequestModel.String(strings.Clone(lp.model)))
@@ -355,10 +357,9 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 	if ex.out.rescue.tries > 0 {
 		attrs = append(attrs, attrContinuation.Bool(true))
 	}
-	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, string(ex.ctx.Method())+" "+t.up.name,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, string(ex.ctx.Method())+" "+t.up.name, trace.WithSpanKind(trace.SpanKindClient))
 	propagator.Inject(ctx, headerCarrier{&ex.req.msg.Header})
-	ex.tr.attempt = s
+	ex.tr.attempt, ex.tr.attemptAttrs = s, attrs
 }
 
 // attemptDone records how the attempt went: its status or fault, its
@@ -370,11 +371,11 @@ func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
 	}
 	lp := &ex.loop
 	v := lp.verdict
-	attrs := []attribute.KeyValue{
+	attrs := append(ex.tr.attemptAttrs,
 		attrResult.String(resultLabel(v)),
 		attrConnBreaker.String(ep.breaker.State().String()),
 		attrModelBreaker.String(ep.modelBreakerState(lp.model)),
-	}
+	)
 	errType := ""
 	if out.Fault == policy.FaultNone {
 		attrs = append(attrs, attrStatus.Int(out.Status))
@@ -397,7 +398,7 @@ func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
 		attrs = append(attrs, attrErrorType.String(errType))
 		s.SetStatus(codes.Error, resultLabel(v))
 	}
-	s.SetAttributes(attrs...)
+	ex.tr.attemptAttrs = attrs
 }
 
 // attemptDecided records what policy chose after the attempt; the
@@ -407,11 +408,11 @@ func (ex *exchange) attemptDecided(d policy.Decision) {
 	if s == nil {
 		return
 	}
-	if d.Action == policy.ActionAttempt {
-		s.SetAttributes(attrDecision.String("retry"))
-	} else {
-		s.SetAttributes(attrDecision.String(d.Action.String()))
+	decision := "retry"
+	if d.Action != policy.ActionAttempt {
+		decision = d.Action.String()
 	}
+	ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrDecision.String(decision))
 	if d.Action != policy.ActionStop {
 		ex.endAttempt()
 	}
@@ -424,7 +425,7 @@ func (ex *exchange) attemptCut(err error) {
 	if s == nil {
 		return
 	}
-	s.SetAttributes(attrErrorType.String("stream_interrupted"))
+	ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrErrorType.String("stream_interrupted"))
 	msg := "the stream failed mid-response"
 	if err != nil {
 		msg += ": " + err.Error()
@@ -436,8 +437,9 @@ func (ex *exchange) attemptCut(err error) {
 // endAttempt ends the attempt's span, if one is open.
 func (ex *exchange) endAttempt() {
 	if s := ex.tr.attempt; s != nil {
+		s.SetAttributes(ex.tr.attemptAttrs...)
 		s.End()
-		ex.tr.attempt = nil
+		ex.tr.attempt, ex.tr.attemptAttrs = nil, ex.tr.attemptAttrs[:0]
 	}
 }
 
@@ -475,8 +477,7 @@ func (ex *exchange) traceCommit() {
 	if ex.tr.span == nil {
 		return
 	}
-	ex.tr.span.AddEvent("commit", trace.WithAttributes(attrStatus.Int(ex.out.status),
-		attrStream.Bool(ex.reply.body != nil || ex.reply.heldToEnd), attrUpstream.String(ex.loop.up.name)))
+	ex.tr.span.AddEvent("commit", trace.WithAttributes(attrStream.Bool(ex.reply.body != nil || ex.reply.heldToEnd)))
 }
 
 // traceRescue notes a rescue of a stream cut mid-answer: continued,
@@ -523,13 +524,13 @@ func (ex *exchange) endTrace() {
 	if out.outcome == outcomeClientGone {
 		s.AddEvent("client_gone", trace.WithAttributes(attrPhase.String(phase(ex.gonePhase.Load()).String())))
 	}
-	attrs := []attribute.KeyValue{
+	attrs := append(ex.tr.attrs,
 		attrStatus.Int(out.status),
 		attrOutcome.String(out.outcome),
 		attrAttempts.Int(lp.attempts),
 		attrBodySize.Int64(out.bytesOut),
 		attrStream.Bool(out.streaming),
-	}
+	)
 	if ex.req.route != nil {
 		attrs = append(attrs, attrUpstream.String(lp.up.name))
 		if lp.ep != nil {
@@ -573,6 +574,7 @@ func (ex *exchange) endTrace() {
 	}
 	s.SetAttributes(attrs...)
 	s.End()
+	ex.tr.attrs = attrs
 }
 
 // traceID is the request's trace id, for the access line; false: not

@@ -91,7 +91,7 @@ func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
 		if a.Kind != tracepb.Span_SPAN_KIND_CLIENT || a.Attrs["sturdy.upstream"] != w.upstream ||
 			a.Attrs["gen_ai.request.model"] != w.model || a.Attrs["sturdy.decision"] != w.decision ||
 			a.Attrs["http.response.status_code"] != w.status || a.Attrs["sturdy.attempt"] != int64(i+1) ||
-			a.Attrs["sturdy.breaker.connection"] != "closed" || a.Attrs["sturdy.endpoint"] == nil {
+			a.Attrs["sturdy.breaker.connection"] != "closed" || a.Attrs["server.port"] == nil {
 			t.Fatalf("attempt %d: %q %v", i+1, a.Name, a.Attrs)
 		}
 		if i < 3 && (a.Attrs["sturdy.retry_reason"] != "5xx" || a.StatusCode != tracepb.Status_STATUS_CODE_ERROR ||
@@ -136,7 +136,7 @@ func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
 		waits[1].Attrs["sturdy.wait.ms"].(float64) < 50 {
 		t.Fatalf("wait events %v", waits)
 	}
-	if c, ok := root.Event("commit"); !ok || c.Attrs["sturdy.upstream"] != "b" {
+	if c, ok := root.Event("commit"); !ok || c.Attrs["sturdy.stream"] != false {
 		t.Fatalf("commit event %v (%v)", c, ok)
 	}
 	line := h.accessLines(1)[0]
@@ -405,5 +405,22 @@ func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
 	}
 	if !queued || !paced {
 		t.Fatalf("queue %v, pacing %v in %v", queued, paced, spans)
+	}
+}
+
+func TestACollectorThatIsDownCostsRequestsNothing(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Tracing = &Tracing{Settings: tracing.Settings{URL: "http://" + freePort(t) + "/v1/traces", Protocol: tracing.ProtocolHTTP,
+			SampleRatio: 1, ServiceName: "s"}, batchTimeout: 10 * time.Millisecond}
+	})
+	start := time.Now()
+	for i := range 50 {
+		if resp, _ := h.chat(""); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("50 requests took %v with the collector down", d)
 	}
 }
