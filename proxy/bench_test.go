@@ -35,15 +35,19 @@ func BenchmarkHeaderCopy(b *testing.B) {
 func BenchmarkProxiedRequest(b *testing.B) { benchProxied(b, nil) }
 
 // BenchmarkProxiedRequestTraced is BenchmarkProxiedRequest with tracing
-// on, every request sampled, its spans exported to an in-process OTLP
-// receiver: what tracing costs per request, export included.
+// on, every request sampled (its spans exported to an in-process OTLP
+// sink: export included) or none (traceparent still sent upstream).
 func BenchmarkProxiedRequestTraced(b *testing.B) {
 	rcv, err := otlptest.New(false)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer rcv.Close()
-	benchProxied(b, func(o *Options) { withTracing(o, rcv, 1) })
+	for _, ratio := range []float64{1, 0} {
+		b.Run(map[float64]string{1: "sampled", 0: "unsampled"}[ratio], func(b *testing.B) {
+			benchProxied(b, func(o *Options) { withTracing(o, rcv, ratio) })
+		})
+	}
 }
 
 func benchProxied(b *testing.B, edit func(*Options)) {

@@ -29,8 +29,8 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		ex.finish()
 		return
 	}
-	ex.traceRoute()
 	ex.prepare()
+	ex.traceRoute()
 	ex.run()
 	if !ex.out.streaming {
 		ex.finish()

@@ -349,9 +349,9 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	ex.startAttempt(t, ep)
 	out = ex.attempt(t, ep, now)
 	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	ex.attemptDone(ep, out)
 	tk.conn.Done(breakerResult(lp.verdict.Conn))
 	tk.model.Done(breakerResult(lp.verdict.Health))
+	ex.attemptDone(ep, out) // the breakers' states after it
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
 	}

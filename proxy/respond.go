@@ -64,7 +64,7 @@ func (ex *exchange) commit(final bool) {
 	}
 	ex.out.ttft = time.Since(ex.req.start)
 	ex.out.ttfb = ex.reply.headAt.Sub(ex.req.start)
-	ex.traceCommit()
+	defer ex.traceCommit()
 	if ex.reply.body == nil && !ex.reply.heldToEnd {
 		if ctx.IsHead() {
 			ctx.Response.SkipBody = true

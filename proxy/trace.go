@@ -97,9 +97,11 @@ const (
 const tailSize = 4 << 10
 
 // traceState is an exchange's part in a trace; span nil: not traced, and
-// every hook returns at once.
+// every hook returns at once. A span that is not sampled (rec false)
+// still gives each attempt its traceparent, and nothing more is done.
 type traceState struct {
-	t *tracing.Tracer
+	t   *tracing.Tracer
+	rec bool
 	// ctx carries the server span, the attempts' parent.
 	ctx  context.Context
 	span trace.Span
@@ -239,6 +241,12 @@ func (ex *exchange) startTrace() {
 	}
 	ctx, rh := ex.ctx, &ex.ctx.Request.Header
 	parent := propagator.Extract(context.Background(), headerCarrier{rh})
+	ex.tr.t = tr.t
+	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, string(ctx.Method()), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(ex.req.start))
+	if ex.tr.rec = ex.tr.span.IsRecording(); !ex.tr.rec {
+		return
+	}
 	scheme := "http"
 	if ctx.IsTLS() {
 		scheme = "https"
@@ -259,9 +267,7 @@ func (ex *exchange) startTrace() {
 	if ua := rh.UserAgent(); len(ua) > 0 {
 		attrs = append(attrs, attrUserAgent.String(string(ua)))
 	}
-	ex.tr.t, ex.tr.attrs = tr.t, attrs
-	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, string(ctx.Method()), trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(ex.req.start))
+	ex.tr.attrs = attrs
 }
 
 func protoVersion(http11 bool) string {
@@ -290,13 +296,13 @@ func splitHostPort(hostport, scheme string) (string, int) {
 // notes the model it asked for.
 func (ex *exchange) traceRoute() {
 	s := ex.tr.span
-	if s == nil {
+	if !ex.tr.rec {
 		return
 	}
 	r := ex.req.route
 	s.SetName(string(ex.ctx.Method()) + " " + string(r.prefix))
 	attrs := append(ex.tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
-	if op := operationOf(rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
+	if op := operationOf(ex.req.api, rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
 		attrs = append(attrs, attrOperation.String(op))
 	}
 	if m := gjson.GetBytes(ex.ctx.Request.Body(), "model"); m.Type == gjson.String {
@@ -305,17 +311,21 @@ func (ex *exchange) traceRoute() {
 	ex.tr.attrs = attrs
 }
 
-// operationOf is gen_ai.operation.name for a path ("": not a GenAI call).
-func operationOf(path []byte) string {
-	path = bytes.TrimSuffix(path, []byte("/"))
-	switch {
-	case bytes.HasSuffix(path, []byte("/chat/completions")), bytes.HasSuffix(path, []byte("/api/chat")),
-		bytes.HasSuffix(path, []byte("/responses")):
+// operationOf is gen_ai.operation.name for a request of api to path
+// ("": not a GenAI call).
+func operationOf(api policy.API, path []byte) string {
+	switch api {
+	case policy.APIChat, policy.APIResponses:
 		return "chat"
-	case bytes.HasSuffix(path, []byte("/completions")), bytes.HasSuffix(path, []byte("/api/generate")):
+	case policy.APICompletions:
 		return "text_completion"
-	case bytes.HasSuffix(path, []byte("/embeddings")), bytes.HasSuffix(path, []byte("/api/embed")),
-		bytes.HasSuffix(path, []byte("/api/embeddings")):
+	case policy.APIOllama:
+		if bytes.HasSuffix(bytes.TrimSuffix(path, []byte("/")), []byte("/generate")) {
+			return "text_completion"
+		}
+		return "chat"
+	}
+	if p := bytes.TrimSuffix(path, []byte("/")); bytes.HasSuffix(p, []byte("/embeddings")) || bytes.HasSuffix(p, []byte("/api/embed")) {
 		return "embeddings"
 	}
 	return ""
@@ -329,6 +339,14 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 		return
 	}
 	ex.endAttempt()
+	h := &ex.req.msg.Header
+	h.Del("tracestate") // the client's, copied with its headers: Inject sends it again if its traceparent was valid
+	if !ex.tr.rec {
+		ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, "attempt", trace.WithSpanKind(trace.SpanKindClient))
+		propagator.Inject(ctx, headerCarrier{h})
+		ex.tr.attempt = s
+		return
+	}
 	lp := &ex.loop
 	scheme := "http"
 	if bytes.HasPrefix(ep.base, []byte("https:")) {
@@ -358,7 +376,7 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 		attrs = append(attrs, attrContinuation.Bool(true))
 	}
 	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, string(ex.ctx.Method())+" "+t.up.name, trace.WithSpanKind(trace.SpanKindClient))
-	propagator.Inject(ctx, headerCarrier{&ex.req.msg.Header})
+	propagator.Inject(ctx, headerCarrier{h})
 	ex.tr.attempt, ex.tr.attemptAttrs = s, attrs
 }
 
@@ -366,7 +384,7 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 // result and the breakers' states after it.
 func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
 	s := ex.tr.attempt
-	if s == nil {
+	if s == nil || !ex.tr.rec {
 		return
 	}
 	lp := &ex.loop
@@ -396,7 +414,9 @@ func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
 	}
 	if errType != "" {
 		attrs = append(attrs, attrErrorType.String(errType))
-		s.SetStatus(codes.Error, resultLabel(v))
+		if v.Class != policy.ClassClientGone { // abandoned for the client, not failed
+			s.SetStatus(codes.Error, resultLabel(v))
+		}
 	}
 	ex.tr.attemptAttrs = attrs
 }
@@ -404,15 +424,16 @@ func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
 // attemptDecided records what policy chose after the attempt; the
 // attempt's span ends unless its reply may be the client's.
 func (ex *exchange) attemptDecided(d policy.Decision) {
-	s := ex.tr.attempt
-	if s == nil {
+	if ex.tr.attempt == nil {
 		return
 	}
-	decision := "retry"
-	if d.Action != policy.ActionAttempt {
-		decision = d.Action.String()
+	if ex.tr.rec {
+		decision := "retry"
+		if d.Action != policy.ActionAttempt {
+			decision = d.Action.String()
+		}
+		ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrDecision.String(decision))
 	}
-	ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrDecision.String(decision))
 	if d.Action != policy.ActionStop {
 		ex.endAttempt()
 	}
@@ -422,7 +443,8 @@ func (ex *exchange) attemptDecided(d policy.Decision) {
 // its span.
 func (ex *exchange) attemptCut(err error) {
 	s := ex.tr.attempt
-	if s == nil {
+	if s == nil || !ex.tr.rec {
+		ex.endAttempt()
 		return
 	}
 	ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrErrorType.String("stream_interrupted"))
@@ -447,7 +469,7 @@ func (ex *exchange) endAttempt() {
 // phase it is in (backoff, retry_after, cooldown, pacing, queue,
 // ride_through), with who set it.
 func (ex *exchange) traceWait(d time.Duration, source string) {
-	if ex.tr.span == nil || d <= 0 {
+	if !ex.tr.rec || d <= 0 {
 		return
 	}
 	ex.tr.span.AddEvent(phase(ex.phase.Load()).String(), trace.WithAttributes(
@@ -457,7 +479,7 @@ func (ex *exchange) traceWait(d time.Duration, source string) {
 // traceQueued notes a queue wait that began at start, when it had to
 // wait (zero start: not traced).
 func (ex *exchange) traceQueued(start time.Time, r slotResult, source string) {
-	if ex.tr.span == nil || r == slotTaken {
+	if !ex.tr.rec || r == slotTaken {
 		return
 	}
 	ex.tr.span.AddEvent(phaseQueue.String(), trace.WithTimestamp(start), trace.WithAttributes(
@@ -466,24 +488,26 @@ func (ex *exchange) traceQueued(start time.Time, r slotResult, source string) {
 
 // queueStart is when a queue wait begins, read only when traced.
 func (ex *exchange) queueStart() time.Time {
-	if ex.tr.span == nil {
+	if !ex.tr.rec {
 		return time.Time{}
 	}
 	return time.Now()
 }
 
-// traceCommit notes the moment the reply went to the client.
+// traceCommit notes the moment the reply went to the client (its ttft)
+// and whether it streams; commit calls it as it returns.
 func (ex *exchange) traceCommit() {
-	if ex.tr.span == nil {
+	if !ex.tr.rec {
 		return
 	}
-	ex.tr.span.AddEvent("commit", trace.WithAttributes(attrStream.Bool(ex.reply.body != nil || ex.reply.heldToEnd)))
+	ex.tr.span.AddEvent("commit", trace.WithTimestamp(ex.req.start.Add(ex.out.ttft)),
+		trace.WithAttributes(attrStream.Bool(ex.out.streaming)))
 }
 
 // traceRescue notes a rescue of a stream cut mid-answer: continued,
 // failed, or why none was tried.
 func (ex *exchange) traceRescue(result string) {
-	if ex.tr.span == nil {
+	if !ex.tr.rec {
 		return
 	}
 	ex.tr.span.AddEvent("rescue", trace.WithAttributes(attrRescueResult.String(result)))
@@ -492,7 +516,7 @@ func (ex *exchange) traceRescue(result string) {
 // keepTail keeps the last tailSize bytes relayed, for the usage a
 // stream's last event tells.
 func (ex *exchange) keepTail(b []byte) {
-	if ex.tr.span == nil {
+	if !ex.tr.rec {
 		return
 	}
 	t := ex.tr.tail
@@ -514,6 +538,11 @@ func (ex *exchange) keepTail(b []byte) {
 func (ex *exchange) endTrace() {
 	s := ex.tr.span
 	if s == nil {
+		return
+	}
+	if !ex.tr.rec {
+		ex.endAttempt()
+		s.End()
 		return
 	}
 	out, lp := &ex.out, &ex.loop
@@ -552,9 +581,9 @@ func (ex *exchange) endTrace() {
 	if out.rescue.rescued > 0 {
 		attrs = append(attrs, attrRescued.Int(out.rescue.rescued))
 	}
-	body := ex.tr.tail
-	if !out.streaming && ex.reply.has {
-		body = ex.reply.head
+	body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
+	if len(body) == 0 && ex.reply.has {
+		body = ex.reply.head // a reply set whole
 	}
 	if u := usageOf(body); u.model != "" || u.known {
 		if u.model != "" {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,7 +309,7 @@ func TestUsageOf(t *testing.T) {
 }
 
 func TestKeepTailKeepsTheLastBytes(t *testing.T) {
-	ex := &exchange{tr: traceState{span: noop.Span{}}}
+	ex := &exchange{tr: traceState{span: noop.Span{}, rec: true}}
 	var all []byte
 	for i := range 300 {
 		b := []byte(strings.Repeat(string(rune('a'+i%26)), i%97))
@@ -422,5 +423,42 @@ func TestACollectorThatIsDownCostsRequestsNothing(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("50 requests took %v with the collector down", d)
+	}
+}
+
+func TestAnAttemptSpanHasTheBreakersStateAfterIt(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Upstreams[0].Breaker.ConsecutiveFailures = 1
+		o.Routes[0].Retry.MaxAttempts = 1
+		withTracing(o, rcv, 1)
+	})
+	h.chat("", "traceparent", clientTraceparent)
+	_, attempts := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	if a := attempts[0].Attrs; a["sturdy.breaker.model"] != "open" {
+		t.Fatalf("the attempt that opened the model breaker says %v", a["sturdy.breaker.model"])
+	}
+}
+
+func TestUsageOfABodyReadWholeForAnHTTP10Client(t *testing.T) {
+	rcv := otlptest.Start(t)
+	chunks := upstreamtest.SSE("Hi")
+	usage := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m-3","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n"
+	chunks = append(chunks[:len(chunks)-1], usage, chunks[len(chunks)-1])
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}}, Chunks: chunks})
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 1) })
+	body := `{"model":"m","stream":true}`
+	resp, got := h.raw("POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\ntraceparent: " + clientTraceparent +
+		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	if resp.StatusCode != 200 || !strings.Contains(string(got), "[DONE]") {
+		t.Fatalf("%d %s", resp.StatusCode, got)
+	}
+	root, _ := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	if root.Attrs["gen_ai.usage.input_tokens"] != int64(5) || root.Attrs["gen_ai.response.model"] != "m-3" {
+		t.Fatalf("server span %v", root.Attrs)
+	}
+	if c, ok := root.Event("commit"); !ok || c.Attrs["sturdy.stream"] != false {
+		t.Fatalf("commit %v", c)
 	}
 }

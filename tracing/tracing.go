@@ -72,30 +72,37 @@ func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error
 		return Settings{}, false, nil
 	}
 	s = Settings{Protocol: f.Protocol, ServiceName: f.ServiceName, Headers: f.Headers}
+	if len(s.Headers) == 0 {
+		s.Headers = nil // headers: {} sets none: OTEL_EXPORTER_OTLP_HEADERS still applies
+	}
 	if s.Protocol == "" {
-		s.Protocol = firstSet(getenv, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+		var name string
+		name, s.Protocol = firstSet(getenv, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 		switch s.Protocol {
 		case "":
 			s.Protocol = ProtocolHTTP
 		case ProtocolHTTP, ProtocolGRPC:
 		default:
-			return Settings{}, false, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL: %q: Sturdy exports http/protobuf or grpc", s.Protocol)
+			return Settings{}, false, fmt.Errorf("%s: %q: Sturdy exports http/protobuf or grpc", name, s.Protocol)
 		}
 	}
-	full := false // a signal-specific endpoint is used as written
+	// A signal-specific endpoint is used as written; the general one is a
+	// base URL.
+	name, full := "", false
 	switch {
 	case f.Endpoint != "":
 		s.URL = f.Endpoint
 	case getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
-		s.URL, full = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), true
+		name, full = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", true
 	case getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "":
-		s.URL = getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
 	default:
 		return Settings{}, false, nil
 	}
-	if f.Endpoint == "" {
+	if name != "" {
+		s.URL = getenv(name)
 		if err := CheckEndpoint(s.URL); err != nil {
-			return Settings{}, false, fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: %v", err)
+			return Settings{}, false, fmt.Errorf("%s: %v", name, err)
 		}
 	}
 	if s.Protocol == ProtocolHTTP && !full && !strings.HasSuffix(s.URL, tracesPath) {
@@ -113,17 +120,20 @@ func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error
 }
 
 // CheckEndpoint reports what is wrong with a collector URL, if anything.
+// It never quotes the URL: one from the environment may carry a token.
 func CheckEndpoint(raw string) error {
 	u, err := url.Parse(raw)
 	switch {
+	case !strings.Contains(raw, "://"):
+		return errors.New("no scheme: write it as http://host:port (e.g. http://127.0.0.1:4318)")
 	case err != nil:
-		return fmt.Errorf("%q is not a URL", raw)
+		return errors.New("not a URL")
 	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Errorf("%q: want http:// or https:// and the collector's address (e.g. http://127.0.0.1:4318)", raw)
+		return errors.New("want http:// or https:// and the collector's address (e.g. http://127.0.0.1:4318)")
 	case u.Host == "":
-		return fmt.Errorf("%q has no host", raw)
-	case u.RawQuery != "" || u.User != nil:
-		return fmt.Errorf("%q: no query or user info (credentials go in headers)", raw)
+		return errors.New("the URL has no host")
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return errors.New("no query, fragment or user info in the URL (credentials go in headers)")
 	}
 	return nil
 }
@@ -156,13 +166,14 @@ func sampleRatio(file *float64, getenv func(string) string) (float64, error) {
 	}
 }
 
-func firstSet(getenv func(string) string, names ...string) string {
+// firstSet returns the first of the variables that is set, and its value.
+func firstSet(getenv func(string) string, names ...string) (name, value string) {
 	for _, n := range names {
 		if v := getenv(n); v != "" {
-			return v
+			return n, v
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // Tracer is a running tracer provider: the spans it starts are sampled

@@ -51,6 +51,12 @@ func TestResolve(t *testing.T) {
 			err: "OTEL_TRACES_SAMPLER"},
 		{name: "an unknown protocol", file: File{Endpoint: "http://c:1"}, env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
 			err: "OTEL_EXPORTER_OTLP_PROTOCOL"},
+		{name: "the signal's protocol is named", file: File{Endpoint: "http://c:1"},
+			env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, err: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"},
+		{name: "the signal's endpoint is named", env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "c:4318"},
+			err: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"},
+		{name: "empty headers set none", file: File{Endpoint: "http://c:1", Headers: map[string]string{}}, on: true,
+			want: Settings{URL: "http://c:1/v1/traces", Protocol: ProtocolHTTP, SampleRatio: 1, ServiceName: "sturdy"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, on, err := Resolve(c.file, func(k string) string { return c.env[k] })
@@ -64,7 +70,7 @@ func TestResolve(t *testing.T) {
 				t.Fatalf("on %v err %v", on, err)
 			}
 			if on && (got.URL != c.want.URL || got.Protocol != c.want.Protocol || got.SampleRatio != c.want.SampleRatio ||
-				got.ServiceName != c.want.ServiceName || len(got.Headers) != len(c.want.Headers)) {
+				got.ServiceName != c.want.ServiceName || len(got.Headers) != len(c.want.Headers) || (got.Headers == nil) != (c.want.Headers == nil)) {
 				t.Fatalf("got %+v, want %+v", got, c.want)
 			}
 		})
@@ -73,9 +79,14 @@ func TestResolve(t *testing.T) {
 
 func TestCheckEndpoint(t *testing.T) {
 	for raw, ok := range map[string]bool{"http://127.0.0.1:4318": true, "https://otel.example:443/otlp": true,
-		"127.0.0.1:4318": false, "ftp://x": false, "http://": false, "http://u:p@x:1": false, "http://x:1/?token=a": false} {
-		if err := CheckEndpoint(raw); (err == nil) != ok {
+		"127.0.0.1:4318": false, "ftp://x": false, "http://": false, "http://u:SECRET@x:1": false, "http://x:1/?token=SECRET": false,
+		"http://x:1/#SECRET": false} {
+		err := CheckEndpoint(raw)
+		if (err == nil) != ok {
 			t.Errorf("%q: %v", raw, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("%q: the message quotes the URL: %v", raw, err)
 		}
 	}
 }
