@@ -141,3 +141,16 @@ func TestCancelSmoke(t *testing.T) {
 		t.Fatalf("no cancel table:\n%s", stdout.String())
 	}
 }
+
+func TestRatiosDivideSturdyByEachPeer(t *testing.T) {
+	res := scenarioResult{Targets: []targetResult{
+		{Target: "sturdy", Runs: []runResult{{Run: "capacity", Throughput: 90, CPUPerRequest: 40}, {Run: "streamed", Throughput: 10}}},
+		{Target: "nginx", Runs: []runResult{{Run: "capacity", Throughput: 100, CPUPerRequest: 32}}},
+		{Target: "floor", Runs: []runResult{{Run: "capacity", Throughput: 120, CPUPerRequest: 36}}},
+	}}
+	got := ratios(res)
+	want := []string{"- capacity: Sturdy ÷ nginx: req/s 0.90×, CPU/req 1.25×; ÷ floor: req/s 0.75×, CPU/req 1.11×"}
+	if len(got) != 1 || got[0] != want[0] {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}

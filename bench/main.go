@@ -435,6 +435,10 @@ func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (
 	if err != nil {
 		return nil, false, err
 	}
+	if sc.pool && len(upstreams) == 1 {
+		// The one fake server twice, by address and by name: a pool of two.
+		upstreams = append(upstreams, strings.Replace(upstreams[0], "127.0.0.1", "localhost", 1))
+	}
 	where := "url: " + upstreams[0]
 	if len(upstreams) > 1 {
 		where = "endpoints: [" + strings.Join(upstreams, ", ") + "]"

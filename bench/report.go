@@ -89,6 +89,55 @@ func writeMarkdown(w io.Writer, res scenarioResult) {
 				r.Amplification, orDash(r.CPUPerRequest), orDash(r.PeakRSSMiB), strings.Join(figs, ", "))
 		}
 	}
+	if lines := ratios(res); len(lines) > 0 {
+		fmt.Fprintln(w)
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+	}
+}
+
+// ratioPeers are the targets Sturdy is divided by under each table: the
+// reference proxy, and the floor (a bare fasthttp forwarder).
+var ratioPeers = []string{"nginx", "floor"}
+
+// ratios says, per run, Sturdy's throughput and CPU per request as a
+// multiple of each ratio peer's measured in the same run.
+func ratios(res scenarioResult) []string {
+	runs := map[string]map[string]runResult{}
+	var order []string
+	for _, t := range res.Targets {
+		for _, r := range t.Runs {
+			if runs[r.Run] == nil {
+				runs[r.Run] = map[string]runResult{}
+				order = append(order, r.Run)
+			}
+			runs[r.Run][t.Target] = r
+		}
+	}
+	var out []string
+	for _, run := range order {
+		st, ok := runs[run]["sturdy"]
+		if !ok {
+			continue
+		}
+		var parts []string
+		for _, peer := range ratioPeers {
+			pr, ok := runs[run][peer]
+			if !ok || pr.Throughput == 0 {
+				continue
+			}
+			part := fmt.Sprintf("÷ %s: req/s %.2f×", peer, st.Throughput/pr.Throughput)
+			if st.CPUPerRequest > 0 && pr.CPUPerRequest > 0 {
+				part += fmt.Sprintf(", CPU/req %.2f×", st.CPUPerRequest/pr.CPUPerRequest)
+			}
+			parts = append(parts, part)
+		}
+		if len(parts) > 0 {
+			out = append(out, fmt.Sprintf("- %s: Sturdy %s", run, strings.Join(parts, "; ")))
+		}
+	}
+	return out
 }
 
 func orDash(v float64) string {

@@ -49,6 +49,9 @@ type scenario struct {
 	// otlp, when set, starts an OTLP/HTTP sink for the run: OTLP_URL in
 	// the fragments is its URL.
 	otlp bool
+	// pool, when set, gives Sturdy's upstream two endpoints, both the
+	// one fake server (by address and by name).
+	pool bool
 	// replicas, when set, make the upstream a pool: a fake server per
 	// replica instead of one with profile.
 	replicas []replica
@@ -92,8 +95,11 @@ const flakyP = 0.20
 
 var scenarios = []*scenario{
 	{
-		name:    "overhead",
-		about:   "no faults: capacity with 32 connections, added latency at a fixed unsaturated rate, streamed replies",
+		name: "overhead",
+		about: "no faults: capacity with 32 connections, added latency at a fixed unsaturated rate, streamed replies; " +
+			"Sturdy with every feature configured (fullSturdy: a pool of two endpoints, health checks, per-model breakers, " +
+			"cooldowns, retry budget, max_in_flight, client-gone watching, commit on content, shared_state idle, tracing off), " +
+			"and sturdy+rate_limit adding a rate limit that never binds (with shared_state, a Redis call per request)",
 		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
 		runs: func(s settings) []runSpec {
 			return []runSpec{
@@ -102,7 +108,10 @@ var scenarios = []*scenario{
 				{name: "streamed", path: "/v1/chat/completions", stream: true, conns: s.conns},
 			}
 		},
-		sturdy: defaultSturdy,
+		sturdy:   fullUpstream + fullSturdy,
+		pool:     true,
+		redis:    true,
+		variants: []variant{{name: "rate_limit", sturdy: fullUpstream + fleetUpstream + fullSturdy}},
 	},
 	{
 		name: "fleet",
@@ -295,6 +304,29 @@ var replicaLatency = fakellm.Latency{Base: 25 * time.Millisecond, Jitter: 10 * t
 // fleetUpstream is the fleet scenario's rate_limit: far above any rate
 // the machine reaches, so it costs its bookkeeping and never a wait.
 const fleetUpstream = "    rate_limit: {requests_per_second: 1000000, burst: 100000, max_wait: 1s}\n"
+
+// fullUpstream and fullSturdy are the overhead scenario's Sturdy: every
+// feature a production config turns on, none of them binding in a run
+// without faults. The two endpoints, health-checked, each have their
+// connection breaker and a reply breaker per model; cooldowns are on (no
+// 429 starts one); the retry budget is counted; max_in_flight slots are
+// taken; each client connection is watched for leaving; streams commit on
+// their first content; shared_state is configured (cooldowns and breaker
+// hints would be shared) and idle; tracing is off.
+const (
+	fullUpstream = `    health_check: {path: /v1/models, every: 5s}
+    breaker: {consecutive_failures: 5, failure_ratio: 0.5, min_requests: 20, window: 10s, open_for: 5s}
+    retry_budget: {ratio: 0.2, min_per_second: 10}
+    cooldown: {enabled: true, without_header: 1s}
+    max_in_flight: 4096
+`
+	fullSturdy = `shared_state: {redis_url: REDIS_URL, timeout: 50ms, share_breakers: true}
+routes:
+  - name: default
+    upstream: fake
+    retry: {max_attempts: 3}
+`
+)
 
 const defaultSturdy = `routes:
   - name: default

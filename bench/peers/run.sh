@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs a bench scenario through the fake server directly, Sturdy, nginx and
-# HAProxy side by side in one run, and prints one table.
+# Runs a bench scenario through the fake server directly, Sturdy, nginx,
+# HAProxy and the floor (a bare fasthttp forwarder, bench/peers/floor, built
+# from this module's fasthttp) side by side in one run, and prints one table.
 #   bench/peers/run.sh overhead [-duration 20s ...]
 #   bench/peers/run.sh all
 # Installs nginx and HAProxy from Debian packages if they are missing
-# (needs root), starts them on loopback (ports 18081, 18082, in front of the
-# fake server on 18000; for the replicas scenario 18083, 18084, in front of
-# its four fake servers on 18001-18004) and stops them afterwards.
+# (needs root), starts them on loopback (ports 18081, 18082 and the floor's
+# 18085, in front of the fake server on 18000; for the replicas scenario
+# 18083, 18084, in front of its four fake servers on 18001-18004) and stops
+# them afterwards.
 set -euo pipefail
 scenario=${1:-overhead}
 shift || true
@@ -19,8 +21,8 @@ install() {
 }
 install nginx nginx-light
 install haproxy haproxy
-if pgrep -x nginx >/dev/null || pgrep -x haproxy >/dev/null; then
-  echo "another nginx or haproxy is running: stop it first, its CPU would be counted" >&2
+if pgrep -x nginx >/dev/null || pgrep -x haproxy >/dev/null || pgrep -x sturdy-floor >/dev/null; then
+  echo "another nginx, haproxy or sturdy-floor is running: stop it first, its CPU would be counted" >&2
   exit 1
 fi
 
@@ -28,10 +30,11 @@ dir=$(mktemp -d)
 cleanup() {
   [ -f "$dir/nginx.pid" ] && kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
   [ -f "$dir/haproxy.pid" ] && kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
+  [ -n "${floor_pid:-}" ] && kill "$floor_pid" 2>/dev/null || true
   # Wait (up to 5 s) for every worker to exit, so a run right after this
   # one does not find them.
   for _ in $(seq 50); do
-    pgrep -x nginx >/dev/null || pgrep -x haproxy >/dev/null || break
+    pgrep -x nginx >/dev/null || pgrep -x haproxy >/dev/null || pgrep -x sturdy-floor >/dev/null || break
     sleep 0.1
   done
   rm -rf "$dir"
@@ -42,7 +45,11 @@ chmod 755 "$dir"
 sed "s#@DIR@#$dir#g" bench/peers/nginx.conf > "$dir/nginx.conf"
 nginx -p "$dir" -c "$dir/nginx.conf"
 haproxy -f bench/peers/haproxy.cfg -D -p "$dir/haproxy.pid"
+go build -o "$dir/sturdy-floor" ./bench/peers/floor
+"$dir/sturdy-floor" -listen 127.0.0.1:18085 -upstream 127.0.0.1:18000 &
+floor_pid=$!
 
 go run ./bench -scenario "$scenario" \
   -peer nginx=http://127.0.0.1:18081@nginx -peer nginx/replicas=http://127.0.0.1:18083 \
-  -peer haproxy=http://127.0.0.1:18082@haproxy -peer haproxy/replicas=http://127.0.0.1:18084 "$@"
+  -peer haproxy=http://127.0.0.1:18082@haproxy -peer haproxy/replicas=http://127.0.0.1:18084 \
+  -peer floor=http://127.0.0.1:18085@sturdy-floor "$@"
