@@ -41,3 +41,72 @@ func BenchmarkBudget(b *testing.B) {
 		}
 	}
 }
+
+// judged are the events a stream's head is judged on, per API: framing,
+// content, usage.
+var judged = []struct {
+	api API
+	ev  Event
+}{
+	{APIChat, Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)}},
+	{APIChat, Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)}},
+	{APIChat, Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]},"finish_reason":null}]}`)}},
+	{APIResponses, Event{Name: []byte("response.created"), Data: []byte(`{"type":"response.created","response":{"id":"r1","status":"in_progress"}}`)}},
+	{APIResponses, Event{Name: []byte("response.output_text.delta"), Data: []byte(`{"type":"response.output_text.delta","delta":"Hi"}`)}},
+	{APIOllama, Event{Data: []byte(`{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}`)}},
+}
+
+func BenchmarkJudge(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		j := judged[i%len(judged)]
+		_, _ = Judge(j.api, j.ev)
+	}
+}
+
+// pool is a balance decision's input: four endpoints, one ramping up,
+// one already failed on.
+var pool = []Candidate{{Load: 3, Weight: 1, ID: 1}, {Load: 1, Weight: 0.4, ID: 2}, {Load: 2, Weight: 1, ID: 3, Tried: true},
+	{Load: 0, Weight: 1, ID: 4}}
+
+func BenchmarkPick(b *testing.B) {
+	for _, p := range []struct {
+		name string
+		pick func(i int) int
+	}{
+		{"least_requests", func(int) int { return PickLeastRequests(pool, maxRand) }},
+		{"round_robin", func(i int) int { return PickRoundRobin(pool, uint64(i), maxRand) }},
+		{"affinity", func(i int) int { return PickAffinity(pool, uint64(i)*0x9e3779b97f4a7c15) }},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				_ = p.pick(i)
+			}
+		})
+	}
+}
+
+// TestHotDecisionsDoNotAllocate guards what runs on every request:
+// classifying an attempt, deciding what follows it, judging a stream
+// event at the commit point, picking an endpoint.
+func TestHotDecisionsDoNotAllocate(t *testing.T) {
+	r := Retry{MaxAttempts: 4, Backoff: Backoff{Base: 250 * time.Millisecond, Max: 8 * time.Second}, MaxRetryAfter: 30 * time.Second, On: RetryOnAll}
+	a := Attempt{Verdict: Classify(Outcome{Status: 503}), N: 1, Total: 1, Replayable: true, Remaining: time.Minute}
+	for name, f := range map[string]func(){
+		"Classify": func() { _ = Classify(Outcome{Status: 503}) },
+		"Decide":   func() { _ = r.Decide(a, maxRand) },
+		"Judge": func() {
+			for _, j := range judged {
+				_, _ = Judge(j.api, j.ev)
+			}
+		},
+		"PickLeastRequests": func() { _ = PickLeastRequests(pool, maxRand) },
+		"PickRoundRobin":    func() { _ = PickRoundRobin(pool, 7, maxRand) },
+		"PickAffinity":      func() { _ = PickAffinity(pool, 42) },
+	} {
+		if n := testing.AllocsPerRun(100, f); n != 0 {
+			t.Errorf("%s: %v allocations", name, n)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package policy
 
 import (
 	"bytes"
+	"strings"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -67,16 +69,20 @@ type Event struct {
 // (commit), framing (hold it and read on) or a failure. On a failure it
 // also returns the error's code (or type) as the upstream wrote it, for
 // EventFailure and the access log.
+//
+// It reads the event in place and allocates nothing but the code of a
+// failure.
 func Judge(api API, ev Event) (mark Mark, code string) {
-	data := gjson.ParseBytes(ev.Data)
+	// Read in place: no result outlives this call but the cloned code.
+	data := gjson.Parse(unsafe.String(unsafe.SliceData(ev.Data), len(ev.Data)))
 	switch api {
 	case APIChat, APICompletions:
 		if e := data.Get("error"); e.Exists() {
-			return MarkFailure, errorCode(e)
+			return MarkFailure, strings.Clone(errorCode(e))
 		}
 		return chunkMark(api, data), ""
 	case APIResponses:
-		typ := string(ev.Name)
+		typ := unsafe.String(unsafe.SliceData(ev.Name), len(ev.Name))
 		if typ == "" {
 			typ = data.Get("type").String()
 		}
@@ -84,14 +90,14 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 		case "response.created", "response.in_progress", "response.queued", "":
 			return MarkFraming, ""
 		case "error":
-			return MarkFailure, errorCode(data)
+			return MarkFailure, strings.Clone(errorCode(data))
 		case "response.failed":
-			return MarkFailure, errorCode(data.Get("response.error"))
+			return MarkFailure, strings.Clone(errorCode(data.Get("response.error")))
 		}
 		return MarkContent, ""
 	case APIOllama:
 		if e := data.Get("error"); e.Exists() {
-			return MarkFailure, e.String()
+			return MarkFailure, strings.Clone(e.String())
 		}
 		if data.Get("done").Bool() || data.Get("message.content").String() != "" || data.Get("response").String() != "" ||
 			data.Get("message.tool_calls").Exists() || data.Get("message.thinking").String() != "" {
@@ -107,32 +113,44 @@ func chunkMark(api API, chunk gjson.Result) Mark {
 	if u := chunk.Get("usage"); u.Exists() && u.Type != gjson.Null {
 		return MarkContent
 	}
-	for _, c := range chunk.Get("choices").Array() {
-		if f := c.Get("finish_reason"); f.Exists() && f.Type != gjson.Null {
-			return MarkContent
+	mark := MarkFraming
+	chunk.Get("choices").ForEach(func(_, c gjson.Result) bool {
+		if choiceHasOutput(api, c) {
+			mark = MarkContent
+			return false
 		}
-		if api == APICompletions {
-			if c.Get("text").String() != "" {
-				return MarkContent
-			}
-			continue
-		}
-		d := c.Get("delta")
-		for _, k := range []string{"content", "refusal", "reasoning_content", "reasoning"} {
-			if d.Get(k).String() != "" {
-				return MarkContent
-			}
-		}
-		if tc := d.Get("tool_calls"); tc.IsArray() && len(tc.Array()) > 0 {
-			return MarkContent
-		}
-		for _, k := range []string{"function_call", "audio"} { // legacy function calling; audio output
-			if v := d.Get(k); v.IsObject() && v.Raw != "{}" {
-				return MarkContent
-			}
+		return true
+	})
+	return mark
+}
+
+// outputKeys are the delta keys whose non-empty string is output.
+var outputKeys = [...]string{"content", "refusal", "reasoning_content", "reasoning"}
+
+// choiceHasOutput reports whether one choice of a chunk carries output:
+// a finish_reason, text, a tool call, a legacy function call or audio.
+func choiceHasOutput(api API, c gjson.Result) bool {
+	if f := c.Get("finish_reason"); f.Exists() && f.Type != gjson.Null {
+		return true
+	}
+	if api == APICompletions {
+		return c.Get("text").String() != ""
+	}
+	d := c.Get("delta")
+	for _, k := range outputKeys {
+		if d.Get(k).String() != "" {
+			return true
 		}
 	}
-	return MarkFraming
+	if tc := d.Get("tool_calls"); tc.IsArray() && tc.Get("#").Int() > 0 {
+		return true
+	}
+	for _, k := range [...]string{"function_call", "audio"} { // legacy function calling; audio output
+		if v := d.Get(k); v.IsObject() && v.Raw != "{}" {
+			return true
+		}
+	}
+	return false
 }
 
 // errorCode is an error object's code when EventFailure knows it, else

@@ -270,7 +270,16 @@ func nextEvent(kind events.Kind, b []byte) (ev policy.Event, n int) {
 	if end < 0 {
 		return ev, 0
 	}
-	for _, line := range bytes.FieldsFunc(b[:end], func(r rune) bool { return r == '\n' || r == '\r' }) {
+	for rest := b[:end]; len(rest) > 0; {
+		i := bytes.IndexAny(rest, "\r\n")
+		if i < 0 {
+			i = len(rest)
+		}
+		line := rest[:i]
+		rest = rest[min(i+1, len(rest)):]
+		if len(line) == 0 {
+			continue // the "\n" of a "\r\n", or a blank line
+		}
 		name, value, _ := bytes.Cut(line, []byte(":"))
 		value, _ = bytes.CutPrefix(value, []byte(" "))
 		switch string(name) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,8 +11,10 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
+	"sturdy/events"
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
+	"sturdy/policy"
 )
 
 // BenchmarkHeaderCopy measures building the upstream request's headers.
@@ -159,5 +162,81 @@ func BenchmarkProxiedRequestTCP(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// cooldownCase is an attempt's cooldown check on an upstream with no
+// cooldown in force, or one in force for another credential (the key is
+// hashed and looked up).
+func cooldownCase(tb testing.TB, inForce bool) (check func() time.Duration) {
+	p, err := New(Options{Upstreams: []Upstream{testUpstream("up", "http://127.0.0.1:1")}, Routes: []Route{testRoute("up")},
+		Log: zerolog.Nop()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	up := p.tbl.Load().upstreams[0]
+	now := time.Now()
+	if inForce {
+		up.cooldowns.set(12345, now.Add(time.Hour))
+	}
+	ctx := &fasthttp.RequestCtx{}
+	ctx.Request.Header.Set("Authorization", "Bearer sk-bench")
+	ex := &exchange{p: p, ctx: ctx}
+	ex.loop.model = "gpt-4o"
+	return func() time.Duration {
+		ex.loop.coolKnown = false // a new request: its key is computed again
+		return ex.cooldownLeft(up, now)
+	}
+}
+
+func BenchmarkCooldownCheck(b *testing.B) {
+	for _, inForce := range []bool{false, true} {
+		b.Run(map[bool]string{false: "none", true: "one_in_force"}[inForce], func(b *testing.B) {
+			check := cooldownCase(b, inForce)
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = check()
+			}
+		})
+	}
+}
+
+// BenchmarkCommitPoint reads a chat stream's head event by event and
+// judges each, as holdToCommit does until the first content.
+func BenchmarkCommitPoint(b *testing.B) {
+	head := []byte(strings.Join(upstreamtest.SSE("Hello", " world"), ""))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(head)))
+	for b.Loop() {
+		judgeAll(head)
+	}
+}
+
+func judgeAll(head []byte) {
+	for rest := head; len(rest) > 0; {
+		ev, n := nextEvent(events.SSE, rest)
+		if n <= 0 {
+			return
+		}
+		if m, _ := policy.Judge(policy.APIChat, ev); m == policy.MarkContent {
+			return
+		}
+		rest = rest[n:]
+	}
+}
+
+// TestHotChecksDoNotAllocate guards the proxy's per-request checks: the
+// cooldown check and the commit-point parse of a stream's head.
+func TestHotChecksDoNotAllocate(t *testing.T) {
+	head := []byte(strings.Join(upstreamtest.SSE("Hello"), ""))
+	none, inForce := cooldownCase(t, false), cooldownCase(t, true)
+	for name, f := range map[string]func(){
+		"cooldown, none in force": func() { _ = none() },
+		"cooldown, one in force":  func() { _ = inForce() },
+		"commit point":            func() { judgeAll(head) },
+	} {
+		if n := testing.AllocsPerRun(100, f); n != 0 {
+			t.Errorf("%s: %v allocations", name, n)
+		}
 	}
 }
