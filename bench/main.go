@@ -112,8 +112,8 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel or rescue")
-	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue or idle")
+	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000)")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
 	fs.IntVar(&c.s.conns, "conns", 32, "connections of closed-loop runs")
@@ -189,6 +189,12 @@ var solos = map[string]func(bin string, tries int) (report func(io.Writer), err 
 	"cancel": func(bin string, tries int) (func(io.Writer), error) {
 		delays, err := measureCancel(bin, tries)
 		return func(w io.Writer) { cancelReport(w, delays) }, err
+	},
+	// idle: what tries (say 10000) idle keep-alive client connections
+	// cost in memory.
+	"idle": func(bin string, tries int) (func(io.Writer), error) {
+		r, err := measureIdle(bin, tries)
+		return func(w io.Writer) { idleReport(w, r) }, err
 	},
 	// rescue: streams cut mid-answer, continued on a fallback.
 	"rescue": func(bin string, tries int) (func(io.Writer), error) {

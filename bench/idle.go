@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// idleSettle is how long the idle connections stay open before Sturdy's
+// memory is read.
+const idleSettle = 2 * time.Second
+
+// idleResult is what the idle measurement found.
+type idleResult struct {
+	conns            int
+	baseline, loaded int64 // Sturdy's RSS before the connections and with them open
+}
+
+// measureIdle opens conns keep-alive client connections to Sturdy, each
+// answered once (so it is served, watched for leaving and then idle),
+// holds them all open, and reads Sturdy's resident memory.
+func measureIdle(bin string, conns int) (idleResult, error) {
+	res := idleResult{conns: conns}
+	up, err := serveRaw(func(c net.Conn, _ *http.Request) {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+	})
+	if err != nil {
+		return res, err
+	}
+	defer up.Close()
+	addr, err := freeAddr()
+	if err != nil {
+		return res, err
+	}
+	var pid int
+	// Above the default (half the descriptor limit): the connections are
+	// the point.
+	sc := &scenario{name: "idle", sturdy: fmt.Sprintf("server: {max_connections: %d}\n", conns+100)}
+	stop, _, err := startSturdy(bin, addr, sc, []string{"http://" + up.Addr().String()}, &pid)
+	if err != nil {
+		return res, err
+	}
+	defer stop()
+	time.Sleep(200 * time.Millisecond)
+	res.baseline = rss(pid)
+	open := make([]net.Conn, 0, conns)
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: sturdy\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}"
+	for i := 0; i < conns; i++ {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return res, fmt.Errorf("connection %d: %w", i+1, err)
+		}
+		open = append(open, c)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			return res, fmt.Errorf("connection %d: %w", i+1, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return res, fmt.Errorf("connection %d: %w", i+1, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return res, fmt.Errorf("connection %d: status %d", i+1, resp.StatusCode)
+		}
+		_ = c.SetDeadline(time.Time{})
+	}
+	time.Sleep(idleSettle)
+	res.loaded = rss(pid)
+	return res, nil
+}
+
+// rss is a process's resident memory now (VmRSS), in bytes.
+func rss(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func idleReport(w io.Writer, r idleResult) {
+	fmt.Fprintf(w, "\n### idle\n\n%d keep-alive client connections, each answered once, then idle for %s\n\n", r.conns, idleSettle)
+	fmt.Fprintln(w, "| connections | RSS before MiB | RSS with them open MiB | per connection KiB |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|")
+	per := 0.0
+	if r.conns > 0 {
+		per = float64(r.loaded-r.baseline) / float64(r.conns) / 1024
+	}
+	fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f |\n", r.conns, float64(r.baseline)/(1<<20), float64(r.loaded)/(1<<20), per)
+}
