@@ -119,6 +119,11 @@ type Breaker struct {
 	// tripped holds the counts that last opened the breaker (gobreaker
 	// clears its counts on every transition).
 	tripped atomic.Pointer[gobreaker.Counts]
+	// state is the state of the last transition (gobreaker's
+	// OnStateChange): a closed breaker leaves closed only through a
+	// result, which calls it, so State answers closed without asking
+	// gobreaker (its lock and clock).
+	state atomic.Int32
 }
 
 // New returns a closed breaker named name.
@@ -159,6 +164,7 @@ func New(name string, s Settings) *Breaker {
 // a transition to open, OpenFor — or after an Unreachable failure the
 // backoff, which doubles for the next; closing resets it.
 func (b *Breaker) changed(to State) {
+	b.state.Store(int32(to))
 	now := time.Now()
 	switch to {
 	case gobreaker.StateOpen:
@@ -257,7 +263,10 @@ func (b *Breaker) State() State {
 	if b.held() {
 		return StateOpen
 	}
-	return b.cb.State()
+	if State(b.state.Load()) == StateClosed {
+		return StateClosed // one atomic load: no lock, no clock
+	}
+	return b.cb.State() // half-open, or open past its time: gobreaker moves it on
 }
 
 // TrippedOn returns the counts that last opened the breaker (ok false

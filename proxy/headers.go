@@ -57,6 +57,7 @@ var (
 // dropHopHeaders needs.
 type headerDeleter interface {
 	PeekBytes(key []byte) []byte
+	PeekCanonical(key []byte) []byte
 	DelBytes(key []byte)
 }
 
@@ -79,7 +80,9 @@ func dropHopHeaders(h headerDeleter) {
 		}
 	}
 	for _, k := range hopHeaders {
-		if h.PeekBytes(k) != nil {
+		// hopHeaders are written as fasthttp stores names (normalized):
+		// looked up as they are, not copied and normalized each time.
+		if h.PeekCanonical(k) != nil {
 			h.DelBytes(k)
 		}
 	}

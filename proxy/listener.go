@@ -188,6 +188,9 @@ type clientConn struct {
 	mu   sync.Mutex
 	ex   *exchange
 	gone bool
+	// deadline is the write deadline last set (UnixNano), written only by
+	// the connection's writes (one at a time).
+	deadline int64
 }
 
 // clientConnOf finds Sturdy's clientConn under the connection fasthttp
@@ -221,9 +224,18 @@ func (c *clientConn) left() {
 	c.mu.Unlock()
 }
 
+// Write bounds each write by write_timeout. The deadline is moved on
+// only once a tenth of it has passed since it was last set: a write
+// always has at least 90 % of write_timeout, and a connection writing
+// back to back (a stream, keep-alive replies) does not re-arm the
+// runtime's timer on every write.
 func (c *clientConn) Write(b []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.l.writeTimeout)); err != nil {
-		return 0, err
+	now := time.Now().UnixNano()
+	if wt := int64(c.l.writeTimeout); now+wt-c.deadline > wt/10 {
+		if err := c.Conn.SetWriteDeadline(time.Unix(0, now+wt)); err != nil {
+			return 0, err
+		}
+		c.deadline = now + wt
 	}
 	return c.Conn.Write(b)
 }
