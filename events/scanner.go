@@ -127,7 +127,7 @@ func (s *Scanner) endLine() {
 		s.done = s.done || s.terminal && s.hasData // its data came first
 	case "data":
 		s.hasData = true
-		if s.terminal || string(bytes.TrimSpace(value)) == "[DONE]" || terminalEvent(jsonType(value)) {
+		if s.terminal || string(bytes.TrimSpace(value)) == "[DONE]" || mayEnd(value) && terminalEvent(jsonType(value)) {
 			s.done = true
 		}
 	}
@@ -148,6 +148,14 @@ func terminalEvent(name []byte) bool {
 		return true
 	}
 	return false
+}
+
+// mayEnd reports whether a data line could be a terminal event at all:
+// a "type" key, and "response.… or "error" somewhere — a search much
+// cheaper than jsonType's scan, which most lines (chat chunks) never need.
+func mayEnd(v []byte) bool {
+	return bytes.Contains(v, []byte(`"type"`)) &&
+		(bytes.Contains(v, []byte(`"response.`)) || bytes.Contains(v, []byte(`"error"`)))
 }
 
 // jsonType returns the string value of the top-level "type" key of a

@@ -164,3 +164,16 @@ func FuzzScanner(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkScannerChat follows a chat completions stream as the proxy
+// relays it: one chunk per Write.
+func BenchmarkScannerChat(b *testing.B) {
+	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}` + "\n\n")
+	var s Scanner
+	s.Reset(SSE)
+	b.SetBytes(int64(len(chunk)))
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = s.Write(chunk)
+	}
+}
