@@ -275,7 +275,11 @@ func (ex *exchange) measure() {
 	if ex.req.route != nil {
 		route, up = ex.req.route.name, ex.loop.up.name
 	}
-	m.Requests.WithLabelValues(route, up, metrics.StatusClass(ex.out.status), ex.out.outcome).Inc()
+	if r := ex.req.route; r != nil && ex.out.outcome == outcomeOK && ex.out.status/100 == 2 && ex.reply.up == ex.loop.up {
+		r.targets[ex.reply.ti].answered.Inc() // the common series, without hashing its labels
+	} else {
+		m.Requests.WithLabelValues(route, up, metrics.StatusClass(ex.out.status), ex.out.outcome).Inc()
+	}
 	if ex.out.outcome == outcomeClientGone {
 		m.ClientGone.WithLabelValues(phase(ex.gonePhase.Load()).String()).Inc()
 	}

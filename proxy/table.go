@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 
+	"sturdy/metrics"
 	"sturdy/policy"
 )
 
@@ -79,6 +80,9 @@ type route struct {
 type target struct {
 	up    *upstream
 	model string
+	// answered counts this route's requests it answered 2xx ok, the
+	// common sturdy_requests_total series, resolved once.
+	answered prometheus.Counter
 }
 
 // upstream returns the upstream named name, nil when there is none.
@@ -189,7 +193,8 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error
 		if up == nil {
 			return nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, tg.Upstream)
 		}
-		r.targets = append(r.targets, target{up: up, model: tg.Model})
+		r.targets = append(r.targets, target{up: up, model: tg.Model,
+			answered: p.m.Requests.WithLabelValues(ro.Name, up.name, metrics.StatusClass(200), outcomeOK)})
 	}
 	return r, nil
 }
