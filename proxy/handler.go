@@ -39,7 +39,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 
 // requestID takes the client's X-Request-Id when sane, else makes one.
 func (ex *exchange) requestID(dst []byte) []byte {
-	if v := ex.ctx.Request.Header.PeekBytes(hdrRequestID); len(v) > 0 && len(v) <= 128 && printable(v) {
+	if v := ex.ctx.Request.Header.PeekCanonical(hdrRequestID); len(v) > 0 && len(v) <= 128 && printable(v) {
 		return append(dst, v...)
 	}
 	return ex.p.appendRequestID(dst)
@@ -92,7 +92,7 @@ func (ex *exchange) admit() *apiError {
 		ctx.SetConnectionClose()
 		return newError(CodeBadRequest, "the request has both Content-Length and Transfer-Encoding; send one")
 	}
-	if !ex.tbl.authorized(ctx.Request.Header.PeekBytes(hdrAuthorization)) {
+	if !ex.tbl.authorized(ctx.Request.Header.PeekCanonical(hdrAuthorization)) {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}
@@ -144,18 +144,18 @@ func (ex *exchange) prepare() {
 	ctx, r, q := ex.ctx, ex.req.route, &ex.req
 	rh := &ctx.Request.Header
 	q.deadline = q.start.Add(r.deadline)
-	if d, ok := policy.ClientTimeout(rh.PeekBytes(hdrStainlessTimeout), rh.PeekBytes(hdrStainlessReadTimeout),
-		rh.PeekBytes(hdrRequestTimeout), rh.PeekBytes(hdrXRequestTimeout)); ok && d < r.deadline {
+	if d, ok := policy.ClientTimeout(rh.PeekCanonical(hdrStainlessTimeout), rh.PeekCanonical(hdrStainlessReadTimeout),
+		rh.PeekCanonical(hdrRequestTimeout), rh.PeekCanonical(hdrXRequestTimeout)); ok && d < r.deadline {
 		q.deadline = q.start.Add(d)
 	}
 	path := rawPath(rh.RequestURI())
-	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekBytes(hdrIdempotencyKey)) > 0)
+	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
 	q.api = policy.APIOf(path)
 	if r.firstToken > 0 {
 		q.firstToken = firstTokenLimit(r.firstToken, path, ctx.Request.Body())
 	}
 	q.retry = r.retry
-	if policy.RequestedRetries(rh.PeekBytes(hdrStainlessRetryCount)) > 0 {
+	if policy.RequestedRetries(rh.PeekCanonical(hdrStainlessRetryCount)) > 0 {
 		// The client is retrying on its own: its retries and ours multiply.
 		q.retry.MaxAttempts = min(q.retry.MaxAttempts, r.clientRetries)
 	}
@@ -182,7 +182,7 @@ func (ex *exchange) forwarded(h *fasthttp.RequestHeader) {
 	peer = peer.Unmap()
 	trusted := ex.tbl.trusts(peer)
 	xff := q.scratch[:0]
-	if trusted && h.PeekBytes(hdrForwardedFor) != nil {
+	if trusted && h.PeekCanonical(hdrForwardedFor) != nil {
 		for _, prior := range h.PeekAll(string(hdrForwardedFor)) { // every line the proxy sent, in order
 			xff = append(append(xff, prior...), ", "...)
 		}
@@ -193,16 +193,16 @@ func (ex *exchange) forwarded(h *fasthttp.RequestHeader) {
 	// Every line the client sent goes (SetBytesKV replaces only the
 	// first); X-Forwarded-For is one line from here on.
 	for i, k := range [][]byte{hdrForwardedFor, hdrForwardedHost, hdrForwardedProto} {
-		if (i == 0 || !trusted) && h.PeekBytes(k) != nil {
+		if (i == 0 || !trusted) && h.PeekCanonical(k) != nil {
 			h.DelBytes(k)
 		}
 	}
 	h.SetBytesKV(hdrForwardedFor, xff)
 	q.scratch = xff
-	if len(h.PeekBytes(hdrForwardedHost)) == 0 {
+	if len(h.PeekCanonical(hdrForwardedHost)) == 0 {
 		h.SetBytesKV(hdrForwardedHost, ctx.Request.Header.Host())
 	}
-	if len(h.PeekBytes(hdrForwardedProto)) == 0 {
+	if len(h.PeekCanonical(hdrForwardedProto)) == 0 {
 		proto := valHTTP
 		if ctx.IsTLS() {
 			proto = valHTTPS

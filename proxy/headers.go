@@ -65,7 +65,7 @@ type headerDeleter interface {
 // Connection header names. It looks before it deletes (a lookup is cheaper
 // than a delete): most messages carry none but Connection: keep-alive.
 func dropHopHeaders(h headerDeleter) {
-	if conn := h.PeekBytes(hdrConnection); len(conn) > 0 &&
+	if conn := h.PeekCanonical(hdrConnection); len(conn) > 0 &&
 		!bytes.EqualFold(conn, []byte("keep-alive")) && !bytes.EqualFold(conn, []byte("close")) {
 		// fasthttp hands back its internal buffer; deleting headers
 		// reshuffles it, so work on a copy (rare: few clients name extra

@@ -128,7 +128,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	q.msg.Header.DelBytes(hdrAuthorization)
 	if t.up.auth != nil {
 		q.msg.Header.SetBytesKV(hdrAuthorization, t.up.auth)
-	} else if a := ex.ctx.Request.Header.PeekBytes(hdrAuthorization); len(a) > 0 && len(ex.tbl.authKeys) == 0 {
+	} else if a := ex.ctx.Request.Header.PeekCanonical(hdrAuthorization); len(a) > 0 && len(ex.tbl.authKeys) == 0 {
 		// With auth on, the client's Authorization is Sturdy's own key:
 		// it never goes upstream.
 		q.msg.Header.SetBytesKV(hdrAuthorization, a)
@@ -441,7 +441,7 @@ func (ex *exchange) cooldownKey(up *upstream) uint64 {
 	if !lp.coolKnown {
 		var cred []byte
 		if up.auth == nil {
-			cred = ex.ctx.Request.Header.PeekBytes(hdrAuthorization)
+			cred = ex.ctx.Request.Header.PeekCanonical(hdrAuthorization)
 		}
 		// The same in every replica, so the fleet shares it.
 		lp.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
@@ -478,7 +478,7 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 	h := &ex.reply.msg.Header
 	is429 := ex.loop.verdict.Reason == policy.Reason429
 	if ex.loop.verdict.Class == policy.ClassRetryable {
-		wait, ok = policy.RetryAfter(h.PeekBytes(hdrRetryAfterMS), h.PeekBytes(hdrRetryAfter), now)
+		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
 	}
 	if up.bareCooldown <= 0 { // cooldown.enabled: false
 		return wait, ok
@@ -488,7 +488,7 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 		until = now.Add(ex.extend(wait))
 	}
 	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
-		if d, exhausted := policy.RateLimitExhausted(h.PeekBytes(q[0]), h.PeekBytes(q[1])); exhausted {
+		if d, exhausted := policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])); exhausted {
 			if t := now.Add(ex.extend(d)); t.After(until) {
 				until = t
 			}

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"net/url"
 	"path"
 	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
 )
 
 func TestConfined(t *testing.T) {
@@ -78,4 +81,28 @@ func FuzzConfined(f *testing.F) {
 			t.Fatalf("confined(%q) = %v; path.Clean gives %q", p, got, clean)
 		}
 	})
+}
+
+// TestHeaderNamesAreCanonical: the names Sturdy looks up with
+// PeekCanonical (no per-lookup normalizing) are written the way fasthttp
+// stores them, so every lookup finds what a client or upstream sent in any
+// case.
+func TestHeaderNamesAreCanonical(t *testing.T) {
+	for _, k := range append([][]byte{hdrConnection, hdrAuthorization, hdrRequestID, hdrForwardedFor, hdrForwardedHost,
+		hdrForwardedProto, hdrIdempotencyKey, hdrExpect, hdrRetryAfter, hdrRetryAfterMS, hdrAttempts, hdrShouldRetry,
+		hdrUpstream, hdrStainlessTimeout, hdrStainlessReadTimeout, hdrRequestTimeout, hdrXRequestTimeout,
+		hdrStainlessRetryCount, hdrRateLimitRemaining, hdrRateLimitReset, hdrRateLimitRemainingTokens,
+		hdrRateLimitResetTokens}, hopHeaders...) {
+		if bytes.Equal(k, []byte("Transfer-Encoding")) {
+			continue // fasthttp keeps it as the body's framing, not as a stored header
+		}
+		var req fasthttp.RequestHeader
+		var resp fasthttp.ResponseHeader
+		lower := bytes.ToLower(k)
+		req.SetBytesKV(lower, []byte("v"))
+		resp.SetBytesKV(lower, []byte("v"))
+		if req.PeekCanonical(k) == nil || resp.PeekCanonical(k) == nil {
+			t.Errorf("%s is not how fasthttp stores %s", k, lower)
+		}
+	}
 }
