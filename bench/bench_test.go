@@ -144,13 +144,15 @@ func TestCancelSmoke(t *testing.T) {
 
 func TestRatiosDivideSturdyByEachPeer(t *testing.T) {
 	res := scenarioResult{Targets: []targetResult{
-		{Target: "sturdy", Runs: []runResult{{Run: "capacity", Throughput: 90, CPUPerRequest: 40}, {Run: "streamed", Throughput: 10}}},
-		{Target: "nginx", Runs: []runResult{{Run: "capacity", Throughput: 100, CPUPerRequest: 32}}},
-		{Target: "floor", Runs: []runResult{{Run: "capacity", Throughput: 120, CPUPerRequest: 36}}},
+		{Target: "sturdy", Runs: []runResult{{Run: "capacity", Throughput: 90, CPUPerRequest: 40}, {Run: "streamed", Throughput: 10},
+			{Run: "latency@2000/s", Throughput: 2000, P50: 1.2}}},
+		{Target: "nginx", Runs: []runResult{{Run: "capacity", Throughput: 100, CPUPerRequest: 32}, {Run: "latency@2000/s", Throughput: 2000, P50: 1}}},
+		{Target: "floor", Runs: []runResult{{Run: "capacity", Throughput: 120, CPUPerRequest: 36}, {Run: "streamed", Throughput: 20}}},
 	}}
 	got := ratios(res)
-	want := []string{"- capacity: Sturdy ÷ nginx: req/s 0.90×, CPU/req 1.25×; ÷ floor: req/s 0.75×, CPU/req 1.11×"}
-	if len(got) != 1 || got[0] != want[0] {
+	want := []string{"- capacity: Sturdy ÷ nginx: req/s 0.90×, CPU/req 1.25×; ÷ floor: req/s 0.75×, CPU/req 1.11×",
+		"- latency@2000/s: Sturdy ÷ nginx: p50 1.20×"}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }

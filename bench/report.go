@@ -101,8 +101,9 @@ func writeMarkdown(w io.Writer, res scenarioResult) {
 // reference proxy, and the floor (a bare fasthttp forwarder).
 var ratioPeers = []string{"nginx", "floor"}
 
-// ratios says, per run, Sturdy's throughput and CPU per request as a
-// multiple of each ratio peer's measured in the same run.
+// ratios says, per run, Sturdy's throughput (p50 latency for a fixed-rate
+// run) and CPU per request as a multiple of each ratio peer's measured in
+// the same run; the floor is left out of stream runs.
 func ratios(res scenarioResult) []string {
 	runs := map[string]map[string]runResult{}
 	var order []string
@@ -124,14 +125,21 @@ func ratios(res scenarioResult) []string {
 		var parts []string
 		for _, peer := range ratioPeers {
 			pr, ok := runs[run][peer]
-			if !ok || pr.Throughput == 0 {
+			// The floor buffers whole replies: for streams nginx is the
+			// reference.
+			if !ok || pr.Throughput == 0 || peer == "floor" && strings.Contains(run, "stream") {
 				continue
 			}
-			part := fmt.Sprintf("÷ %s: req/s %.2f×", peer, st.Throughput/pr.Throughput)
-			if st.CPUPerRequest > 0 && pr.CPUPerRequest > 0 {
-				part += fmt.Sprintf(", CPU/req %.2f×", st.CPUPerRequest/pr.CPUPerRequest)
+			var p []string
+			if strings.HasPrefix(run, "latency@") { // a fixed rate: latency, not req/s, tells them apart
+				p = append(p, fmt.Sprintf("p50 %.2f×", st.P50/pr.P50))
+			} else {
+				p = append(p, fmt.Sprintf("req/s %.2f×", st.Throughput/pr.Throughput))
 			}
-			parts = append(parts, part)
+			if st.CPUPerRequest > 0 && pr.CPUPerRequest > 0 {
+				p = append(p, fmt.Sprintf("CPU/req %.2f×", st.CPUPerRequest/pr.CPUPerRequest))
+			}
+			parts = append(parts, fmt.Sprintf("÷ %s: %s", peer, strings.Join(p, ", ")))
 		}
 		if len(parts) > 0 {
 			out = append(out, fmt.Sprintf("- %s: Sturdy %s", run, strings.Join(parts, "; ")))

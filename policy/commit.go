@@ -113,8 +113,15 @@ func chunkMark(api API, chunk gjson.Result) Mark {
 	if u := chunk.Get("usage"); u.Exists() && u.Type != gjson.Null {
 		return MarkContent
 	}
+	choices := chunk.Get("choices")
+	if !choices.IsArray() { // a lone choice, as gjson's Array would read it
+		if choices.Exists() && choices.Type != gjson.Null && choiceHasOutput(api, choices) {
+			return MarkContent
+		}
+		return MarkFraming
+	}
 	mark := MarkFraming
-	chunk.Get("choices").ForEach(func(_, c gjson.Result) bool {
+	choices.ForEach(func(_, c gjson.Result) bool {
 		if choiceHasOutput(api, c) {
 			mark = MarkContent
 			return false
@@ -142,8 +149,12 @@ func choiceHasOutput(api API, c gjson.Result) bool {
 			return true
 		}
 	}
-	if tc := d.Get("tool_calls"); tc.IsArray() && tc.Get("#").Int() > 0 {
-		return true
+	if tc := d.Get("tool_calls"); tc.IsArray() {
+		has := false
+		tc.ForEach(func(_, _ gjson.Result) bool { has = true; return false })
+		if has {
+			return true
+		}
 	}
 	for _, k := range [...]string{"function_call", "audio"} { // legacy function calling; audio output
 		if v := d.Get(k); v.IsObject() && v.Raw != "{}" {

@@ -56,7 +56,6 @@ var (
 // headerDeleter is the part of fasthttp's request and response headers that
 // dropHopHeaders needs.
 type headerDeleter interface {
-	PeekBytes(key []byte) []byte
 	PeekCanonical(key []byte) []byte
 	DelBytes(key []byte)
 }
