@@ -59,7 +59,7 @@ func (s *Scanner) Kind() Kind { return s.kind }
 // (a terminator written without its line break still ends the stream).
 func (s *Scanner) End() {
 	if s.lineLen > 0 {
-		s.endLine()
+		s.endLine(s.held())
 	}
 }
 
@@ -78,9 +78,13 @@ func (s *Scanner) Write(p []byte) (int, error) {
 			s.add(p)
 			break
 		}
-		s.add(p[:i])
 		s.cr = p[i] == '\r'
-		s.endLine()
+		if s.lineLen == 0 {
+			s.endLine(p[:min(i, lineCap)]) // the whole line is in p: read in place
+		} else {
+			s.add(p[:i])
+			s.endLine(s.held())
+		}
 		p = p[i+1:]
 	}
 	return n, nil
@@ -94,9 +98,11 @@ func (s *Scanner) add(b []byte) {
 	s.lineLen += len(b)
 }
 
-// endLine handles the line just ended.
-func (s *Scanner) endLine() {
-	line := s.line[:min(s.lineLen, lineCap)]
+// held is the start of the line held across Writes (up to lineCap bytes).
+func (s *Scanner) held() []byte { return s.line[:min(s.lineLen, lineCap)] }
+
+// endLine handles the line just ended (its first lineCap bytes).
+func (s *Scanner) endLine(line []byte) {
 	s.lineLen = 0
 	if !s.sawLine {
 		s.sawLine = true
