@@ -145,7 +145,7 @@ func (p *Proxy) startTracing(o *Tracing) error {
 	switch {
 	case o == nil && old == nil:
 		return nil
-	case o != nil && old != nil && tracingEqual(*o, old.opts):
+	case o != nil && old != nil && reflect.DeepEqual(*o, old.opts): // tracing.Resolve gives headers: {} as nil
 		return nil
 	}
 	var next *tracer
@@ -171,13 +171,6 @@ func (p *Proxy) startTracing(o *Tracing) error {
 			Float64("sample_ratio", next.opts.SampleRatio).Str("service_name", next.opts.ServiceName).Msg("tracing on")
 	}
 	return nil
-}
-
-func tracingEqual(a, b Tracing) bool {
-	if len(a.Headers) == 0 && len(b.Headers) == 0 {
-		a.Headers, b.Headers = nil, nil
-	}
-	return reflect.DeepEqual(a, b)
 }
 
 // retired are the tracers replaced by a reload, not yet stopped.

@@ -180,7 +180,6 @@ func firstSet(getenv func(string) string, names ...string) (name, value string) 
 // (a sampled parent always followed, the rest at the sample ratio) and
 // exported in batches.
 type Tracer struct {
-	settings Settings
 	provider *sdktrace.TracerProvider
 	tracer   trace.Tracer
 }
@@ -245,21 +244,15 @@ func New(s Settings, version string, opts ...Option) (*Tracer, error) {
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(s.SampleRatio))),
 	)
-	return &Tracer{settings: s, provider: tp, tracer: tp.Tracer("sturdy")}, nil
+	return &Tracer{provider: tp, tracer: tp.Tracer("sturdy")}, nil
 }
 
 // Tracer returns the tracer spans are started with.
 func (t *Tracer) Tracer() trace.Tracer { return t.tracer }
 
-// Settings returns what t was started with.
-func (t *Tracer) Settings() Settings { return t.settings }
-
 // Shutdown exports the spans not yet exported, until ctx ends, and stops
 // t: spans ended afterwards are dropped.
 func (t *Tracer) Shutdown(ctx context.Context) error { return t.provider.Shutdown(ctx) }
-
-// ForceFlush exports the spans ended so far, until ctx ends.
-func (t *Tracer) ForceFlush(ctx context.Context) error { return t.provider.ForceFlush(ctx) }
 
 // errorEvery bounds how often the SDK's errors are logged: a collector
 // that is down fails every batch.
