@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -151,6 +152,8 @@ func (ex *exchange) prepare() {
 	path := rawPath(rh.RequestURI())
 	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
 	q.api = policy.APIOf(path)
+	body := ctx.Request.Body()
+	q.model = gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "model").Str
 	if r.firstToken > 0 {
 		q.firstToken = firstTokenLimit(r.firstToken, path, ctx.Request.Body())
 	}

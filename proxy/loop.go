@@ -134,9 +134,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 		q.msg.Header.SetBytesKV(hdrAuthorization, a)
 	}
 	body := ex.ctx.Request.Body()
-	// The body's model, read in place: it lives as long as the request,
-	// and whatever keeps it longer copies it (breaker.Group does).
-	sent := gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "model").Str
+	sent := ex.req.model
 	lp.model = t.model
 	if lp.model == "" {
 		lp.model = sent

@@ -298,8 +298,8 @@ func (ex *exchange) traceRoute() {
 	if op := operationOf(ex.req.api, rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
 		attrs = append(attrs, attrOperation.String(op))
 	}
-	if m := gjson.GetBytes(ex.ctx.Request.Body(), "model"); m.Type == gjson.String {
-		attrs = append(attrs, attrRequestModel.String(strings.Clone(m.Str)))
+	if m := ex.req.model; m != "" {
+		attrs = append(attrs, attrRequestModel.String(strings.Clone(m)))
 	}
 	ex.tr.attrs = attrs
 }
