@@ -6,9 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -48,7 +45,7 @@ func measureIdle(bin string, conns int) (idleResult, error) {
 	}
 	defer stop()
 	time.Sleep(200 * time.Millisecond)
-	res.baseline = rss(pid)
+	res.baseline = procMemory(pid, "VmRSS:")
 	open := make([]net.Conn, 0, conns)
 	defer func() {
 		for _, c := range open {
@@ -78,23 +75,8 @@ func measureIdle(bin string, conns int) (idleResult, error) {
 		_ = c.SetDeadline(time.Time{})
 	}
 	time.Sleep(idleSettle)
-	res.loaded = rss(pid)
+	res.loaded = procMemory(pid, "VmRSS:")
 	return res, nil
-}
-
-// rss is a process's resident memory now (VmRSS), in bytes.
-func rss(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 func idleReport(w io.Writer, r idleResult) {

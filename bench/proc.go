@@ -38,18 +38,25 @@ func procCPU(pids []int) time.Duration {
 func procPeakRSS(pids []int) int64 {
 	var total int64
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				total += kb << 10
-			}
-		}
+		total += procMemory(pid, "VmHWM:")
 	}
 	return total
+}
+
+// procMemory returns a memory figure of /proc/<pid>/status (VmRSS:,
+// VmHWM:, …) in bytes; 0 when there is none.
+func procMemory(pid int, field string) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // pidsByComm lists the processes whose command name is comm.

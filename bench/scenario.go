@@ -59,6 +59,17 @@ type scenario struct {
 	figures func(s settings, run runSpec, recs []record, st fakellm.Stats) []figure
 }
 
+// overheadRuns are the load runs of a scenario without faults:
+// capacity (closed loop), added latency at a fixed unsaturated rate, and
+// streamed replies.
+func overheadRuns(s settings) []runSpec {
+	return []runSpec{
+		{name: "capacity", path: "/v1/chat/completions", conns: s.conns},
+		{name: fmt.Sprintf("latency@%g/s", s.rate), path: "/v1/chat/completions", rate: s.rate, conns: 512},
+		{name: "streamed", path: "/v1/chat/completions", stream: true, conns: s.conns},
+	}
+}
+
 // variant is Sturdy measured again in a scenario with another YAML
 // fragment: the target sturdy+name.
 type variant struct {
@@ -100,14 +111,8 @@ var scenarios = []*scenario{
 			"Sturdy with every feature configured (fullSturdy: a pool of two endpoints, health checks, per-model breakers, " +
 			"cooldowns, retry budget, max_in_flight, client-gone watching, commit on content, shared_state idle, tracing off), " +
 			"and sturdy+rate_limit adding a rate limit that never binds (with shared_state, a Redis call per request)",
-		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
-		runs: func(s settings) []runSpec {
-			return []runSpec{
-				{name: "capacity", path: "/v1/chat/completions", conns: s.conns},
-				{name: fmt.Sprintf("latency@%g/s", s.rate), path: "/v1/chat/completions", rate: s.rate, conns: 512},
-				{name: "streamed", path: "/v1/chat/completions", stream: true, conns: s.conns},
-			}
-		},
+		profile:  func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
+		runs:     overheadRuns,
 		sturdy:   fullUpstream + fullSturdy,
 		pool:     true,
 		redis:    true,
@@ -132,14 +137,8 @@ var scenarios = []*scenario{
 		name: "tracing",
 		about: "no faults: what tracing costs — every request traced, sampled and exported over OTLP/HTTP to a sink " +
 			"(sturdy+tracing) against tracing off (sturdy)",
-		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
-		runs: func(s settings) []runSpec {
-			return []runSpec{
-				{name: "capacity", path: "/v1/chat/completions", conns: s.conns},
-				{name: fmt.Sprintf("latency@%g/s", s.rate), path: "/v1/chat/completions", rate: s.rate, conns: 512},
-				{name: "streamed", path: "/v1/chat/completions", stream: true, conns: s.conns},
-			}
-		},
+		profile:  func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
+		runs:     overheadRuns,
 		sturdy:   defaultSturdy,
 		otlp:     true,
 		variants: []variant{{name: "tracing", sturdy: "tracing: {endpoint: OTLP_URL, sample_ratio: 1.0}\n" + defaultSturdy}},
