@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -273,12 +274,13 @@ func protoVersion(http11 bool) string {
 // splitHostPort splits a Host header or endpoint address; the port is
 // the scheme's when none is written.
 func splitHostPort(hostport, scheme string) (string, int) {
-	if i := strings.LastIndexByte(hostport, ':'); i >= 0 && !strings.Contains(hostport[i:], "]") {
-		if port, err := strconv.Atoi(hostport[i+1:]); err == nil {
-			return strings.Trim(hostport[:i], "[]"), port
-		}
+	host, p, err := net.SplitHostPort(hostport)
+	if err != nil { // no port
+		host = strings.Trim(hostport, "[]")
 	}
-	host := strings.Trim(hostport, "[]")
+	if port, err := strconv.Atoi(p); err == nil {
+		return host, port
+	}
 	if scheme == "https" {
 		return host, 443
 	}

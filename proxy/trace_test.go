@@ -326,7 +326,7 @@ func TestSplitHostPort(t *testing.T) {
 		in, scheme, host string
 		port             int
 	}{{"127.0.0.1:8080", "http", "127.0.0.1", 8080}, {"example.com", "https", "example.com", 443}, {"example.com", "http", "example.com", 80},
-		{"[::1]:9", "http", "::1", 9}, {"[::1]", "https", "::1", 443}, {"h:", "http", "h:", 80}} {
+		{"[::1]:9", "http", "::1", 9}, {"[::1]", "https", "::1", 443}, {"h:", "http", "h", 80}} {
 		if h, p := splitHostPort(c.in, c.scheme); h != c.host || p != c.port {
 			t.Errorf("%q: %q %d", c.in, h, p)
 		}
