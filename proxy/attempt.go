@@ -82,6 +82,8 @@ func (ex *exchange) readHead(status int) policy.Fault {
 	rp.head, rp.headOff = rp.head[:0], 0
 	rp.body = rp.msg.BodyStream()
 	if rp.body == nil {
+		// Read whole with the head (upstreamTransport), or no body.
+		rp.head = append(rp.head, rp.msg.Body()...)
 		return policy.FaultNone
 	}
 	cl := rp.msg.Header.ContentLength()

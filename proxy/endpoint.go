@@ -138,6 +138,7 @@ func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker
 		Addr:                fasthttp.AddMissingPort(u.Host, ep.tls != nil),
 		IsTLS:               ep.tls != nil,
 		Dial:                ep.dial,
+		Transport:           upstreamTransport{},
 		MaxConns:            spec.maxConns,
 		MaxConnWaitTimeout:  spec.queue, // conns makes this wait rare: a connection still closing
 		MaxIdleConnDuration: maxIdleConnDuration,

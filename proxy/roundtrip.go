@@ -1,0 +1,249 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http/httputil"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// upstreamTransport is the round trip of every endpoint's HostClient:
+// fasthttp's own (DefaultTransport), except that it looks at the response
+// head before it decides how to read the body. A body whose
+// Content-Length fits the head Sturdy holds before committing (headSize)
+// is read whole, under the attempt's deadline, and the connection goes
+// back to the pool at once — the attempt would read all of it before
+// committing anyway. Any other body (chunked, close-delimited, larger) is
+// streamed through a streamedBody. fasthttp's transport decides before
+// the head arrives, so it streams every reply (four allocations each).
+//
+// It serves clients that leave MaxConnDuration, ReadTimeout,
+// WriteTimeout and DisableHeaderNamesNormalizing unset, as the
+// endpoints' are; the request's timeout (DoTimeout) bounds the wait for
+// a connection, the write and the response head.
+type upstreamTransport struct{}
+
+// maxInterimResponses bounds the 1xx responses read before the final one.
+const maxInterimResponses = 100
+
+var errTooManyInterim = errors.New("upstream sent too many 1xx responses")
+
+// RoundTrip sends req on a connection of hc and reads the response head,
+// and the body too when it is small and of known length.
+func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
+	timeout := req.GetTimeOut()
+	cc, err := hc.AcquireConn(timeout, req.ConnectionClose())
+	if err != nil {
+		return false, err
+	}
+	conn := cc.Conn()
+	resp.ParseNetConn(conn)
+	deadline := time.Now().Add(timeout)
+	if err := conn.SetWriteDeadline(deadline); err != nil {
+		hc.CloseConn(cc)
+		return true, err
+	}
+	bw := hc.AcquireWriter(conn)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	hc.ReleaseWriter(bw)
+	if err != nil {
+		hc.CloseConn(cc)
+		if isTimeout(err) {
+			err = fasthttp.ErrTimeout
+		}
+		return true, err
+	}
+	if err := conn.SetReadDeadline(deadline); err != nil {
+		hc.CloseConn(cc)
+		return true, err
+	}
+	if req.Header.IsHead() {
+		resp.SkipBody = true
+	}
+	br := hc.AcquireReader(conn)
+	if err := readResponseHead(resp, br); err != nil {
+		hc.ReleaseReader(br)
+		hc.CloseConn(cc)
+		return true, err
+	}
+	keep := !req.ConnectionClose() && !resp.ConnectionClose()
+	cl := resp.Header.ContentLength()
+	switch {
+	case skipsBody(resp):
+	case cl >= 0 && cl <= headSize:
+		resp.StreamBody = false
+		err = resp.ReadBody(br, headSize)
+		resp.StreamBody = true
+		if err != nil {
+			hc.ReleaseReader(br)
+			hc.CloseConn(cc)
+			return false, err
+		}
+	default:
+		body := &streamedBody{br: br, conn: conn, hc: hc, cc: cc, resp: resp, left: int64(cl), keep: keep && cl != -2}
+		if cl == -1 {
+			body.chunks = httputil.NewChunkedReader(br)
+		}
+		resp.SetBodyStream(body, cl)
+		return false, nil
+	}
+	hc.ReleaseReader(br)
+	if keep {
+		hc.ReleaseConn(cc)
+	} else {
+		hc.CloseConn(cc)
+	}
+	return false, nil
+}
+
+// readResponseHead reads the final response head from br, skipping
+// interim (1xx) ones, as fasthttp's Response.ReadLimitBody does.
+func readResponseHead(resp *fasthttp.Response, br *bufio.Reader) error {
+	resp.ResetBody()
+	if err := resp.Header.Read(br); err != nil {
+		return err
+	}
+	for n := 0; ; n++ {
+		if s := resp.StatusCode(); s < 100 || s > 199 || s == fasthttp.StatusSwitchingProtocols {
+			return nil
+		}
+		if n >= maxInterimResponses {
+			return errTooManyInterim
+		}
+		if err := resp.Header.Read(br); err != nil {
+			return err
+		}
+	}
+}
+
+// skipsBody reports whether resp has no body: a HEAD's, a 1xx, 204 or 304.
+func skipsBody(resp *fasthttp.Response) bool {
+	s := resp.StatusCode()
+	return resp.SkipBody || (s >= 100 && s < 200) || s == fasthttp.StatusNoContent || s == fasthttp.StatusNotModified
+}
+
+// streamedBody is an upstream response body read as it arrives: of known
+// length (left counts what is still to come), chunked (chunks decodes
+// it: one Read takes every chunk already received, without waiting for
+// the next) or delimited by the connection's close (left is -2). Closing
+// it gives the connection back to its pool when the body was read to its
+// end on a keep-alive connection, and closes it otherwise. A Close while
+// a Read is in flight (another goroutine's) interrupts it by closing the
+// connection, then waits for it, as fasthttp's own streamed body does.
+type streamedBody struct {
+	br     *bufio.Reader
+	conn   net.Conn
+	hc     *fasthttp.HostClient
+	cc     any // fasthttp's *clientConn, whose type is not exported
+	resp   *fasthttp.Response
+	chunks io.Reader
+	left   int64
+	// keep says the connection may serve another request once the body
+	// is read to its end (ended); failed that a read failed.
+	keep, ended, failed bool
+	closed              atomic.Bool
+	readMu              sync.Mutex
+	closeOnce           sync.Once
+}
+
+// Read reads the body's next bytes; io.EOF, alone, once it has ended.
+func (b *streamedBody) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, io.ErrClosedPipe
+	}
+	b.readMu.Lock()
+	defer b.readMu.Unlock()
+	if b.closed.Load() {
+		return 0, io.ErrClosedPipe
+	}
+	if b.ended {
+		return 0, io.EOF
+	}
+	n, err := b.read(p)
+	switch {
+	case err == io.EOF && n > 0:
+		// The end comes alone, on the next Read, as fasthttp's streamed
+		// bodies tell it: a reader judges the last bytes before the end.
+		b.ended = true
+		return n, nil
+	case err == io.EOF:
+		b.ended = true
+	case err != nil:
+		b.failed = true
+	}
+	return n, err
+}
+
+func (b *streamedBody) read(p []byte) (int, error) {
+	switch {
+	case b.chunks != nil:
+		n, err := b.chunks.Read(p)
+		if err == io.EOF {
+			// The last chunk: its trailer (usually none) ends the body.
+			if terr := b.resp.Header.ReadTrailer(b.br); terr != nil {
+				b.keep = false
+			}
+		}
+		return n, err
+	case b.left >= 0:
+		if b.left == 0 {
+			return 0, io.EOF
+		}
+		if int64(len(p)) > b.left {
+			p = p[:b.left]
+		}
+		n, err := b.br.Read(p)
+		b.left -= int64(n)
+		switch {
+		case err == io.EOF:
+			return n, io.ErrUnexpectedEOF // shorter than its Content-Length
+		case err == nil && b.left == 0:
+			return n, io.EOF
+		}
+		return n, err
+	default:
+		return b.br.Read(p)
+	}
+}
+
+// CloseWithError ends the body's use: the connection goes back to the
+// pool only when the body was read to its end without error.
+func (b *streamedBody) CloseWithError(err error) error {
+	b.closeOnce.Do(func() {
+		b.closed.Store(true)
+		locked := b.readMu.TryLock()
+		if !locked {
+			_ = b.conn.Close() // unblock the Read in flight
+			b.readMu.Lock()
+		}
+		defer b.readMu.Unlock()
+		b.hc.ReleaseReader(b.br)
+		if locked && err == nil && b.ended && !b.failed && b.keep && !b.resp.ConnectionClose() {
+			releaseConn(b.hc, b.cc)
+		} else {
+			closeConn(b.hc, b.cc)
+		}
+	})
+	return nil
+}
+
+// pooledConn gives fasthttp's connection methods a use of the connection
+// held as an any: its type is not exported, so only a type parameter can
+// name it.
+func pooledConn[C any](f func(*fasthttp.HostClient, C)) func(*fasthttp.HostClient, any) {
+	return func(hc *fasthttp.HostClient, cc any) { f(hc, cc.(C)) }
+}
+
+var (
+	releaseConn = pooledConn((*fasthttp.HostClient).ReleaseConn)
+	closeConn   = pooledConn((*fasthttp.HostClient).CloseConn)
+)
