@@ -73,7 +73,7 @@ func (s *Scanner) Write(p []byte) (int, error) {
 			continue
 		}
 		s.cr = false
-		i := bytes.IndexAny(p, "\r\n")
+		i := LineEnd(p)
 		if i < 0 {
 			s.add(p)
 			break
@@ -88,6 +88,21 @@ func (s *Scanner) Write(p []byte) (int, error) {
 		p = p[i+1:]
 	}
 	return n, nil
+}
+
+// LineEnd returns the index of p's first line break ('\r' or '\n'), or
+// -1. Two vectorized byte scans are several times faster on stream
+// lines than bytes.IndexAny's loop over every byte.
+func LineEnd(p []byte) int {
+	i := bytes.IndexByte(p, '\n')
+	before := p
+	if i >= 0 {
+		before = p[:i]
+	}
+	if j := bytes.IndexByte(before, '\r'); j >= 0 {
+		return j
+	}
+	return i
 }
 
 // add appends line bytes, keeping the first lineCap.

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"regexp"
 	"strings"
 	"testing"
@@ -175,5 +176,15 @@ func BenchmarkScannerChat(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _ = s.Write(chunk)
+	}
+}
+
+// TestLineEnd: the first '\r' or '\n', whichever comes first, as
+// bytes.IndexAny(p, "\r\n") finds it.
+func TestLineEnd(t *testing.T) {
+	for _, p := range []string{"", "no break", "a\nb", "a\r\nb", "a\rb\n", "ab\n\r", "\n", "\r", "x\ry\rz", strings.Repeat("data ", 40) + "\n\n"} {
+		if got, want := LineEnd([]byte(p)), bytes.IndexAny([]byte(p), "\r\n"); got != want {
+			t.Errorf("LineEnd(%q) = %d, want %d", p, got, want)
+		}
 	}
 }

@@ -273,7 +273,7 @@ func nextEvent(kind events.Kind, b []byte) (ev policy.Event, n int) {
 		return ev, 0
 	}
 	for rest := b[:end]; len(rest) > 0; {
-		i := bytes.IndexAny(rest, "\r\n")
+		i := events.LineEnd(rest)
 		if i < 0 {
 			i = len(rest)
 		}
