@@ -36,10 +36,12 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 		ex.loop.why = whyUnreachable(err)
 		return policy.Outcome{Fault: faultOf(err)}
 	}
+	// headAt: when the head arrived, or with a small body read whole
+	// with it (upstreamTransport), when that body did.
 	ex.reply.headAt = time.Now()
 	if resp.BodyStream() == nil {
-		// No body (HEAD, 204, 304): fasthttp gave the connection back to
-		// its pool already.
+		// No body (HEAD, 204, 304) or read whole: the transport gave the
+		// connection back to its pool already.
 		ex.released()
 	}
 	status := resp.StatusCode()

@@ -59,6 +59,7 @@ func (ex *exchange) abortUpstream() {
 // upstream.claimMu); if the client already left, or Shutdown already
 // cut the stream (a continuation's connection), it is closed at once.
 func (ex *exchange) using(c *upstreamConn) {
+	c.user.Store(ex)
 	ex.connMu.Lock()
 	ex.upConn = c
 	gone := ex.isGone.Load() || ex.out.cut.Load()
@@ -73,5 +74,15 @@ func (ex *exchange) using(c *upstreamConn) {
 func (ex *exchange) released() {
 	ex.connMu.Lock()
 	ex.upConn = nil
+	ex.connMu.Unlock()
+}
+
+// letGo forgets c if it is still the upstream connection in use: the
+// transport is giving it back to the pool (upstreamConn.detach).
+func (ex *exchange) letGo(c *upstreamConn) {
+	ex.connMu.Lock()
+	if ex.upConn == c {
+		ex.upConn = nil
+	}
 	ex.connMu.Unlock()
 }

@@ -26,7 +26,8 @@ import (
 // It serves clients that leave MaxConnDuration, ReadTimeout,
 // WriteTimeout and DisableHeaderNamesNormalizing unset, as the
 // endpoints' are; the request's timeout (DoTimeout) bounds the wait for
-// a connection, the write and the response head.
+// a connection, the write and the response head together (and a small
+// body read with its head).
 type upstreamTransport struct{}
 
 // maxInterimResponses bounds the 1xx responses read before the final one.
@@ -37,14 +38,19 @@ var errTooManyInterim = errors.New("upstream sent too many 1xx responses")
 // RoundTrip sends req on a connection of hc and reads the response head,
 // and the body too when it is small and of known length.
 func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
+	// One deadline from before the connection is taken: waiting for it,
+	// dialling it, the write and the head all count against the attempt.
 	timeout := req.GetTimeOut()
+	var deadline time.Time // zero: none
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
 	cc, err := hc.AcquireConn(timeout, req.ConnectionClose())
 	if err != nil {
 		return false, err
 	}
 	conn := cc.Conn()
 	resp.ParseNetConn(conn)
-	deadline := time.Now().Add(timeout)
 	if err := conn.SetWriteDeadline(deadline); err != nil {
 		hc.CloseConn(cc)
 		return true, err
@@ -98,6 +104,12 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 	}
 	hc.ReleaseReader(br)
 	if keep {
+		// Pooled before the attempt returns: the exchange using the
+		// connection lets go of it first, or a client leaving meanwhile
+		// would close it under the request it serves next.
+		if a, ok := resp.LocalAddr().(*connAddr); ok {
+			a.conn.detach()
+		}
 		hc.ReleaseConn(cc)
 	} else {
 		hc.CloseConn(cc)
@@ -171,8 +183,8 @@ func (b *streamedBody) Read(p []byte) (int, error) {
 	n, err := b.read(p)
 	switch {
 	case err == io.EOF && n > 0:
-		// The end comes alone, on the next Read, as fasthttp's streamed
-		// bodies tell it: a reader judges the last bytes before the end.
+		// The end comes alone, on the next Read: a reader judges the last
+		// bytes before it learns of the end.
 		b.ended = true
 		return n, nil
 	case err == io.EOF:
@@ -188,9 +200,13 @@ func (b *streamedBody) read(p []byte) (int, error) {
 	case b.chunks != nil:
 		n, err := b.chunks.Read(p)
 		if err == io.EOF {
-			// The last chunk: its trailer (usually none) ends the body.
+			// The last chunk: its trailer (usually none) ends the body; a
+			// body cut or garbled there is broken, as fasthttp tells it.
 			if terr := b.resp.Header.ReadTrailer(b.br); terr != nil {
-				b.keep = false
+				if terr == io.EOF {
+					terr = io.ErrUnexpectedEOF
+				}
+				return n, terr
 			}
 		}
 		return n, err

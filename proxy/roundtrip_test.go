@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,8 +16,9 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// scriptedUpstream answers every request on 127.0.0.1 with reply, written
-// in one piece, and counts the connections it accepted. A reply ending in
+// scriptedUpstream answers every request on 127.0.0.1 with reply and
+// counts the connections it accepted. The reply is written in one piece,
+// or in pieces 30 ms apart where it says "<pause>"; one ending in
 // "<close>" is written without it and the connection is closed.
 func scriptedUpstream(t *testing.T, reply string) (addr string, conns *atomic.Int32) {
 	t.Helper()
@@ -43,7 +45,15 @@ func scriptedUpstream(t *testing.T, reply string) (addr string, conns *atomic.In
 					}
 					_, _ = io.Copy(io.Discard, req.Body)
 					body, closing := strings.CutSuffix(reply, "<close>")
-					if _, err := io.WriteString(c, body); err != nil || closing {
+					for i, piece := range strings.Split(body, "<pause>") {
+						if i > 0 {
+							time.Sleep(30 * time.Millisecond)
+						}
+						if _, err := io.WriteString(c, piece); err != nil {
+							return
+						}
+					}
+					if closing {
 						return
 					}
 				}
@@ -58,7 +68,7 @@ func scriptedUpstream(t *testing.T, reply string) (addr string, conns *atomic.In
 // streams, and its connection is pooled only when it was read to its end
 // on a keep-alive connection.
 func TestUpstreamTransportReadsBodies(t *testing.T) {
-	big := strings.Repeat("x", headSize+1)
+	big, fits := strings.Repeat("x", headSize+1), strings.Repeat("y", headSize)
 	for _, tt := range []struct {
 		name, reply, method string
 		want                string
@@ -69,18 +79,26 @@ func TestUpstreamTransportReadsBodies(t *testing.T) {
 		{name: "small known length, read whole", reply: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
 			want: "hello", reused: true},
 		{name: "empty known length", reply: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", reused: true},
+		{name: "as large as the head, read whole", reply: "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(len(fits)) + "\r\n\r\n" + fits,
+			want: fits, reused: true},
 		{name: "larger than the head, streamed", reply: "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n\r\n" + big,
 			want: big, stream: true, reused: true},
 		{name: "chunked with a trailer", reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: 1\r\n\r\n",
 			want: "abcde", stream: true, reused: true},
+		{name: "the last chunk in a later segment", reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n<pause>0\r\n\r\n",
+			want: "abc", stream: true, reused: true},
 		{name: "close delimited", reply: "HTTP/1.1 200 OK\r\n\r\nuntil close<close>", want: "until close", stream: true},
 		{name: "connection: close", reply: "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", want: "ok"},
 		{name: "interim 100 then the reply", reply: "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
 			want: "ok", reused: true},
+		{name: "HTTP/1.0 without keep-alive", reply: "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", want: "ok"},
 		{name: "204 has no body", reply: "HTTP/1.1 204 No Content\r\n\r\n", reused: true},
+		{name: "304 has no body", reply: "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", reused: true},
 		{name: "HEAD has no body", method: "HEAD", reply: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", reused: true},
 		{name: "known length cut short", reply: "HTTP/1.1 200 OK\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n\r\nshort<close>",
 			want: "short", stream: true, wantErr: io.ErrUnexpectedEOF},
+		{name: "cut in the trailer", reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n<close>",
+			want: "ab", stream: true, wantErr: io.ErrUnexpectedEOF},
 		{name: "chunks cut short", reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab<close>",
 			want: "ab", stream: true, wantErr: io.ErrUnexpectedEOF},
 		{name: "malformed chunk size", reply: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
@@ -162,7 +180,8 @@ func TestChunksThatArriveTogetherAreReadTogether(t *testing.T) {
 }
 
 // TestClosingABodyMidReadInterruptsIt: a Close from another goroutine
-// while a Read waits for bytes unblocks it and drops the connection.
+// while a Read waits for bytes unblocks that Read (its error is the
+// connection's, not a closed body's) and drops the connection.
 func TestClosingABodyMidReadInterruptsIt(t *testing.T) {
 	addr, conns := scriptedUpstream(t, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
 	hc := &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true}
@@ -174,27 +193,82 @@ func TestClosingABodyMidReadInterruptsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := resp.BodyStream()
-	read := make(chan error, 1)
+	first, read := make(chan struct{}), make(chan error, 1)
 	go func() {
 		buf := make([]byte, 64)
-		for {
-			if _, err := body.Read(buf); err != nil {
-				read <- err
-				return
-			}
+		if n, err := body.Read(buf); n != 2 || err != nil {
+			read <- fmt.Errorf("first read %d, %v", n, err)
+			return
 		}
+		close(first)
+		_, err := body.Read(buf) // waits: no more chunks come
+		read <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // the reader waits for the next chunk
+	select {
+	case <-first:
+	case err := <-read:
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the second Read is waiting for bytes
 	_ = resp.CloseBodyStream()
 	select {
 	case err := <-read:
-		if err == nil || err == io.EOF {
-			t.Fatalf("read ended with %v, want an error", err)
+		if err == nil || err == io.EOF || errors.Is(err, io.ErrClosedPipe) {
+			t.Fatalf("the waiting read ended with %v, want the closed connection's error", err)
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("the Read in flight was not interrupted")
 	}
 	if hc.ConnsCount() != 0 || conns.Load() != 1 {
 		t.Fatalf("%d connections open, %d accepted; want the one closed", hc.ConnsCount(), conns.Load())
+	}
+}
+
+// TestAnUpstreamThatNeverAnswersTimesOut: the request's timeout bounds
+// the wait for the head.
+func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // silent until the listener closes
+		}
+	}()
+	hc := &fasthttp.HostClient{Addr: ln.Addr().String(), Transport: upstreamTransport{}, StreamResponseBody: true}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + ln.Addr().String() + "/v1/x")
+	start := time.Now()
+	err = hc.DoTimeout(req, resp, 100*time.Millisecond)
+	if took := time.Since(start); !isTimeout(err) || took > 2*time.Second {
+		t.Fatalf("%v after %v, want a timeout after about 100ms", err, took)
+	}
+}
+
+// TestAPooledConnectionIsLetGoFirst: before the transport pools a
+// connection, the exchange it was given to forgets it (so a client leaving
+// then cannot close it under another request); one it was given to
+// earlier, now using another, keeps that one.
+func TestAPooledConnectionIsLetGoFirst(t *testing.T) {
+	ex := new(exchange)
+	c1, c2 := new(upstreamConn), new(upstreamConn)
+	ex.using(c1)
+	c1.detach()
+	if ex.upConn != nil {
+		t.Fatal("the exchange still holds the pooled connection")
+	}
+	ex.using(c2)
+	c1.user.Store(ex) // a stale pointer from an earlier use
+	c1.detach()
+	if ex.upConn != c2 {
+		t.Fatal("letting go of an earlier connection dropped the one in use")
 	}
 }

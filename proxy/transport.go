@@ -86,6 +86,16 @@ type upstreamConn struct {
 	// connection, which must not take a claim: dial already gave it to
 	// its attempt, and the claim waiting now is another attempt's.
 	dialed atomic.Bool
+	// user is the exchange the connection was last given to (using).
+	user atomic.Pointer[exchange]
+}
+
+// detach makes the exchange the connection was given to let go of it,
+// when it still holds it: the connection is going back to the pool.
+func (c *upstreamConn) detach() {
+	if ex := c.user.Swap(nil); ex != nil {
+		ex.letGo(c)
+	}
 }
 
 // staleSlack is added to two round trips for how soon after the request
