@@ -77,10 +77,26 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 	data := gjson.Parse(unsafe.String(unsafe.SliceData(ev.Data), len(ev.Data)))
 	switch api {
 	case APIChat, APICompletions:
-		if e := data.Get("error"); e.Exists() {
+		// One pass over the top-level keys (each Get would scan from the
+		// start); the first of each key counts, as Get finds it.
+		var e, usage, choices gjson.Result
+		var seen [3]bool
+		data.ForEach(func(k, v gjson.Result) bool {
+			switch i := chunkKey(k.Str); {
+			case i < 0 || seen[i]:
+			case i == 0:
+				e, seen[0] = v, true
+			case i == 1:
+				usage, seen[1] = v, true
+			default:
+				choices, seen[2] = v, true
+			}
+			return true
+		})
+		if e.Exists() {
 			return MarkFailure, strings.Clone(errorCode(e))
 		}
-		return chunkMark(api, data), ""
+		return chunkMark(api, usage, choices), ""
 	case APIResponses:
 		typ := unsafe.String(unsafe.SliceData(ev.Name), len(ev.Name))
 		if typ == "" {
@@ -108,12 +124,26 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 	return MarkContent, ""
 }
 
-// chunkMark finds output in a chat (or legacy completions) chunk.
-func chunkMark(api API, chunk gjson.Result) Mark {
-	if u := chunk.Get("usage"); u.Exists() && u.Type != gjson.Null {
+// chunkKey numbers the top-level keys of a chat chunk that Judge reads:
+// 0 error, 1 usage, 2 choices, -1 any other.
+func chunkKey(k string) int {
+	switch k {
+	case "error":
+		return 0
+	case "usage":
+		return 1
+	case "choices":
+		return 2
+	}
+	return -1
+}
+
+// chunkMark finds output in a chat (or legacy completions) chunk, given
+// its usage and choices.
+func chunkMark(api API, usage, choices gjson.Result) Mark {
+	if usage.Exists() && usage.Type != gjson.Null {
 		return MarkContent
 	}
-	choices := chunk.Get("choices")
 	if !choices.IsArray() { // a lone choice, as gjson's Array would read it
 		if choices.Exists() && choices.Type != gjson.Null && choiceHasOutput(api, choices) {
 			return MarkContent
