@@ -91,7 +91,7 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 			default:
 				choices, seen[2] = v, true
 			}
-			return true
+			return !seen[0] || !seen[1] || !seen[2]
 		})
 		if e.Exists() {
 			return MarkFailure, strings.Clone(errorCode(e))

@@ -163,8 +163,9 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 		until = ex.req.deadline
 	}
 	// The window is ended by the clock between reads, never by a read
-	// deadline: a timeout inside fasthttp's chunk framing could leave the
-	// body unreadable for the stream that follows. So a silence inside
+	// deadline: a timeout inside the chunk framing (streamedBody's
+	// decoder) would leave the body unreadable for the stream that
+	// follows. So a silence inside
 	// the window holds the head until the next bytes (or idle passes,
 	// which is a stall: retried).
 	ex.enter(phaseStreamHold)

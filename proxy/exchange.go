@@ -163,7 +163,8 @@ type reply struct {
 	// of it went to the client.
 	head    []byte
 	headOff int
-	// headAt is when the response head arrived.
+	// headAt is when the response head arrived (with its body, for a
+	// small one read whole with it: upstreamTransport).
 	headAt time.Time
 	// streamFailed is set when a stream sent an error event before its
 	// first output; streamError is the error's code. heldToEnd is set when

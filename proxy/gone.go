@@ -78,11 +78,15 @@ func (ex *exchange) released() {
 }
 
 // letGo forgets c if it is still the upstream connection in use: the
-// transport is giving it back to the pool (upstreamConn.detach).
-func (ex *exchange) letGo(c *upstreamConn) {
+// transport is giving it back to the pool (upstreamConn.detach). It
+// reports whether c was in use by a request whose client left or that
+// Shutdown cut: abortUpstream closed it, or would have.
+func (ex *exchange) letGo(c *upstreamConn) (closed bool) {
 	ex.connMu.Lock()
-	if ex.upConn == c {
-		ex.upConn = nil
+	defer ex.connMu.Unlock()
+	if ex.upConn != c {
+		return false
 	}
-	ex.connMu.Unlock()
+	ex.upConn = nil
+	return ex.isGone.Load() || ex.out.cut.Load()
 }

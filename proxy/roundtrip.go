@@ -33,6 +33,8 @@ type upstreamTransport struct{}
 // maxInterimResponses bounds the 1xx responses read before the final one.
 const maxInterimResponses = 100
 
+// errTooManyInterim fails a response head preceded by more than
+// maxInterimResponses interim ones.
 var errTooManyInterim = errors.New("upstream sent too many 1xx responses")
 
 // RoundTrip sends req on a connection of hc and reads the response head,
@@ -103,13 +105,13 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 		return false, nil
 	}
 	hc.ReleaseReader(br)
+	// Pooled before the attempt returns: the exchange using the connection
+	// lets go of it first, or a client leaving meanwhile would close it
+	// under the request it serves next; one closed already is not pooled.
+	if a, ok := resp.LocalAddr().(*connAddr); ok && keep && a.conn.detach() {
+		keep = false
+	}
 	if keep {
-		// Pooled before the attempt returns: the exchange using the
-		// connection lets go of it first, or a client leaving meanwhile
-		// would close it under the request it serves next.
-		if a, ok := resp.LocalAddr().(*connAddr); ok {
-			a.conn.detach()
-		}
 		hc.ReleaseConn(cc)
 	} else {
 		hc.CloseConn(cc)
@@ -195,6 +197,8 @@ func (b *streamedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// read reads the next bytes by the body's framing; Read keeps the state
+// around it (ended, failed, the lock).
 func (b *streamedBody) read(p []byte) (int, error) {
 	switch {
 	case b.chunks != nil:

@@ -253,6 +253,41 @@ func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
 	}
 }
 
+// TestTheWaitForAConnectionCountsAgainstTheTimeout: the request's
+// timeout runs from the send, not from when a connection was free. The
+// only connection is busy for 120 ms and the upstream answers 150 ms after
+// each request: 270 ms in all, past the 200 ms timeout.
+func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
+	big := strings.Repeat("z", headSize+1)
+	addr, _ := scriptedUpstream(t, strings.Repeat("<pause>", 5)+"HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(big))+"\r\n\r\n"+big)
+	hc := &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true,
+		MaxConns: 1, MaxConnWaitTimeout: time.Second}
+	first, resp1 := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(first)
+	defer fasthttp.ReleaseResponse(resp1)
+	first.SetRequestURI("http://" + addr + "/v1/x")
+	if err := hc.DoTimeout(first, resp1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pooled := make(chan struct{})
+	defer func() { <-pooled }()
+	go func() { // the connection is busy a while, then pooled
+		defer close(pooled)
+		time.Sleep(120 * time.Millisecond)
+		_, _ = io.Copy(io.Discard, resp1.BodyStream())
+		_ = resp1.CloseBodyStream()
+	}()
+	second, resp2 := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(second)
+	defer fasthttp.ReleaseResponse(resp2)
+	second.SetRequestURI("http://" + addr + "/v1/x")
+	start := time.Now()
+	err := hc.DoTimeout(second, resp2, 200*time.Millisecond)
+	if took := time.Since(start); !isTimeout(err) || took > 2*time.Second {
+		t.Fatalf("%v after %v, want a timeout: the wait counts", err, took)
+	}
+}
+
 // TestAPooledConnectionIsLetGoFirst: before the transport pools a
 // connection, the exchange it was given to forgets it (so a client leaving
 // then cannot close it under another request); one it was given to
@@ -267,8 +302,13 @@ func TestAPooledConnectionIsLetGoFirst(t *testing.T) {
 	}
 	ex.using(c2)
 	c1.user.Store(ex) // a stale pointer from an earlier use
-	c1.detach()
-	if ex.upConn != c2 {
+	if c1.detach() || ex.upConn != c2 {
 		t.Fatal("letting go of an earlier connection dropped the one in use")
+	}
+	// The client leaves while the connection is still the request's: it
+	// was closed (abortUpstream), so it must not be pooled.
+	ex.isGone.Store(true)
+	if !c2.detach() || ex.upConn != nil {
+		t.Fatal("a connection its gone client's request held was let go of as fit for the pool")
 	}
 }

@@ -91,11 +91,14 @@ type upstreamConn struct {
 }
 
 // detach makes the exchange the connection was given to let go of it,
-// when it still holds it: the connection is going back to the pool.
-func (c *upstreamConn) detach() {
+// when it still holds it, as the connection is going back to the pool.
+// closed says that exchange's client left (or Shutdown cut it) while it
+// held the connection, which is closed or about to be: not for the pool.
+func (c *upstreamConn) detach() (closed bool) {
 	if ex := c.user.Swap(nil); ex != nil {
-		ex.letGo(c)
+		return ex.letGo(c)
 	}
+	return false
 }
 
 // staleSlack is added to two round trips for how soon after the request
