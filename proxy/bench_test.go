@@ -54,15 +54,7 @@ func BenchmarkProxiedRequestTraced(b *testing.B) {
 }
 
 func benchProxied(b *testing.B, edit func(*Options)) {
-	upLn := fasthttputil.NewInmemoryListener()
-	body := upstreamtest.ChatCompletion("hello from the benchmark")
-	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(body)
-	}}
-	go func() { _ = up.Serve(upLn) }()
-	defer up.Shutdown()
-
+	upLn := benchUpstream(b)
 	o := Options{Upstreams: []Upstream{testUpstream("up", "http://inmemory")}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()}
 	if edit != nil {
 		edit(&o)
@@ -83,7 +75,45 @@ func benchProxied(b *testing.B, edit func(*Options)) {
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = p.Serve(ln) }() // through the listener guard, as in production
 	defer func() { _ = p.Shutdown(context.Background()) }()
+	benchClients(b, ln)
+}
 
+// BenchmarkFloorRequest is BenchmarkProxiedRequest's round trip through
+// the floor instead of Sturdy: a fasthttp server handing each request to
+// one HostClient, as bench/peers/floor does. On in-memory connections,
+// with no kernel and no other process in it, Sturdy ÷ floor is what
+// Sturdy's own work costs, steadier than the load harness can tell it.
+func BenchmarkFloorRequest(b *testing.B) {
+	upLn := benchUpstream(b)
+	c := &fasthttp.HostClient{Addr: "inmemory", Dial: func(string) (net.Conn, error) { return upLn.Dial() }, MaxConns: 4096}
+	floor := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if err := c.Do(&ctx.Request, &ctx.Response); err != nil {
+			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+		}
+	}}
+	ln := fasthttputil.NewInmemoryListener()
+	go func() { _ = floor.Serve(ln) }()
+	defer func() { _ = floor.Shutdown() }()
+	benchClients(b, ln)
+}
+
+// benchUpstream serves a chat completion on an in-memory listener for the
+// benchmark's length.
+func benchUpstream(b *testing.B) *fasthttputil.InmemoryListener {
+	upLn := fasthttputil.NewInmemoryListener()
+	body := upstreamtest.ChatCompletion("hello from the benchmark")
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(body)
+	}}
+	go func() { _ = up.Serve(upLn) }()
+	b.Cleanup(func() { _ = up.Shutdown() })
+	return upLn
+}
+
+// benchClients sends chat completions through the proxy on ln from
+// parallel clients for the benchmark's length.
+func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener) {
 	client := &fasthttp.HostClient{Addr: "sturdy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
 	reqBody := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	b.ReportAllocs()
