@@ -99,14 +99,22 @@ func (f fakes) stats() (sum fakellm.Stats, each []fakellm.Stats) {
 	for _, s := range f.servers {
 		st := s.Stats()
 		each = append(each, st)
-		sum.Requests += st.Requests
-		sum.EarlyRetries += st.EarlyRetries
-		sum.InOutage += st.InOutage
-		for k, v := range st.Fates {
-			sum.Fates[k] += v
-		}
+		addStats(&sum, st)
 	}
 	return sum, each
+}
+
+// addStats adds st's counters to sum's.
+func addStats(sum *fakellm.Stats, st fakellm.Stats) {
+	if sum.Fates == nil {
+		sum.Fates = map[string]int64{}
+	}
+	sum.Requests += st.Requests
+	sum.EarlyRetries += st.EarlyRetries
+	sum.InOutage += st.InOutage
+	for k, v := range st.Fates {
+		sum.Fates[k] += v
+	}
 }
 
 // shares gives, for a pool, each replica's share of the requests the

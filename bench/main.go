@@ -104,6 +104,7 @@ type command struct {
 	out, chart                       string
 	noDirect                         bool
 	tries                            int
+	slices                           int
 	peers                            peerFlag
 }
 
@@ -113,6 +114,7 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue or idle")
+	fs.IntVar(&c.slices, "slices", 1, "overhead, fleet, tracing: cut each run into this many slices and measure the targets in turns, one slice each")
 	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000)")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
@@ -162,13 +164,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stop()
 		res := scenarioResult{Scenario: sc.name, About: sc.about}
-		for _, t := range targetsFor(sc, targets, stderr) {
-			tr, err := runTarget(sc, c.s, t, c.fakeListen, c.fakeURL, c.targetURL != "", stderr)
+		if ts := targetsFor(sc, targets, stderr); c.slices > 1 && sc.interleave && c.targetURL == "" {
+			trs, err := runInterleaved(sc, c.s, ts, c.fakeListen, c.slices, stderr)
 			if err != nil {
-				fmt.Fprintf(stderr, "%s via %s: %v\n", sc.name, t.name, err)
+				fmt.Fprintf(stderr, "%s: %v\n", sc.name, err)
 				return 1
 			}
-			res.Targets = append(res.Targets, tr)
+			res.Targets = trs
+		} else {
+			for _, t := range ts {
+				tr, err := runTarget(sc, c.s, t, c.fakeListen, c.fakeURL, c.targetURL != "", stderr)
+				if err != nil {
+					fmt.Fprintf(stderr, "%s via %s: %v\n", sc.name, t.name, err)
+					return 1
+				}
+				res.Targets = append(res.Targets, tr)
+			}
 		}
 		writeMarkdown(stdout, res)
 		results = append(results, res)
@@ -325,22 +336,7 @@ func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fk
 		pids = t.pids()
 	}
 	cpu0 := procCPU(pids)
-	body := chatBody
-	if spec.stream {
-		body = streamBody
-	}
-	label := fmt.Sprintf("%s/%s via %s", sc.name, spec.name, t.name)
-	start := time.Now()
-	window := s.duration
-	if spec.window > 0 {
-		window = spec.window
-	}
-	recs := load{url: url + spec.path, body: body, rate: spec.rate, workers: spec.conns,
-		duration: window, once: spec.once, progress: func(sent, done int64) {
-			fmt.Fprintf(stderr, "\r%-45s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
-		}}.run()
-	elapsed := time.Since(start)
-	fmt.Fprintf(stderr, "\r%-45s done: %d requests in %.1fs%20s\n", label, len(recs), elapsed.Seconds(), "")
+	recs, elapsed := runLoad(s, spec, url, 1, fmt.Sprintf("%s/%s via %s", sc.name, spec.name, t.name), stderr)
 	var st fakellm.Stats
 	var each []fakellm.Stats
 	switch {
@@ -355,6 +351,27 @@ func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fk
 	}
 	rr.Figures = append(rr.Figures, fk.shares(st, each)...)
 	return rr
+}
+
+// runLoad runs spec's load against url for 1/slices of the run's length,
+// telling its progress under label.
+func runLoad(s settings, spec runSpec, url string, slices int, label string, stderr io.Writer) ([]record, time.Duration) {
+	body := chatBody
+	if spec.stream {
+		body = streamBody
+	}
+	window := s.duration
+	if spec.window > 0 {
+		window = spec.window
+	}
+	start := time.Now()
+	recs := load{url: url + spec.path, body: body, rate: spec.rate, workers: spec.conns,
+		duration: window / time.Duration(slices), once: spec.once, progress: func(sent, done int64) {
+			fmt.Fprintf(stderr, "\r%-60s %4.0fs  sent %7d  done %7d", label, time.Since(start).Seconds(), sent, done)
+		}}.run()
+	elapsed := time.Since(start)
+	fmt.Fprintf(stderr, "\r%-60s done: %d requests in %.1fs%20s\n", label, len(recs), elapsed.Seconds(), "")
+	return recs, elapsed
 }
 
 // fetchStats reads the counters of the fake server at url (-fake), zero

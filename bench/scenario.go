@@ -57,6 +57,9 @@ type scenario struct {
 	replicas []replica
 	// figures computes the scenario's own numbers from one run.
 	figures func(s settings, run runSpec, recs []record, st fakellm.Stats) []figure
+	// interleave says its faults do not depend on time, so -slices may
+	// measure its targets in turns (runInterleaved).
+	interleave bool
 }
 
 // overheadRuns are the load runs of a scenario without faults:
@@ -106,7 +109,8 @@ const flakyP = 0.20
 
 var scenarios = []*scenario{
 	{
-		name: "overhead",
+		name:       "overhead",
+		interleave: true,
 		about: "no faults: capacity with 32 connections, added latency at a fixed unsaturated rate, streamed replies; " +
 			"Sturdy with every feature configured (fullSturdy: a pool of two endpoints, health checks, per-model breakers, " +
 			"cooldowns, retry budget, max_in_flight, client-gone watching, commit on content, shared_state idle, tracing off), " +
@@ -119,7 +123,8 @@ var scenarios = []*scenario{
 		variants: []variant{{name: "rate_limit", sturdy: fullUpstream + fleetUpstream + fullSturdy}},
 	},
 	{
-		name: "fleet",
+		name:       "fleet",
+		interleave: true,
 		about: "no faults, a rate_limit that never binds: what a shared limit costs — each request's slot taken in Redis " +
 			"(sturdy+shared_state) against the local limiter (sturdy)",
 		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
@@ -134,7 +139,8 @@ var scenarios = []*scenario{
 		variants: []variant{{name: "shared_state", sturdy: fleetUpstream + "shared_state: {redis_url: REDIS_URL, timeout: 50ms}\n" + defaultSturdy}},
 	},
 	{
-		name: "tracing",
+		name:       "tracing",
+		interleave: true,
 		about: "no faults: what tracing costs — every request traced, sampled and exported over OTLP/HTTP to a sink " +
 			"(sturdy+tracing) against tracing off (sturdy)",
 		profile:  func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
