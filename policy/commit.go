@@ -79,19 +79,18 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 	case APIChat, APICompletions:
 		// One pass over the top-level keys (each Get would scan from the
 		// start); the first of each key counts, as Get finds it.
+		// A value ForEach gives always Exists: that tells a key seen.
 		var e, usage, choices gjson.Result
-		var seen [3]bool
 		data.ForEach(func(k, v gjson.Result) bool {
-			switch i := chunkKey(k.Str); {
-			case i < 0 || seen[i]:
-			case i == 0:
-				e, seen[0] = v, true
-			case i == 1:
-				usage, seen[1] = v, true
-			default:
-				choices, seen[2] = v, true
+			switch {
+			case k.Str == "error" && !e.Exists():
+				e = v
+			case k.Str == "usage" && !usage.Exists():
+				usage = v
+			case k.Str == "choices" && !choices.Exists():
+				choices = v
 			}
-			return !seen[0] || !seen[1] || !seen[2]
+			return !e.Exists() || !usage.Exists() || !choices.Exists()
 		})
 		if e.Exists() {
 			return MarkFailure, strings.Clone(errorCode(e))
@@ -122,20 +121,6 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 		return MarkFraming, ""
 	}
 	return MarkContent, ""
-}
-
-// chunkKey numbers the top-level keys of a chat chunk that Judge reads:
-// 0 error, 1 usage, 2 choices, -1 any other.
-func chunkKey(k string) int {
-	switch k {
-	case "error":
-		return 0
-	case "usage":
-		return 1
-	case "choices":
-		return 2
-	}
-	return -1
 }
 
 // chunkMark finds output in a chat (or legacy completions) chunk, given
