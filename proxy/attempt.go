@@ -37,13 +37,10 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 		return policy.Outcome{Fault: faultOf(err)}
 	}
 	// headAt: when the head arrived, or with a small body read whole
-	// with it (upstreamTransport), when that body did.
+	// with it (upstreamTransport), when that body did. Without a body
+	// stream the transport was done with the connection, and the
+	// exchange let go of it (upstreamConn.detach).
 	ex.reply.headAt = time.Now()
-	if resp.BodyStream() == nil {
-		// No body (HEAD, 204, 304) or read whole: the transport gave the
-		// connection back to its pool already.
-		ex.released()
-	}
 	status := resp.StatusCode()
 	out := policy.Outcome{Status: status}
 	if f := ex.readHead(status); f != policy.FaultNone {

@@ -105,10 +105,11 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 		return false, nil
 	}
 	hc.ReleaseReader(br)
-	// Pooled before the attempt returns: the exchange using the connection
-	// lets go of it first, or a client leaving meanwhile would close it
-	// under the request it serves next; one closed already is not pooled.
-	if a, ok := resp.LocalAddr().(*connAddr); ok && keep && a.conn.detach() {
+	// Done with before the attempt returns: the exchange using the
+	// connection lets go of it first, or a client leaving meanwhile would
+	// close it under the request it serves next; one closed already is
+	// not pooled.
+	if a, ok := resp.LocalAddr().(*connAddr); ok && a.conn.detach() {
 		keep = false
 	}
 	if keep {
