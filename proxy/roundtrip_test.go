@@ -106,22 +106,16 @@ func TestUpstreamTransportReadsBodies(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			addr, conns := scriptedUpstream(t, tt.reply)
-			hc := &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true,
-				MaxIdemponentCallAttempts: 1}
+			hc := transportClient(addr)
 			for i := range 2 {
-				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-				req.SetRequestURI("http://" + addr + "/v1/x")
-				if tt.method != "" {
-					req.Header.SetMethod(tt.method)
-				}
-				if err := hc.DoTimeout(req, resp, 2*time.Second); err != nil {
+				resp, err := send(t, hc, tt.method, 2*time.Second)
+				if err != nil {
 					t.Fatalf("request %d: %v", i, err)
 				}
 				if got := resp.BodyStream() != nil; got != tt.stream {
 					t.Fatalf("streamed %v, want %v", got, tt.stream)
 				}
 				var body []byte
-				var err error
 				if tt.stream {
 					body, err = io.ReadAll(resp.BodyStream())
 					_ = resp.CloseBodyStream()
@@ -134,8 +128,6 @@ func TestUpstreamTransportReadsBodies(t *testing.T) {
 				case string(body) != tt.want:
 					t.Fatalf("body %q, want %q", body, tt.want)
 				}
-				fasthttp.ReleaseRequest(req)
-				fasthttp.ReleaseResponse(resp)
 			}
 			want := int32(2)
 			if tt.reused {
@@ -148,6 +140,28 @@ func TestUpstreamTransportReadsBodies(t *testing.T) {
 	}
 }
 
+// transportClient is a HostClient to addr that goes through
+// upstreamTransport, as an endpoint's does: bodies streamed, no retries.
+func transportClient(addr string) *fasthttp.HostClient {
+	return &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true,
+		MaxIdemponentCallAttempts: 1}
+}
+
+// send sends a request for /v1/x (GET unless method says otherwise)
+// through hc within timeout; its response is released when the test ends.
+func send(t *testing.T, hc *fasthttp.HostClient, method string, timeout time.Duration) (*fasthttp.Response, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	t.Cleanup(func() {
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+	})
+	req.SetRequestURI("http://" + hc.Addr + "/v1/x")
+	if method != "" {
+		req.Header.SetMethod(method)
+	}
+	return resp, hc.DoTimeout(req, resp, timeout)
+}
+
 // errAny stands for any error in TestUpstreamTransportReadsBodies.
 var errAny = errors.New("any error")
 
@@ -157,12 +171,9 @@ var errAny = errors.New("any error")
 func TestChunksThatArriveTogetherAreReadTogether(t *testing.T) {
 	addr, _ := scriptedUpstream(t, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"+
 		"7\r\ndata: a\r\n7\r\ndata: b\r\n7\r\ndata: c\r\n0\r\n\r\n")
-	hc := &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/v1/x")
-	if err := hc.DoTimeout(req, resp, 2*time.Second); err != nil {
+	hc := transportClient(addr)
+	resp, err := send(t, hc, "", 2*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.CloseBodyStream()
@@ -184,12 +195,9 @@ func TestChunksThatArriveTogetherAreReadTogether(t *testing.T) {
 // connection's, not a closed body's) and drops the connection.
 func TestClosingABodyMidReadInterruptsIt(t *testing.T) {
 	addr, conns := scriptedUpstream(t, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
-	hc := &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/v1/x")
-	if err := hc.DoTimeout(req, resp, 2*time.Second); err != nil {
+	hc := transportClient(addr)
+	resp, err := send(t, hc, "", 2*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
 	body := resp.BodyStream()
@@ -241,13 +249,8 @@ func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
 			defer c.Close() // silent until the listener closes
 		}
 	}()
-	hc := &fasthttp.HostClient{Addr: ln.Addr().String(), Transport: upstreamTransport{}, StreamResponseBody: true}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + ln.Addr().String() + "/v1/x")
 	start := time.Now()
-	err = hc.DoTimeout(req, resp, 100*time.Millisecond)
+	_, err = send(t, transportClient(ln.Addr().String()), "", 100*time.Millisecond)
 	if took := time.Since(start); !isTimeout(err) || took > 2*time.Second {
 		t.Fatalf("%v after %v, want a timeout after about 100ms", err, took)
 	}
@@ -260,13 +263,10 @@ func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
 func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
 	big := strings.Repeat("z", headSize+1)
 	addr, _ := scriptedUpstream(t, strings.Repeat("<pause>", 5)+"HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(big))+"\r\n\r\n"+big)
-	hc := &fasthttp.HostClient{Addr: addr, Transport: upstreamTransport{}, StreamResponseBody: true,
-		MaxConns: 1, MaxConnWaitTimeout: time.Second}
-	first, resp1 := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(first)
-	defer fasthttp.ReleaseResponse(resp1)
-	first.SetRequestURI("http://" + addr + "/v1/x")
-	if err := hc.DoTimeout(first, resp1, 2*time.Second); err != nil {
+	hc := transportClient(addr)
+	hc.MaxConns, hc.MaxConnWaitTimeout = 1, time.Second
+	resp1, err := send(t, hc, "", 2*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
 	pooled := make(chan struct{})
@@ -277,12 +277,8 @@ func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp1.BodyStream())
 		_ = resp1.CloseBodyStream()
 	}()
-	second, resp2 := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(second)
-	defer fasthttp.ReleaseResponse(resp2)
-	second.SetRequestURI("http://" + addr + "/v1/x")
 	start := time.Now()
-	err := hc.DoTimeout(second, resp2, 200*time.Millisecond)
+	_, err = send(t, hc, "", 200*time.Millisecond)
 	if took := time.Since(start); !isTimeout(err) || took > 2*time.Second {
 		t.Fatalf("%v after %v, want a timeout: the wait counts", err, took)
 	}
