@@ -65,18 +65,12 @@ func startAll(sc *scenario, targets []target, fk fakes) (urls []string, pids [][
 		}
 	}
 	for _, t := range targets {
-		url := t.urlFor(sc)
-		if t.direct {
-			url = fk.servers[0].URL
+		url, stopT, err := t.startFor(sc, fk)
+		if err != nil {
+			stop()
+			return nil, nil, nil, fmt.Errorf("%s: %w", t.name, err)
 		}
-		if t.start != nil {
-			var stopT func()
-			if url, stopT, err = t.start(sc, fk.urls()); err != nil {
-				stop()
-				return nil, nil, nil, fmt.Errorf("%s: %w", t.name, err)
-			}
-			stops = append(stops, stopT)
-		}
+		stops = append(stops, stopT)
 		var p []int
 		if t.pids != nil {
 			p = t.pids()

@@ -53,6 +53,19 @@ type target struct {
 	scenarioURL map[string]string
 }
 
+// startFor starts t (when it is started by the bench) in front of fk's
+// servers for sc and returns the URL it serves on and its stop.
+func (t target) startFor(sc *scenario, fk fakes) (url string, stop func(), err error) {
+	url, stop = t.urlFor(sc), func() {}
+	if t.direct {
+		url = fk.servers[0].URL // a pool's first replica, one of the healthy ones
+	}
+	if t.start != nil {
+		url, stop, err = t.start(sc, fk.urls())
+	}
+	return url, stop, err
+}
+
 // urlFor returns the URL the target serves scenario sc on.
 func (t target) urlFor(sc *scenario) string {
 	if u := t.scenarioURL[sc.name]; u != "" {
@@ -307,17 +320,10 @@ func runTarget(sc *scenario, s settings, t target, fakeListen, fakeURL string, e
 				return tr, err
 			}
 		}
-		url := t.urlFor(sc)
-		if t.direct {
-			url = fk.servers[0].URL // a pool's first replica, one of the healthy ones
-		}
-		stop := func() {}
-		if t.start != nil {
-			var err error
-			if url, stop, err = t.start(sc, fk.urls()); err != nil {
-				fk.close()
-				return tr, err
-			}
+		url, stop, err := t.startFor(sc, fk)
+		if err != nil {
+			fk.close()
+			return tr, err
 		}
 		fk.reset() // the outage window and counters start with the load
 		tr.Runs = append(tr.Runs, measureRun(sc, s, spec, t, url, fk, fakeURL, stderr))
