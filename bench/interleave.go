@@ -33,7 +33,7 @@ func runInterleaved(sc *scenario, s settings, targets []target, fakeListen strin
 			return nil, err
 		}
 		fk.reset()
-		acc := make([]slicesSum, len(targets))
+		acc := make([]slice, len(targets))
 		for k := range slices {
 			for i, t := range targets {
 				label := fmt.Sprintf("%s/%s via %s, slice %d/%d", sc.name, spec.name, t.name, k+1, slices)
@@ -80,7 +80,8 @@ func startAll(sc *scenario, targets []target, fk fakes) (urls []string, pids [][
 	return urls, pids, stop, nil
 }
 
-// slice is one target's share of one slice of a run.
+// slice is one target's share of one slice of a run, or the sum of its
+// shares (add).
 type slice struct {
 	recs    []record
 	elapsed time.Duration
@@ -103,10 +104,8 @@ func measureSlice(s settings, spec runSpec, url string, pids []int, fk fakes, sl
 	return sl
 }
 
-// slicesSum adds up one target's slices of a run.
-type slicesSum slice
-
-func (a *slicesSum) add(sl slice) {
+// add adds sl to a: records, time and CPU summed, the higher RSS.
+func (a *slice) add(sl slice) {
 	a.recs = append(a.recs, sl.recs...)
 	a.elapsed += sl.elapsed
 	a.cpu += sl.cpu
