@@ -72,9 +72,11 @@ type outbound struct {
 	// asks for a stream (route first_token); 0: no such bound.
 	firstToken time.Duration
 	// model is the body's "model" as the client sent it, read once, in
-	// place: it lives as long as the request, and whatever keeps it
-	// longer copies it (breaker.Group and a trace's span do).
-	model string
+	// place (admit): it lives as long as the request, and whatever keeps
+	// it longer copies it (breaker.Group and a trace's span do). streams
+	// says the request asks for a stream (asksToStream).
+	model   string
+	streams bool
 	// retry is the route's retry policy, with fewer attempts per target
 	// when the client is retrying on its own.
 	retry   policy.Retry

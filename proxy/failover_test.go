@@ -174,13 +174,16 @@ func TestFirstTokenAppliesOnlyToStreams(t *testing.T) {
 	if resp, body := h.chat(`{"stream":false}`); resp.StatusCode != 200 || string(body) != "whole reply" {
 		t.Fatalf("non-streamed request cut by first_token: %d %q", resp.StatusCode, body)
 	}
-	for path, want := range map[string]time.Duration{"/api/chat": 200 * time.Millisecond, "/v1/chat/completions": 0} {
-		if got := firstTokenLimit(200*time.Millisecond, []byte(path), []byte(`{"model":"m"}`)); got != want {
-			t.Errorf("%s: %v, want %v", path, got, want)
+	for _, tt := range []struct {
+		path, body string
+		want       bool
+	}{
+		{"/api/chat", `{"model":"m"}`, true}, {"/v1/chat/completions", `{"model":"m"}`, false},
+		{"/api/chat", `{"stream":false}`, false}, {"/v1/chat/completions", `{"messages":[],"stream":true}`, true},
+	} {
+		if _, stream := bodyFields([]byte(tt.body)); asksToStream([]byte(tt.path), stream) != tt.want {
+			t.Errorf("%s %s: asks to stream %v", tt.path, tt.body, !tt.want)
 		}
-	}
-	if got := firstTokenLimit(time.Second, []byte("/api/chat"), []byte(`{"stream":false}`)); got != 0 {
-		t.Errorf("ollama stream:false: %v", got)
 	}
 }
 
@@ -482,5 +485,22 @@ func TestAKeptReplyIsWholeWhenTheNextTargetCannotBeTried(t *testing.T) {
 	resp, body := h.chat(`{"model":"m"}`)
 	if resp.StatusCode != 500 || string(body) != big {
 		t.Fatalf("%d, %d of %d bytes", resp.StatusCode, len(body), len(big))
+	}
+}
+
+// TestBodyFields: the top-level "model" and "stream", wherever they stand,
+// never a nested one; the first of a repeated key, as gjson.Get reads it.
+func TestBodyFields(t *testing.T) {
+	for _, tt := range []struct{ body, model, stream string }{
+		{`{"model":"m","stream":true}`, "m", "true"},
+		{`{"messages":[{"model":"x","stream":true}],"model":"m"}`, "m", ""},
+		{`{"model":"a","model":"b","stream":false,"stream":true}`, "a", "false"},
+		{`not json`, "", ""},
+		{``, "", ""},
+	} {
+		model, stream := bodyFields([]byte(tt.body))
+		if model.Str != tt.model || stream.Raw != tt.stream {
+			t.Errorf("%s: model %q stream %q, want %q %q", tt.body, model.Str, stream.Raw, tt.model, tt.stream)
+		}
 	}
 }

@@ -111,7 +111,10 @@ func (ex *exchange) admit() *apiError {
 			return e
 		}
 	}
-	r := ex.tbl.match(rawPath(uri), ctx.Request.Body())
+	model, stream := bodyFields(ctx.Request.Body())
+	ex.req.model = model.Str
+	ex.req.streams = asksToStream(rawPath(uri), stream)
+	r := ex.tbl.match(rawPath(uri), model)
 	if r == nil {
 		return newError(CodeRouteNotFound, rawPath(uri))
 	}
@@ -152,10 +155,8 @@ func (ex *exchange) prepare() {
 	path := rawPath(rh.RequestURI())
 	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
 	q.api = policy.APIOf(path)
-	body := ctx.Request.Body()
-	q.model = gjson.Get(unsafe.String(unsafe.SliceData(body), len(body)), "model").Str
-	if r.firstToken > 0 {
-		q.firstToken = firstTokenLimit(r.firstToken, path, ctx.Request.Body())
+	if q.streams {
+		q.firstToken = r.firstToken
 	}
 	q.retry = r.retry
 	if policy.RequestedRetries(rh.PeekCanonical(hdrStainlessRetryCount)) > 0 {
@@ -214,15 +215,28 @@ func (ex *exchange) forwarded(h *fasthttp.RequestHeader) {
 	}
 }
 
-// firstTokenLimit returns the route's first_token for requests that ask
-// for a stream — "stream": true in the body, or Ollama's /api/chat and
-// /api/generate, which stream unless told "stream": false — and 0 for the
-// rest: a non-streamed reply's first byte comes only when generation ends.
-func firstTokenLimit(limit time.Duration, path, body []byte) time.Duration {
-	s := gjson.GetBytes(body, "stream")
+// bodyFields reads the body's top-level "model" and "stream" in place,
+// in one pass over its keys (a gjson.Get each would scan it from the
+// start twice); the first of each key counts, as Get finds it.
+func bodyFields(body []byte) (model, stream gjson.Result) {
+	// A value ForEach gives always Exists: that tells a key seen.
+	gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body))).ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "model" && !model.Exists():
+			model = v
+		case k.Str == "stream" && !stream.Exists():
+			stream = v
+		}
+		return !model.Exists() || !stream.Exists()
+	})
+	return model, stream
+}
+
+// asksToStream reports whether a request asks for a stream — "stream":
+// true in the body, or Ollama's /api/chat and /api/generate, which stream
+// unless told "stream": false. Only those get the route's first_token: a
+// non-streamed reply's first byte comes only when generation ends.
+func asksToStream(path []byte, stream gjson.Result) bool {
 	ollama := bytes.HasSuffix(path, []byte("/api/chat")) || bytes.HasSuffix(path, []byte("/api/generate"))
-	if s.Bool() || (ollama && s.Type != gjson.False) {
-		return limit
-	}
-	return 0
+	return stream.Bool() || (ollama && stream.Type != gjson.False)
 }

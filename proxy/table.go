@@ -220,9 +220,8 @@ func (t *table) authorized(authorization []byte) bool {
 // the longest prefix wins, then a route with a glob over one without,
 // then the glob with more literal characters. The body is parsed only
 // when a candidate route has a model glob.
-func (t *table) match(path, body []byte) *route {
+func (t *table) match(path []byte, model gjson.Result) *route {
 	var best *route
-	model, parsed := "", false
 	for _, r := range t.routes {
 		if best != nil && len(r.prefix) < len(best.prefix) {
 			break // sorted by prefix length, longest first
@@ -230,13 +229,8 @@ func (t *table) match(path, body []byte) *route {
 		if !bytes.HasPrefix(path, r.prefix) {
 			continue
 		}
-		if r.model != "" {
-			if !parsed {
-				model, parsed = gjson.GetBytes(body, "model").String(), true
-			}
-			if !policy.GlobMatch(r.model, model) {
-				continue
-			}
+		if r.model != "" && !policy.GlobMatch(r.model, model.String()) {
+			continue
 		}
 		if best == nil || r.specificity > best.specificity {
 			best = r
