@@ -110,7 +110,8 @@ var (
 type Breaker struct {
 	cb                 *gobreaker.TwoStepCircuitBreaker[struct{}]
 	openFor, firstOpen time.Duration
-	// until is when the current open ends (UnixNano; 0 while not open).
+	// until is when the current open ends (UnixNano): set on opening,
+	// kept while half-open, 0 exactly while closed.
 	until atomic.Int64
 	// unreachable says the last failure was Unreachable; backoff is the
 	// length of the next open after one (doubling up to openFor).
@@ -119,11 +120,6 @@ type Breaker struct {
 	// tripped holds the counts that last opened the breaker (gobreaker
 	// clears its counts on every transition).
 	tripped atomic.Pointer[gobreaker.Counts]
-	// state is the state of the last transition (gobreaker's
-	// OnStateChange): a closed breaker leaves closed only through a
-	// result, which calls it, so State answers closed without asking
-	// gobreaker (its lock and clock).
-	state atomic.Int32
 }
 
 // New returns a closed breaker named name.
@@ -164,7 +160,6 @@ func New(name string, s Settings) *Breaker {
 // a transition to open, OpenFor — or after an Unreachable failure the
 // backoff, which doubles for the next; closing resets it.
 func (b *Breaker) changed(to State) {
-	b.state.Store(int32(to))
 	now := time.Now()
 	switch to {
 	case gobreaker.StateOpen:
@@ -258,13 +253,15 @@ func (b *Breaker) ProbeIn(now time.Time) time.Duration {
 	return max(d, 0) // 0 when not open (until is 0) or the probe is due
 }
 
-// State returns the breaker's current state.
+// State returns the breaker's current state. A closed one costs one
+// atomic load (until is 0): it leaves closed only through a result, which
+// sets until, so gobreaker's lock and clock are not needed to tell it.
 func (b *Breaker) State() State {
-	if b.held() {
+	switch u := b.until.Load(); {
+	case u == 0:
+		return StateClosed
+	case time.Now().UnixNano() < u:
 		return StateOpen
-	}
-	if State(b.state.Load()) == StateClosed {
-		return StateClosed // one atomic load: no lock, no clock
 	}
 	return b.cb.State() // half-open, or open past its time: gobreaker moves it on
 }
