@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
 
 	"sturdy/breaker"
 	"sturdy/policy"
@@ -43,6 +44,8 @@ type endpoint struct {
 	spec endpointSpec
 	// addr names the endpoint in logs, metrics and /debug/upstreams.
 	addr string
+	// spanAddr is server.address and server.port for an attempt's span.
+	spanAddr [2]attribute.KeyValue
 	// base is scheme://host[:port][/prefix] without a trailing slash; the
 	// client's request URI is appended to it as received.
 	base []byte
@@ -151,6 +154,8 @@ func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker
 		StreamResponseBody:        true,
 		SecureErrorLogMessage:     true,
 	}
+	host, port := splitHostPort(ep.client.Addr, u.Scheme)
+	ep.spanAddr = [2]attribute.KeyValue{attrServerAddr.String(host), attrServerPort.Int(port)}
 	return ep, nil
 }
 

@@ -114,6 +114,9 @@ type traceState struct {
 	// attrs and attemptAttrs gather the server span's and the attempt's
 	// attributes, set once as each span ends (one copy into the span).
 	attrs, attemptAttrs []attribute.KeyValue
+	// model is the request's model, copied once for every span that
+	// names it (the request's is read in place from the body).
+	model string
 }
 
 // propagator reads and writes W3C traceparent and tracestate.
@@ -301,7 +304,8 @@ func (ex *exchange) traceRoute() {
 		attrs = append(attrs, attrOperation.String(op))
 	}
 	if m := ex.req.model; m != "" {
-		attrs = append(attrs, attrRequestModel.String(strings.Clone(m)))
+		ex.tr.model = strings.Clone(m)
+		attrs = append(attrs, attrRequestModel.String(ex.tr.model))
 	}
 	ex.tr.attrs = attrs
 }
@@ -343,23 +347,19 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 		return
 	}
 	lp := &ex.loop
-	scheme := "http"
-	if bytes.HasPrefix(ep.base, []byte("https:")) {
-		scheme = "https"
-	}
-	host, port := splitHostPort(ep.addr, scheme)
 	attrs := append(ex.tr.attemptAttrs[:0],
 		attrMethod.String(string(ex.ctx.Method())),
-		attrServerAddr.String(host),
-		attrServerPort.Int(port),
-		// Without the query: no secret rides in a span.
-		attrURLFull.String(string(ep.base)+string(rawPath(ex.ctx.Request.Header.RequestURI()))),
+		ep.spanAddr[0], ep.spanAddr[1],
+		// The URI aim wrote, without the query: no secret rides in a span.
+		attrURLFull.String(string(rawPath(ex.req.uri))),
 		attrUpstream.String(t.up.name),
 		attrAttempt.Int(lp.attempts),
 	)
-	if lp.model != "" {
-		// lp.model is read in place from the body: the span outlives it.
-		attrs = append(attrs, attrRequestModel.String(strings.Clone(lp.model)))
+	switch m := lp.model; {
+	case m == ex.req.model && m != "":
+		attrs = append(attrs, attrRequestModel.String(ex.tr.model)) // copied once
+	case m != "":
+		attrs = append(attrs, attrRequestModel.String(m)) // a target's model: the config's string
 	}
 	if lp.attempts > 1 {
 		attrs = append(attrs, attrResend.Int(lp.attempts-1))

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -84,11 +86,17 @@ func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
 		t.Fatalf("%d attempt spans, want 4", len(attempts))
 	}
 	want := []struct {
-		upstream, model, decision string
-		status                    int64
-	}{{"up", "gpt-4o", "retry", 503}, {"up", "gpt-4o", "retry", 503}, {"up", "gpt-4o", "failover", 503}, {"b", "llama3.1", "stop", 200}}
+		upstream, model, decision, url string
+		status                         int64
+	}{{"up", "gpt-4o", "retry", primary.URL, 503}, {"up", "gpt-4o", "retry", primary.URL, 503},
+		{"up", "gpt-4o", "failover", primary.URL, 503}, {"b", "llama3.1", "stop", fallback.URL, 200}}
 	for i, a := range attempts {
 		w := want[i]
+		if u, _ := url.Parse(w.url); a.Attrs["url.full"] != w.url+"/v1/chat/completions" ||
+			a.Attrs["server.address"] != u.Hostname() || fmt.Sprint(a.Attrs["server.port"]) != u.Port() {
+			t.Fatalf("attempt %d: url.full %v, server %v:%v, want %s", i+1, a.Attrs["url.full"],
+				a.Attrs["server.address"], a.Attrs["server.port"], w.url)
+		}
 		if a.Kind != tracepb.Span_SPAN_KIND_CLIENT || a.Attrs["sturdy.upstream"] != w.upstream ||
 			a.Attrs["gen_ai.request.model"] != w.model || a.Attrs["sturdy.decision"] != w.decision ||
 			a.Attrs["http.response.status_code"] != w.status || a.Attrs["sturdy.attempt"] != int64(i+1) ||
