@@ -360,7 +360,7 @@ func loadConfig(s settings) (*config.Config, error) {
 	if ps := cfg.Validate(); len(ps) > 0 {
 		return nil, &config.Error{File: name, Problems: ps}
 	}
-	if _, _, err := tracing.Resolve(tracingFile(cfg.Tracing), os.Getenv); err != nil {
+	if _, _, err := tracing.Resolve(tracing.File(cfg.Tracing), os.Getenv); err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	return cfg, nil
@@ -446,16 +446,10 @@ func sharedOptions(s *config.SharedState) *proxy.SharedState {
 	return o
 }
 
-// tracingFile is the file's tracing section as package tracing reads it.
-func tracingFile(t config.Tracing) tracing.File {
-	return tracing.File{Endpoint: t.Endpoint, Protocol: t.Protocol, SampleRatio: t.SampleRatio, ServiceName: t.ServiceName,
-		Headers: t.Headers}
-}
-
 // tracingOptions resolves tracing from the file and the OTEL_*
 // environment (nil: off). loadConfig has reported a wrong variable.
 func tracingOptions(t config.Tracing) *proxy.Tracing {
-	s, on, err := tracing.Resolve(tracingFile(t), os.Getenv)
+	s, on, err := tracing.Resolve(tracing.File(t), os.Getenv)
 	if err != nil || !on {
 		return nil
 	}

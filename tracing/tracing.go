@@ -38,7 +38,8 @@ const DefaultServiceName = "sturdy"
 const tracesPath = "/v1/traces"
 
 // File is the config file's tracing section; a zero field (nil
-// SampleRatio, nil Headers) is one the file does not set.
+// SampleRatio, nil Headers) is one the file does not set. It has
+// config.Tracing's fields, so one converts to the other.
 type File struct {
 	Endpoint    string
 	Protocol    string
