@@ -89,24 +89,17 @@ func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error
 	}
 	// A signal-specific endpoint is used as written; the general one is a
 	// base URL.
-	name, full := "", false
-	switch {
-	case f.Endpoint != "":
-		s.URL = f.Endpoint
-	case getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
-		name, full = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", true
-	case getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "":
-		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
-	default:
-		return Settings{}, false, nil
-	}
-	if name != "" {
-		s.URL = getenv(name)
+	const tracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	var name string
+	if s.URL = f.Endpoint; s.URL == "" {
+		if name, s.URL = firstSet(getenv, tracesEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT"); s.URL == "" {
+			return Settings{}, false, nil
+		}
 		if err := CheckEndpoint(s.URL); err != nil {
 			return Settings{}, false, fmt.Errorf("%s: %v", name, err)
 		}
 	}
-	if s.Protocol == ProtocolHTTP && !full && !strings.HasSuffix(s.URL, tracesPath) {
+	if s.Protocol == ProtocolHTTP && name != tracesEndpoint && !strings.HasSuffix(s.URL, tracesPath) {
 		s.URL = strings.TrimSuffix(s.URL, "/") + tracesPath
 	}
 	if s.SampleRatio, err = sampleRatio(f.SampleRatio, getenv); err != nil {
