@@ -48,7 +48,7 @@ func BenchmarkProxiedRequestTraced(b *testing.B) {
 	defer rcv.Close()
 	for _, ratio := range []float64{1, 0} {
 		b.Run(map[float64]string{1: "sampled", 0: "unsampled"}[ratio], func(b *testing.B) {
-			benchProxied(b, func(o *Options) { withTracing(o, rcv, ratio) })
+			benchProxied(b, func(o *Options) { withTracing(b, o, rcv, ratio) })
 		})
 	}
 }

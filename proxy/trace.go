@@ -28,8 +28,6 @@ type Tracing struct {
 	tracing.Settings
 	// Version is the service.version spans carry.
 	Version string
-	// batchTimeout, when set, exports that often (tests).
-	batchTimeout time.Duration
 }
 
 // Attribute names: OpenTelemetry's HTTP and GenAI semantic conventions,
@@ -154,11 +152,7 @@ func (p *Proxy) startTracing(o *Tracing) error {
 	}
 	var next *tracer
 	if o != nil {
-		var opts []tracing.Option
-		if o.batchTimeout > 0 {
-			opts = append(opts, tracing.WithBatchTimeout(o.batchTimeout))
-		}
-		t, err := tracing.New(o.Settings, o.Version, opts...)
+		t, err := tracing.New(o.Settings, o.Version)
 		if err != nil {
 			return err
 		}

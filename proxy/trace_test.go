@@ -17,10 +17,12 @@ import (
 	"sturdy/tracing"
 )
 
-// withTracing points the proxy's tracing at rcv, exporting every 20ms.
-func withTracing(o *Options, rcv *otlptest.Receiver, ratio float64) {
+// withTracing points the proxy's tracing at rcv; the SDK exports every
+// 20ms (OTEL_BSP_SCHEDULE_DELAY, for tb's length).
+func withTracing(tb testing.TB, o *Options, rcv *otlptest.Receiver, ratio float64) {
+	tb.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 	o.Tracing = &Tracing{Settings: tracing.Settings{URL: rcv.URL + "/v1/traces", Protocol: tracing.ProtocolHTTP,
-		SampleRatio: ratio, ServiceName: "sturdy-test"}, Version: "test", batchTimeout: 20 * time.Millisecond}
+		SampleRatio: ratio, ServiceName: "sturdy-test"}, Version: "test"}
 }
 
 const clientTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -63,7 +65,7 @@ func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
 	h := startProxy(t, primary.URL, func(o *Options) {
 		o.Routes[0].Retry.MaxAttempts = 3
 		withFallbacks(o, []string{fallback.URL}, "llama3.1")
-		withTracing(o, rcv, 1)
+		withTracing(t, o, rcv, 1)
 	})
 	resp, body := h.chat(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`,
 		"traceparent", clientTraceparent, "tracestate", "vendor=opaque", "Authorization", "Bearer sk-secret-client-key")
@@ -164,7 +166,7 @@ func TestTraceOfAStreamEndsWithTheStream(t *testing.T) {
 	chunks = append(chunks[:len(chunks)-1], usage, chunks[len(chunks)-1])
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}}, Chunks: chunks,
 		ChunkDelay: 30 * time.Millisecond})
-	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 1) })
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
 	resp, body := h.chat(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
 		t.Fatalf("got %d %s", resp.StatusCode, body)
@@ -201,7 +203,7 @@ func TestTraceOfAStreamEndsWithTheStream(t *testing.T) {
 func TestTraceOfAClientThatLeaves(t *testing.T) {
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Header: [][2]string{{"Retry-After", "5"}}})
-	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 1) })
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
 	req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
 	req.Header.Set("traceparent", clientTraceparent)
 	c := &http.Client{Timeout: 300 * time.Millisecond}
@@ -241,7 +243,7 @@ func TestTracingOffPassesTraceHeadersUntouched(t *testing.T) {
 func TestSamplingFollowsASampledParent(t *testing.T) {
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
-	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 0) })
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 0) })
 	h.chat("", "traceparent", clientTraceparent)                                         // sampled: followed
 	h.chat("", "traceparent", "00-11111111111111111111111111111111-2222222222222222-00") // not sampled
 	h.chat("")                                                                           // a root at ratio 0
@@ -273,7 +275,7 @@ func TestTracingHotReloads(t *testing.T) {
 	var o Options
 	h := startProxy(t, up.URL, func(opts *Options) { o = *opts })
 	h.chat("", "traceparent", clientTraceparent)
-	withTracing(&o, rcv, 1)
+	withTracing(t, &o, rcv, 1)
 	if _, err := h.p.Reload(o); err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +347,7 @@ func TestTracingOverGRPC(t *testing.T) {
 	rcv := otlptest.StartGRPC(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	h := startProxy(t, up.URL, func(o *Options) {
-		withTracing(o, rcv, 1)
+		withTracing(t, o, rcv, 1)
 		o.Tracing.URL, o.Tracing.Protocol = rcv.URL, tracing.ProtocolGRPC
 		o.Tracing.Headers = map[string]string{"x-collector-token": "t0ken"}
 	})
@@ -363,7 +365,7 @@ func TestTraceOfARescuedStream(t *testing.T) {
 	rcv := otlptest.Start(t)
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) { withTracing(o, rcv, 1) })
+	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) { withTracing(t, o, rcv, 1) })
 	if resp, body := h.chat(streamChat, "traceparent", clientTraceparent); resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
@@ -387,7 +389,7 @@ func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 2 * time.Second}
 		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 2*time.Second
-		withTracing(o, rcv, 1)
+		withTracing(t, o, rcv, 1)
 	})
 	done := make(chan struct{})
 	go func() { defer close(done); h.chat("") }()
@@ -419,9 +421,10 @@ func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
 
 func TestACollectorThatIsDownCostsRequestsNothing(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "10") // export (and fail) often
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Tracing = &Tracing{Settings: tracing.Settings{URL: "http://" + freePort(t) + "/v1/traces", Protocol: tracing.ProtocolHTTP,
-			SampleRatio: 1, ServiceName: "s"}, batchTimeout: 10 * time.Millisecond}
+			SampleRatio: 1, ServiceName: "s"}}
 	})
 	start := time.Now()
 	for i := range 50 {
@@ -440,7 +443,7 @@ func TestAnAttemptSpanHasTheBreakersStateAfterIt(t *testing.T) {
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Breaker.ConsecutiveFailures = 1
 		o.Routes[0].Retry.MaxAttempts = 1
-		withTracing(o, rcv, 1)
+		withTracing(t, o, rcv, 1)
 	})
 	h.chat("", "traceparent", clientTraceparent)
 	_, attempts := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
@@ -455,7 +458,7 @@ func TestUsageOfABodyReadWholeForAnHTTP10Client(t *testing.T) {
 	usage := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m-3","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n"
 	chunks = append(chunks[:len(chunks)-1], usage, chunks[len(chunks)-1])
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}}, Chunks: chunks})
-	h := startProxy(t, up.URL, func(o *Options) { withTracing(o, rcv, 1) })
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
 	body := `{"model":"m","stream":true}`
 	resp, got := h.raw("POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\ntraceparent: " + clientTraceparent +
 		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)

@@ -178,21 +178,10 @@ type Tracer struct {
 	tracer   trace.Tracer
 }
 
-// Option adjusts a Tracer before it starts.
-type Option func(*options)
-
-type options struct{ batchTimeout time.Duration }
-
-// WithBatchTimeout exports a batch at least this often (the SDK's
-// default is 5 s), for tests that wait on their spans.
-func WithBatchTimeout(d time.Duration) Option {
-	return func(o *options) { o.batchTimeout = d }
-}
-
 // New starts a tracer exporting with s. version is service.version
 // (empty: none). It does not connect: exports are attempted, and failures
 // dropped, in the background.
-func New(s Settings, version string, opts ...Option) (*Tracer, error) {
+func New(s Settings, version string) (*Tracer, error) {
 	ctx := context.Background()
 	var exp sdktrace.SpanExporter
 	var err error
@@ -225,16 +214,8 @@ func New(s Settings, version string, opts ...Option) (*Tracer, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	var batch []sdktrace.BatchSpanProcessorOption
-	if o.batchTimeout > 0 {
-		batch = append(batch, sdktrace.WithBatchTimeout(o.batchTimeout))
-	}
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp, batch...),
+		sdktrace.WithBatcher(exp), // OTEL_BSP_* tune it
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(s.SampleRatio))),
 	)
