@@ -181,7 +181,7 @@ func TestFirstTokenAppliesOnlyToStreams(t *testing.T) {
 		{"/api/chat", `{"model":"m"}`, true}, {"/v1/chat/completions", `{"model":"m"}`, false},
 		{"/api/chat", `{"stream":false}`, false}, {"/v1/chat/completions", `{"messages":[],"stream":true}`, true},
 	} {
-		if _, stream := bodyFields([]byte(tt.body)); asksToStream([]byte(tt.path), stream) != tt.want {
+		if _, stream := bodyFields([]byte(tt.body)); asksToStream(policy.APIOf([]byte(tt.path)), stream) != tt.want {
 			t.Errorf("%s %s: asks to stream %v", tt.path, tt.body, !tt.want)
 		}
 	}

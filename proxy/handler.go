@@ -112,8 +112,9 @@ func (ex *exchange) admit() *apiError {
 		}
 	}
 	model, stream := bodyFields(ctx.Request.Body())
+	ex.req.api = policy.APIOf(rawPath(uri))
 	ex.req.model = model.Str
-	ex.req.streams = asksToStream(rawPath(uri), stream)
+	ex.req.streams = asksToStream(ex.req.api, stream)
 	r := ex.tbl.match(rawPath(uri), model)
 	if r == nil {
 		return newError(CodeRouteNotFound, rawPath(uri))
@@ -154,7 +155,6 @@ func (ex *exchange) prepare() {
 	}
 	path := rawPath(rh.RequestURI())
 	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
-	q.api = policy.APIOf(path)
 	if q.streams {
 		q.firstToken = r.firstToken
 	}
@@ -236,7 +236,6 @@ func bodyFields(body []byte) (model, stream gjson.Result) {
 // true in the body, or Ollama's /api/chat and /api/generate, which stream
 // unless told "stream": false. Only those get the route's first_token: a
 // non-streamed reply's first byte comes only when generation ends.
-func asksToStream(path []byte, stream gjson.Result) bool {
-	ollama := bytes.HasSuffix(path, []byte("/api/chat")) || bytes.HasSuffix(path, []byte("/api/generate"))
-	return stream.Bool() || (ollama && stream.Type != gjson.False)
+func asksToStream(api policy.API, stream gjson.Result) bool {
+	return stream.Bool() || (api == policy.APIOllama && stream.Type != gjson.False)
 }
