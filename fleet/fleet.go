@@ -65,6 +65,9 @@ func Digest(hashKey string, parts ...[]byte) Key {
 		sum := sha256.Sum256(b)
 		return Key(sum[:len(Key{})])
 	}
+	// Written to the HMAC part by part: a joined stack buffer handed to
+	// its Write (an interface call) would escape, and cost the unkeyed
+	// path its allocation-free join.
 	h := hmac.New(sha256.New, []byte(hashKey))
 	for i, p := range parts {
 		if i > 0 {
