@@ -241,7 +241,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:1: did not find expected"}},
 		{"tracing keys", "upstreams: [{name: a, url: 'http://h'}]\ntracing:\n  endpoint: 127.0.0.1:4318\n  protocol: http/json\n  sample_ratio: 1.5\n",
 			[]string{"t.yaml:3: tracing.endpoint: no scheme: write it as http://host:port", "t.yaml:4: tracing.protocol: must be http/protobuf or grpc",
-				"t.yaml:5: tracing.sample_ratio: must be from 0 to 1 (got 1.5)"}},
+				"t.yaml:5: tracing.sample_ratio: must be a ratio from 0 to 1 (got 1.5)"}},
 		{"tracing unknown key", "upstreams: [{name: a, url: 'http://h'}]\ntracing: {endpoint: 'http://c:4318', sampler: on}\n",
 			[]string{"t.yaml:2: tracing.sampler: unknown key"}},
 		{"several problems at once", "listen: :1\nbogus: 1\nupstreams:\n  - name: a\n    url: http://h\n    timeouts: {connect: soon}\n",

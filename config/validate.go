@@ -348,11 +348,15 @@ func (c *Config) validateTracing(p *problems) {
 			p.bad(k+"endpoint", "%v", err)
 		}
 	}
-	if t.Protocol != "" && t.Protocol != tracing.ProtocolHTTP && t.Protocol != tracing.ProtocolGRPC {
-		p.bad(k+"protocol", "must be http/protobuf or grpc (got %q)", t.Protocol)
+	if t.Protocol != "" {
+		if err := tracing.CheckProtocol(t.Protocol); err != nil {
+			p.bad(k+"protocol", "%v (got %q)", err, t.Protocol)
+		}
 	}
-	if r := t.SampleRatio; r != nil && (*r < 0 || *r > 1) {
-		p.bad(k+"sample_ratio", "must be from 0 to 1 (got %g)", *r)
+	if r := t.SampleRatio; r != nil {
+		if err := tracing.CheckRatio(*r); err != nil {
+			p.bad(k+"sample_ratio", "%v (got %g)", err, *r)
+		}
 	}
 	for h := range t.Headers {
 		if h == "" || strings.ContainsAny(h, " :\r\n") {

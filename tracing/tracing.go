@@ -79,12 +79,10 @@ func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error
 	if s.Protocol == "" {
 		var name string
 		name, s.Protocol = firstSet(getenv, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
-		switch s.Protocol {
-		case "":
+		if s.Protocol == "" {
 			s.Protocol = ProtocolHTTP
-		case ProtocolHTTP, ProtocolGRPC:
-		default:
-			return Settings{}, false, fmt.Errorf("%s: %q: Sturdy exports http/protobuf or grpc", name, s.Protocol)
+		} else if err := CheckProtocol(s.Protocol); err != nil {
+			return Settings{}, false, fmt.Errorf("%s: %q: %v", name, s.Protocol, err)
 		}
 	}
 	// A signal-specific endpoint is used as written; the general one is a
@@ -151,13 +149,31 @@ func sampleRatio(file *float64, getenv func(string) string) (float64, error) {
 			return 1, nil
 		}
 		r, err := strconv.ParseFloat(arg, 64)
-		if err != nil || r < 0 || r > 1 {
-			return 0, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG: %q: want a ratio from 0 to 1", arg)
+		if err != nil || CheckRatio(r) != nil {
+			return 0, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG: %q: %v", arg, errRatio)
 		}
 		return r, nil
 	default:
 		return 0, fmt.Errorf("OTEL_TRACES_SAMPLER: %q: Sturdy samples always_on, always_off or traceidratio (parent-based)", name)
 	}
+}
+
+// CheckProtocol reports an export protocol Sturdy does not speak.
+func CheckProtocol(p string) error {
+	if p != ProtocolHTTP && p != ProtocolGRPC {
+		return errors.New("must be http/protobuf or grpc")
+	}
+	return nil
+}
+
+var errRatio = errors.New("must be a ratio from 0 to 1")
+
+// CheckRatio reports a sample ratio outside 0 to 1.
+func CheckRatio(r float64) error {
+	if r < 0 || r > 1 {
+		return errRatio
+	}
+	return nil
 }
 
 // firstSet returns the first of the variables that is set, and its value.
