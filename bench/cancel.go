@@ -28,12 +28,7 @@ func measureCancel(bin string, tries int) ([]time.Duration, error) {
 		return nil, err
 	}
 	defer up.Close()
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	var pid int
-	stop, _, err := startSturdy(bin, addr, &scenario{name: "cancel"}, []string{"http://" + up.Addr().String()}, &pid)
+	addr, _, stop, err := startSolo(bin, &scenario{name: "cancel"}, up.Addr())
 	if err != nil {
 		return nil, err
 	}

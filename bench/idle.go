@@ -31,15 +31,10 @@ func measureIdle(bin string, conns int) (idleResult, error) {
 		return res, err
 	}
 	defer up.Close()
-	addr, err := freeAddr()
-	if err != nil {
-		return res, err
-	}
-	var pid int
 	// Above the default (half the descriptor limit): the connections are
 	// the point.
 	sc := &scenario{name: "idle", sturdy: fmt.Sprintf("server: {max_connections: %d}\n", conns+100)}
-	stop, _, err := startSturdy(bin, addr, sc, []string{"http://" + up.Addr().String()}, &pid)
+	addr, pid, stop, err := startSolo(bin, sc, up.Addr())
 	if err != nil {
 		return res, err
 	}

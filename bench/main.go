@@ -510,6 +510,17 @@ func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (
 	}
 }
 
+// startSolo starts Sturdy on a free loopback port for a solo measurement,
+// its upstream the server at up.
+func startSolo(bin string, sc *scenario, up net.Addr) (addr string, pid int, stop func(), err error) {
+	if addr, err = freeAddr(); err != nil {
+		return "", 0, nil, err
+	}
+	stop, _, err = startSturdy(bin, addr, sc, []string{"http://" + up.String()}, &pid)
+	return addr, pid, stop, err
+}
+
+// freeAddr returns a free loopback address to listen on.
 func freeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -45,14 +45,9 @@ func measureRescue(bin string, tries int) ([]rescueTry, error) {
 		return nil, err
 	}
 	defer fallback.Close()
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
 	sc := &scenario{name: "rescue", sturdy: "    continuation: none\n  - name: continuer\n    url: http://" + fallback.Addr().String() +
 		"\n    continuation: prefill\nroutes:\n  - {name: default, upstream: fake, fallbacks: [{upstream: continuer}]}\n"}
-	var pid int
-	stop, _, err := startSturdy(bin, addr, sc, []string{"http://" + primary.Addr().String()}, &pid)
+	addr, _, stop, err := startSolo(bin, sc, primary.Addr())
 	if err != nil {
 		return nil, err
 	}
