@@ -61,7 +61,7 @@ type errorSpec struct {
 var errorTable = []errorSpec{
 	{code: CodeBadRequest, status: 400,
 		message: "bad request: %s",
-		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`, a path whose dot-segments leave its route's `path_prefix`"},
+		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`, a path whose dot-segments leave its route's `path_prefix`, a `#` (fragment) in the request target"},
 	{code: CodeHeadersTooLarge, status: 431,
 		message: "request headers exceed %s (server.max_header_bytes); send fewer or smaller headers",
 		when:    "request line and headers over `server.max_header_bytes`"},

@@ -86,6 +86,12 @@ func (ex *exchange) admit() *apiError {
 	if ctx.IsConnect() || len(uri) == 0 || uri[0] != '/' {
 		return newError(CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
 	}
+	if bytes.IndexByte(uri, '#') >= 0 {
+		// An origin-form target has no fragment. fasthttp would drop it on
+		// the way upstream, after the path_prefix check saw it as part of
+		// a segment: "/v1/..#x" would reach "/v1/..".
+		return newError(CodeBadRequest, "the request target has a fragment ('#'); an HTTP request path never does: leave it out (or send it as %23)")
+	}
 	if bothFramings(ctx.Request.Header.RawHeaders()) {
 		// Both framings at once is the classic request-smuggling shape:
 		// refuse it and close the connection, so nothing after it on the

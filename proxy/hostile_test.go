@@ -258,6 +258,30 @@ func TestDotSegmentsCannotLeaveTheRoutePrefix(t *testing.T) {
 	}
 }
 
+// TestFragmentInTheRequestTargetIsRefused: an origin-form target has no
+// fragment; fasthttp drops one before it goes upstream, so "/v1/..#x"
+// passed the path_prefix check as one segment and reached "/v1/.." with
+// the route's key. Any '#' is 400, before anything is sent.
+func TestFragmentInTheRequestTargetIsRefused(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Routes[0].PathPrefix = "/v1/"
+		o.Upstreams[0].APIKey = "sk-upstream-key"
+	})
+	for _, p := range []string{"/v1/..#x", "/v1/models#frag", "/v1/a/..%2F..#/x", "/v1/models?q=1#x"} {
+		resp, body := h.raw("GET " + p + " HTTP/1.1\r\nHost: x\r\n\r\n")
+		if code, _ := errorOf(t, body); resp.StatusCode != 400 || code != CodeBadRequest {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, body)
+		}
+	}
+	if up.Count() != 0 {
+		t.Fatalf("the upstream saw %d requests with a fragment: %+v", up.Count(), up.Requests())
+	}
+	if resp, _ := h.raw("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
+		t.Fatalf("a plain path after them: %d", resp.StatusCode)
+	}
+}
+
 // TestClientsThatNeverReadCannotOpenTheBreaker: clients that stop reading
 // hold every upstream connection; others get 503 upstream_busy within
 // queue_timeout (Sturdy's congestion, not the upstream's fault: the
