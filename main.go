@@ -395,7 +395,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			QueueTimeout: u.QueueTimeout.Std(),
 			RetryBudget:  proxy.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
 			Cooldown: proxy.Cooldown{Off: u.Cooldown.Enabled != nil && !*u.Cooldown.Enabled,
-				WithoutHeader: u.Cooldown.WithoutHeader.Std()},
+				WithoutHeader: u.Cooldown.WithoutHeader.Std(), Max: u.Cooldown.Max.Std()},
 			CAFile:             u.TLS.CAFile,
 			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
 		})

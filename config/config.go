@@ -210,6 +210,10 @@ type Cooldown struct {
 	// doubles for each such 429 in a row (up to 60s), and a success ends
 	// the run. Default 1s.
 	WithoutHeader Duration `yaml:"without_header"`
+	// Max caps every cooldown, whatever header set it (Retry-After,
+	// x-ratelimit-reset-*) and whether learned here or from the fleet
+	// (where a longer one is shortened). Default 10m.
+	Max Duration `yaml:"max"`
 }
 
 // RetryBudget caps retries to an upstream: within a 10 s window, retries

@@ -156,6 +156,7 @@ func (c *Config) validateUpstream(p *problems, i int, names map[string]bool) {
 	positive(p, k+"rate_limit.max_wait", u.RateLimit.MaxWait)
 	positive(p, k+"queue_timeout", u.QueueTimeout)
 	positive(p, k+"cooldown.without_header", u.Cooldown.WithoutHeader)
+	positive(p, k+"cooldown.max", u.Cooldown.Max)
 	positive(p, k+"retry_budget.ratio", u.RetryBudget.Ratio)
 	positive(p, k+"retry_budget.min_per_second", u.RetryBudget.MinPerSecond)
 	atLeast1(p, k+"max_connections", u.MaxConnections)

@@ -42,7 +42,13 @@ type Config struct {
 	Timeout time.Duration
 	// ShareBreakers announces an endpoint's breaker opening to the fleet.
 	ShareBreakers bool
+	// MaxCooldowns bounds the cooldowns one (re)connect loads. Default
+	// 100,000.
+	MaxCooldowns int
 }
+
+// DefaultMaxCooldowns is Config.MaxCooldowns's default.
+const DefaultMaxCooldowns = 100_000
 
 // Key identifies a credential's (and model's) state in the fleet: a hash,
 // never the credential.
@@ -93,8 +99,11 @@ type Cooldown struct {
 // Hooks are how the fleet's news reaches the proxy.
 type Hooks struct {
 	// Cooldown is called for a cooldown another replica learned (and for
-	// each one in force when the connection (re)opens).
-	Cooldown func(Cooldown)
+	// each one in force when the connection (re)opens, at most
+	// Config.MaxCooldowns of them); it returns the end adopted. An end
+	// earlier than the cooldown's (the proxy caps cooldowns) is written
+	// back to Redis, so a cooldown too long is shortened for the fleet.
+	Cooldown func(Cooldown) time.Time
 	// BreakerOpened is called when another replica's breaker of an
 	// endpoint opened, until when it expects to probe.
 	BreakerOpened func(upstream, endpoint string, until time.Time)
@@ -153,6 +162,9 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 			ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true, MaxRetries: 0})
 	} else {
 		rdb = redis.NewClient(o)
+	}
+	if cfg.MaxCooldowns <= 0 {
+		cfg.MaxCooldowns = DefaultMaxCooldowns
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &State{cfg: cfg, rdb: rdb, log: log, hooks: hooks, stop: stop}
@@ -270,6 +282,31 @@ func (s *State) PublishCooldown(c Cooldown) {
 	event := "c|" + c.Upstream + "|" + hex.EncodeToString(c.Key[:]) + "|" + until + "|" + strconv.Itoa(c.Streak)
 	s.background("publish_cooldown", func(ctx context.Context) error {
 		return setCooldown.Run(ctx, s.rdb, []string{s.cooldownKey(c.Upstream, c.Key), s.channel()}, until, c.Streak, event).Err()
+	})
+}
+
+// shortenCooldown lowers a stored cooldown to ARGV[1] (Unix ms) when it
+// ends later, keeping its streak: KEYS[1] the cooldown.
+var shortenCooldown = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local u = tonumber(string.match(cur, '^(%d+)'))
+local untilMs = tonumber(ARGV[1])
+if not u or u <= untilMs then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if untilMs <= now then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. (string.match(cur, ':(%d+)$') or '0'), 'PX', untilMs - now + 1000)
+return 1`)
+
+// shorten writes a cooldown's earlier end back to Redis (see
+// Hooks.Cooldown). It does not wait.
+func (s *State) shorten(upstream string, k Key, until time.Time) {
+	s.background("shorten_cooldown", func(ctx context.Context) error {
+		return shortenCooldown.Run(ctx, s.rdb, []string{s.cooldownKey(upstream, k)}, until.UnixMilli()).Err()
 	})
 }
 

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/hex"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -45,7 +46,7 @@ func TestDigestIsStable(t *testing.T) {
 func TestCooldownsReachTheFleet(t *testing.T) {
 	r := redistest.Start(t)
 	got := make(chan Cooldown, 4)
-	start(t, r.URL, Hooks{Cooldown: func(c Cooldown) { got <- c }})
+	start(t, r.URL, Hooks{Cooldown: func(c Cooldown) time.Time { got <- c; return c.Until }})
 	a := start(t, r.URL, Hooks{})
 	time.Sleep(100 * time.Millisecond) // b subscribed
 	c := Cooldown{Upstream: "openai", Key: Digest("", []byte("k"), []byte("m")), Until: time.Now().Add(5 * time.Second), Streak: 2}
@@ -65,7 +66,7 @@ func TestCooldownsReachTheFleet(t *testing.T) {
 		t.Fatal("the cooldown never reached the other replica")
 	}
 	late := make(chan Cooldown, 4)
-	start(t, r.URL, Hooks{Cooldown: func(c Cooldown) { late <- c }})
+	start(t, r.URL, Hooks{Cooldown: func(c Cooldown) time.Time { late <- c; return c.Until }})
 	select {
 	case g := <-late:
 		if g.Key != c.Key {
@@ -166,5 +167,42 @@ func TestOneSlowReplyDoesNotTurnTheFleetOff(t *testing.T) {
 			_, _, _ = s.Reserve("probe", 10, 1, 0)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLoadingCooldownsIsPagedAndBounded: a (re)connect reads the
+// cooldowns a page at a time and adopts at most MaxCooldowns of them,
+// however many Redis holds. Before, every key was read (and adopted)
+// at once.
+func TestLoadingCooldownsIsPagedAndBounded(t *testing.T) {
+	r := redistest.Start(t)
+	a := start(t, r.URL, Hooks{})
+	until := time.Now().Add(time.Hour)
+	pipe := a.rdb.Pipeline()
+	for i := 0; i < 2500; i++ {
+		k := Digest("", []byte{byte(i), byte(i >> 8)}, []byte("m"))
+		pipe.Set(context.Background(), a.cooldownKey("up", k), strconv.FormatInt(until.UnixMilli(), 10)+":0", time.Hour)
+	}
+	if _, err := pipe.Exec(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	adopted := 0
+	s, err := New(Config{URL: r.URL, Prefix: "t:", Timeout: 200 * time.Millisecond, MaxCooldowns: 1000}, zerolog.Nop(),
+		Hooks{Cooldown: func(c Cooldown) time.Time {
+			mu.Lock()
+			adopted++
+			mu.Unlock()
+			return c.Until
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	time.Sleep(500 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if adopted != 1000 {
+		t.Fatalf("%d cooldowns adopted of 2,500 in Redis, want the bound 1,000", adopted)
 	}
 }

@@ -46,39 +46,43 @@ func (s *State) follow(ctx context.Context) {
 	}
 }
 
-// loadCooldowns reads every cooldown in force from Redis.
+// loadPage is how many keys one SCAN step asks Redis for (its COUNT),
+// and so how many one MGET reads.
+const loadPage = 1000
+
+// loadCooldowns reads the cooldowns in force from Redis, a page at a
+// time (SCAN … COUNT, then MGET of the page), and hands the proxy at most
+// MaxCooldowns of them: neither a fleet's keys nor a hostile Redis can
+// make a (re)connect hold or adopt more.
 func (s *State) loadCooldowns(ctx context.Context) {
 	if s.hooks.Cooldown == nil {
 		return
 	}
 	prefix := s.cfg.Prefix + "cooldown:"
-	iter := s.rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
+	adopted := 0
+	for cursor := uint64(0); ; {
+		keys, next, err := s.rdb.Scan(ctx, cursor, prefix+"*", loadPage).Result()
+		if err == nil && len(keys) > 0 {
+			var vals []any
+			vals, err = s.rdb.MGet(ctx, keys...).Result()
+			for i := 0; err == nil && i < len(vals) && i < len(keys) && adopted < s.cfg.MaxCooldowns; i++ {
+				str, ok := vals[i].(string)
+				name := strings.TrimPrefix(keys[i], prefix)
+				cut := strings.LastIndexByte(name, ':')
+				if !ok || cut < 0 {
+					continue
+				}
+				until, streak, _ := strings.Cut(str, ":")
+				if s.cooldown(name[:cut], name[cut+1:], until, streak) {
+					adopted++
+				}
+			}
+		}
 		s.result("load_cooldowns", err)
-		return
-	}
-	for len(keys) > 0 {
-		batch := keys[:min(len(keys), 500)]
-		keys = keys[len(batch):]
-		vals, err := s.rdb.MGet(ctx, batch...).Result()
-		s.result("load_cooldowns", err)
-		if err != nil {
+		if err != nil || next == 0 || adopted >= s.cfg.MaxCooldowns {
 			return
 		}
-		for i, v := range vals {
-			str, ok := v.(string)
-			name := strings.TrimPrefix(batch[i], prefix)
-			cut := strings.LastIndexByte(name, ':')
-			if !ok || cut < 0 {
-				continue
-			}
-			until, streak, _ := strings.Cut(str, ":")
-			s.cooldown(name[:cut], name[cut+1:], until, streak)
-		}
+		cursor = next
 	}
 }
 
@@ -97,17 +101,24 @@ func (s *State) event(payload string) {
 	}
 }
 
-// cooldown hands a cooldown read from Redis to the proxy.
-func (s *State) cooldown(upstream, key, untilMs, streak string) {
+// cooldown hands a cooldown read from Redis to the proxy and reports
+// whether it was one in force; a cooldown the proxy adopted shorter is
+// shortened in Redis too.
+func (s *State) cooldown(upstream, key, untilMs, streak string) bool {
 	var k Key
 	ms, err1 := strconv.ParseInt(untilMs, 10, 64)
 	n, err2 := strconv.Atoi(streak)
 	if b, err := hex.DecodeString(key); err != nil || len(b) != len(k) || err1 != nil || err2 != nil || s.hooks.Cooldown == nil {
-		return
+		return false
 	} else {
 		copy(k[:], b)
 	}
-	if until := time.UnixMilli(ms); until.After(time.Now()) {
-		s.hooks.Cooldown(Cooldown{Upstream: upstream, Key: k, Until: until, Streak: n})
+	until := time.UnixMilli(ms)
+	if !until.After(time.Now()) {
+		return false
 	}
+	if adopted := s.hooks.Cooldown(Cooldown{Upstream: upstream, Key: k, Until: until, Streak: n}); adopted.Before(until) {
+		s.shorten(upstream, k, adopted)
+	}
+	return true
 }

@@ -108,6 +108,9 @@ type Metrics struct {
 	// (framed: chunked or with a length) without their terminator, by
 	// route.
 	StreamsUnterminated *prometheus.CounterVec
+	// Evictions counts entries dropped from a bounded per-key map to make
+	// room for a new key, by map (clients, cooldowns, model_breakers).
+	Evictions *prometheus.CounterVec
 }
 
 // latencyBuckets span a fast proxied call to a long generation.
@@ -187,12 +190,16 @@ func New() *Metrics {
 			Help: "Requests whose client left before the response ended, by phase."}, []string{"phase"}),
 		StreamsUnterminated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_stream_unterminated_total",
 			Help: "SSE/NDJSON streams that ended cleanly without their terminator ([DONE], a final event), by route."}, []string{"route"}),
+		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_evictions_total",
+			Help: "Entries dropped from a bounded per-key map to make room for a new key, by map (clients, cooldowns, model_breakers)."},
+			[]string{"map"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateUp, m.SharedStateErrors,
+		m.Evictions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

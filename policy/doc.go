@@ -9,4 +9,19 @@
 // Nothing here performs I/O, sleeps or reads the clock: callers pass in the
 // facts (status, fault, time now, time left) and a source of randomness, so
 // every decision is table-tested without timers.
+//
+// The files, and what each decides:
+//
+//	classify.go    Classify: an attempt's Outcome → Verdict (class, reason, what each breaker hears)
+//	decide.go      Retry.Decide after an attempt; Clear before one (an Obstacle at a Gate)
+//	retry.go       Retry (a route's policy, WithDefaults), RetryOn, full-jitter Backoff
+//	stop.go        Stop: why the loop stopped, as logged and as said to the client
+//	retryafter.go  RetryAfter (retry-after-ms, Retry-After), InsufficientQuota
+//	replay.go      Replayable: which requests may be sent twice
+//	budget.go      Budget: the retry budget per upstream
+//	commit.go      APIOf, Judge: a stream event before the commit point; EventFailure
+//	rescue.go      Continuable, FollowChunk: whether a cut stream may be continued
+//	pick.go        PickLeastRequests, PickRoundRobin, PickAffinity; KeyHash
+//	match.go       GlobMatch, GlobSpecificity, ClientTimeout, RequestedRetries, RateLimitExhausted
+//	model.go       ModelKey: a client's model name, bounded, as Sturdy keys and shows it
 package policy

@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestClassify(t *testing.T) {
@@ -585,5 +587,35 @@ func TestClientTimeoutAndRateLimitHeaders(t *testing.T) {
 func TestALocalFaultIsRetriedButNotTheUpstreamsFault(t *testing.T) {
 	if v := Classify(Outcome{Fault: FaultLocal}); v.Class != ClassRetryable || v.Reason != ReasonConnect || v.Health != HealthExcluded {
 		t.Fatalf("%+v", v)
+	}
+}
+
+func TestModelKeyIsBoundedAndKeepsLongNamesApart(t *testing.T) {
+	long := strings.Repeat("m", 4<<20)
+	tests := []struct {
+		name, model string
+		same        bool // the key is the model itself
+	}{
+		{"empty", "", true},
+		{"plain", "llama3.1", true},
+		{"at the bound", strings.Repeat("x", MaxModelBytes), true},
+		{"one past", strings.Repeat("x", MaxModelBytes+1), false},
+		{"4 MiB", long, false},
+		{"multi-byte at the cut", strings.Repeat("é", MaxModelBytes), false},
+	}
+	for _, tt := range tests {
+		k := ModelKey(tt.model)
+		if (k == tt.model) != tt.same || len(k) > MaxModelBytes || !utf8.ValidString(k) {
+			t.Errorf("%s: key of %d bytes (valid UTF-8 %v), same %v", tt.name, len(k), utf8.ValidString(k), k == tt.model)
+		}
+		if k != ModelKey(tt.model) {
+			t.Errorf("%s: not stable", tt.name)
+		}
+	}
+	if ModelKey(long) == ModelKey(long+"n") {
+		t.Error("two long names with one prefix share a key")
+	}
+	if !strings.HasPrefix(ModelKey(long), "mmmm") || !strings.Contains(ModelKey(long), "…") {
+		t.Errorf("a long name's key does not show its start: %q", ModelKey(long)[:32])
 	}
 }

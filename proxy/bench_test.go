@@ -207,7 +207,7 @@ func cooldownCase(tb testing.TB, inForce bool) (check func() time.Duration) {
 	up := p.tbl.Load().upstreams[0]
 	now := time.Now()
 	if inForce {
-		up.cooldowns.set(12345, now.Add(time.Hour))
+		up.cooldowns.set(12345, now, now.Add(time.Hour))
 	}
 	ctx := &fasthttp.RequestCtx{}
 	ctx.Request.Header.Set("Authorization", "Bearer sk-bench")

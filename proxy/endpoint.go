@@ -105,9 +105,10 @@ type endpoint struct {
 }
 
 // newEndpoint builds an endpoint of upstream name from spec; the breaker
-// callbacks get the endpoint.
+// callbacks get the endpoint, onEvict hears of a model breaker dropped to
+// make room for another.
 func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker.State, breaker.State),
-	onModelState func(*endpoint, string, breaker.State, breaker.State)) (*endpoint, error) {
+	onModelState func(*endpoint, string, breaker.State, breaker.State), onEvict func()) (*endpoint, error) {
 	u, err := url.Parse(spec.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: invalid url %q", name, spec.url)
@@ -132,11 +133,9 @@ func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker
 	bs.OnStateChange = func(_ string, from, to breaker.State) { onState(ep, from, to) }
 	bs.MayOpen = func() bool { return ep.owner.Load().mayEject(ep) }
 	ep.breaker = breaker.New(name, bs)
-	ms := spec.breaker
-	ms.OnStateChange = func(member string, from, to breaker.State) {
-		onModelState(ep, strings.TrimPrefix(member, name+"/"), from, to)
-	}
-	ep.models = breaker.NewGroup(name, breaker.GroupSettings{Breaker: ms})
+	ep.models = breaker.NewGroup(name, breaker.GroupSettings{Breaker: spec.breaker,
+		OnStateChange: func(model string, from, to breaker.State) { onModelState(ep, model, from, to) },
+		OnEvict:       onEvict})
 	ep.client = &fasthttp.HostClient{
 		Addr:                fasthttp.AddMissingPort(u.Host, ep.tls != nil),
 		IsTLS:               ep.tls != nil,

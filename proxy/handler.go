@@ -119,7 +119,7 @@ func (ex *exchange) admit() *apiError {
 	}
 	model, stream := bodyFields(ctx.Request.Body())
 	ex.req.api = policy.APIOf(rawPath(uri))
-	ex.req.model = model.Str
+	ex.req.model = policy.ModelKey(model.Str) // the body's own bytes, unless too long to keep
 	ex.req.streams = asksToStream(ex.req.api, stream)
 	r := ex.tbl.match(rawPath(uri), model)
 	if r == nil {

@@ -471,7 +471,7 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // learnRateLimits reads the reply's rate-limit headers: a 429's
 // Retry-After (returned as the server's wait) and OpenAI's
 // x-ratelimit-remaining-requests: 0 (on any reply) put the upstream in
-// cooldown for this credential until then.
+// cooldown for this credential until then — at most cooldown.max.
 func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool) {
 	h := &ex.reply.msg.Header
 	is429 := ex.loop.verdict.Reason == policy.Reason429
@@ -494,7 +494,7 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 	}
 	switch {
 	case until.After(now):
-		up.cooldowns.set(ex.cooldownKey(up), until)
+		until = up.cooldowns.set(ex.cooldownKey(up), now, until) // cooldown.max caps it
 		ex.publishCooldown(up, until, 0)
 	case is429 && !ok: // "too many", but not for how long
 		d, streak := up.cooldowns.bare(ex.cooldownKey(up), now, up.bareCooldown, ex.extend)

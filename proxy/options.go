@@ -33,6 +33,7 @@ const (
 	DefaultWriteTimeout     = 60 * time.Second
 	DefaultMaxDuration      = 10 * time.Minute
 	DefaultBareCooldown     = time.Second
+	DefaultCooldownMax      = 10 * time.Minute
 	DefaultSlowStart        = 30 * time.Second
 	DefaultMaxEjected       = 0.5
 	DefaultMaxRescues       = 1
@@ -126,6 +127,7 @@ func (u Upstream) withDefaults() Upstream {
 	orDefault(&u.RetryBudget.Ratio, DefaultBudgetRatio)
 	orDefault(&u.RetryBudget.MinPerSecond, DefaultBudgetPerSecond)
 	orDefault(&u.Cooldown.WithoutHeader, DefaultBareCooldown)
+	orDefault(&u.Cooldown.Max, DefaultCooldownMax)
 	if u.SlowStart == 0 {
 		u.SlowStart = DefaultSlowStart
 	}
@@ -284,6 +286,10 @@ type Cooldown struct {
 	// doubles for each such 429 in a row (up to 60 s) and a success ends
 	// the run. Default 1 s.
 	WithoutHeader time.Duration
+	// Max caps every cooldown learned (from any header: Retry-After,
+	// x-ratelimit-reset-*) or adopted from the fleet, so one reply
+	// cannot lock a credential out for long. Default 10 minutes.
+	Max time.Duration
 }
 
 // RetryBudget caps retries: within 10 s they may add Ratio of the first

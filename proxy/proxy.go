@@ -131,6 +131,20 @@ func (p *Proxy) modelBreakerChanged(ep *endpoint, model string, from, to breaker
 	up.notify()
 }
 
+// The per-key maps, as sturdy_evictions_total names them.
+const (
+	mapClients       = "clients"
+	mapCooldowns     = "cooldowns"
+	mapModelBreakers = "model_breakers"
+)
+
+// evicted returns the callback that counts an entry of the per-key map
+// name dropped to make room for a new key.
+func (p *Proxy) evicted(name string) func() {
+	c := p.m.Evictions.WithLabelValues(name)
+	return c.Inc
+}
+
 // endpointBreakerChanged logs an endpoint's connection breaker
 // transition (an ejection, a probe, a return) and exports it. A return
 // starts the endpoint's slow start and wakes requests riding through.

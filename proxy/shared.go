@@ -85,11 +85,14 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// sharedCooldown adopts a cooldown another replica learned.
-func (p *Proxy) sharedCooldown(c fleet.Cooldown) {
+// sharedCooldown adopts a cooldown another replica learned, capped at
+// the upstream's cooldown.max, and returns the end adopted (the fleet
+// shortens a longer one in Redis).
+func (p *Proxy) sharedCooldown(c fleet.Cooldown) time.Time {
 	if up := p.tbl.Load().upstream(c.Upstream); up != nil && up.bareCooldown > 0 {
-		up.cooldowns.adopt(localKey(c.Key), c.Until, c.Streak)
+		return up.cooldowns.adopt(localKey(c.Key), time.Now(), c.Until, c.Streak)
 	}
+	return c.Until
 }
 
 // localKey is the cooldown map's key of a fleet key.

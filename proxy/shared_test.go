@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"context"
+	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -8,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
@@ -279,5 +283,57 @@ func TestAReloadTurnsSharedStateOnAndOff(t *testing.T) {
 	}
 	if alone.p.fleet.Load() != nil {
 		t.Fatal("a reload without shared_state kept the fleet")
+	}
+}
+
+// TestCooldownsFromTheFleetAreCapped: a cooldown of a year already in
+// Redis (left by an older replica) is adopted for cooldown.max at most
+// and shortened in Redis for the rest of the fleet; one this replica
+// learns from a year-long Retry-After is published with a TTL within the
+// cap. Before, the key lived 375 days and every restart adopted it.
+func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
+	r := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	year := 365 * 24 * time.Hour
+	key := fleet.Digest("", []byte("Bearer sk-old"), []byte("m"))
+	name := "t:cooldown:up:" + hex.EncodeToString(key[:])
+	until := time.Now().Add(year)
+	if err := rdb.Set(ctx, name, fmt.Sprintf("%d:0", until.UnixMilli()), year).Err(); err != nil {
+		t.Fatal(err)
+	}
+	url, served := countingUpstream(t, 1, 429, "Retry-After", "31536000")
+	h := fleetOf(t, 1, url, r.URL, nil)[0]
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ttl, err := rdb.PTTL(ctx, name).Result()
+		if err == nil && ttl > 0 && ttl <= DefaultCooldownMax+2*time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the year-long key in Redis was not shortened: TTL %v (%v)", ttl, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st := h.p.Upstreams()[0]
+	if st.CooldownUntil == nil || time.Until(*st.CooldownUntil) > DefaultCooldownMax+time.Second {
+		t.Fatalf("adopted until %v, want at most %v from now", st.CooldownUntil, DefaultCooldownMax)
+	}
+	if resp, _ := h.chat("", "Authorization", "Bearer sk-new"); resp.StatusCode != 429 || served.Load() != 1 {
+		t.Fatalf("the upstream's year-long 429: %d (served %d)", resp.StatusCode, served.Load())
+	}
+	learned := fleet.Digest("", []byte("Bearer sk-new"), []byte("m"))
+	for deadline = time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ttl, err := rdb.PTTL(ctx, "t:cooldown:up:"+hex.EncodeToString(learned[:])).Result()
+		if err == nil && ttl > 0 {
+			if ttl > DefaultCooldownMax+2*time.Second {
+				t.Fatalf("a year-long Retry-After was published with a TTL of %v", ttl)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the learned cooldown was not published: %v", err)
+		}
 	}
 }

@@ -16,7 +16,8 @@ type UpstreamStatus struct {
 	// Breaker is the pool's state as one breaker: open when every
 	// endpoint is out, else the best of the endpoints' connection
 	// breakers (connect refused, resets, TLS). ModelBreakers are the
-	// reply breakers per model (5xx, timeouts) of every endpoint.
+	// reply breakers per model (5xx, timeouts) of every endpoint, at most
+	// 256 per endpoint (the most recently used).
 	Breaker       string              `json:"breaker"`
 	ModelBreakers []ModelBreakerState `json:"model_breakers"`
 	// ProbeInMS is the time until an endpoint lets a probe through, when
@@ -97,6 +98,11 @@ type LimiterStatus struct {
 	Tokens float64 `json:"tokens"`
 }
 
+// maxListedModelBreakers bounds the model breakers /debug/upstreams lists
+// per endpoint (the most recently used; each model shown is at most
+// policy.MaxModelBytes).
+const maxListedModelBreakers = 256
+
 // Upstreams reports the state of every configured upstream.
 func (p *Proxy) Upstreams() []UpstreamStatus {
 	now := time.Now()
@@ -121,7 +127,7 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 			if in, _ := ep.probeIn(now, "", up); state == breaker.StateOpen && (probe < 0 || in < probe) {
 				probe = in
 			}
-			for _, m := range ep.models.Members() {
+			for _, m := range ep.models.Members(maxListedModelBreakers) {
 				s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Endpoint: ep.addr, Model: m.Key,
 					State: m.State().String(), ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures})
 			}

@@ -134,7 +134,7 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 			t.clients = append(t.clients, prevClients[i]) // keep the buckets
 			continue
 		}
-		t.clients = append(t.clients, newClientLimiter(co))
+		t.clients = append(t.clients, newClientLimiter(co, p.evicted(mapClients)))
 	}
 	var dropped []*upstream
 	if prev != nil {

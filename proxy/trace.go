@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -115,6 +116,26 @@ type traceState struct {
 	// model is the request's model, copied once for every span that
 	// names it (the request's is read in place from the body).
 	model string
+}
+
+// maxSpanText bounds a span attribute (or name part) copied from a
+// request: a span lives in the export queue (2,048 of them) until it is
+// sent, so what a client sends must not be copied onto it whole. The
+// SDK's own value-length limit (tracing.MaxAttributeBytes, the same) is
+// the backstop, but it keeps a substring of the whole copy.
+const maxSpanText = tracing.MaxAttributeBytes
+
+// spanText copies at most maxSpanText bytes of b for a span, cut where a
+// character starts.
+func spanText(b []byte) string {
+	if len(b) > maxSpanText {
+		cut := maxSpanText
+		for cut > 0 && !utf8.RuneStart(b[cut]) {
+			cut--
+		}
+		b = b[:cut]
+	}
+	return string(b)
 }
 
 // propagator reads and writes W3C traceparent and tracestate.
@@ -233,7 +254,8 @@ func (ex *exchange) startTrace() {
 	ctx, rh := ex.ctx, &ex.ctx.Request.Header
 	parent := propagator.Extract(context.Background(), headerCarrier{rh})
 	ex.tr.t = tr.t
-	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, string(ctx.Method()), trace.WithSpanKind(trace.SpanKindServer),
+	method := spanText(ctx.Method())
+	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, method, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(ex.req.start))
 	if ex.tr.rec = ex.tr.span.IsRecording(); !ex.tr.rec {
 		return
@@ -242,10 +264,10 @@ func (ex *exchange) startTrace() {
 	if ctx.IsTLS() {
 		scheme = "https"
 	}
-	host, port := splitHostPort(string(rh.Host()), scheme)
+	host, port := splitHostPort(spanText(rh.Host()), scheme)
 	attrs := append(ex.tr.attrs[:0],
-		attrMethod.String(string(ctx.Method())),
-		attrURLPath.String(string(rawPath(rh.RequestURI()))),
+		attrMethod.String(method),
+		attrURLPath.String(spanText(rawPath(rh.RequestURI()))),
 		attrURLScheme.String(scheme),
 		attrServerAddr.String(host),
 		attrClientAddr.String(ctx.RemoteIP().String()),
@@ -256,7 +278,7 @@ func (ex *exchange) startTrace() {
 		attrs = append(attrs, attrServerPort.Int(port))
 	}
 	if ua := rh.UserAgent(); len(ua) > 0 {
-		attrs = append(attrs, attrUserAgent.String(string(ua)))
+		attrs = append(attrs, attrUserAgent.String(spanText(ua)))
 	}
 	ex.tr.attrs = attrs
 }
@@ -292,13 +314,13 @@ func (ex *exchange) traceRoute() {
 		return
 	}
 	r := ex.req.route
-	s.SetName(string(ex.ctx.Method()) + " " + string(r.prefix))
+	s.SetName(spanText(ex.ctx.Method()) + " " + string(r.prefix))
 	attrs := append(ex.tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
 	if op := operationOf(ex.req.api, rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
 		attrs = append(attrs, attrOperation.String(op))
 	}
 	if m := ex.req.model; m != "" {
-		ex.tr.model = strings.Clone(m)
+		ex.tr.model = strings.Clone(m) // policy.ModelKey's: at most 256 bytes
 		attrs = append(attrs, attrRequestModel.String(ex.tr.model))
 	}
 	ex.tr.attrs = attrs
@@ -342,10 +364,10 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 	}
 	lp := &ex.loop
 	attrs := append(ex.tr.attemptAttrs[:0],
-		attrMethod.String(string(ex.ctx.Method())),
+		attrMethod.String(spanText(ex.ctx.Method())),
 		ep.spanAddr[0], ep.spanAddr[1],
 		// The URI aim wrote, without the query: no secret rides in a span.
-		attrURLFull.String(string(rawPath(ex.req.uri))),
+		attrURLFull.String(spanText(rawPath(ex.req.uri))),
 		attrUpstream.String(t.up.name),
 		attrAttempt.Int(lp.attempts),
 	)
@@ -364,7 +386,7 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 	if ex.out.rescue.tries > 0 {
 		attrs = append(attrs, attrContinuation.Bool(true))
 	}
-	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, string(ex.ctx.Method())+" "+t.up.name, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, spanText(ex.ctx.Method())+" "+t.up.name, trace.WithSpanKind(trace.SpanKindClient))
 	propagator.Inject(ctx, headerCarrier{h})
 	ex.tr.attempt, ex.tr.attemptAttrs = s, attrs
 }
@@ -576,7 +598,8 @@ func (ex *exchange) endTrace() {
 	}
 	if u := usageOf(body); u.model != "" || u.known {
 		if u.model != "" {
-			attrs = append(attrs, attrResponseModel.String(u.model))
+			// A copy of its key alone: gjson's string shares the body's copy.
+			attrs = append(attrs, attrResponseModel.String(strings.Clone(policy.ModelKey(u.model))))
 		}
 		if u.known {
 			attrs = append(attrs, attrInputTokens.Int64(u.input), attrOutputTokens.Int64(u.output))

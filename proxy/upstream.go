@@ -108,6 +108,7 @@ func newUpstream(p *Proxy, o Upstream, prev *upstream) (*upstream, error) {
 	if !o.Cooldown.Off {
 		up.bareCooldown = o.Cooldown.WithoutHeader
 	}
+	up.cooldowns.max, up.cooldowns.onEvict = o.Cooldown.Max, p.evicted(mapCooldowns)
 	var kept []*endpoint
 	if prev != nil {
 		kept = *prev.pool.Load()
@@ -163,7 +164,8 @@ func (up *upstream) endpoints(urls []string, kept []*endpoint, ramp bool) ([]*en
 		}
 		if ep == nil {
 			var err error
-			if ep, err = newEndpoint(up.name, spec, up.p.endpointBreakerChanged, up.p.modelBreakerChanged); err != nil {
+			if ep, err = newEndpoint(up.name, spec, up.p.endpointBreakerChanged, up.p.modelBreakerChanged,
+				up.p.evicted(mapModelBreakers)); err != nil {
 				return nil, err
 			}
 			if ramp {

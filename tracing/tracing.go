@@ -186,6 +186,13 @@ func firstSet(getenv func(string) string, names ...string) (name, value string) 
 	return "", ""
 }
 
+// MaxAttributeBytes caps every span attribute's value (the SDK's
+// AttributeValueLengthLimit; OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT may
+// set it lower): a backstop, since the SDK truncates to a substring of
+// the value given, which stays whole in memory. Callers copy what a
+// client sent onto a span already bounded.
+const MaxAttributeBytes = 1024
+
 // Tracer is a running tracer provider: the spans it starts are sampled
 // (a sampled parent always followed, the rest at the sample ratio) and
 // exported in batches.
@@ -230,8 +237,13 @@ func New(s Settings, version string) (*Tracer, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
+	limits := sdktrace.NewSpanLimits() // OTEL_SPAN_* tune it, below MaxAttributeBytes
+	if l := limits.AttributeValueLengthLimit; l < 0 || l > MaxAttributeBytes {
+		limits.AttributeValueLengthLimit = MaxAttributeBytes
+	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp), // OTEL_BSP_* tune it
+		sdktrace.WithRawSpanLimits(limits),
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(s.SampleRatio))),
 	)

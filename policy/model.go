@@ -1,0 +1,39 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"unicode/utf8"
+)
+
+// MaxModelBytes bounds a model name as Sturdy keeps and shows it.
+const MaxModelBytes = 256
+
+// modelHashDigits is how much of a long model's SHA-256 its key keeps,
+// in hex digits.
+const modelHashDigits = 16
+
+// ModelKey returns a model name as Sturdy keeps it — the key of its reply
+// breakers and cooldowns — and shows it, in /debug/upstreams, logs, metric
+// labels, error messages and spans: the name itself up to MaxModelBytes;
+// a longer one is its first bytes (cut where a character starts), "…"
+// and the first 16 hex digits of its SHA-256, MaxModelBytes in all. The
+// model comes from a client's body, so no value it sends makes Sturdy
+// keep more than MaxModelBytes per key, and two long names that share a
+// prefix stay apart. The short case costs nothing: the name is returned
+// as it is.
+func ModelKey(model string) string {
+	if len(model) <= MaxModelBytes {
+		return model
+	}
+	sum := sha256.Sum256([]byte(model))
+	cut := MaxModelBytes - len("…") - modelHashDigits
+	for cut > 0 && !utf8.RuneStart(model[cut]) {
+		cut--
+	}
+	b := make([]byte, 0, MaxModelBytes)
+	b = append(b, model[:cut]...)
+	b = append(b, "…"...)
+	b = hex.AppendEncode(b, sum[:modelHashDigits/2])
+	return string(b)
+}
