@@ -65,8 +65,29 @@ func (s *Scanner) End() {
 
 // Write feeds the next bytes of the stream. It never fails or allocates.
 func (s *Scanner) Write(p []byte) (int, error) {
+	s.feed(p, false)
+	return len(p), nil
+}
+
+// Feed is Write that stops once the stream has ended (Ended): it returns
+// how many bytes of p belong to the stream — all of them until its
+// terminator's event (or line) is over, then none. What follows a
+// terminator is not the stream's: a relay sends Feed's bytes and no more.
+func (s *Scanner) Feed(p []byte) int { return s.feed(p, true) }
+
+// Ended reports whether the stream's terminator went by and its event
+// (SSE: up to its blank line) or line (NDJSON) is over: nothing after
+// it belongs to the stream.
+func (s *Scanner) Ended() bool { return s.done && s.lineLen == 0 && !s.inEvent && !s.cr }
+
+// feed reads p; with stop it stops where the stream ended and returns
+// the bytes read.
+func (s *Scanner) feed(p []byte, stop bool) int {
 	n := len(p)
 	for len(p) > 0 {
+		if stop && s.Ended() {
+			return n - len(p)
+		}
 		if s.cr && p[0] == '\n' { // the \n of a \r\n: the line already ended
 			s.cr = false
 			p = p[1:]
@@ -76,7 +97,7 @@ func (s *Scanner) Write(p []byte) (int, error) {
 		i := LineEnd(p)
 		if i < 0 {
 			s.add(p)
-			break
+			return n
 		}
 		s.cr = p[i] == '\r'
 		if s.lineLen == 0 {
@@ -87,7 +108,7 @@ func (s *Scanner) Write(p []byte) (int, error) {
 		}
 		p = p[i+1:]
 	}
-	return n, nil
+	return n - len(p)
 }
 
 // LineEnd returns the index of p's first line break ('\r' or '\n'), or

@@ -188,3 +188,34 @@ func TestLineEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedStopsAtTheStreamsEnd: what follows a terminator's event (or
+// line) is not the stream's, in one write or split anywhere.
+func TestFeedStopsAtTheStreamsEnd(t *testing.T) {
+	tests := []struct {
+		name        string
+		kind        Kind
+		stream, end string // end: what Feed must leave out
+	}{
+		{"[DONE] then more", SSE, "data: {}\n\ndata: [DONE]\n\n", "data: {\"more\":1}\n\ndata: [DONE]\n\n"},
+		{"CRLF", SSE, "data: {}\r\n\r\ndata: [DONE]\r\n\r\n", "data: x\r\n\r\n"},
+		{"responses completed then more", SSE, "event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n", "event: response.output_text.delta\ndata: {}\n\n"},
+		{"ollama done then more", NDJSON, "{\"done\":false}\n{\"done\":true}\n", "{\"done\":false,\"message\":{}}\n"},
+		{"no end", SSE, "data: {}\n\ndata: {}\n\n", ""},
+	}
+	for _, tt := range tests {
+		all := tt.stream + tt.end
+		for split := 0; split <= len(all); split++ {
+			var s Scanner
+			s.Reset(tt.kind)
+			n := s.Feed([]byte(all[:split]))
+			n += s.Feed([]byte(all[split:]))
+			if got := all[:n]; got != tt.stream && !(tt.end == "" && got == all) {
+				t.Fatalf("%s, split at %d: Feed kept %q, want %q", tt.name, split, got, tt.stream)
+			}
+			if s.Ended() != (tt.end != "") {
+				t.Fatalf("%s, split at %d: Ended %v", tt.name, split, s.Ended())
+			}
+		}
+	}
+}

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +147,57 @@ func TestSpanTextIsBounded(t *testing.T) {
 		out := spanText([]byte(in))
 		if len(out) > maxSpanText || !utf8.ValidString(out) || (len(in) <= maxSpanText && out != in) {
 			t.Errorf("spanText of %d bytes: %d bytes, valid %v", len(in), len(out), utf8.ValidString(out))
+		}
+	}
+}
+
+// TestTrailersAreReadBoundedAndDropped: a valid chunked reply with chunk
+// extensions and a trailer section (Set-Cookie among its fields) is
+// relayed whole — the trailers read and dropped — while a trailer
+// section past 8 KiB fails the body (here before commit: retried, then
+// 502) instead of being read on. Before,
+// fasthttp's trailer reader refused Set-Cookie and the good reply became
+// 502 retries_exhausted.
+func TestTrailersAreReadBoundedAndDropped(t *testing.T) {
+	t.Parallel()
+	const head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTrailer: Set-Cookie, X-Checksum\r\n\r\n"
+	good := head + "5;name=value\r\n{\"a\":\r\n3;x=\"q;\"\r\n 1}\r\n0;last\r\nSet-Cookie: id=1; Path=/\r\nX-Checksum: abc\r\n\r\n"
+	h := startProxy(t, upstreamtest.StartRaw(t, good), nil)
+	resp, body := h.do("GET", "/v1/models", "")
+	if resp.StatusCode != 200 || string(body) != `{"a": 1}` || resp.Header.Get("Set-Cookie") != "" || resp.Trailer.Get("X-Checksum") != "" {
+		t.Fatalf("%d %q header %v trailer %v", resp.StatusCode, body, resp.Header, resp.Trailer)
+	}
+
+	huge := head + "5\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\nX-Big: " + strings.Repeat("b", 16<<10) + "\r\n\r\n"
+	h = startProxy(t, upstreamtest.StartRaw(t, huge), nil)
+	req, _ := http.NewRequest("GET", h.url+"/v1/models", nil)
+	r, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(r.Body)
+	r.Body.Close()
+	if err == nil && r.StatusCode == 200 {
+		t.Fatalf("a body whose trailer passes 8 KiB was presented as whole: %q", b)
+	}
+}
+
+func TestDiscardTrailer(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, in string
+		want     error
+	}{
+		{"none", "\r\n", nil},
+		{"fields", "Set-Cookie: a=1\r\nX-Sum: 2\r\n\r\nnext", nil},
+		{"bare LF", "X: 1\n\n", nil},
+		{"cut", "X: 1\r\n", io.ErrUnexpectedEOF},
+		{"one long line", "X: " + strings.Repeat("x", 9<<10) + "\r\n\r\n", errTrailerTooLarge},
+		{"many lines", strings.Repeat("X: 12345678\r\n", 1000) + "\r\n", errTrailerTooLarge},
+	} {
+		br := bufio.NewReaderSize(strings.NewReader(tt.in), 16)
+		if err := discardTrailer(br); err != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}
 	}
 }

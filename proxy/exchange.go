@@ -188,8 +188,11 @@ type response struct {
 	// closeDelimited says the upstream body had neither length nor
 	// chunks: only its connection closing ended it.
 	closeDelimited bool
-	// scan follows the SSE or NDJSON events relayed to the client.
+	// scan follows the SSE or NDJSON events relayed to the client; over
+	// is set once the stream's terminator went by (Scanner.Ended): what
+	// the upstream sends after it is not relayed.
 	scan events.Scanner
+	over bool
 	// rawHead is the response head for an HTTP/1.0 client answered
 	// close-delimited (closeDelimit).
 	rawHead []byte

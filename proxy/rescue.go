@@ -38,9 +38,10 @@ type rescue struct {
 	id      []byte
 	blocker string
 	// ti is the target whose stream is relayed now; cont says it is a
-	// continuation, begun that its first output went by.
-	ti          int
-	cont, begun bool
+	// continuation, begun that its first output went by; done that its
+	// [DONE] went by (nothing after it is followed or relayed).
+	ti                int
+	cont, begun, done bool
 	// tries counts continuations sent, rescued those that took over;
 	// seam is the bytes the client had at the last seam, by the upstream
 	// that continued; refused why a failure could not be rescued.
@@ -96,6 +97,9 @@ func (ex *exchange) readEvents(p []byte) (int, error) {
 		if ex.takeEvents() {
 			err = errInBand
 		}
+		if rs.done {
+			err = io.EOF // what follows [DONE], even a cut, is not the stream's
+		}
 		switch {
 		case err == nil:
 			continue
@@ -149,7 +153,7 @@ func (ex *exchange) takeEvents() (failed bool) {
 		return false
 	}
 	off := 0
-	for !failed {
+	for !failed && !rs.done {
 		ev, n := nextEvent(events.SSE, rs.pending[off:])
 		if n == 0 {
 			break
@@ -157,7 +161,7 @@ func (ex *exchange) takeEvents() (failed bool) {
 		failed = ex.follow(ev, rs.pending[off:off+n])
 		off += n
 	}
-	if failed {
+	if failed || rs.done {
 		off = len(rs.pending)
 	}
 	rs.pending = rs.pending[:copy(rs.pending, rs.pending[off:])]
@@ -177,6 +181,7 @@ func (ex *exchange) follow(ev policy.Event, raw []byte) (failed bool) {
 	rs := &ex.out.rescue
 	if ev.Data == nil || string(ev.Data) == "[DONE]" {
 		rs.ready = append(rs.ready, raw...)
+		rs.done = ev.Data != nil
 		return false
 	}
 	mark, code := policy.Judge(policy.APIChat, ev)

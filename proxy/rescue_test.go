@@ -246,3 +246,41 @@ func TestACutMidEventLeavesNoFragmentAtTheSeam(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingIsRelayedAfterTheTerminator: an upstream that ends its
+// stream (chat's [DONE], the Responses API's response.completed,
+// Ollama's "done": true), keeps sending and is then cut: the client gets
+// the stream up to its terminator's event, whole and clean, and no
+// continuation is sent. Before, the events after [DONE] were relayed (two
+// [DONE]s) and the cut was rescued, billing a second generation.
+func TestNothingIsRelayedAfterTheTerminator(t *testing.T) {
+	t.Parallel()
+	chat := upstreamtest.SSE("Hel", "lo")
+	ollama := []string{`{"message":{"content":"Hi"},"done":false}` + "\n", `{"message":{"content":""},"done":true}` + "\n"}
+	for _, tt := range []struct {
+		name, path string
+		stream     []string
+		header     [2]string
+	}{
+		{"chat", "/v1/chat/completions", chat, upstreamtest.SSEHeader},
+		{"responses", "/v1/responses", []string{created, respDelta, respDone}, upstreamtest.SSEHeader},
+		{"ollama", "/api/chat", ollama, [2]string{"Content-Type", "application/x-ndjson"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			after := append(append([]string{}, tt.stream...), chunkOf("chatcmpl-1", "junk"), "data: [DONE]\n\n")
+			primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{tt.header}, Chunks: after, Fault: upstreamtest.Cut})
+			fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
+			h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+			resp, body := h.do("POST", tt.path, streamChat, "Content-Type", "application/json")
+			if want := strings.Join(tt.stream, ""); resp.StatusCode != 200 || string(body) != want {
+				t.Fatalf("%d:\n%q\nwant\n%q", resp.StatusCode, body, want)
+			}
+			if n := fallback.Count(); n != 0 {
+				t.Fatalf("a continuation was sent after the stream's terminator (%d requests)", n)
+			}
+			if line := h.accessLines(1)[0]; line["outcome"] != outcomeOK || line["rescue_refused"] != nil {
+				t.Fatalf("logged %v", line)
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"sturdy/events"
 	"sturdy/policy"
 )
 
@@ -70,7 +71,7 @@ func (ex *exchange) commit(final bool) {
 			ctx.Response.SkipBody = true
 			return
 		}
-		ctx.Response.SetBody(ex.reply.head)
+		ctx.Response.SetBody(ex.untilTerminator(ex.reply.head))
 		ex.out.bytesOut = int64(len(ex.reply.head))
 		return
 	}
@@ -93,6 +94,19 @@ func (ex *exchange) commit(final bool) {
 	ex.p.m.OpenStreams.Inc()
 	ex.p.streaming(ex, true)
 	ctx.SetBodyStream(ex, max(cl, -1))
+}
+
+// untilTerminator returns a whole body up to the end of its stream's
+// terminator, when it is an SSE or NDJSON stream of a known API (what
+// follows [DONE] is not the stream's); any other body as it is.
+func (ex *exchange) untilTerminator(body []byte) []byte {
+	kind := kindOf(ex.reply.msg.Header.ContentType())
+	if kind == 0 || ex.req.api == policy.APIOther {
+		return body
+	}
+	var s events.Scanner
+	s.Reset(kind)
+	return body[:s.Feed(body)]
 }
 
 // leftUnanswered ends a request whose client left before its response

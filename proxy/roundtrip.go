@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -124,7 +125,7 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 // interim (1xx) ones, as fasthttp's Response.ReadLimitBody does.
 func readResponseHead(resp *fasthttp.Response, br *bufio.Reader) error {
 	resp.ResetBody()
-	if err := resp.Header.Read(br); err != nil {
+	if err := readHeader(&resp.Header, br); err != nil {
 		return err
 	}
 	for n := 0; ; n++ {
@@ -134,10 +135,63 @@ func readResponseHead(resp *fasthttp.Response, br *bufio.Reader) error {
 		if n >= maxInterimResponses {
 			return errTooManyInterim
 		}
-		if err := resp.Header.Read(br); err != nil {
+		if err := readHeader(&resp.Header, br); err != nil {
 			return err
 		}
 	}
+}
+
+// readHeader reads one response head. fasthttp refuses a head that
+// announces a trailer field it forbids (Set-Cookie, Content-Type …),
+// failing a valid reply; such a head is read again without its Trailer
+// fields — Sturdy forwards no trailers (discardTrailer) and drops Trailer
+// as hop-by-hop anyway.
+func readHeader(h *fasthttp.ResponseHeader, br *bufio.Reader) error {
+	err := h.Read(br)
+	if !errors.Is(err, fasthttp.ErrBadTrailer) {
+		return err
+	}
+	b, _ := br.Peek(br.Buffered()) // the whole head is buffered: fasthttp parses only a complete one
+	end := headEnd(b)
+	if end < 0 {
+		return err
+	}
+	stripped := withoutTrailerFields(b[:end])
+	if err := h.Read(bufio.NewReaderSize(bytes.NewReader(stripped), max(len(stripped), 4096))); err != nil {
+		return err
+	}
+	_, _ = br.Discard(end)
+	return nil
+}
+
+// headEnd returns the length of the response head at the start of b, up
+// to and with its blank line; -1 when b holds none.
+func headEnd(b []byte) int {
+	crlf, lf := bytes.Index(b, []byte("\r\n\r\n")), bytes.Index(b, []byte("\n\n"))
+	switch {
+	case crlf >= 0 && (lf < 0 || crlf < lf):
+		return crlf + 4
+	case lf >= 0:
+		return lf + 2
+	}
+	return -1
+}
+
+// withoutTrailerFields copies a response head without its Trailer lines.
+func withoutTrailerFields(head []byte) []byte {
+	out := make([]byte, 0, len(head))
+	for rest := head; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line = rest[:i+1]
+		}
+		rest = rest[len(line):]
+		if name, _, ok := bytes.Cut(line, []byte(":")); ok && bytes.EqualFold(bytes.TrimSpace(name), []byte("Trailer")) {
+			continue
+		}
+		out = append(out, line...)
+	}
+	return out
 }
 
 // skipsBody reports whether resp has no body: a HEAD's, a 1xx, 204 or 304.
@@ -205,12 +259,9 @@ func (b *streamedBody) read(p []byte) (int, error) {
 	case b.chunks != nil:
 		n, err := b.chunks.Read(p)
 		if err == io.EOF {
-			// The last chunk: its trailer (usually none) ends the body; a
-			// body cut or garbled there is broken, as fasthttp tells it.
-			if terr := b.resp.Header.ReadTrailer(b.br); terr != nil {
-				if terr == io.EOF {
-					terr = io.ErrUnexpectedEOF
-				}
+			// The last chunk: its trailer section (usually empty) ends the
+			// body; a body cut there, or a trailer past the bound, is broken.
+			if terr := discardTrailer(b.br); terr != nil {
 				return n, terr
 			}
 		}
@@ -255,6 +306,42 @@ func (b *streamedBody) CloseWithError(err error) error {
 		}
 	})
 	return nil
+}
+
+// maxTrailerBytes bounds the trailer section read after a chunked body's
+// last chunk.
+const maxTrailerBytes = 8 << 10
+
+// errTrailerTooLarge fails a chunked body whose trailer section passes
+// maxTrailerBytes.
+var errTrailerTooLarge = errors.New("upstream trailer section over 8 KiB")
+
+// discardTrailer reads the trailer section that ends a chunked body —
+// field lines up to an empty one — and drops it: Sturdy forwards no
+// trailers (fasthttp's own reader merged them into the response's
+// headers, and refused valid fields such as Set-Cookie, failing a good
+// reply). Past maxTrailerBytes, or cut before its end, it is an error.
+func discardTrailer(br *bufio.Reader) error {
+	read, partial := 0, false
+	for {
+		line, err := br.ReadSlice('\n')
+		if read += len(line); read > maxTrailerBytes {
+			return errTrailerTooLarge
+		}
+		switch {
+		case err == bufio.ErrBufferFull: // a line longer than the buffer: the rest follows
+			partial = true
+			continue
+		case err == io.EOF:
+			return io.ErrUnexpectedEOF
+		case err != nil:
+			return err
+		}
+		if !partial && len(bytes.TrimRight(line, "\r\n")) == 0 {
+			return nil
+		}
+		partial = false
+	}
 }
 
 // pooledConn gives fasthttp's connection methods a use of the connection

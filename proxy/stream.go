@@ -46,6 +46,10 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	if out.broken != nil {
 		return 0, errStreamAborted
 	}
+	if out.over { // the terminator went by: the rest, if any, is not the stream's
+		ex.closeBody()
+		return 0, io.EOF
+	}
 	if out.rescue.on {
 		return ex.readEvents(p)
 	}
@@ -79,12 +83,18 @@ func (ex *exchange) Read(p []byte) (int, error) {
 }
 
 // relayed counts upstream bytes going to the client and follows them
-// with the event scanner.
+// with the event scanner; of a stream of a known API, the bytes after
+// its terminator's event are left out (see Read), and the count says so.
 func (ex *exchange) relayed(b []byte) int {
-	ex.keepTail(b)
-	if ex.out.kind != 0 {
-		_, _ = ex.out.scan.Write(b)
+	if out := &ex.out; out.kind != 0 {
+		if ex.req.api != policy.APIOther {
+			b = b[:out.scan.Feed(b)]
+			out.over = out.scan.Ended()
+		} else {
+			_, _ = out.scan.Write(b)
+		}
 	}
+	ex.keepTail(b)
 	return ex.sent(b)
 }
 
