@@ -371,7 +371,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys,
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
-			WriteTimeout: cfg.Server.WriteTimeout.Std()}, SharedState: sharedOptions(cfg.SharedState),
+			WriteTimeout: cfg.Server.WriteTimeout.Std(), MaxBufferedBytes: int64(cfg.Server.MaxBufferedBytes)}, SharedState: sharedOptions(cfg.SharedState),
 		Tracing: tracingOptions(cfg.Tracing)}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
@@ -471,8 +471,8 @@ func routeOptions(r config.Route) proxy.Route {
 	}
 	return proxy.Route{
 		StreamHold: proxy.StreamHold{Max: r.StreamHold.Max.Std(), Bytes: int(r.StreamHold.Bytes)},
-		MaxRescues: rescues,
-		Name:       r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
+		MaxRescues: rescues, MaxRescueBytes: int(r.MaxRescueBytes),
+		Name: r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
 		FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
 		AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
 		Deadline:              r.Deadline.Std(),

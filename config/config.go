@@ -128,6 +128,13 @@ type Server struct {
 	// after the signal before draining (a sidecar's agent may still be
 	// finishing). Default 0. Hot-reloads.
 	ShutdownDelay Duration `yaml:"shutdown_delay"`
+	// MaxBufferedBytes bounds the bytes held on behalf of clients, all
+	// together: streams' heads held before their commit point and by
+	// stream_hold, rescue text, bodies read whole for HTTP/1.0 clients.
+	// Past it a hold is released early, a rescue becomes unrescuable and
+	// an HTTP/1.0 reply is 502 response_too_large. Default 256MiB.
+	// Hot-reloads.
+	MaxBufferedBytes Size `yaml:"max_buffered_bytes"`
 }
 
 // ParsePrefix reads a trusted_proxies entry: a CIDR, or one address.
@@ -147,6 +154,7 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 func (s Server) RestartOnly() Server {
 	s.TrustedProxies = nil
 	s.ShutdownGrace, s.ShutdownDelay = 0, 0
+	s.MaxBufferedBytes = 0
 	return s
 }
 
@@ -411,6 +419,10 @@ type Route struct {
 	// MaxRescues bounds the continuations of a stream cut mid-answer
 	// (0: none). Default 1.
 	MaxRescues *int `yaml:"max_rescues"`
+	// MaxRescueBytes bounds the text a rescuable stream keeps for its
+	// continuation; past it the stream goes on, unrescuable (logged
+	// rescue_refused: too_large). Default 1MiB.
+	MaxRescueBytes Size `yaml:"max_rescue_bytes"`
 }
 
 // StreamHold is a route's hold window for streams.

@@ -107,6 +107,7 @@ func (c *Config) validateServer(p *problems) {
 		}
 	}
 	atLeast1(p, "server.max_connections", c.Server.MaxConnections)
+	atLeast1(p, "server.max_buffered_bytes", c.Server.MaxBufferedBytes)
 	if h := c.Server.MaxHeaderBytes; h < 0 || (c.isWritten("server.max_header_bytes") && h < 1024) {
 		p.bad("server.max_header_bytes", "must be at least 1KiB")
 	}
@@ -294,6 +295,7 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 	if r.MaxRescues != nil {
 		notNegative(p, k+"max_rescues", *r.MaxRescues, " (0: no rescues)")
 	}
+	atLeast1(p, k+"max_rescue_bytes", r.MaxRescueBytes)
 }
 
 // Warnings lists what is valid but most likely not meant, each with its

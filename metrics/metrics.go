@@ -111,6 +111,11 @@ type Metrics struct {
 	// Evictions counts entries dropped from a bounded per-key map to make
 	// room for a new key, by map (clients, cooldowns, model_breakers).
 	Evictions *prometheus.CounterVec
+	// BufferedBytes is the bytes held on behalf of clients now (of
+	// server.max_buffered_bytes); BufferFull counts the times that budget
+	// had no room, by use (hold, rescue, http10).
+	BufferedBytes prometheus.Gauge
+	BufferFull    *prometheus.CounterVec
 }
 
 // latencyBuckets span a fast proxied call to a long generation.
@@ -193,13 +198,18 @@ func New() *Metrics {
 		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_evictions_total",
 			Help: "Entries dropped from a bounded per-key map to make room for a new key, by map (clients, cooldowns, model_breakers)."},
 			[]string{"map"}),
+		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_buffered_bytes",
+			Help: "Bytes held on behalf of clients now (held stream heads, rescue text, HTTP/1.0 bodies), of server.max_buffered_bytes."}),
+		BufferFull: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_buffer_full_total",
+			Help: "Times server.max_buffered_bytes had no room, by use (hold: released early, rescue: unrescuable, http10: 502)."},
+			[]string{"use"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateUp, m.SharedStateErrors,
-		m.Evictions,
+		m.Evictions, m.BufferedBytes, m.BufferFull,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -140,7 +140,7 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 		}
 		// At the stream's end the whole stream was framing: it goes as it
 		// is, and its end is checked as a stream's (see Read).
-		if ended, f := ex.holdMore(maxHold, nil); ended || f != policy.FaultNone {
+		if done, f := ex.holdMore(maxHold, nil); done || f != policy.FaultNone {
 			return f
 		}
 	}
@@ -175,7 +175,7 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 			len(rp.head) >= hold.Bytes || !time.Now().Before(until) {
 			return policy.FaultNone
 		}
-		if ended, f := ex.holdMore(hold.Bytes, &scan); ended || f != policy.FaultNone {
+		if done, f := ex.holdMore(hold.Bytes, &scan); done || f != policy.FaultNone {
 			return f
 		}
 	}
@@ -206,14 +206,21 @@ func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content
 }
 
 // holdMore reads the next bytes of a held stream onto the reply's head
-// (at most limit in all). ended says the stream ended whole while held
-// (all of it is in the head); a fault, that it failed: a cut, a stall
+// (at most limit in all). done says to hold no more: the stream ended
+// whole while held (all of it is in the head: heldToEnd), or Sturdy's
+// buffer budget (server.max_buffered_bytes) has no room for more, and the
+// stream goes on as it stands; a fault, that it failed: a cut, a stall
 // past idle — or, followed by scan, an end that only the connection's
 // close made, before the stream's terminator.
-func (ex *exchange) holdMore(limit int, scan *events.Scanner) (ended bool, f policy.Fault) {
+func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f policy.Fault) {
 	rp := &ex.reply
 	before := len(rp.head)
-	err := rp.readMore(limit)
+	head, err := ex.growHeld(rp.head, limit, heldForHold)
+	if err != nil {
+		markStreaming(rp.msg)
+		return true, policy.FaultNone
+	}
+	rp.head, err = readOnto(head, rp.body, limit)
 	if scan != nil {
 		_, _ = scan.Write(rp.head[before:])
 	}
@@ -233,13 +240,6 @@ func (ex *exchange) holdMore(limit int, scan *events.Scanner) (ended bool, f pol
 		return false, policy.FaultReset
 	}
 	return false, policy.FaultNone
-}
-
-// readMore reads the reply body's next bytes onto its head, which holds
-// at most limit bytes (more than it holds now).
-func (rp *reply) readMore(limit int) (err error) {
-	rp.head, err = readOnto(rp.head, rp.body, limit)
-	return err
 }
 
 // readOnto appends one Read of r to buf, growing it when full, so that

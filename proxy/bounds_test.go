@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -200,4 +202,205 @@ func TestDiscardTrailer(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}
 	}
+}
+
+// gatedStream is an upstream that answers each request with a chunked
+// stream (SSE unless contentType says otherwise) of chunks, then waits
+// for gate to close and cuts the connection: a stream that fails
+// mid-answer at the test's moment.
+func gatedStream(t *testing.T, contentType string, chunks []string, gate <-chan struct{}) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				w := bufio.NewWriterSize(c, 64<<10)
+				fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", contentType)
+				for _, ch := range chunks {
+					fmt.Fprintf(w, "%x\r\n%s\r\n", len(ch), ch)
+				}
+				if w.Flush() != nil {
+					return
+				}
+				select {
+				case <-gate:
+				case <-time.After(20 * time.Second):
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// words is n chat chunks of a 4 KiB word each.
+func words(n int) []string {
+	return upstreamtest.SSE(upstreamtest.Words(n, strings.Repeat("w", 4<<10))...)[:n]
+}
+
+// readStream reads a response body in the background, counting its
+// bytes; done gets its last 64 KiB once it ends (keeping all of it would
+// weigh in the heap the tests measure).
+func readStream(t *testing.T, h *harness, path, body string) (read *atomic.Int64, done <-chan string) {
+	t.Helper()
+	read = &atomic.Int64{}
+	out := make(chan string, 1)
+	req, _ := http.NewRequest("POST", h.url+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer resp.Body.Close()
+		var tail []byte
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := resp.Body.Read(buf)
+			tail = append(tail, buf[:n]...)
+			tail = tail[max(0, len(tail)-64<<10):]
+			read.Add(int64(n))
+			if err != nil {
+				out <- string(tail)
+				return
+			}
+		}
+	}()
+	return read, out
+}
+
+// TestRescueKeepsAtMostMaxRescueBytes: a rescuable stream of 16 MiB keeps
+// at most max_rescue_bytes (1 MiB) of its text; past it the stream is
+// relayed as ever, and when it is then cut it ends with its error event
+// — no continuation, logged rescue_refused: too_large. Before, the whole
+// answer was kept (2.7 GB for a stream without end) and sent as one
+// continuation body past max_body.
+func TestRescueKeepsAtMostMaxRescueBytes(t *testing.T) {
+	gate := make(chan struct{})
+	const n = 4096 // × 4 KiB = 16 MiB
+	primary := upstreamtest.Server{URL: gatedStream(t, "text/event-stream", words(n), gate)}
+	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
+	h := startRescue(t, &primary, fallback, ContinuePrefill, func(o *Options) { o.Upstreams[0].IdleTimeout = 10 * time.Second })
+	before := heapInUse()
+	read, done := readStream(t, h, "/v1/chat/completions", streamChat)
+	waitFor(t, 10*time.Second, "16 MiB relayed", func() bool { return read.Load() >= n*4<<10 })
+	grown := int64(heapInUse()) - int64(before)
+	close(gate)
+	body := <-done
+	if grown > 8<<20 {
+		t.Fatalf("a 16 MiB rescuable stream held %d MiB", grown>>20)
+	}
+	if !strings.Contains(body, `"code":"stream_interrupted"`) || fallback.Count() != 0 {
+		t.Fatalf("the cut stream: %d continuations, ends %q", fallback.Count(), body[max(0, len(body)-300):])
+	}
+	if line := h.accessLines(1)[0]; line["rescue_refused"] != refusedTooLarge {
+		t.Fatalf("logged %v", line)
+	}
+}
+
+// TestAContinuationIsNeverLargerThanMaxBody: text within
+// max_rescue_bytes whose continuation body would pass the route's
+// max_body is not sent; the stream ends with its error event.
+func TestAContinuationIsNeverLargerThanMaxBody(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, upstreamtest.Words(4, strings.Repeat("w", 4<<10))...))
+	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
+	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) { o.Routes[0].MaxBody = 8 << 10 })
+	_, body := h.chat(streamChat)
+	if !strings.Contains(string(body), `"code":"stream_interrupted"`) || fallback.Count() != 0 {
+		t.Fatalf("%d continuations sent past max_body; body ends %q", fallback.Count(), body[max(0, len(body)-200):])
+	}
+	if line := h.accessLines(1)[0]; line["rescue_refused"] != refusedTooLarge {
+		t.Fatalf("logged %v", line)
+	}
+}
+
+// http10 asks path of h over HTTP/1.0 and returns the raw response.
+func http10(t *testing.T, h *harness, path, body string) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	raw, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
+}
+
+// TestHTTP10BodiesAreBoundedAndSayWhy: a body of unknown length read
+// whole for an HTTP/1.0 client is bounded by 64 MiB and by
+// server.max_buffered_bytes; past either the client gets 502
+// response_too_large naming the bound, and the budget is given back.
+// Before, twelve such clients held 64 MiB each and past 64 MiB got 502
+// upstream_unreachable, which named no cause.
+func TestHTTP10BodiesAreBoundedAndSayWhy(t *testing.T) {
+	t.Parallel()
+	block := strings.Repeat("x", 1<<20)
+	for _, tt := range []struct {
+		name   string
+		blocks int
+		budget int64
+		says   string
+	}{
+		{"past the budget", 4, 1 << 20, "server.max_buffered_bytes"},
+		{"past 64 MiB", 65, 0, "64 MiB per response"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			url := forgetfulUpstream(t, func(ctx *fasthttp.RequestCtx) {
+				ctx.SetContentType("application/octet-stream")
+				ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+					for i := 0; i < tt.blocks; i++ {
+						_, _ = w.WriteString(block)
+						_ = w.Flush()
+					}
+				})
+			})
+			h := startProxy(t, url, func(o *Options) { o.Server.MaxBufferedBytes = tt.budget })
+			raw := http10(t, h, "/v1/files/x/content", "{}")
+			head, body, _ := strings.Cut(raw, "\r\n\r\n")
+			if code, _ := errorOf(t, []byte(body)); !strings.HasPrefix(head, "HTTP/1.1 502") || code != CodeResponseTooLarge ||
+				!strings.Contains(body, tt.says) {
+				t.Fatalf("%.200s", raw)
+			}
+			waitFor(t, 5*time.Second, "the budget given back", func() bool { return h.p.held.used.Load() == 0 })
+		})
+	}
+}
+
+// TestAHoldIsReleasedWhenTheBufferBudgetIsFull: a stream_hold window of
+// 16 MiB and 10 s, a budget of 1 MiB: past the budget the head is no
+// longer held and the stream flows at once. Before, each held stream
+// could hold its 16 MiB, whatever the others held.
+func TestAHoldIsReleasedWhenTheBufferBudgetIsFull(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	defer close(gate)
+	url := gatedStream(t, "text/event-stream", words(512), gate) // 2 MiB, then silence
+	h := startProxy(t, url, func(o *Options) {
+		o.Routes[0].StreamHold = StreamHold{Max: 10 * time.Second, Bytes: 16 << 20}
+		o.Upstreams[0].IdleTimeout = 15 * time.Second
+		o.Server.MaxBufferedBytes = 1 << 20
+	})
+	start := time.Now()
+	read, _ := readStream(t, h, "/v1/chat/completions", streamChat) // returns once the head came
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the head was held %v: the budget did not end the hold", d)
+	}
+	waitFor(t, 5*time.Second, "the held stream flowing", func() bool { return read.Load() >= 1<<20 })
 }

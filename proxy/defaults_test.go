@@ -31,14 +31,16 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 		t.Errorf("upstream defaults: %+v", u.opts)
 	}
 	if r.deadline != DefaultDeadline || r.maxBody != DefaultMaxBody || r.clientRetries != DefaultClientRetries ||
-		r.retry != (policy.Retry{}).WithDefaults(0) || r.firstToken != 0 || tbl.maxBody != DefaultMaxBody {
+		r.retry != (policy.Retry{}).WithDefaults(0) || r.firstToken != 0 || tbl.maxBody != DefaultMaxBody ||
+		r.maxRescueBytes != DefaultMaxRescueBytes || u.cooldowns.max != DefaultCooldownMax {
 		t.Errorf("route defaults: %+v", r)
 	}
 	if cl.opts.KeyHeader != DefaultKeyHeader || cl.opts.Burst != 3 || string(cl.header) != "Authorization" {
 		t.Errorf("client limit defaults: %+v", cl.opts)
 	}
 	if p.limits != (ServerLimits{ReadTimeout: DefaultReadTimeout, IdleTimeout: DefaultServerIdle, MaxHeaderBytes: DefaultMaxHeaderBytes,
-		MaxConnections: defaultMaxConnections(openFileLimit()), WriteTimeout: DefaultWriteTimeout}) {
+		MaxConnections: defaultMaxConnections(openFileLimit()), WriteTimeout: DefaultWriteTimeout,
+		MaxBufferedBytes: DefaultMaxBufferedBytes}) || p.held.max.Load() != DefaultMaxBufferedBytes {
 		t.Errorf("server limits: %+v", p.limits)
 	}
 	h := &harness{t: t, p: p, url: serve(t, p), logs: &upstreamtest.LogBuffer{}}

@@ -36,6 +36,7 @@ const (
 	CodeShuttingDown        = "shutting_down"
 	CodeTooManyConnections  = "too_many_connections"
 	CodeStreamInterrupted   = "stream_interrupted"
+	CodeResponseTooLarge    = "response_too_large"
 	CodeSharedState         = "shared_state_unavailable"
 )
 
@@ -107,6 +108,9 @@ var errorTable = []errorSpec{
 	{code: CodeSharedState, status: 503,
 		message: "the fleet's shared state (Redis) did not answer within %s, and shared_state.on_failure is refuse; retry after the Retry-After delay",
 		when:    "with `shared_state.on_failure: refuse`, Redis did not answer a shared limit in time (or is down)", sdkRetries: true},
+	{code: CodeResponseTooLarge, status: 502,
+		message: "upstream %q sent a reply of unknown length larger than Sturdy holds for an HTTP/1.0 client (%s); ask over HTTP/1.1, which gets it streamed",
+		when:    "an HTTP/1.0 client's reply of unknown length, read whole first, passed 64 MiB, or `server.max_buffered_bytes` (for all clients together) was in use"},
 	{code: CodeStreamInterrupted, status: 0,
 		message: "%s from upstream %q; the output so far is incomplete: retry the request",
 		when:    "sent *inside* a stream that failed after it started (see below)"},

@@ -50,6 +50,9 @@ type exchange struct {
 	// stream's), to close when the client leaves or Shutdown's grace ends.
 	connMu sync.Mutex
 	upConn *upstreamConn
+	// held is what the request holds of the proxy's buffer budget
+	// (server.max_buffered_bytes), given back when it ends.
+	held int
 
 	req   outbound
 	loop  loopState
@@ -262,6 +265,7 @@ func (ex *exchange) finish() {
 	ex.endTrace()
 	ex.measure()
 	ex.closeBody()
+	ex.p.held.give(ex.held)
 	ex.req.msg.Reset()
 	ex.reply.msg.Reset()
 	gone := ex.goneCh

@@ -31,12 +31,14 @@ const (
 	DefaultServerIdle       = 120 * time.Second
 	DefaultMaxHeaderBytes   = 32 << 10
 	DefaultWriteTimeout     = 60 * time.Second
+	DefaultMaxBufferedBytes = 256 << 20
 	DefaultMaxDuration      = 10 * time.Minute
 	DefaultBareCooldown     = time.Second
 	DefaultCooldownMax      = 10 * time.Minute
 	DefaultSlowStart        = 30 * time.Second
 	DefaultMaxEjected       = 0.5
 	DefaultMaxRescues       = 1
+	DefaultMaxRescueBytes   = 1 << 20
 	DefaultHealthEvery      = 5 * time.Second
 	DefaultHealthTimeout    = time.Second
 	DefaultHealthy          = 2
@@ -199,6 +201,11 @@ type ServerLimits struct {
 	// (nginx's send_timeout): a client that stops reading is cut. It
 	// never caps a stream that the client keeps reading. Default 60 s.
 	WriteTimeout time.Duration
+	// MaxBufferedBytes bounds the bytes held on behalf of clients, all
+	// requests together: streams' heads held before and past their commit
+	// point, rescue text, bodies read whole for HTTP/1.0 clients. Default
+	// 256 MiB; unlike the other limits it hot-reloads (Reload).
+	MaxBufferedBytes int64
 }
 
 func (s ServerLimits) withDefaults() ServerLimits {
@@ -207,6 +214,9 @@ func (s ServerLimits) withDefaults() ServerLimits {
 	orDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	orDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
 	orDefault(&s.WriteTimeout, DefaultWriteTimeout)
+	if s.MaxBufferedBytes <= 0 {
+		s.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
 	return s
 }
 
@@ -368,6 +378,9 @@ type Route struct {
 	// MaxRescues bounds the continuations of one request's stream cut
 	// mid-answer. 0: the default, 1; negative: none.
 	MaxRescues int
+	// MaxRescueBytes bounds the text a rescuable stream keeps for its
+	// continuation; past it the stream goes on unrescuable. Default 1 MiB.
+	MaxRescueBytes int
 }
 
 func (r Route) withDefaults() Route {
@@ -380,6 +393,7 @@ func (r Route) withDefaults() Route {
 		orDefault(&r.StreamHold.Max, DefaultStreamHoldMax)
 		orDefault(&r.StreamHold.Bytes, DefaultStreamHoldBytes)
 	}
+	orDefault(&r.MaxRescueBytes, DefaultMaxRescueBytes)
 	switch {
 	case r.MaxRescues == 0:
 		r.MaxRescues = DefaultMaxRescues

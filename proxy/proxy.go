@@ -40,8 +40,11 @@ type Proxy struct {
 	lookup         func(ctx context.Context, host string) ([]string, error)
 	maxBody        int // the server's body limit, fixed at New
 	limits         ServerLimits
-	idPrefix       string
-	idSeq          atomic.Uint64
+	// held is the budget of bytes held on behalf of clients
+	// (server.max_buffered_bytes).
+	held     heldBytes
+	idPrefix string
+	idSeq    atomic.Uint64
 	// stopping is closed when shutdown begins: every wait in progress
 	// ends, and none starts.
 	stopping     chan struct{}
@@ -80,6 +83,7 @@ func New(o Options) (*Proxy, error) {
 		return nil, err
 	}
 	p.maxBody = t.maxBody
+	p.held.max.Store(p.limits.MaxBufferedBytes)
 	if err := p.startShared(o.SharedState); err != nil {
 		return nil, err
 	}
@@ -112,6 +116,7 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 	if err := p.startTracing(o.Tracing); err != nil {
 		return nil, err
 	}
+	p.held.max.Store(o.Server.withDefaults().MaxBufferedBytes)
 	p.tbl.Store(t)
 	p.startUpstreams(t, dropped)
 	return warnings, nil

@@ -199,9 +199,11 @@ func (ex *exchange) follow(ev policy.Event, raw []byte) (failed bool) {
 		rs.begun = true
 	}
 	id, text, blocker := policy.FollowChunk(ev.Data)
-	rs.text = append(rs.text, text...)
 	if rs.blocker == "" {
 		rs.blocker = blocker
+	}
+	if rs.blocker == "" { // else no continuation will need it
+		ex.keepText(text)
 	}
 	switch {
 	case !rs.cont && len(rs.id) == 0:
@@ -214,6 +216,39 @@ func (ex *exchange) follow(ev policy.Event, raw []byte) (failed bool) {
 	}
 	rs.ready = append(rs.ready, raw...)
 	return false
+}
+
+// The refusals of a rescue that are not about what was streamed (those
+// are "unsafe"): the text so far passed the route's max_rescue_bytes (or
+// a continuation's body would pass its max_body), or the proxy's buffer
+// budget had no room for it.
+const (
+	refusedTooLarge = "too_large"
+	refusedBuffers  = "max_buffered_bytes"
+)
+
+// keepText adds streamed text to what a continuation would send, within
+// the route's max_rescue_bytes and the buffer budget; past either the
+// stream is relayed as ever but no longer rescuable — rescue_refused
+// says which bound it met — and the text is let go.
+func (ex *exchange) keepText(text string) {
+	rs, limit := &ex.out.rescue, ex.req.route.maxRescueBytes
+	switch {
+	case len(rs.text)+len(text) > limit:
+		rs.blocker = refusedTooLarge
+	case cap(rs.text)-len(rs.text) < len(text):
+		more := min(max(len(text), cap(rs.text), 4<<10), limit-len(rs.text))
+		if !ex.hold(more, heldForRescue) {
+			rs.blocker = refusedBuffers
+			break
+		}
+		rs.text = slices.Grow(rs.text, more)
+	}
+	if rs.blocker != "" {
+		rs.refused, rs.text = rs.blocker, nil
+		return
+	}
+	rs.text = append(rs.text, text...)
 }
 
 // rescueTarget returns the index of the target that continues the
@@ -239,6 +274,8 @@ func (ex *exchange) rescueRefusal() string {
 	}
 	r := ex.req.route
 	switch {
+	case rs.blocker == refusedTooLarge || rs.blocker == refusedBuffers:
+		return rs.blocker
 	case rs.blocker != "":
 		return "unsafe"
 	case ex.rescueTarget() < 0:
@@ -275,6 +312,10 @@ func (ex *exchange) rescueStream() bool {
 			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
 			ex.traceRescue("continued")
 			return true
+		}
+		if rs.blocker == refusedTooLarge { // its body would pass max_body: never sent
+			rs.tries--
+			continue
 		}
 		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
 		ex.traceRescue("failed")
@@ -354,6 +395,10 @@ func (ex *exchange) continuation(c Continuation) bool {
 		}
 	}
 	if err != nil {
+		return false
+	}
+	if len(b) > ex.req.route.maxBody { // no continuation is larger than a request the route takes
+		rs.blocker, rs.refused = refusedTooLarge, refusedTooLarge
 		return false
 	}
 	q.body = b

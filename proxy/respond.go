@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -122,31 +123,51 @@ const maxWholeBody = 64 << 20
 
 // whole answers an HTTP/1.0 client, which cannot read chunks, a body of
 // unknown length with a Content-Length: the rest of the upstream body is
-// read first (bounded by idle, max_duration and maxWholeBody), through the
-// same reader a stream uses, so an SSE or NDJSON failure still ends with
-// its error event; any other failed body gets Sturdy's own 502, since
-// nothing has reached the client yet.
+// read first (bounded by idle, max_duration, maxWholeBody and the buffer
+// budget), through the same reader a stream uses, so an SSE or NDJSON
+// failure still ends with its error event; any other failed body gets
+// Sturdy's own 502, since nothing has reached the client yet — 502
+// response_too_large for one past either bound.
 func (ex *exchange) whole() {
-	buf := make([]byte, headSize)
-	var body []byte
+	body := make([]byte, 0, headSize)
 	var err error
-	for err == nil && len(body) <= maxWholeBody {
+	for err == nil {
+		if body, err = ex.growHeld(body, maxWholeBody+1, heldForHTTP10); err != nil {
+			break
+		}
+		if len(body) > maxWholeBody {
+			err = errWholeTooLarge
+			break
+		}
 		var n int
-		n, err = ex.Read(buf)
-		body = append(body, buf[:n]...)
+		n, err = ex.Read(body[len(body):cap(body)])
+		body = body[:len(body)+n]
 	}
 	if ex.isGone.Load() { // the client left while the body was read
 		ex.leftUnanswered()
 		return
 	}
 	ex.closeBody()
-	if err != io.EOF {
+	switch {
+	case errors.Is(err, errWholeTooLarge):
+		ex.out.outcome = outcomeUpstreamError
+		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.name, sizeText(maxWholeBody)+" per response"))
+		return
+	case errors.Is(err, errBuffersFull):
+		ex.out.outcome = outcomeUpstreamError
+		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.name, "server.max_buffered_bytes, for all clients together, is in use"))
+		return
+	case err != io.EOF:
 		ex.out.outcome = outcomeUpstreamError
 		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.name, "failed mid-body", ex.triedText()))
 		return
 	}
 	ex.ctx.Response.SetBody(body)
 }
+
+// errWholeTooLarge is why a body read whole for an HTTP/1.0 client was
+// given up: it passed maxWholeBody.
+var errWholeTooLarge = errors.New("the body is over 64 MiB")
 
 // responseCap is when the response must have ended (zero: never): the
 // route's max_duration from the request's start — by default 10 minutes

@@ -198,6 +198,7 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 // open breaker turns half-open lazily, when someone looks, and in-flight
 // counts move with every request.
 func (p *Proxy) RefreshBreakerGauges() {
+	p.m.BufferedBytes.Set(float64(p.held.used.Load()))
 	for _, up := range p.tbl.Load().upstreams {
 		for _, ep := range up.endpointsNow() {
 			p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(ep.breaker.State()))

@@ -72,6 +72,8 @@ type route struct {
 	retry         policy.Retry
 	streamHold    StreamHold // off when Max is 0
 	maxRescues    int
+	// maxRescueBytes bounds the text a rescue keeps (max_rescue_bytes).
+	maxRescueBytes int
 	// Histograms of this route, resolved once.
 	ttfb, durPlain, durStream prometheus.Observer
 }
@@ -181,7 +183,7 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error
 	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
 		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, maxDuration: ro.MaxDuration,
-		retry: ro.Retry, streamHold: ro.StreamHold, maxRescues: ro.MaxRescues}
+		retry: ro.Retry, streamHold: ro.StreamHold, maxRescues: ro.MaxRescues, maxRescueBytes: ro.MaxRescueBytes}
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)
 	}
