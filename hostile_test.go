@@ -76,7 +76,7 @@ func TestFileDescriptorFloodRefusesPolitely(t *testing.T) {
 	stream := streamThrough(p.addr)
 	time.Sleep(100 * time.Millisecond)
 	conns := flood(t, p.addr, 400)
-	// The cap is (256 - 64) / 2 = 96: the next ones are answered (a few at
+	// The cap is (256 - 128) / 2 = 64: the next ones are answered (a few at
 	// a time; past that they are closed at once, a flood costs no more).
 	past := conns[110]
 	_ = past.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -146,4 +146,102 @@ func servesAgain(t *testing.T, p *sturdyProc, conns []net.Conn) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// underMemoryLimit runs the binary with its address space limited to
+// 2 GiB, so a process that allocates what a hostile peer announces dies
+// at once instead of taking the machine's memory.
+func underMemoryLimit(bin string, args ...string) *exec.Cmd {
+	return exec.Command("sh", append([]string{"-c", `ulimit -v 2097152 && exec "$0" "$@"`, bin}, args...)...)
+}
+
+// hostileRedis answers whatever it is sent with a reply that announces
+// two billion elements.
+func hostileRedis(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					if _, err := c.Write([]byte("*2000000000\r\n")); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "redis://" + ln.Addr().String() + "/0"
+}
+
+// TestAHostileRedisNeitherBlocksStartNorGrowsMemory: with shared_state
+// on a Redis that answers `*2000000000`, Sturdy (under a 2 GiB address
+// space limit) listens at once, serves with its own state (on_failure:
+// local), and stays small. Before, it never listened: it subscribed
+// synchronously without a deadline while go-redis allocated what the
+// reply announced (3.7 → 14.3 GB).
+func TestAHostileRedisNeitherBlocksStartNorGrowsMemory(t *testing.T) {
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.JSONHeader}, Body: upstreamtest.ChatCompletion("ok")})
+	cfg := filepath.Join(t.TempDir(), "sturdy.yaml")
+	yaml := fmt.Sprintf("shared_state: {redis_url: %q, timeout: 100ms}\nupstreams: [{name: up, url: %q, rate_limit: {requests_per_second: 100}}]\n",
+		hostileRedis(t), up.URL)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	p := runBinaryCmd(t, underMemoryLimit, func(listen, admin string) []string {
+		return []string{"-config", cfg, "-listen", listen, "-admin-listen", admin}
+	})
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("listening took %v", d)
+	}
+	for i := 0; i < 5; i++ { // each asks the hostile Redis to pace it, then carries on alone
+		resp, err := http.Post("http://"+p.addr+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, p.logs.String())
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d\n%s", i, resp.StatusCode, p.logs.String())
+		}
+	}
+	select {
+	case <-p.exited:
+		t.Fatalf("sturdy died (%v):\n%s", p.err, p.logs.String())
+	default:
+	}
+	if rss := rssOf(t, p.cmd.Process.Pid); rss > 512<<20 {
+		t.Fatalf("RSS %d MiB with a hostile Redis", rss>>20)
+	}
+}
+
+// rssOf reads a process's resident set size from /proc.
+func rssOf(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
 }

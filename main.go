@@ -163,17 +163,19 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 		if s.adminListen != "" || cfg.Written("admin_listen") {
 			in.ln.Close()
 			logger.Error().Err(err).Str("admin_listen", cfg.AdminListen).
-				Msg("cannot bind the admin listener; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN")
+				Msg("cannot bind the admin listener; set admin.listen, -admin-listen or STURDY_ADMIN_LISTEN")
 			return nil, err
 		}
 		// The default address is taken (another Sturdy, a Prometheus):
 		// the proxy is what the user asked for, so it serves anyway.
 		logger.Warn().Str("admin_listen", cfg.AdminListen).Str("error", describeListenError(err)).
-			Msg("admin listener off (its default address is taken): no /metrics, /healthz, /readyz; set admin_listen, -admin-listen or STURDY_ADMIN_LISTEN to another address")
+			Msg("admin listener off (its default address is taken): no /metrics, /healthz, /readyz; set admin.listen, -admin-listen or STURDY_ADMIN_LISTEN to another address")
 		in.adminLn = nil
 	}
-	in.adminSrv = &http.Server{Handler: admin.Handler(p, m.Registry), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: log.New(logger.With().Str("component", "admin").Logger(), "", 0)}
+	in.reloader = &reloader{s: s, p: p, m: m, log: logger, running: cfg}
+	in.reloader.current.Store(cfg)
+	in.adminSrv = admin.Server(admin.Handler(p, m.Registry, in.reloader.adminSettings),
+		log.New(logger.With().Str("component", "admin").Logger(), "", 0))
 	startupLine(logger, s, cfg, in)
 	for _, w := range cfg.Warnings() {
 		logger.Warn().Msg(describeProblem(s, w))
@@ -186,13 +188,11 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 		in.served <- p.Serve(in.ln)
 	}()
 	if in.adminLn != nil {
-		go func() { in.served <- in.adminSrv.Serve(in.adminLn) }()
+		go func() { in.served <- in.adminSrv.Serve(admin.Limit(in.adminLn)) }()
 	}
 	signal.Notify(in.hup, syscall.SIGHUP)
 	var ctx context.Context
 	ctx, in.stopWatching = context.WithCancel(context.Background())
-	in.reloader = &reloader{s: s, p: p, m: m, log: logger, running: cfg}
-	in.reloader.current.Store(cfg)
 	in.watching = in.reloader.start(ctx, in.hup)
 	return in, nil
 }
@@ -368,7 +368,7 @@ func loadConfig(s settings) (*config.Config, error) {
 
 // proxyOptions translates the config into the proxy's settings.
 func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics) proxy.Options {
-	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys,
+	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys, IsSelf: isListener(cfg.Listen),
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
 			WriteTimeout: cfg.Server.WriteTimeout.Std(), MaxBufferedBytes: int64(cfg.Server.MaxBufferedBytes)}, SharedState: sharedOptions(cfg.SharedState),
@@ -412,6 +412,16 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		o.Routes = append(o.Routes, routeOptions(r))
 	}
 	return o
+}
+
+// isListener reports whether an address (host:port, as DNS discovery
+// finds them) is the listener at listen (config.IsLocalHost).
+func isListener(listen string) func(addr string) bool {
+	lhost, lport, _ := net.SplitHostPort(listen) // validated by config
+	return func(addr string) bool {
+		host, port, err := net.SplitHostPort(addr)
+		return err == nil && port == lport && config.IsLocalHost(host, lhost)
+	}
 }
 
 // poolOptions translates how upstream u finds and balances its

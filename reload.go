@@ -11,6 +11,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/rs/zerolog"
 
+	"sturdy/admin"
 	"sturdy/config"
 	"sturdy/metrics"
 	"sturdy/proxy"
@@ -57,6 +58,12 @@ func (r *reloader) reload(reason string) bool {
 	return false
 }
 
+// adminSettings is what the admin endpoints allow now (they hot-reload).
+func (r *reloader) adminSettings() admin.Settings {
+	a := r.current.Load().Admin
+	return admin.Settings{Pprof: a.Pprof, Token: a.Token}
+}
+
 // restartOnly lists the changed settings a reload cannot apply.
 func (r *reloader) restartOnly(cfg *config.Config) []string {
 	var out []string
@@ -64,7 +71,7 @@ func (r *reloader) restartOnly(cfg *config.Config) []string {
 		out = append(out, "a new listen address takes effect after a restart")
 	}
 	if cfg.AdminListen != r.running.AdminListen {
-		out = append(out, "a new admin_listen address takes effect after a restart")
+		out = append(out, "a new admin listen address takes effect after a restart")
 	}
 	if cfg.Log != r.running.Log {
 		out = append(out, "log settings take effect after a restart")

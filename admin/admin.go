@@ -1,28 +1,83 @@
 // Package admin serves Sturdy's operator endpoints on their own listener
 // (loopback by default, never the public port): Prometheus metrics,
-// liveness and readiness, upstream state, and Go's pprof.
+// liveness and readiness, upstream state, and — opt-in — Go's pprof.
+// It is bounded like the client listener: a few connections at most
+// (MaxConnections, counted in the proxy's file-descriptor budget), read,
+// write and idle timeouts, a profile of at most a minute. With a token
+// set, everything but the probes needs it.
+//
+// One file: admin.go holds the mux (Handler), its bounds (Server, Limit)
+// and the settings that hot-reload (Settings).
 package admin
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
+	"log"
+	"net"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"sturdy/proxy"
 )
+
+// Settings are what the admin endpoints allow; a reload may change them
+// (Handler reads them per request).
+type Settings struct {
+	// Pprof serves Go's profiler under /debug/pprof/. Default off.
+	Pprof bool
+	// Token, when set, is required as "Authorization: Bearer <token>" by
+	// /debug/* and /metrics; /healthz and /readyz stay open for probes.
+	Token string
+}
+
+// The admin listener's bounds.
+const (
+	// MaxConnections caps the admin listener's open connections; more
+	// wait in the kernel's backlog, holding no descriptor of Sturdy's.
+	MaxConnections = proxy.AdminConnections
+	// ReadTimeout bounds reading a request, headers and body.
+	ReadTimeout = 10 * time.Second
+	// WriteTimeout bounds writing a response (a profile's or trace's:
+	// its seconds, plus this).
+	WriteTimeout = 30 * time.Second
+	// IdleTimeout bounds a keep-alive connection between requests.
+	IdleTimeout = 60 * time.Second
+	// MaxProfileSeconds caps a CPU profile's or an execution trace's
+	// seconds, so no request holds the profiler for long.
+	MaxProfileSeconds = 60
+)
+
+// Server returns the admin server for h (from Handler), with its
+// timeouts; serve it on Limit(ln).
+func Server(h http.Handler, errorLog *log.Logger) *http.Server {
+	// No WriteTimeout on the server: each response sets its own write
+	// deadline (see bounded), so a profile may run longer than 30 s.
+	return &http.Server{Handler: h, ReadHeaderTimeout: ReadTimeout, ReadTimeout: ReadTimeout, IdleTimeout: IdleTimeout,
+		MaxHeaderBytes: 64 << 10, ErrorLog: errorLog}
+}
+
+// Limit bounds ln to MaxConnections open connections at once.
+func Limit(ln net.Listener) net.Listener { return netutil.LimitListener(ln, MaxConnections) }
 
 // Handler returns the admin mux:
 //
 //	/healthz          200 while the process serves
 //	/readyz           200 when every route has a target whose breaker is not open, else 503 (and while draining)
-//	/metrics          Prometheus exposition of reg
-//	/debug/upstreams  JSON state of each upstream (breaker, counts, in-flight)
-//	/debug/pprof/     Go's profiler
-func Handler(p *proxy.Proxy, reg *prometheus.Registry) http.Handler {
+//	/metrics          Prometheus exposition of reg                                      (token)
+//	/debug/upstreams  JSON state of each upstream (breaker, counts, in-flight)          (token)
+//	/debug/pprof/     Go's profiler, when settings say so; seconds at most 60           (token)
+//
+// settings is asked on every request, so a reload applies at once.
+func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -53,10 +108,60 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry) http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(map[string]any{"upstreams": p.Upstreams()})
 	})
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
+	prof := http.NewServeMux()
+	prof.HandleFunc("/debug/pprof/", pprof.Index)
+	prof.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	prof.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	prof.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	prof.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/debug/pprof/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !settings().Pprof {
+			http.Error(w, "pprof is off (admin.pprof: true turns it on)", http.StatusNotFound)
+			return
+		}
+		prof.ServeHTTP(w, r)
+	}))
+	return bounded(guarded(mux, settings))
+}
+
+// open are the paths served without the token: the probes.
+func open(path string) bool { return path == "/healthz" || path == "/readyz" }
+
+// guarded asks for the token, when one is set, on every path but the
+// probes. Tokens are compared as SHA-256 digests in constant time.
+func guarded(h http.Handler, settings func() Settings) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token := settings().Token; token != "" && !open(r.URL.Path) {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			want, have := sha256.Sum256([]byte(token)), sha256.Sum256([]byte(got))
+			if !ok || subtle.ConstantTimeCompare(want[:], have[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="sturdy admin"`)
+				http.Error(w, "this admin endpoint needs \"Authorization: Bearer <admin.token>\"", http.StatusUnauthorized)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// bounded gives each response its write deadline — WriteTimeout, or for
+// a profile or trace its seconds (at most MaxProfileSeconds) plus
+// WriteTimeout — and caps those seconds.
+func bounded(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d := WriteTimeout
+		if r.URL.Path == "/debug/pprof/profile" || r.URL.Path == "/debug/pprof/trace" {
+			q := r.URL.Query()
+			secs, err := strconv.ParseFloat(q.Get("seconds"), 64)
+			if err != nil || secs <= 0 {
+				secs = map[string]float64{"/debug/pprof/profile": 30, "/debug/pprof/trace": 1}[r.URL.Path] // pprof's defaults
+			}
+			secs = min(secs, MaxProfileSeconds)
+			q.Set("seconds", strconv.FormatFloat(secs, 'f', -1, 64))
+			r.URL.RawQuery = q.Encode()
+			d += time.Duration(secs * float64(time.Second))
+		}
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
+		h.ServeHTTP(w, r)
+	})
 }

@@ -32,6 +32,12 @@ type stack struct {
 
 func start(t *testing.T, openFor time.Duration, steps ...upstreamtest.Step) *stack {
 	t.Helper()
+	return startWith(t, Settings{Pprof: true}, openFor, steps...)
+}
+
+// startWith starts a stack whose admin endpoints allow s.
+func startWith(t *testing.T, s Settings, openFor time.Duration, steps ...upstreamtest.Step) *stack {
+	t.Helper()
 	up := upstreamtest.Start(t, steps...)
 	m := metrics.New()
 	p, err := proxy.New(proxy.Options{
@@ -52,8 +58,8 @@ func start(t *testing.T, openFor time.Duration, steps ...upstreamtest.Step) *sta
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: Handler(p, m.Registry), ReadHeaderTimeout: time.Second}
-	go func() { _ = srv.Serve(ln) }()
+	srv := Server(Handler(p, m.Registry, func() Settings { return s }), nil)
+	go func() { _ = srv.Serve(Limit(ln)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return &stack{p: p, url: upstreamtest.ServeWith(t, p.Serve, func() { _ = p.Shutdown(context.Background()) }), adminURL: "http://" + ln.Addr().String(),
 		upstreams: []*upstreamtest.Server{up}}
@@ -205,5 +211,121 @@ func TestDebugUpstreamsAndPprof(t *testing.T) {
 	}
 	if code, body := get(t, s.adminURL+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
 		t.Fatalf("pprof index: %d", code)
+	}
+}
+
+// TestPprofIsOffByDefault: without admin.pprof the profiler is not
+// served (it was, unauthenticated, wherever the admin port reached).
+func TestPprofIsOffByDefault(t *testing.T) {
+	t.Parallel()
+	s := startWith(t, Settings{}, time.Minute, upstreamtest.Step{Body: "{}"})
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/profile?seconds=1", "/debug/pprof/cmdline"} {
+		if code, _ := get(t, s.adminURL+path); code != 404 {
+			t.Errorf("%s: %d with pprof off", path, code)
+		}
+	}
+}
+
+// TestATokenGuardsAllButTheProbes: with admin.token set, /metrics and
+// /debug/* need it as a bearer token; /healthz and /readyz do not.
+func TestATokenGuardsAllButTheProbes(t *testing.T) {
+	t.Parallel()
+	const token = "admin-token-0123456789"
+	s := startWith(t, Settings{Pprof: true, Token: token}, time.Minute, upstreamtest.Step{Body: "{}"})
+	ask := func(path, auth string) int {
+		req, _ := http.NewRequest("GET", s.adminURL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), token) {
+			t.Fatalf("%s: the token is in the body", path)
+		}
+		return resp.StatusCode
+	}
+	for _, path := range []string{"/metrics", "/debug/upstreams", "/debug/pprof/"} {
+		for _, auth := range []string{"", "Bearer wrong-token-0123456789", token, "Basic " + token} {
+			if code := ask(path, auth); code != 401 {
+				t.Errorf("%s with %q: %d, want 401", path, auth, code)
+			}
+		}
+		if code := ask(path, "Bearer "+token); code != 200 {
+			t.Errorf("%s with the token: %d", path, code)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code := ask(path, ""); code != 200 {
+			t.Errorf("%s without a token: %d (probes must stay open)", path, code)
+		}
+	}
+}
+
+// TestAProfileIsAtMostAMinute: a profile's or trace's seconds are capped
+// at MaxProfileSeconds, and its write deadline follows them.
+func TestAProfileIsAtMostAMinute(t *testing.T) {
+	t.Parallel()
+	var got []string
+	h := bounded(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { got = append(got, r.URL.Query().Get("seconds")) }))
+	for _, path := range []string{"/debug/pprof/profile?seconds=86400", "/debug/pprof/trace?seconds=5", "/debug/pprof/profile"} {
+		req, _ := http.NewRequest("GET", "http://admin"+path, nil)
+		h.ServeHTTP(nopWriter{}, req)
+	}
+	if strings.Join(got, ",") != "60,5,30" {
+		t.Fatalf("seconds as served: %v, want 60,5,30", got)
+	}
+}
+
+type nopWriter struct{}
+
+func (nopWriter) Header() http.Header         { return http.Header{} }
+func (nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (nopWriter) WriteHeader(int)             {}
+
+// TestTheAdminListenerHoldsAtMost64Connections: past MaxConnections a
+// connection is not served until one closes (it waits in the backlog,
+// costing Sturdy no descriptor); the server's timeouts are set. Before,
+// 1,011 idle admin connections made the proxy unreachable.
+func TestTheAdminListenerHoldsAtMost64Connections(t *testing.T) {
+	t.Parallel()
+	if srv := Server(http.NotFoundHandler(), nil); srv.ReadTimeout != 10*time.Second || srv.IdleTimeout != 60*time.Second ||
+		srv.ReadHeaderTimeout != 10*time.Second {
+		t.Fatalf("admin server timeouts: %+v", srv)
+	}
+	s := startWith(t, Settings{}, time.Minute, upstreamtest.Step{Body: "{}"})
+	addr := strings.TrimPrefix(s.adminURL, "http://")
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < MaxConnections; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(100 * time.Millisecond) // all accepted
+	extra, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	_, _ = io.WriteString(extra, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	_ = extra.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := extra.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a connection past the cap was served while 64 were open")
+	}
+	conns[0].Close()
+	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(extra), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("once one closed: %v %v", resp, err)
 	}
 }

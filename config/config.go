@@ -21,7 +21,10 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// AdminListen is the address of the admin listener (metrics, health,
 	// pprof). Default "127.0.0.1:9090": loopback, never the public port.
+	// admin.listen says the same (the one Sturdy uses once loaded).
 	AdminListen string `yaml:"admin_listen"`
+	// Admin configures the admin listener.
+	Admin Admin `yaml:"admin"`
 	// Log configures Sturdy's log output.
 	Log Log `yaml:"log"`
 	// Upstreams are the model servers Sturdy forwards to.
@@ -50,6 +53,24 @@ type Config struct {
 	// written holds the keys the file set (dotted paths → line), so a
 	// written zero is told from a key left out.
 	written map[string]int
+}
+
+// Admin is the admin listener: where, whether pprof is served, and the
+// token its endpoints (all but /healthz and /readyz) need.
+type Admin struct {
+	// Listen is the admin listener's address; the top-level admin_listen
+	// is its alias (set one). Default "127.0.0.1:9090". Takes effect after
+	// a restart.
+	Listen string `yaml:"listen"`
+	// Pprof serves Go's profiler under /debug/pprof/ (a profile's
+	// seconds at most 60). Default false. Hot-reloads.
+	Pprof bool `yaml:"pprof"`
+	// Token, when set (${VAR} expanded; at least 16 characters), is
+	// required as "Authorization: Bearer <token>" by /debug/* and
+	// /metrics. Hot-reloads.
+	Token string `yaml:"token"`
+	// TokenFile reads the token from a file instead (not both).
+	TokenFile string `yaml:"token_file"`
 }
 
 // SharedState is how a fleet of Sturdys shares state through Redis.
@@ -108,7 +129,8 @@ type Server struct {
 	MaxHeaderBytes Size `yaml:"max_header_bytes"`
 	// MaxConnections caps open client connections; one more is answered
 	// 503 too_many_connections. Default: half the process's file
-	// descriptor limit, less 64.
+	// descriptor limit, less 128 (64 for files and logs, 64 for the admin
+	// listener's connections).
 	MaxConnections int `yaml:"max_connections"`
 	// WriteTimeout is the longest a single write to a client may block: a
 	// client that stops reading is cut (a stream it keeps reading never

@@ -166,7 +166,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		want       []string // substrings of the message, in order of lines
 	}{
 		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
-			[]string{"t.yaml:2: listen_addr: unknown key (known: admin_listen, auth, clients, listen, log, routes, server, shared_state, tls, tracing, upstreams)"}},
+			[]string{"t.yaml:2: listen_addr: unknown key (known: admin, admin_listen, auth, clients, listen, log, routes, server, shared_state, tls, tracing, upstreams)"}},
 		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
 			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
 		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",
@@ -189,6 +189,10 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:6: routes[0].retry.max_attempts: must be at least 1"}},
 		{"bad retry reason", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry: {on: [5xx, 4xx]}\n",
 			[]string{`t.yaml:5: routes[0].retry.on: unknown retry reason "4xx"`}},
+		{"an upstream at the listen address", "listen: :8080\nupstreams:\n  - name: a\n    url: http://127.0.0.1:8080\n",
+			[]string{`t.yaml:4: upstreams[0].url: "http://127.0.0.1:8080" is Sturdy's own listen address (:8080)`}},
+		{"an endpoint at the listen address", "listen: 127.0.0.1:9000\nupstreams:\n  - name: a\n    endpoints: [http://10.0.0.1:9000, http://localhost:9000]\n",
+			[]string{`t.yaml:4: upstreams[0].endpoints[1]: "http://localhost:9000" is Sturdy's own listen address`}},
 		{"bad url scheme", "upstreams:\n  - name: a\n    url: ftp://h\n",
 			[]string{"t.yaml:3: upstreams[0].url: scheme must be http or https"}},
 		{"missing url reported at its parent", "upstreams:\n  - name: a\n",
@@ -339,5 +343,50 @@ func TestWarningsNameAURLEndingInV1(t *testing.T) {
 	if len(ws) != 2 || ws[0].Key != "upstreams[0].url" || ws[0].Line != 3 || !strings.Contains(ws[0].Msg, "did you mean http://h:8000?") ||
 		ws[1].Key != "upstreams[1].endpoints[1]" || !strings.Contains(ws[1].Msg, "http://g:2/v1/v1/chat/completions") {
 		t.Fatalf("warnings %+v", ws)
+	}
+}
+
+// TestAnUpstreamElsewhereOnTheListenPortIsNoLoop: the same port on
+// another host, or a loopback address the listener does not bind, is not
+// Sturdy itself.
+func TestAnUpstreamElsewhereOnTheListenPortIsNoLoop(t *testing.T) {
+	for _, doc := range []string{
+		"listen: :8080\nupstreams: [{name: a, url: 'http://model-server:8080'}]\n",
+		"listen: 127.0.0.1:8080\nupstreams: [{name: a, url: 'http://127.0.0.2:8080'}]\n",
+		"listen: 10.1.2.3:8080\nupstreams: [{name: a, url: 'http://127.0.0.1:8080'}]\n",
+		"listen: :8080\nupstreams: [{name: a, url: 'http://127.0.0.1:8081'}]\n",
+	} {
+		if _, err := Parse("t.yaml", []byte(doc)); err != nil {
+			t.Errorf("%q: %v", doc, err)
+		}
+	}
+}
+
+// TestTheAdminSection: admin.listen and its alias admin_listen (not
+// both), pprof, and a token from the file or a file of its own.
+func TestTheAdminSection(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := dir + "/token"
+	if err := os.WriteFile(tokenFile, []byte("file-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const up = "upstreams: [{name: a, url: 'http://h'}]\n"
+	c, err := Parse("t.yaml", []byte("admin: {listen: '127.0.0.1:9191', pprof: true, token_file: "+tokenFile+"}\n"+up))
+	if err != nil || c.AdminListen != "127.0.0.1:9191" || !c.Admin.Pprof || c.Admin.Token != "file-token-0123456789" ||
+		!c.Written("admin_listen") {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if c, err := Parse("t.yaml", []byte("admin_listen: '127.0.0.1:9292'\n"+up)); err != nil || c.AdminListen != "127.0.0.1:9292" || c.Admin.Pprof {
+		t.Fatalf("the alias: %+v %v", c, err)
+	}
+	for doc, want := range map[string]string{
+		"admin_listen: ':1'\nadmin: {listen: ':2'}\n" + up:                              "t.yaml:2: admin.listen: set admin.listen or the top-level admin_listen",
+		"admin: {token: short}\n" + up:                                                  "t.yaml:1: admin.token: too short",
+		"admin: {token: 'a-long-enough-token-1', token_file: " + tokenFile + "}\n" + up: "admin.token_file: set token or token_file, not both",
+		"admin: {listen: nope}\n" + up:                                                  `t.yaml:1: admin.listen: invalid address "nope"`,
+	} {
+		if _, err := Parse("t.yaml", []byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", doc, err, want)
+		}
 	}
 }

@@ -134,6 +134,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		reported[p.Key] = true
 	}
 	c.written = idx.lines
+	problems = append(problems, c.adminAlias()...)
 	c.expandEnv()
 	c.applyImplicitRoute()
 	problems = append(problems, c.readSecretFiles(idx)...)
@@ -179,8 +180,28 @@ func (c *Config) isWritten(key string) bool {
 }
 
 // Written reports whether the file set key (a dotted path, e.g.
-// "admin_listen"), as opposed to leaving it to its default.
-func (c *Config) Written(key string) bool { return c.isWritten(key) }
+// "admin_listen"), as opposed to leaving it to its default; the admin
+// listener's address is written under either of its names.
+func (c *Config) Written(key string) bool {
+	if key == "admin_listen" || key == "admin.listen" {
+		return c.isWritten("admin_listen") || c.isWritten("admin.listen")
+	}
+	return c.isWritten(key)
+}
+
+// adminAlias makes admin.listen the admin listener's address (its alias
+// admin_listen holds it from here on); both written is a problem.
+func (c *Config) adminAlias() []Problem {
+	if !c.isWritten("admin.listen") {
+		return nil
+	}
+	if c.isWritten("admin_listen") {
+		return []Problem{{Key: "admin.listen", Line: c.written["admin.listen"],
+			Msg: "set admin.listen or the top-level admin_listen (its alias), not both"}}
+	}
+	c.AdminListen = c.Admin.Listen
+	return nil
+}
 
 func (c *Config) applyImplicitRoute() {
 	if len(c.Routes) == 0 && len(c.Upstreams) == 1 {
@@ -212,6 +233,19 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 		}
 		if u.APIKey = strings.TrimSpace(string(b)); u.APIKey == "" {
 			bad(k, "%q is empty", u.APIKeyFile)
+		}
+	}
+	if f := c.Admin.TokenFile; f != "" {
+		b, err := os.ReadFile(f)
+		switch {
+		case c.Admin.Token != "":
+			bad("admin.token_file", "set token or token_file, not both")
+		case err != nil:
+			bad("admin.token_file", "cannot read %q: %v", f, errors.Unwrap(err))
+		default:
+			if c.Admin.Token = strings.TrimSpace(string(b)); c.Admin.Token == "" {
+				bad("admin.token_file", "%q is empty", f)
+			}
 		}
 	}
 	if s := c.SharedState; s != nil && s.PasswordFile != "" {
@@ -251,6 +285,7 @@ func (c *Config) expandEnv() {
 	}
 	c.Listen = expand(c.Listen)
 	c.AdminListen = expand(c.AdminListen)
+	c.Admin.Token = expand(c.Admin.Token)
 	for i := range c.Auth.Keys {
 		c.Auth.Keys[i] = expand(c.Auth.Keys[i])
 	}

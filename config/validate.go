@@ -85,7 +85,14 @@ func (c *Config) validateServer(p *problems) {
 		p.bad("listen", "invalid address %q (want host:port or :port)", c.Listen)
 	}
 	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
-		p.bad("admin_listen", "invalid address %q (want host:port, e.g. 127.0.0.1:9090)", c.AdminListen)
+		key := "admin_listen"
+		if c.isWritten("admin.listen") {
+			key = "admin.listen"
+		}
+		p.bad(key, "invalid address %q (want host:port, e.g. 127.0.0.1:9090)", c.AdminListen)
+	}
+	if t := c.Admin.Token; t != "" && len(t) < 16 {
+		p.bad("admin.token", "too short: use at least 16 characters")
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
@@ -189,6 +196,8 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 	case u.URL != "":
 		if err := checkUpstreamURL(u.URL); err != nil {
 			p.bad(k+"url", "%v", err)
+		} else if c.isListen(u.URL) {
+			p.bad(k+"url", "%s", c.loopMessage(u.URL))
 		}
 	case len(u.Endpoints) > 0:
 		seen := map[string]bool{}
@@ -196,6 +205,8 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 			key := fmt.Sprintf("%sendpoints[%d]", k, j)
 			if err := checkUpstreamURL(e); err != nil {
 				p.bad(key, "%v", err)
+			} else if c.isListen(e) {
+				p.bad(key, "%s", c.loopMessage(e))
 			} else if seen[strings.TrimSuffix(e, "/")] {
 				p.bad(key, "duplicate endpoint %q", e)
 			}
@@ -400,6 +411,65 @@ func (c *Config) upstreamNames() []string {
 		n = append(n, u.Name)
 	}
 	return n
+}
+
+// isListen reports whether the upstream URL raw is Sturdy's own listener:
+// its port is listen's and its host is the listen host, or — listening
+// on every interface — a loopback or unspecified address, localhost or
+// one of this host's addresses. Every request sent there would come
+// back to Sturdy.
+func (c *Config) isListen(raw string) bool {
+	u, err := url.Parse(raw)
+	lhost, lport, err2 := net.SplitHostPort(c.Listen)
+	if err != nil || err2 != nil {
+		return false
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	if port != lport {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, lhost) {
+		return true
+	}
+	return IsLocalHost(host, lhost)
+}
+
+// IsLocalHost reports whether host (a name or address) is one this
+// host's listener on listenHost accepts connections on: listenHost
+// itself, or with listenHost empty or unspecified (every interface) a
+// loopback or unspecified address, localhost or an address of one of
+// this host's interfaces; with a loopback listenHost, localhost too.
+func IsLocalHost(host, listenHost string) bool {
+	ip, lip := net.ParseIP(host), net.ParseIP(listenHost)
+	every := listenHost == "" || lip != nil && lip.IsUnspecified()
+	switch {
+	case strings.EqualFold(host, "localhost"):
+		return every || lip != nil && lip.IsLoopback()
+	case ip == nil:
+		return false
+	case lip != nil && ip.Equal(lip):
+		return true
+	case !every:
+		return false
+	case ip.IsLoopback() || ip.IsUnspecified():
+		return true
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// loopMessage says why an upstream URL at the listen address is refused.
+func (c *Config) loopMessage(raw string) string {
+	return fmt.Sprintf("%q is Sturdy's own listen address (%s): every request would come back to Sturdy (508 loop_detected); point it at the model server", raw, c.Listen)
 }
 
 func checkUpstreamURL(raw string) error {

@@ -140,9 +140,13 @@ func (quiet) Printf(context.Context, string, ...any) {}
 
 var quietOnce sync.Once
 
-// New connects to Redis (lazily: an unreachable Redis is not an error
-// here, only a State that is down) and starts following the fleet's
-// events.
+// New makes the State without waiting on Redis: it connects in the
+// background (an unreachable, slow or hostile Redis is not an error here,
+// only a State that is down, and callers carry on as on_failure says),
+// and starts following the fleet's events there. It speaks RESP2 (no
+// HELLO), and every connection's replies pass a guard that refuses one
+// announcing more than MaxReplyElements or MaxReplyBulk before go-redis
+// reads it.
 func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	quietOnce.Do(func() { redis.SetLogger(quiet{}) })
 	o, err := redis.ParseURL(cfg.URL)
@@ -155,11 +159,14 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = max(cfg.Timeout, time.Second), cfg.Timeout, cfg.Timeout
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = 0 // a request waits one round trip at most
+	o.Protocol, o.DisableIdentity = 2, true
+	o.Dialer = guard(redis.NewDialer(o)) // NewDialer keeps the URL's TLS
 	var rdb redis.UniversalClient
 	if cfg.MasterName != "" {
 		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.MasterName, SentinelAddrs: cfg.SentinelAddrs,
 			Password: o.Password, Username: o.Username, DB: o.DB, TLSConfig: o.TLSConfig, DialTimeout: o.DialTimeout,
-			ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true, MaxRetries: 0})
+			ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout, ContextTimeoutEnabled: true, MaxRetries: 0,
+			Protocol: 2, DisableIdentity: true, Dialer: o.Dialer})
 	} else {
 		rdb = redis.NewClient(o)
 	}
@@ -168,8 +175,8 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &State{cfg: cfg, rdb: rdb, log: log, hooks: hooks, stop: stop}
-	s.up.Store(true) // until a call says otherwise
-	s.ps = rdb.Subscribe(ctx, s.channel())
+	s.up.Store(true)          // until a call says otherwise
+	s.ps = rdb.Subscribe(ctx) // no channel yet: nothing is sent, nothing waited for (follow subscribes)
 	s.done.Add(1)
 	go s.follow(ctx)
 	return s, nil

@@ -3,7 +3,10 @@ package fleet
 import (
 	"context"
 	"encoding/hex"
+	"net"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,5 +207,97 @@ func TestLoadingCooldownsIsPagedAndBounded(t *testing.T) {
 	defer mu.Unlock()
 	if adopted != 1000 {
 		t.Fatalf("%d cooldowns adopted of 2,500 in Redis, want the bound 1,000", adopted)
+	}
+}
+
+func TestReplyGuard(t *testing.T) {
+	for _, tt := range []struct {
+		name, stream string
+		ok           bool
+	}{
+		{"simple replies", "+OK\r\n-ERR no\r\n:42\r\n", true},
+		{"a bulk and an array", "$5\r\nhe\r\nl\r\n*2\r\n$1\r\na\r\n:1\r\n", true},
+		{"nulls", "$-1\r\n*-1\r\n_\r\n", true},
+		{"a pub/sub message", "*3\r\n$7\r\nmessage\r\n$8\r\nt:events\r\n$5\r\nc|x|y\r\n", true},
+		{"a bulk at the bound", "$1048576\r\n", true},
+		{"an array of two billion", "*2000000000\r\n", false},
+		{"a bulk of 2 GB", "$2000000000\r\n", false},
+		{"a map past the bound", "%600000\r\n", false},
+		{"a length that is no number", "$12x\r\n", false},
+		{"not RESP", "HTTP/1.1 200 OK\r\n", false},
+		{"a line without end", "+" + strings.Repeat("x", 70<<10), false},
+	} {
+		for _, split := range []int{1, 3, 1 << 20} { // any split of the stream
+			var g replyGuard
+			for b := []byte(tt.stream); len(b) > 0 && g.err == nil; {
+				n := min(split, len(b))
+				g.feed(b[:n])
+				b = b[n:]
+			}
+			if (g.err == nil) != tt.ok {
+				t.Errorf("%s, split %d: err %v", tt.name, split, g.err)
+			}
+		}
+	}
+}
+
+// hostileRedis accepts connections and answers whatever is sent with an
+// array header announcing two billion elements.
+func hostileRedis(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					if _, err := c.Write([]byte("*2000000000\r\n")); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "redis://" + ln.Addr().String() + "/0"
+}
+
+// TestAHostileRedisCostsNothing: a Redis that answers with a reply
+// announcing two billion elements neither holds New (it connects in the
+// background) nor grows memory: each call fails at once, as a Redis that
+// is down. Before, New subscribed in the foreground without a deadline,
+// and go-redis allocated what the reply announced.
+func TestAHostileRedisCostsNothing(t *testing.T) {
+	url := hostileRedis(t)
+	start := time.Now()
+	s, err := New(Config{URL: url, Prefix: "t:", Timeout: 200 * time.Millisecond}, zerolog.Nop(), Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("New took %v", d)
+	}
+	for i := 0; i < 3; i++ {
+		if _, _, err := s.Reserve("x", 10, 1, 0); err == nil {
+			t.Fatal("a reply of two billion elements was taken as an answer")
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the subscription tried too
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	if m.HeapInuse > 256<<20 {
+		t.Fatalf("heap %d MiB after a hostile Redis", m.HeapInuse>>20)
 	}
 }

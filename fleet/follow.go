@@ -19,6 +19,18 @@ func (s *State) follow(ctx context.Context) {
 	ps := s.ps
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
+		if err := ps.Subscribe(ctx, s.channel()); err != nil { // at start, and until it first works
+			s.result("subscribe", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		break
+	}
+	for ctx.Err() == nil {
 		msg, err := ps.Receive(ctx)
 		if ctx.Err() != nil {
 			return // closed

@@ -192,6 +192,11 @@ func Classify(o Outcome) Verdict {
 		v = Verdict{Class: ClassPassThrough, Health: HealthExcluded}
 	case o.Status == 429:
 		v = Verdict{Class: ClassRetryable, Reason: Reason429, Health: HealthExcluded}
+	case o.Status == 508:
+		// Loop Detected (a proxy's, Sturdy's own among them): the request
+		// came back to where it was; no retry can help, nor is the
+		// server failing.
+		v = Verdict{Class: ClassPassThrough, Health: HealthExcluded}
 	case o.Status >= 500:
 		v = Verdict{Class: ClassRetryable, Reason: Reason5xx, Health: HealthFailure}
 	case o.Status >= 400:

@@ -21,6 +21,7 @@ func TestClassify(t *testing.T) {
 		{"429 retryable, excluded from breaker", Outcome{Status: 429}, Verdict{ClassRetryable, Reason429, HealthExcluded, HealthSuccess}},
 		{"429 insufficient_quota passes through", Outcome{Status: 429, InsufficientQuota: true}, Verdict{ClassPassThrough, ReasonNone, HealthExcluded, HealthSuccess}},
 		{"500: the reply breaker's, the connection worked", Outcome{Status: 500}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
+		{"508 loop detected: a config mistake, never retried", Outcome{Status: 508}, Verdict{ClassPassThrough, ReasonNone, HealthExcluded, HealthSuccess}},
 		{"503 retryable failure", Outcome{Status: 503}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
 		{"529 retryable failure", Outcome{Status: 529}, Verdict{ClassRetryable, Reason5xx, HealthFailure, HealthSuccess}},
 		{"connect: the connection breaker's", Outcome{Fault: FaultConnect}, Verdict{ClassRetryable, ReasonConnect, HealthExcluded, HealthUnreachable}},

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
@@ -403,4 +405,74 @@ func TestAHoldIsReleasedWhenTheBufferBudgetIsFull(t *testing.T) {
 		t.Fatalf("the head was held %v: the budget did not end the hold", d)
 	}
 	waitFor(t, 5*time.Second, "the held stream flowing", func() bool { return read.Load() >= 1<<20 })
+}
+
+// TestARequestThatLoopsBackIs508AtOnce: an upstream whose url is Sturdy's
+// own listener answers 508 loop_detected to the request that came back
+// (its Via names this process), and the first Sturdy hands that back
+// without a retry; two different Sturdys in a chain pass the request on.
+// Before, one request became 513 requests in flight holding every
+// upstream connection, and its client got nothing for a minute.
+func TestARequestThatLoopsBackIs508AtOnce(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := "http://" + ln.Addr().String()
+	p, err := New(Options{Upstreams: []Upstream{testUpstream("self", self)}, Routes: []Route{testRoute("self")},
+		Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.Serve(ln) }()
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	h := &harness{t: t, p: p, url: self, logs: &upstreamtest.LogBuffer{}}
+	start := time.Now()
+	resp, body := h.chat("")
+	if code, _ := errorOf(t, body); resp.StatusCode != 508 || code != CodeLoopDetected || time.Since(start) > 2*time.Second {
+		t.Fatalf("%d after %v: %s", resp.StatusCode, time.Since(start), body)
+	}
+	if n := resp.Header.Get("X-Sturdy-Attempts"); n != "" { // a pass-through of one attempt has none
+		t.Fatalf("x-sturdy-attempts %q: the loop's 508 was retried", n)
+	}
+
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	shared := startProxy(t, up.URL, nil)
+	sidecar := startProxy(t, shared.url, nil)
+	if resp, body := sidecar.chat(""); resp.StatusCode != 200 || string(body) != "ok" {
+		t.Fatalf("a chain of two Sturdys: %d %s", resp.StatusCode, body)
+	}
+	if via := up.Requests()[0].Raw; strings.Count(via, "sturdy-") != 2 {
+		t.Fatalf("the upstream's request does not name both hops in Via: %q", via)
+	}
+}
+
+// TestDiscoveryLeavesOutSturdysOwnListener: DNS that names Sturdy's own
+// address on its listen port (a headless service that selects Sturdy's
+// pod too) gives an endpoint that is left out, with one warning; the
+// others serve.
+func TestDiscoveryLeavesOutSturdysOwnListener(t *testing.T) {
+	t.Parallel()
+	v4 := startReplica(t, "")
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(v4.url, "http://"))
+	self := "127.0.0.2:" + port
+	h := startProxy(t, "", func(o *Options) {
+		u := &o.Upstreams[0]
+		u.URL = ""
+		u.Discover = Discover{DNS: "models.internal:" + port, Scheme: "http", Every: 20 * time.Millisecond}
+		o.LookupHost = func(context.Context, string) ([]string, error) { return []string{"127.0.0.1", "127.0.0.2"}, nil }
+		o.IsSelf = func(addr string) bool { return addr == self }
+	})
+	time.Sleep(100 * time.Millisecond) // a few resolutions
+	pool := h.p.tbl.Load().upstreams[0].endpointsNow()
+	if len(pool) != 1 || pool[0].addr != strings.TrimPrefix(v4.url, "http://") {
+		t.Fatalf("the pool is %d endpoints: %v", len(pool), pool)
+	}
+	if n := strings.Count(h.logs.String(), "Sturdy's own listener"); n != 1 {
+		t.Fatalf("%d warnings of the own address, want 1:\n%s", n, h.logs.String())
+	}
+	if resp, _ := h.chat(""); resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
 }

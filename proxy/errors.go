@@ -37,6 +37,7 @@ const (
 	CodeTooManyConnections  = "too_many_connections"
 	CodeStreamInterrupted   = "stream_interrupted"
 	CodeResponseTooLarge    = "response_too_large"
+	CodeLoopDetected        = "loop_detected"
 	CodeSharedState         = "shared_state_unavailable"
 )
 
@@ -72,6 +73,9 @@ var errorTable = []errorSpec{
 	{code: CodeRequestTooLarge, status: 413,
 		message: "request body is larger than %s accepts (%d bytes); send a smaller request",
 		when:    "body over the route's `max_body`"},
+	{code: CodeLoopDetected, status: 508,
+		message: "the request came back to the Sturdy that sent it (its Via header names this process): an upstream's url or DNS name points at Sturdy itself; fix the upstream",
+		when:    "the request's `Via` names this Sturdy process: an upstream (or a DNS-discovered endpoint) is Sturdy's own listener"},
 	{code: CodeRouteNotFound, status: 404,
 		message: "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
 		when:    "no route's `path_prefix` (and `model`) matches the request"},

@@ -92,6 +92,9 @@ func (ex *exchange) admit() *apiError {
 		// a segment: "/v1/..#x" would reach "/v1/..".
 		return newError(CodeBadRequest, "the request target has a fragment ('#'); an HTTP request path never does: leave it out (or send it as %23)")
 	}
+	if ex.looped() {
+		return newError(CodeLoopDetected)
+	}
 	if bothFramings(ctx.Request.Header.RawHeaders()) {
 		// Both framings at once is the classic request-smuggling shape:
 		// refuse it and close the connection, so nothing after it on the
@@ -139,6 +142,23 @@ func (ex *exchange) admit() *apiError {
 	return nil
 }
 
+// looped reports whether the request already went through this process:
+// its Via names this process's random id (an upstream that is Sturdy's
+// own listener, or a DNS name resolving to it). Another Sturdy in the
+// chain (a sidecar in front of a shared one) has an id of its own.
+func (ex *exchange) looped() bool {
+	h := &ex.ctx.Request.Header
+	if h.PeekCanonical(hdrVia) == nil {
+		return false // the common case: no Via at all
+	}
+	for _, v := range h.PeekAll(string(hdrVia)) {
+		if bytes.Contains(v, ex.p.viaID) {
+			return true
+		}
+	}
+	return false
+}
+
 // rawPath is the request URI up to the query, as received.
 func rawPath(uri []byte) []byte {
 	if i := bytes.IndexByte(uri, '?'); i >= 0 {
@@ -179,6 +199,11 @@ func (ex *exchange) prepare() {
 	h.ResetConnectionClose()
 	h.SetNoDefaultContentType(true)
 	h.SetBytesKV(hdrRequestID, q.id)
+	via := ex.p.via
+	if !rh.IsHTTP11() {
+		via = ex.p.via10
+	}
+	h.AddBytesKV(hdrVia, via) // RFC 9110 §7.6.3: this hop, after the client's
 	ex.forwarded(h)
 }
 

@@ -36,6 +36,7 @@ var (
 	hdrAttempts       = []byte("X-Sturdy-Attempts")
 	hdrShouldRetry    = []byte("X-Should-Retry")
 	hdrUpstream       = []byte("X-Sturdy-Upstream")
+	hdrVia            = []byte("Via")
 
 	hdrStainlessTimeout     = []byte("X-Stainless-Timeout")
 	hdrStainlessReadTimeout = []byte("X-Stainless-Read-Timeout")

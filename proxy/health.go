@@ -162,7 +162,18 @@ func (up *upstream) resolve() ([]string, error) {
 	}
 	var urls []string
 	for _, a := range addrs {
-		urls = append(urls, d.Scheme+"://"+net.JoinHostPort(a, port))
+		addr := net.JoinHostPort(a, port)
+		if up.p.isSelf(addr) {
+			if !up.selfWarned.Swap(true) {
+				up.p.log.Warn().Str("upstream", up.name).Str("dns", d.DNS).Str("address", addr).
+					Msg("discovery: an address is Sturdy's own listener; left out of the pool (requests sent there would come back)")
+			}
+			continue
+		}
+		urls = append(urls, d.Scheme+"://"+addr)
+	}
+	if len(urls) == 0 {
+		return nil, errors.New("no addresses but Sturdy's own")
 	}
 	slices.Sort(urls)
 	return slices.Compact(urls), nil

@@ -194,7 +194,8 @@ type ServerLimits struct {
 	MaxHeaderBytes int
 	// MaxConnections caps open client connections; one more is answered
 	// 503 too_many_connections. Default: half the file descriptors the
-	// process may open (less 64), leaving the other half for upstream
+	// process may open (less 128: files, listeners, logs and the admin
+	// listener's AdminConnections), leaving the other half for upstream
 	// connections, at most 65,536.
 	MaxConnections int
 	// WriteTimeout is the longest a single write to a client may block
@@ -220,11 +221,19 @@ func (s ServerLimits) withDefaults() ServerLimits {
 	return s
 }
 
-// defaultMaxConnections leaves half of the file descriptor limit (less 64
-// for files, listeners and logs) to client connections: each request in
-// flight also holds one upstream connection.
+// AdminConnections is how many connections the admin listener may hold
+// open at once: they come out of the same file descriptors.
+const AdminConnections = 64
+
+// reservedFDs are the file descriptors defaultMaxConnections leaves out:
+// 64 for files, listeners and logs, and the admin listener's.
+const reservedFDs = 64 + AdminConnections
+
+// defaultMaxConnections leaves half of the file descriptor limit (less
+// reservedFDs) to client connections: each request in flight also holds
+// one upstream connection.
 func defaultMaxConnections(fdLimit uint64) int {
-	return int(min(max(16, (min(fdLimit, 1<<30)-min(fdLimit, 64))/2), maxDefaultConnections))
+	return int(min(max(16, (min(fdLimit, 1<<30)-min(fdLimit, reservedFDs))/2), maxDefaultConnections))
 }
 
 // maxDefaultConnections caps the derived default: each connection holds
@@ -435,6 +444,11 @@ type Options struct {
 	// LookupHost resolves the names of DNS discovery; nil means
 	// net.DefaultResolver.LookupHost (fixed at New).
 	LookupHost func(ctx context.Context, host string) ([]string, error)
+	// IsSelf reports whether an endpoint address DNS discovery found
+	// (host:port) is Sturdy's own listener: such an endpoint is left out
+	// of its pool, with a warning, since every request sent there would
+	// come back. nil: none is (fixed at New).
+	IsSelf func(addr string) bool
 }
 
 // orDefault sets *v to def when it is zero (or negative).

@@ -38,6 +38,7 @@ type Proxy struct {
 	rand           func(int64) int64
 	m              *metrics.Metrics
 	lookup         func(ctx context.Context, host string) ([]string, error)
+	isSelf         func(addr string) bool
 	maxBody        int // the server's body limit, fixed at New
 	limits         ServerLimits
 	// held is the budget of bytes held on behalf of clients
@@ -45,6 +46,10 @@ type Proxy struct {
 	held     heldBytes
 	idPrefix string
 	idSeq    atomic.Uint64
+	// via is this process's Via entry ("1.1 sturdy-<random>", and
+	// "1.0 …" for an HTTP/1.0 client's request); viaID its random part,
+	// which a request already carrying has looped back (508).
+	via, via10, viaID []byte
 	// stopping is closed when shutdown begins: every wait in progress
 	// ends, and none starts.
 	stopping     chan struct{}
@@ -72,12 +77,19 @@ func New(o Options) (*Proxy, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
+	if p.isSelf = o.IsSelf; p.isSelf == nil {
+		p.isSelf = func(string) bool { return false }
+	}
 	if p.lookup = o.LookupHost; p.lookup == nil {
 		p.lookup = net.DefaultResolver.LookupHost
 	}
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
 	p.idPrefix = hex.EncodeToString(seed[:]) + "-"
+	var via [8]byte
+	_, _ = rand.Read(via[:])
+	p.viaID = []byte("sturdy-" + hex.EncodeToString(via[:]))
+	p.via, p.via10 = append([]byte("1.1 "), p.viaID...), append([]byte("1.0 "), p.viaID...)
 	t, _, err := p.buildTable(o, nil)
 	if err != nil {
 		return nil, err

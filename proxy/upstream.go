@@ -65,6 +65,9 @@ type upstream struct {
 	// waking requests that ride through an outage.
 	changedMu sync.Mutex
 	changed   chan struct{}
+	// selfWarned says discovery warned of an address that is Sturdy's
+	// own listener (once per upstream).
+	selfWarned atomic.Bool
 	// quit ends the background loop (health checks, DNS discovery).
 	quit      chan struct{}
 	startOnce sync.Once
