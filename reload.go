@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -20,6 +21,15 @@ import (
 // reloadDebounce gathers the bursts of events an editor or a Kubernetes
 // ConfigMap update makes into one reload.
 const reloadDebounce = 200 * time.Millisecond
+
+// settleEvery is how far apart two reads of a changed config file must
+// agree before it is loaded; settleReads bounds the reads (a file still
+// changing after them is loaded as it stands: an invalid one is
+// rejected, and the running config keeps serving).
+const (
+	settleEvery = time.Second
+	settleReads = 10
+)
 
 // reloader applies a changed config to the running proxy: on SIGHUP and
 // when the config file changes. An invalid config is rejected with the
@@ -108,6 +118,29 @@ func (r *reloader) start(ctx context.Context, hup <-chan os.Signal) (done <-chan
 	return ch
 }
 
+// settled waits until the config file reads the same twice settleEvery
+// apart, so a file written in place in parts is not loaded half-written
+// (write it atomically — to a temporary file, renamed over it — and this
+// costs one second). false: ctx ended.
+func (r *reloader) settled(ctx context.Context) bool {
+	last, err := os.ReadFile(r.s.configPath)
+	for range settleReads {
+		t := time.NewTimer(settleEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		now, err2 := os.ReadFile(r.s.configPath)
+		if (err == nil) == (err2 == nil) && bytes.Equal(now, last) {
+			return true
+		}
+		last, err = now, err2
+	}
+	return true
+}
+
 func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.Watcher) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
@@ -132,7 +165,9 @@ func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.W
 		case err := <-errs:
 			r.log.Warn().Err(err).Msg("config watch error")
 		case <-debounce.C:
-			r.reload("config file changed")
+			if r.settled(ctx) {
+				r.reload("config file changed")
+			}
 		}
 	}
 }

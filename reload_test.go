@@ -238,3 +238,43 @@ func TestRestartOnlyServerKeysAreTold(t *testing.T) {
 		t.Fatalf("write_timeout needs a restart, warnings %v", w)
 	}
 }
+
+// TestAFileWrittenInPartsIsNotLoadedHalfWritten: a config written in
+// place in two parts 300 ms apart, whose first part alone is a valid
+// config of its own, is loaded only once whole. Before, the first part
+// was applied (for 1.5 s here).
+func TestAFileWrittenInPartsIsNotLoadedHalfWritten(t *testing.T) {
+	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
+	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
+	c := upstreamtest.Start(t, upstreamtest.Step{Body: "from C"})
+	s := startReloadable(t, "upstreams:\n  - name: model\n    url: "+a.URL+"\n")
+	first := "upstreams:\n  - name: model\n    url: " + b.URL + "\n" // valid alone: everything to B
+	rest := "  - name: other\n    url: " + c.URL + "\nroutes:\n  - {name: chat, path_prefix: /, upstream: other}\n"
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_TRUNC, 0o600) // in place, as some tools write
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(first); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, err := f.WriteString(rest); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for deadline := time.Now().Add(6 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, body := getBody(t, s.url+"/v1/models")
+		if body == "from B" {
+			t.Fatal("the half-written config was applied")
+		}
+		if body == "from C" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the whole config was never applied:\n%s", s.logs.String())
+		}
+	}
+	if n := strings.Count(s.logs.String(), `"message":"config reloaded"`); n != 1 {
+		t.Fatalf("%d reloads, want 1:\n%s", n, s.logs.String())
+	}
+}

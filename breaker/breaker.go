@@ -5,6 +5,9 @@
 //
 // It does no logging: state changes are reported through
 // Settings.OnStateChange.
+//
+// The files: breaker.go one Breaker (its trip rule, its own open time),
+// group.go a bounded Group of them by key (an endpoint's per model).
 package breaker
 
 import (

@@ -5,6 +5,11 @@
 // local-first: a request never waits on Redis longer than the timeout,
 // and when Redis is slow or down the caller carries on with its own
 // state (or refuses, as configured).
+//
+// The files: fleet.go the State (New, Close, reachability, cooldowns
+// published and shortened, breaker hints), follow.go the events and the
+// cooldowns loaded on (re)connect, limit.go the GCRA reservation, resp.go
+// the guard every Redis reply passes (its bounds).
 package fleet
 
 import (

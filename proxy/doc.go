@@ -33,8 +33,25 @@
 //
 // The exchange's state is split into named parts (exchange.go): the
 // outbound request, the loop's state, the last upstream reply, the
-// client's response and the access log's notes. Options and their
-// defaults are in options.go, the routing table in table.go, the upstream
-// and its pool in upstream.go, endpoint.go and health.go, the transport
-// in transport.go.
+// client's response and the access log's notes. The other files:
+//
+//	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
+//	options.go     Options and their defaults
+//	table.go       one configuration's routes, upstreams, client limits (match, authorized)
+//	upstream.go    an upstream and its pool; endpoint.go one endpoint (its client, breakers, places)
+//	health.go      health checks and DNS discovery
+//	transport.go   the dial and the upstream connection (idle deadlines, stale connections)
+//	roundtrip.go   the round trip: head, small bodies read whole, streamed bodies, trailers
+//	limits.go      cooldowns, per-client buckets, slots: the per-key maps, bounded (MaxTrackedKeys)
+//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes)
+//	shared.go      the fleet (package fleet) as the proxy uses it
+//	status.go      /debug/upstreams, readiness, gauges refreshed on scrape
+//	errors.go      the error vocabulary (errorTable) and how an error is written
+//	accesslog.go   the access line; trace.go the spans
+//	headers.go     hop-by-hop headers and the names Sturdy reads or writes
+//	paths.go       path_prefix confinement (dot-segments)
+//	listener.go    the client listener: accept errors, max_connections, write deadlines
+//	gone.go        phases, and a client's leaving acted on (clientLeft)
+//	watch_linux.go, watch_other.go   the watcher that sees clients leave (epoll on Linux)
+//	fdlimit_unix.go, fdlimit_other.go   the file descriptor limit behind max_connections' default
 package proxy

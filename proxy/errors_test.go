@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+
+	"sturdy/policy"
 )
 
 // TestREADMEErrorTableIsTheVocabulary checks the README's table of error
@@ -46,6 +49,49 @@ func TestEveryErrorCodeHasOneRow(t *testing.T) {
 		CodeDeadlineExceeded, CodeShuttingDown, CodeStreamInterrupted} {
 		if specOf(code).code != code {
 			t.Errorf("%s has no row", code)
+		}
+	}
+}
+
+// TestREADMELimitsTableNamesTheBounds: the Limits table says each bound
+// as the code has it.
+func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, limits, ok := strings.Cut(string(readme), "\n## Limits\n")
+	limits, _, _ = strings.Cut(limits, "\n## ")
+	if !ok {
+		t.Fatal("README has no Limits section")
+	}
+	for _, row := range []struct{ limit, says string }{
+		{"request line + headers", sizeText(DefaultMaxHeaderBytes)},
+		{"request body", sizeText(DefaultMaxBody)},
+		{"open client connections", fmt.Sprintf("less %d", reservedFDs)},
+		{"open client connections", fmt.Sprintf("at most %d answered", maxRefusing)},
+		{"riders waiting out an outage", fmt.Sprintf("%d,%03d", DefaultRideThroughQueue/1000, DefaultRideThroughQueue%1000)},
+		{"framing held before a stream's commit point", sizeText(maxHold)},
+		{"rescue text", sizeText(DefaultMaxRescueBytes)},
+		{"a body read whole for an HTTP/1.0 client", sizeText(maxWholeBody)},
+		{"everything held for clients together", sizeText(DefaultMaxBufferedBytes)},
+		{"upstream response headers", sizeText(upstreamReadBuffer) + "; " + fmt.Sprint(maxInterimResponses) + "; " + sizeText(maxTrailerBytes)},
+		{"a model name as kept and shown", fmt.Sprintf("%d bytes", policy.MaxModelBytes)},
+		{"reply breakers per endpoint", fmt.Sprint(maxListedModelBreakers)},
+		{"cooldowns per upstream", fmt.Sprintf("%d,%03d", MaxTrackedKeys/1000, MaxTrackedKeys%1000)},
+		{"retries / targets listed", fmt.Sprintf("%d / %d; %d", maxLoggedRetries, maxLoggedTargets, maxTriedEndpoints)},
+		{"a span's value copied from a request", sizeText(maxSpanText)},
+		{"admin connections", fmt.Sprintf("%d;", AdminConnections)},
+		{"one learned cooldown", fmt.Sprintf("%d min", int(DefaultCooldownMax.Minutes()))},
+	} {
+		line := ""
+		for _, l := range strings.Split(limits, "\n") {
+			if strings.HasPrefix(l, "| "+row.limit) {
+				line = l
+			}
+		}
+		if line == "" || !strings.Contains(line, row.says) {
+			t.Errorf("Limits row %q does not say %q: %q", row.limit, row.says, line)
 		}
 	}
 }
