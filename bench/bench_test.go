@@ -156,3 +156,23 @@ func TestRatiosDivideSturdyByEachPeer(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }
+
+// TestHostileSmoke runs the hostile attacks small: each reports, the loop
+// is answered 508, and Sturdy's memory stays far below the attacks'
+// bytes.
+func TestHostileSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sturdy binary")
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-scenario", "hostile", "-tries", "3"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"### hostile", "| N1 |", "| N2 |", "| N4 |", "| N6 |", "508 in"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+	}
+	t.Log(out)
+}

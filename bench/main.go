@@ -126,9 +126,9 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue or idle")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle or hostile")
 	fs.IntVar(&c.slices, "slices", 1, "overhead, fleet, tracing: cut each run into this many slices and measure the targets in turns, one slice each")
-	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000)")
+	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000); hostile's scale (models of 4 MiB; ×1000 keys; ×2 MiB of stream)")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
 	fs.IntVar(&c.s.conns, "conns", 32, "connections of closed-loop runs")
@@ -219,6 +219,12 @@ var solos = map[string]func(bin string, tries int) (report func(io.Writer), err 
 	"idle": func(bin string, tries int) (func(io.Writer), error) {
 		r, err := measureIdle(bin, tries)
 		return func(w io.Writer) { idleReport(w, r) }, err
+	},
+	// hostile: what a client or an upstream controls, thrown at one
+	// Sturdy: its peak memory and another client's p99 in each attack.
+	"hostile": func(bin string, tries int) (func(io.Writer), error) {
+		attacks, err := measureHostile(bin, tries)
+		return func(w io.Writer) { hostileReport(w, attacks) }, err
 	},
 	// rescue: streams cut mid-answer, continued on a fallback.
 	"rescue": func(bin string, tries int) (func(io.Writer), error) {
