@@ -121,16 +121,22 @@ func (r *reloader) start(ctx context.Context, hup <-chan os.Signal) (done <-chan
 // settled waits until the config file reads the same twice settleEvery
 // apart, so a file written in place in parts is not loaded half-written
 // (write it atomically — to a temporary file, renamed over it — and this
-// costs one second). false: ctx ended.
-func (r *reloader) settled(ctx context.Context) bool {
+// costs one second). The file's events meanwhile are this change's: they
+// are taken from events and dropped. false: ctx ended.
+func (r *reloader) settled(ctx context.Context, events <-chan fsnotify.Event) bool {
 	last, err := os.ReadFile(r.s.configPath)
 	for range settleReads {
 		t := time.NewTimer(settleEvery)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C:
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return false
+			case <-events:
+			case <-t.C:
+				break wait
+			}
 		}
 		now, err2 := os.ReadFile(r.s.configPath)
 		if (err == nil) == (err2 == nil) && bytes.Equal(now, last) {
@@ -165,7 +171,7 @@ func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.W
 		case err := <-errs:
 			r.log.Warn().Err(err).Msg("config watch error")
 		case <-debounce.C:
-			if r.settled(ctx) {
+			if r.settled(ctx, events) {
 				r.reload("config file changed")
 			}
 		}
