@@ -357,7 +357,7 @@ func loadConfig(s settings) (*config.Config, error) {
 	if name == "" {
 		name = "default config"
 	}
-	if ps := cfg.Validate(); len(ps) > 0 {
+	if ps := append(cfg.Validate(), cfg.Loops()...); len(ps) > 0 { // the listen address is final now
 		return nil, &config.Error{File: name, Problems: ps}
 	}
 	if _, _, err := tracing.Resolve(tracing.File(cfg.Tracing), os.Getenv); err != nil {
@@ -415,12 +415,11 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 }
 
 // isListener reports whether an address (host:port, as DNS discovery
-// finds them) is the listener at listen (config.IsLocalHost).
+// finds them) is the listener at listen (config.IsListener).
 func isListener(listen string) func(addr string) bool {
-	lhost, lport, _ := net.SplitHostPort(listen) // validated by config
 	return func(addr string) bool {
 		host, port, err := net.SplitHostPort(addr)
-		return err == nil && port == lport && config.IsLocalHost(host, lhost)
+		return err == nil && config.IsListener(listen, host, port)
 	}
 }
 

@@ -54,6 +54,30 @@ func TestCheckRejectsAnInvalidConfigWithKeyAndLine(t *testing.T) {
 	}
 }
 
+// TestCheckRefusesAnUpstreamAtTheFinalListenAddress: an upstream at
+// Sturdy's own listen address is refused with key and line — the
+// address as -listen (or STURDY_LISTEN) makes it, not the file's alone.
+func TestCheckRefusesAnUpstreamAtTheFinalListenAddress(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("upstreams:\n  - name: a\n    url: http://127.0.0.1:8080\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"-check", "-config", path}, 2}, // the file's listen: the default :8080
+		{[]string{"-check", "-config", path, "-listen", ":9000"}, 0},
+		{[]string{"-check", "-config", path, "-listen", "127.0.0.1:8080"}, 2},
+	} {
+		var out, errb bytes.Buffer
+		code := run(tt.args, &out, &errb)
+		if code != tt.code || code == 2 && !strings.Contains(errb.String(), path+":3: upstreams[0].url: \"http://127.0.0.1:8080\" is Sturdy's own listen address") {
+			t.Errorf("%v: exit %d, stderr %q", tt.args, code, errb.String())
+		}
+	}
+}
+
 func TestUpstreamFlagWithoutConfig(t *testing.T) {
 	cfg, err := loadConfig(settings{upstream: "http://127.0.0.1:9999/base", listen: "127.0.0.1:0"})
 	if err != nil {

@@ -145,21 +145,23 @@ func guarded(h http.Handler, settings func() Settings) http.Handler {
 }
 
 // bounded gives each response its write deadline — WriteTimeout, or for
-// a profile or trace its seconds (at most MaxProfileSeconds) plus
-// WriteTimeout — and caps those seconds.
+// a profile its seconds (at most MaxProfileSeconds) plus WriteTimeout —
+// and caps those seconds: the CPU profile's and the trace's, and a delta
+// profile's (heap, allocs, block, mutex, goroutine with ?seconds=).
 func bounded(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d := WriteTimeout
-		if r.URL.Path == "/debug/pprof/profile" || r.URL.Path == "/debug/pprof/trace" {
+		if strings.HasPrefix(r.URL.Path, "/debug/pprof/") {
 			q := r.URL.Query()
 			secs, err := strconv.ParseFloat(q.Get("seconds"), 64)
 			if err != nil || secs <= 0 {
 				secs = map[string]float64{"/debug/pprof/profile": 30, "/debug/pprof/trace": 1}[r.URL.Path] // pprof's defaults
 			}
-			secs = min(secs, MaxProfileSeconds)
-			q.Set("seconds", strconv.FormatFloat(secs, 'f', -1, 64))
-			r.URL.RawQuery = q.Encode()
-			d += time.Duration(secs * float64(time.Second))
+			if secs = min(secs, MaxProfileSeconds); secs > 0 {
+				q.Set("seconds", strconv.FormatFloat(secs, 'f', -1, 64))
+				r.URL.RawQuery = q.Encode()
+				d += time.Duration(secs * float64(time.Second))
+			}
 		}
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
 		h.ServeHTTP(w, r)

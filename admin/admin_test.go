@@ -271,12 +271,13 @@ func TestAProfileIsAtMostAMinute(t *testing.T) {
 	t.Parallel()
 	var got []string
 	h := bounded(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { got = append(got, r.URL.Query().Get("seconds")) }))
-	for _, path := range []string{"/debug/pprof/profile?seconds=86400", "/debug/pprof/trace?seconds=5", "/debug/pprof/profile"} {
+	for _, path := range []string{"/debug/pprof/profile?seconds=86400", "/debug/pprof/trace?seconds=5", "/debug/pprof/profile",
+		"/debug/pprof/heap?seconds=86400", "/debug/pprof/heap"} {
 		req, _ := http.NewRequest("GET", "http://admin"+path, nil)
 		h.ServeHTTP(nopWriter{}, req)
 	}
-	if strings.Join(got, ",") != "60,5,30" {
-		t.Fatalf("seconds as served: %v, want 60,5,30", got)
+	if strings.Join(got, ",") != "60,5,30,60," {
+		t.Fatalf("seconds as served: %v, want 60,5,30,60 and none", got)
 	}
 }
 

@@ -189,10 +189,6 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:6: routes[0].retry.max_attempts: must be at least 1"}},
 		{"bad retry reason", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry: {on: [5xx, 4xx]}\n",
 			[]string{`t.yaml:5: routes[0].retry.on: unknown retry reason "4xx"`}},
-		{"an upstream at the listen address", "listen: :8080\nupstreams:\n  - name: a\n    url: http://127.0.0.1:8080\n",
-			[]string{`t.yaml:4: upstreams[0].url: "http://127.0.0.1:8080" is Sturdy's own listen address (:8080)`}},
-		{"an endpoint at the listen address", "listen: 127.0.0.1:9000\nupstreams:\n  - name: a\n    endpoints: [http://10.0.0.1:9000, http://localhost:9000]\n",
-			[]string{`t.yaml:4: upstreams[0].endpoints[1]: "http://localhost:9000" is Sturdy's own listen address`}},
 		{"bad url scheme", "upstreams:\n  - name: a\n    url: ftp://h\n",
 			[]string{"t.yaml:3: upstreams[0].url: scheme must be http or https"}},
 		{"missing url reported at its parent", "upstreams:\n  - name: a\n",
@@ -346,6 +342,25 @@ func TestWarningsNameAURLEndingInV1(t *testing.T) {
 	}
 }
 
+// TestLoopsNameTheUpstreamAtTheListenAddress: an upstream url or
+// endpoint that is Sturdy's own listener is a problem with key and line;
+// the same port elsewhere is not.
+func TestLoopsNameTheUpstreamAtTheListenAddress(t *testing.T) {
+	for doc, want := range map[string]string{
+		"listen: :8080\nupstreams:\n  - name: a\n    url: http://127.0.0.1:8080\n":                                        `4 upstreams[0].url "http://127.0.0.1:8080" is Sturdy's own listen address (:8080)`,
+		"listen: 127.0.0.1:9000\nupstreams:\n  - name: a\n    endpoints: [http://10.0.0.1:9000, http://localhost:9000]\n": `4 upstreams[0].endpoints[1] "http://localhost:9000" is Sturdy's own listen address`,
+	} {
+		c, err := Parse("t.yaml", []byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := c.Loops()
+		if len(ps) != 1 || !strings.HasPrefix(fmt.Sprintf("%d %s %s", ps[0].Line, ps[0].Key, ps[0].Msg), want) {
+			t.Errorf("%q: %+v, want %q", doc, ps, want)
+		}
+	}
+}
+
 // TestAnUpstreamElsewhereOnTheListenPortIsNoLoop: the same port on
 // another host, or a loopback address the listener does not bind, is not
 // Sturdy itself.
@@ -356,8 +371,8 @@ func TestAnUpstreamElsewhereOnTheListenPortIsNoLoop(t *testing.T) {
 		"listen: 10.1.2.3:8080\nupstreams: [{name: a, url: 'http://127.0.0.1:8080'}]\n",
 		"listen: :8080\nupstreams: [{name: a, url: 'http://127.0.0.1:8081'}]\n",
 	} {
-		if _, err := Parse("t.yaml", []byte(doc)); err != nil {
-			t.Errorf("%q: %v", doc, err)
+		if c, err := Parse("t.yaml", []byte(doc)); err != nil || len(c.Loops()) != 0 {
+			t.Errorf("%q: %v %v", doc, err, c.Loops())
 		}
 	}
 }

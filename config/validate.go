@@ -196,8 +196,6 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 	case u.URL != "":
 		if err := checkUpstreamURL(u.URL); err != nil {
 			p.bad(k+"url", "%v", err)
-		} else if c.isListen(u.URL) {
-			p.bad(k+"url", "%s", c.loopMessage(u.URL))
 		}
 	case len(u.Endpoints) > 0:
 		seen := map[string]bool{}
@@ -205,8 +203,6 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 			key := fmt.Sprintf("%sendpoints[%d]", k, j)
 			if err := checkUpstreamURL(e); err != nil {
 				p.bad(key, "%v", err)
-			} else if c.isListen(e) {
-				p.bad(key, "%s", c.loopMessage(e))
 			} else if seen[strings.TrimSuffix(e, "/")] {
 				p.bad(key, "duplicate endpoint %q", e)
 			}
@@ -413,40 +409,53 @@ func (c *Config) upstreamNames() []string {
 	return n
 }
 
-// isListen reports whether the upstream URL raw is Sturdy's own listener:
-// its port is listen's and its host is the listen host, or — listening
-// on every interface — a loopback or unspecified address, localhost or
-// one of this host's addresses. Every request sent there would come
-// back to Sturdy.
-func (c *Config) isListen(raw string) bool {
-	u, err := url.Parse(raw)
-	lhost, lport, err2 := net.SplitHostPort(c.Listen)
-	if err != nil || err2 != nil {
-		return false
+// Loops lists the upstream URLs and endpoints that are Sturdy's own
+// listener (IsListener): every request sent there would come back to
+// Sturdy. It is checked once the listen address is final — after -listen
+// and STURDY_LISTEN — not with the file's alone (Validate).
+func (c *Config) Loops() []Problem {
+	var ps []Problem
+	check := func(key, raw string) {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return
+		}
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		if IsListener(c.Listen, u.Hostname(), port) {
+			ps = append(ps, Problem{Key: key, Line: c.written[key], Msg: fmt.Sprintf(
+				"%q is Sturdy's own listen address (%s): every request would come back to Sturdy (508 loop_detected); point it at the model server",
+				raw, c.Listen)})
+		}
 	}
-	port := u.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	for i, u := range c.Upstreams {
+		if u.URL != "" {
+			check(fmt.Sprintf("upstreams[%d].url", i), u.URL)
+		}
+		for j, e := range u.Endpoints {
+			check(fmt.Sprintf("upstreams[%d].endpoints[%d]", i, j), e)
+		}
 	}
-	if port != lport {
-		return false
-	}
-	host := u.Hostname()
-	if strings.EqualFold(host, lhost) {
-		return true
-	}
-	return IsLocalHost(host, lhost)
+	return ps
 }
 
-// IsLocalHost reports whether host (a name or address) is one this
-// host's listener on listenHost accepts connections on: listenHost
-// itself, or with listenHost empty or unspecified (every interface) a
-// loopback or unspecified address, localhost or an address of one of
-// this host's interfaces; with a loopback listenHost, localhost too.
-func IsLocalHost(host, listenHost string) bool {
-	ip, lip := net.ParseIP(host), net.ParseIP(listenHost)
-	every := listenHost == "" || lip != nil && lip.IsUnspecified()
+// IsListener reports whether host:port reaches the listener at listen:
+// the same port, on the listen host, or — listening on every interface —
+// a loopback or unspecified address, localhost or an address of this
+// host's interfaces; localhost too when the listen host is a loopback
+// address.
+func IsListener(listen, host, port string) bool {
+	lhost, lport, err := net.SplitHostPort(listen)
+	if err != nil || port != lport {
+		return false
+	}
+	ip, lip := net.ParseIP(host), net.ParseIP(lhost)
+	every := lhost == "" || lip != nil && lip.IsUnspecified()
 	switch {
+	case strings.EqualFold(host, lhost):
+		return true
 	case strings.EqualFold(host, "localhost"):
 		return every || lip != nil && lip.IsLoopback()
 	case ip == nil:
@@ -465,11 +474,6 @@ func IsLocalHost(host, listenHost string) bool {
 		}
 	}
 	return false
-}
-
-// loopMessage says why an upstream URL at the listen address is refused.
-func (c *Config) loopMessage(raw string) string {
-	return fmt.Sprintf("%q is Sturdy's own listen address (%s): every request would come back to Sturdy (508 loop_detected); point it at the model server", raw, c.Listen)
 }
 
 func checkUpstreamURL(raw string) error {

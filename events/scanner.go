@@ -77,21 +77,22 @@ func (s *Scanner) Feed(p []byte) int { return s.feed(p, true) }
 
 // Ended reports whether the stream's terminator went by and its event
 // (SSE: up to its blank line) or line (NDJSON) is over: nothing after
-// it belongs to the stream.
-func (s *Scanner) Ended() bool { return s.done && s.lineLen == 0 && !s.inEvent && !s.cr }
+// it belongs to the stream (but the \n of a line that ended in \r\n,
+// which Feed still takes when it comes with the \r).
+func (s *Scanner) Ended() bool { return s.done && s.lineLen == 0 && !s.inEvent }
 
 // feed reads p; with stop it stops where the stream ended and returns
 // the bytes read.
 func (s *Scanner) feed(p []byte, stop bool) int {
 	n := len(p)
 	for len(p) > 0 {
-		if stop && s.Ended() {
-			return n - len(p)
-		}
 		if s.cr && p[0] == '\n' { // the \n of a \r\n: the line already ended
 			s.cr = false
 			p = p[1:]
 			continue
+		}
+		if stop && s.Ended() {
+			return n - len(p)
 		}
 		s.cr = false
 		i := LineEnd(p)

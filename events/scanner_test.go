@@ -199,6 +199,7 @@ func TestFeedStopsAtTheStreamsEnd(t *testing.T) {
 	}{
 		{"[DONE] then more", SSE, "data: {}\n\ndata: [DONE]\n\n", "data: {\"more\":1}\n\ndata: [DONE]\n\n"},
 		{"CRLF", SSE, "data: {}\r\n\r\ndata: [DONE]\r\n\r\n", "data: x\r\n\r\n"},
+		{"CR only", SSE, "data: {}\r\rdata: [DONE]\r\r", "data: x\r\r"},
 		{"responses completed then more", SSE, "event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n", "event: response.output_text.delta\ndata: {}\n\n"},
 		{"ollama done then more", NDJSON, "{\"done\":false}\n{\"done\":true}\n", "{\"done\":false,\"message\":{}}\n"},
 		{"no end", SSE, "data: {}\n\ndata: {}\n\n", ""},

@@ -47,12 +47,13 @@ type Config struct {
 	Timeout time.Duration
 	// ShareBreakers announces an endpoint's breaker opening to the fleet.
 	ShareBreakers bool
-	// MaxCooldowns bounds the cooldowns one (re)connect loads. Default
-	// 100,000.
+	// MaxCooldowns bounds the cooldowns one (re)connect loads (the proxy
+	// sets its per-key bound). Default DefaultMaxCooldowns.
 	MaxCooldowns int
 }
 
-// DefaultMaxCooldowns is Config.MaxCooldowns's default.
+// DefaultMaxCooldowns is Config.MaxCooldowns's default when the caller
+// sets none.
 const DefaultMaxCooldowns = 100_000
 
 // Key identifies a credential's (and model's) state in the fleet: a hash,
@@ -314,12 +315,18 @@ end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. (string.match(cur, ':(%d+)$') or '0'), 'PX', untilMs - now + 1000)
 return 1`)
 
-// shorten writes a cooldown's earlier end back to Redis (see
-// Hooks.Cooldown). It does not wait.
-func (s *State) shorten(upstream string, k Key, until time.Time) {
-	s.background("shorten_cooldown", func(ctx context.Context) error {
-		return shortenCooldown.Run(ctx, s.rdb, []string{s.cooldownKey(upstream, k)}, until.UnixMilli()).Err()
-	})
+// shortenAll writes the earlier ends cs hold back to Redis (see
+// Hooks.Cooldown), in one pipeline.
+func (s *State) shortenAll(ctx context.Context, cs []Cooldown) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	pipe := s.rdb.Pipeline()
+	for _, c := range cs {
+		shortenCooldown.Eval(ctx, pipe, []string{s.cooldownKey(c.Upstream, c.Key)}, c.Until.UnixMilli())
+	}
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // AnnounceBreaker tells the fleet an endpoint's breaker opened, until

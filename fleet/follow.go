@@ -59,39 +59,59 @@ func (s *State) follow(ctx context.Context) {
 }
 
 // loadPage is how many keys one SCAN step asks Redis for (its COUNT),
-// and so how many one MGET reads.
-const loadPage = 1000
+// and at most how many one MGET reads; a load reads at most loadPages
+// pages within loadTime (COUNT is only a hint, and a cursor may never
+// come back to 0).
+const (
+	loadPage  = 1000
+	loadPages = 10_000
+	loadTime  = time.Minute
+)
 
 // loadCooldowns reads the cooldowns in force from Redis, a page at a
-// time (SCAN … COUNT, then MGET of the page), and hands the proxy at most
-// MaxCooldowns of them: neither a fleet's keys nor a hostile Redis can
-// make a (re)connect hold or adopt more.
+// time (SCAN … COUNT, then MGET of at most loadPage keys), and hands the
+// proxy at most MaxCooldowns of them; those it adopted shorter are
+// shortened in Redis, a page's in one pipeline. Neither a fleet's keys
+// nor a hostile Redis can make a (re)connect hold, adopt or ask more.
 func (s *State) loadCooldowns(ctx context.Context) {
 	if s.hooks.Cooldown == nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, loadTime)
+	defer cancel()
 	prefix := s.cfg.Prefix + "cooldown:"
 	adopted := 0
-	for cursor := uint64(0); ; {
+	cursor := uint64(0)
+	for page := 0; page < loadPages && adopted < s.cfg.MaxCooldowns; page++ {
 		keys, next, err := s.rdb.Scan(ctx, cursor, prefix+"*", loadPage).Result()
-		if err == nil && len(keys) > 0 {
+		for len(keys) > 0 && err == nil && adopted < s.cfg.MaxCooldowns {
+			batch := keys[:min(len(keys), loadPage, s.cfg.MaxCooldowns-adopted)]
+			keys = keys[len(batch):]
 			var vals []any
-			vals, err = s.rdb.MGet(ctx, keys...).Result()
-			for i := 0; err == nil && i < len(vals) && i < len(keys) && adopted < s.cfg.MaxCooldowns; i++ {
+			if vals, err = s.rdb.MGet(ctx, batch...).Result(); err != nil {
+				break
+			}
+			var shorter []Cooldown
+			for i := 0; i < len(vals) && i < len(batch); i++ {
 				str, ok := vals[i].(string)
-				name := strings.TrimPrefix(keys[i], prefix)
+				name := strings.TrimPrefix(batch[i], prefix)
 				cut := strings.LastIndexByte(name, ':')
 				if !ok || cut < 0 {
 					continue
 				}
 				until, streak, _ := strings.Cut(str, ":")
-				if s.cooldown(name[:cut], name[cut+1:], until, streak) {
+				c, in, shortened := s.cooldown(name[:cut], name[cut+1:], until, streak)
+				if in {
 					adopted++
 				}
+				if shortened {
+					shorter = append(shorter, c)
+				}
 			}
+			err = s.shortenAll(ctx, shorter)
 		}
 		s.result("load_cooldowns", err)
-		if err != nil || next == 0 || adopted >= s.cfg.MaxCooldowns {
+		if err != nil || next == 0 {
 			return
 		}
 		cursor = next
@@ -105,7 +125,9 @@ func (s *State) event(payload string) {
 	f := strings.Split(payload, "|")
 	switch {
 	case len(f) == 5 && f[0] == "c":
-		s.cooldown(f[1], f[2], f[3], f[4])
+		if c, _, shortened := s.cooldown(f[1], f[2], f[3], f[4]); shortened {
+			s.background("shorten_cooldown", func(ctx context.Context) error { return s.shortenAll(ctx, []Cooldown{c}) })
+		}
 	case len(f) == 4 && f[0] == "b" && s.cfg.ShareBreakers && s.hooks.BreakerOpened != nil:
 		if ms, err := strconv.ParseInt(f[3], 10, 64); err == nil {
 			s.hooks.BreakerOpened(f[1], f[2], time.UnixMilli(ms))
@@ -113,24 +135,26 @@ func (s *State) event(payload string) {
 	}
 }
 
-// cooldown hands a cooldown read from Redis to the proxy and reports
-// whether it was one in force; a cooldown the proxy adopted shorter is
-// shortened in Redis too.
-func (s *State) cooldown(upstream, key, untilMs, streak string) bool {
+// cooldown hands a cooldown read from Redis to the proxy: in says it was
+// one in force; shortened that the proxy adopted it shorter (c holds the
+// end adopted), for the caller to write back to Redis.
+func (s *State) cooldown(upstream, key, untilMs, streak string) (c Cooldown, in, shortened bool) {
 	var k Key
 	ms, err1 := strconv.ParseInt(untilMs, 10, 64)
 	n, err2 := strconv.Atoi(streak)
 	if b, err := hex.DecodeString(key); err != nil || len(b) != len(k) || err1 != nil || err2 != nil || s.hooks.Cooldown == nil {
-		return false
+		return c, false, false
 	} else {
 		copy(k[:], b)
 	}
-	until := time.UnixMilli(ms)
-	if !until.After(time.Now()) {
-		return false
+	c = Cooldown{Upstream: upstream, Key: k, Until: time.UnixMilli(ms), Streak: n}
+	if !c.Until.After(time.Now()) {
+		return c, false, false
 	}
-	if adopted := s.hooks.Cooldown(Cooldown{Upstream: upstream, Key: k, Until: until, Streak: n}); adopted.Before(until) {
-		s.shorten(upstream, k, adopted)
+	adopted := s.hooks.Cooldown(c)
+	if adopted.Before(c.Until) {
+		c.Until = adopted
+		return c, true, true
 	}
-	return true
+	return c, true, false
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"syscall"
 )
 
 // The bounds of what a Redis reply may announce. go-redis allocates what
@@ -11,11 +12,14 @@ import (
 // that many), so a hostile or broken server could grow Sturdy to
 // gigabytes with one line; Sturdy's own replies are a few small values.
 const (
-	// MaxReplyElements bounds an aggregate's elements (an array's; a
+	// MaxReplyElements bounds the elements one reply announces, nested
+	// aggregates' included (go-redis allocates each one's slice; a
 	// map's pairs count twice).
 	MaxReplyElements = 1 << 20
-	// MaxReplyBulk bounds a bulk string, in bytes.
-	MaxReplyBulk = 1 << 20
+	// MaxReplyBulk bounds a bulk string, in bytes; maxReplyBytes all of
+	// one reply's bulk strings together.
+	MaxReplyBulk  = 1 << 20
+	maxReplyBytes = 16 << 20
 	// maxReplyLine bounds a reply line (a status, an error, a number, a
 	// header).
 	maxReplyLine = 64 << 10
@@ -33,7 +37,11 @@ func guard(dial func(ctx context.Context, network, addr string) (net.Conn, error
 		if err != nil {
 			return nil, err
 		}
-		return &guardedConn{Conn: c}, nil
+		g := &guardedConn{Conn: c}
+		if sc, ok := c.(syscall.Conn); ok {
+			return guardedSocket{g, sc}, nil
+		}
+		return g, nil
 	}
 }
 
@@ -44,6 +52,17 @@ type guardedConn struct {
 	net.Conn
 	g replyGuard
 }
+
+// guardedSocket is a guardedConn over a plain socket: its SyscallConn is
+// the socket's, so go-redis's pool can still check an idle connection for
+// a close (it peeks at the socket, never feeding its reader). Over TLS
+// there is none, as with go-redis's own connections.
+type guardedSocket struct {
+	*guardedConn
+	sc syscall.Conn
+}
+
+func (c guardedSocket) SyscallConn() (syscall.RawConn, error) { return c.sc.SyscallConn() }
 
 func (c *guardedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
@@ -58,7 +77,9 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 
 // replyGuard follows a stream of RESP2 (and RESP3) replies — type byte,
 // header line, payload — keeping only where it stands: inside a line (its
-// type, its number so far), or skipping a bulk payload.
+// type, its number so far), or skipping a bulk payload; and, for the
+// top-level reply being read, how many nested replies are still to come
+// and what it announced so far.
 type replyGuard struct {
 	inLine  bool
 	typ     byte
@@ -66,7 +87,11 @@ type replyGuard struct {
 	neg     bool
 	lineLen int
 	skip    int64 // payload bytes (and their CRLF) still to pass
-	err     error
+	// left counts the replies still to come inside the top-level reply
+	// (0: the next one is a top-level reply); elements and bytes are what
+	// it announced so far.
+	left, elements, bytes int64
+	err                   error
 }
 
 // feed follows b; err is set at the first reply past the bounds.
@@ -109,25 +134,36 @@ func (g *replyGuard) feed(b []byte) {
 }
 
 // endLine acts on a header line just ended: a bulk's payload is skipped,
-// and an aggregate's or bulk's announced size checked.
+// and what the top-level reply announced so far — elements of all its
+// aggregates, bytes of all its bulks — checked.
 func (g *replyGuard) endLine() {
+	if g.left == 0 {
+		g.elements, g.bytes = 0, 0 // a top-level reply begins
+	} else {
+		g.left--
+	}
 	if g.neg { // -1: null
 		return
 	}
+	n := g.num
 	switch g.typ {
 	case '$', '=', '!': // bulk string, verbatim string, bulk error
-		if g.num > MaxReplyBulk {
+		g.bytes += n
+		if n > MaxReplyBulk || g.bytes > maxReplyBytes {
 			g.err = errReplyTooLarge
 		}
-		g.skip = g.num + 2
-	case '*', '~', '>': // array, set, push
-		if g.num > MaxReplyElements {
-			g.err = errReplyTooLarge
-		}
+		g.skip = n + 2
+		return
 	case '%', '|': // map, attribute: pairs
-		if 2*g.num > MaxReplyElements {
-			g.err = errReplyTooLarge
-		}
+		n *= 2
+	case '*', '~', '>': // array, set, push
+	default:
+		return
+	}
+	g.elements += n
+	g.left += n
+	if g.elements > MaxReplyElements {
+		g.err = errReplyTooLarge
 	}
 }
 

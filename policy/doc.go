@@ -23,5 +23,5 @@
 //	rescue.go      Continuable, FollowChunk: whether a cut stream may be continued
 //	pick.go        PickLeastRequests, PickRoundRobin, PickAffinity; KeyHash
 //	match.go       GlobMatch, GlobSpecificity, ClientTimeout, RequestedRetries, RateLimitExhausted
-//	model.go       ModelKey: a client's model name, bounded, as Sturdy keys and shows it
+//	model.go       ModelKey: a client's model name, bounded, as Sturdy keys and shows it; RuneCut
 package policy

@@ -13,6 +13,18 @@ const MaxModelBytes = 256
 // in hex digits.
 const modelHashDigits = 16
 
+// RuneCut returns the length of s's longest prefix of at most n bytes that
+// ends where a character starts (a cut never splits one).
+func RuneCut[T ~string | ~[]byte](s T, n int) int {
+	if len(s) <= n {
+		return len(s)
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return n
+}
+
 // ModelKey returns a model name as Sturdy keeps it — the key of its reply
 // breakers and cooldowns — and shows it, in /debug/upstreams, logs, metric
 // labels, error messages and spans: the name itself up to MaxModelBytes;
@@ -27,12 +39,8 @@ func ModelKey(model string) string {
 		return model
 	}
 	sum := sha256.Sum256([]byte(model))
-	cut := MaxModelBytes - len("…") - modelHashDigits
-	for cut > 0 && !utf8.RuneStart(model[cut]) {
-		cut--
-	}
 	b := make([]byte, 0, MaxModelBytes)
-	b = append(b, model[:cut]...)
+	b = append(b, model[:RuneCut(model, MaxModelBytes-len("…")-modelHashDigits)]...)
 	b = append(b, "…"...)
 	b = hex.AppendEncode(b, sum[:modelHashDigits/2])
 	return string(b)

@@ -215,12 +215,12 @@ func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content
 func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f policy.Fault) {
 	rp := &ex.reply
 	before := len(rp.head)
-	head, err := ex.growHeld(rp.head, limit, heldForHold)
-	if err != nil {
+	if !ex.headRoom(limit) {
 		markStreaming(rp.msg)
 		return true, policy.FaultNone
 	}
-	rp.head, err = readOnto(head, rp.body, limit)
+	var err error
+	rp.head, err = readOnto(rp.head, rp.body, limit)
 	if scan != nil {
 		_, _ = scan.Write(rp.head[before:])
 	}

@@ -323,7 +323,10 @@ func TestAContinuationIsNeverLargerThanMaxBody(t *testing.T) {
 	if !strings.Contains(string(body), `"code":"stream_interrupted"`) || fallback.Count() != 0 {
 		t.Fatalf("%d continuations sent past max_body; body ends %q", fallback.Count(), body[max(0, len(body)-200):])
 	}
-	if line := h.accessLines(1)[0]; line["rescue_refused"] != refusedTooLarge {
+	if !strings.Contains(string(body), `from upstream \"up\"`) {
+		t.Fatalf("the interruption names another upstream than the one that failed: %q", body[max(0, len(body)-300):])
+	}
+	if line := h.accessLines(1)[0]; line["rescue_refused"] != refusedTooLarge || line["upstream"] != "up" || len(line["targets"].([]any)) != 1 {
 		t.Fatalf("logged %v", line)
 	}
 }
@@ -475,4 +478,92 @@ func TestDiscoveryLeavesOutSturdysOwnListener(t *testing.T) {
 	if resp, _ := h.chat(""); resp.StatusCode != 200 {
 		t.Fatalf("%d", resp.StatusCode)
 	}
+}
+
+// TestAConnectionIsKeptWhenTheLastChunkFollowsTheTerminator: a server
+// that writes its chunked body's last chunk a moment after [DONE] (as
+// uvicorn does) keeps its connection: the rest of the body is read and
+// dropped, not cut. Five streams, one connection.
+func TestAConnectionIsKeptWhenTheLastChunkFollowsTheTerminator(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var conns atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					w := bufio.NewWriter(c)
+					fmt.Fprint(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+					for _, ch := range upstreamtest.SSE("Hi") {
+						fmt.Fprintf(w, "%x\r\n%s\r\n", len(ch), ch)
+					}
+					_ = w.Flush()
+					time.Sleep(5 * time.Millisecond)
+					fmt.Fprint(w, "0\r\n\r\n")
+					_ = w.Flush()
+				}
+			}()
+		}
+	}()
+	h := startProxy(t, "http://"+ln.Addr().String(), nil)
+	for i := 0; i < 5; i++ {
+		if resp, body := h.chat(streamChat); resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+			t.Fatalf("stream %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("5 streams took %d upstream connections, want 1", n)
+	}
+}
+
+// TestAnHTTP10BodyHoldsItsBudgetUntilWritten: a body read whole for an
+// HTTP/1.0 client that reads slowly keeps its share of
+// server.max_buffered_bytes until it has been written. Before, the share
+// was given back when the handler returned, and slow clients held
+// 64 MiB each uncounted.
+func TestAnHTTP10BodyHoldsItsBudgetUntilWritten(t *testing.T) {
+	t.Parallel()
+	block := strings.Repeat("x", 1<<20)
+	url := forgetfulUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/octet-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for i := 0; i < 16; i++ {
+				_, _ = w.WriteString(block)
+				_ = w.Flush()
+			}
+		})
+	})
+	h := startProxy(t, url, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "GET /v1/files/x/content HTTP/1.0\r\nHost: x\r\n\r\n")
+	waitFor(t, 5*time.Second, "the body read whole", func() bool { return h.p.held.used.Load() >= 8<<20 })
+	time.Sleep(200 * time.Millisecond) // the client reads nothing: the write blocks
+	if n := h.p.held.used.Load(); n < 8<<20 {
+		t.Fatalf("the budget was given back (%d bytes held) before the body reached the client", n)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := io.Copy(io.Discard, conn); err != nil || n < 16<<20 {
+		t.Fatalf("read %d bytes: %v", n, err)
+	}
+	waitFor(t, 5*time.Second, "the budget given back", func() bool { return h.p.held.used.Load() == 0 })
 }

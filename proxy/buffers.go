@@ -58,6 +58,27 @@ func (ex *exchange) hold(n int, use string) bool {
 	return true
 }
 
+// headRoom makes room in the reply's head for at least one more byte
+// (doubling it, to at most limit bytes), with every byte of its capacity
+// past headSize reserved from the budget — a pooled head may come bigger
+// than headSize from an earlier request (keepHead); false when the budget
+// has no room.
+func (ex *exchange) headRoom(limit int) bool {
+	rp := &ex.reply
+	want := cap(rp.head)
+	if len(rp.head) == want {
+		want += min(max(want, headSize), limit-len(rp.head))
+	}
+	if need := want - headSize - ex.headHeld; need > 0 {
+		if !ex.hold(need, heldForHold) {
+			return false
+		}
+		ex.headHeld += need
+	}
+	rp.head = slices.Grow(rp.head, want-len(rp.head))
+	return true
+}
+
 // growHeld makes room in buf for at least one more byte (doubling it, to
 // at most limit bytes in all), once this request's share of the budget
 // agrees; errBuffersFull when it does not.

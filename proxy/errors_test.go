@@ -74,7 +74,7 @@ func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
 		{"framing held before a stream's commit point", sizeText(maxHold)},
 		{"rescue text", sizeText(DefaultMaxRescueBytes)},
 		{"a body read whole for an HTTP/1.0 client", sizeText(maxWholeBody)},
-		{"everything held for clients together", sizeText(DefaultMaxBufferedBytes)},
+		{"held stream heads, rescue text and HTTP/1.0 bodies", sizeText(DefaultMaxBufferedBytes)},
 		{"upstream response headers", sizeText(upstreamReadBuffer) + "; " + fmt.Sprint(maxInterimResponses) + "; " + sizeText(maxTrailerBytes)},
 		{"a model name as kept and shown", fmt.Sprintf("%d bytes", policy.MaxModelBytes)},
 		{"reply breakers per endpoint", fmt.Sprint(maxListedModelBreakers)},

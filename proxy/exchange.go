@@ -51,8 +51,9 @@ type exchange struct {
 	connMu sync.Mutex
 	upConn *upstreamConn
 	// held is what the request holds of the proxy's buffer budget
-	// (server.max_buffered_bytes), given back when it ends.
-	held int
+	// (server.max_buffered_bytes), given back when it ends; headHeld is
+	// the part of it covering the reply head's capacity past headSize.
+	held, headHeld int
 
 	req   outbound
 	loop  loopState
@@ -182,12 +183,15 @@ type reply struct {
 // response is what the client gets: the status and outcome, and for a
 // stream what its reader needs.
 type response struct {
-	status    int
-	outcome   string
-	errCode   string
-	streaming bool
-	kind      events.Kind // 0: neither SSE nor NDJSON
-	chunked   bool        // the client's body has no length: failures can be told in-band
+	status  int
+	outcome string
+	errCode string
+	// streaming says the reply streams (relayed as it comes); reader that
+	// the exchange is the client's body reader, ended by CloseWithError (a
+	// stream, or a body read whole for an HTTP/1.0 client).
+	streaming, reader bool
+	kind              events.Kind // 0: neither SSE nor NDJSON
+	chunked           bool        // the client's body has no length: failures can be told in-band
 	// closeDelimited says the upstream body had neither length nor
 	// chunks: only its connection closing ended it.
 	closeDelimited bool
@@ -204,9 +208,11 @@ type response struct {
 	// first output).
 	ttfb, ttft time.Duration
 	bytesOut   int64
-	pending    error  // upstream error seen with data, reported on next Read
-	tail       []byte // final error event for an interrupted stream
-	broken     error  // why the upstream stream failed mid-body
+	pending    error // upstream error seen with data, reported on next Read
+	// tail is what Read sends before the body ends: the error event of an
+	// interrupted stream, or a body read whole for an HTTP/1.0 client.
+	tail   []byte
+	broken error // why the upstream stream failed mid-body
 	// cut is set when Shutdown ends the stream past its grace (interrupt).
 	cut atomic.Bool
 	// rescue follows a stream that may be continued if it fails.

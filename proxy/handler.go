@@ -33,7 +33,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.prepare()
 	ex.traceRoute()
 	ex.run()
-	if !ex.out.streaming {
+	if !ex.out.reader { // else the body's reader ends it (CloseWithError)
 		ex.finish()
 	}
 }

@@ -133,20 +133,25 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 		// it never goes upstream.
 		q.msg.Header.SetBytesKV(hdrAuthorization, a)
 	}
-	body := ex.ctx.Request.Body()
-	sent := ex.req.model
-	lp.model = t.model
-	if lp.model == "" {
-		lp.model = sent
+	if lp.model = t.model; lp.model == "" {
+		lp.model = ex.req.model
 	}
-	if t.model != "" && sent != t.model {
-		// Only the "model" value changes; every other byte stays.
+	q.msg.SetBodyRaw(ex.bodyFor(t))
+	return policy.ActionAttempt
+}
+
+// bodyFor returns the request body as target t gets it: the client's,
+// with "model" rewritten (into the request's own buffer) when t sets one.
+// Only the "model" value changes; every other byte stays.
+func (ex *exchange) bodyFor(t *target) []byte {
+	q, body := &ex.req, ex.ctx.Request.Body()
+	if t.model != "" && q.model != t.model {
 		if rewritten, err := sjson.SetBytes(append(q.body[:0], body...), "model", t.model); err == nil {
-			q.body, body = rewritten, rewritten
+			q.body = rewritten
+			return rewritten
 		}
 	}
-	q.msg.SetBodyRaw(body)
-	return policy.ActionAttempt
+	return body
 }
 
 // aim points the request at ep: its URI (and, for an address found in

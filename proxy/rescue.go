@@ -337,15 +337,17 @@ func (ex *exchange) continueOn(ti int) bool {
 	// The event it was cut in never reached the client, nor the text so
 	// far: the continuation starts after the last whole event.
 	rs.pending = rs.pending[:0]
+	body, ok := ex.continuation(t) // before the target is taken: a body too large leaves the loop as it was
+	if !ok {
+		return false
+	}
 	lp.ti = ti
 	if ex.useTarget(t) != policy.ActionAttempt {
 		return false
 	}
+	ex.req.msg.SetBodyRaw(body)
 	if t.up == failedUp && failedEp != nil {
 		ex.failedOn(failedEp) // another replica, if one is in
-	}
-	if !ex.continuation(t.up.opts.Continuation) {
-		return false
 	}
 	if ex.gate(t.up) != policy.ActionAttempt {
 		return false
@@ -375,33 +377,32 @@ func (ex *exchange) continueOn(ti int) bool {
 	return true
 }
 
-// continuation rewrites the request for a continuation: the text so far
-// appended as a trailing assistant message, with vLLM's flags for
-// continuing it. With no text yet it is the request as it was. false
-// means the body could not be rewritten: it must not be sent as it is.
-func (ex *exchange) continuation(c Continuation) bool {
-	q, rs := &ex.req, &ex.out.rescue
+// continuation returns the body of the continuation request to t: the
+// body as t gets it, the text so far appended as a trailing assistant
+// message, with vLLM's flags for continuing it (with no text yet, the
+// request as it was). false means it could not be built — it must not be
+// sent as it is — or would pass the route's max_body (refusedTooLarge).
+func (ex *exchange) continuation(t *target) ([]byte, bool) {
+	rs := &ex.out.rescue
 	if len(rs.text) == 0 {
-		return true
+		return ex.bodyFor(t), true
 	}
 	msg, _ := json.Marshal(struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	}{"assistant", string(rs.text)})
-	b, err := sjson.SetRawBytes(slices.Clone(q.msg.Body()), "messages.-1", msg)
-	if err == nil && c == ContinueVLLM {
+	b, err := sjson.SetRawBytes(slices.Clone(ex.bodyFor(t)), "messages.-1", msg)
+	if err == nil && t.up.opts.Continuation == ContinueVLLM {
 		if b, err = sjson.SetBytes(b, "continue_final_message", true); err == nil {
 			b, err = sjson.SetBytes(b, "add_generation_prompt", false)
 		}
 	}
 	if err != nil {
-		return false
+		return nil, false
 	}
 	if len(b) > ex.req.route.maxBody { // no continuation is larger than a request the route takes
 		rs.blocker, rs.refused = refusedTooLarge, refusedTooLarge
-		return false
+		return nil, false
 	}
-	q.body = b
-	q.msg.SetBodyRaw(b)
-	return true
+	return b, true
 }

@@ -72,8 +72,9 @@ func (ex *exchange) commit(final bool) {
 			ctx.Response.SkipBody = true
 			return
 		}
-		ctx.Response.SetBody(ex.untilTerminator(ex.reply.head))
-		ex.out.bytesOut = int64(len(ex.reply.head))
+		body := ex.untilTerminator(ex.reply.head)
+		ctx.Response.SetBody(body)
+		ex.out.bytesOut = int64(len(body))
 		return
 	}
 	ex.out.kind = kindOf(src.Header.ContentType())
@@ -91,10 +92,24 @@ func (ex *exchange) commit(final bool) {
 		ex.whole()
 		return
 	}
+	ex.stream(max(cl, -1))
+}
+
+// stream makes the reply a stream the exchange relays (Read), of size
+// bytes (-1: unknown).
+func (ex *exchange) stream(size int) {
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
 	ex.p.streaming(ex, true)
-	ctx.SetBodyStream(ex, max(cl, -1))
+	ex.serveBody(size)
+}
+
+// serveBody makes the exchange the client's body reader (Read), of size
+// bytes (-1: unknown): fasthttp pulls from it once the handler returns,
+// and CloseWithError ends the request.
+func (ex *exchange) serveBody(size int) {
+	ex.out.reader = true
+	ex.ctx.SetBodyStream(ex, size)
 }
 
 // untilTerminator returns a whole body up to the end of its stream's
@@ -162,7 +177,11 @@ func (ex *exchange) whole() {
 		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.name, "failed mid-body", ex.triedText()))
 		return
 	}
-	ex.ctx.Response.SetBody(body)
+	// Written from where it was read, as a stream's last bytes are: the
+	// budget it holds is given back only once it went (CloseWithError).
+	ex.out.bytesOut = 0 // counted again as it goes
+	ex.out.tail = body
+	ex.serveBody(len(body))
 }
 
 // errWholeTooLarge is why a body read whole for an HTTP/1.0 client was

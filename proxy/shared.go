@@ -29,6 +29,7 @@ const (
 func (s SharedState) withDefaults() SharedState {
 	orDefault(&s.Prefix, DefaultSharedPrefix)
 	orDefault(&s.Timeout, DefaultSharedTimeout)
+	orDefault(&s.MaxCooldowns, MaxTrackedKeys) // no more than the cooldown maps hold
 	return s
 }
 

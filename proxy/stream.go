@@ -47,7 +47,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return 0, errStreamAborted
 	}
 	if out.over { // the terminator went by: the rest, if any, is not the stream's
-		ex.closeBody()
+		ex.endBody()
 		return 0, io.EOF
 	}
 	if out.rescue.on {
@@ -132,7 +132,7 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 		}
 	}
 	if err == io.EOF {
-		ex.closeBody()
+		ex.endBody()
 		return 0, io.EOF
 	}
 	out.broken = err
@@ -145,6 +145,35 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 	n := copy(p, out.tail)
 	out.tail = out.tail[n:]
 	return ex.sent(p[:n]), nil
+}
+
+// What is read, and dropped, of an upstream body after its stream ended:
+// a server often sends a chunked body's last chunk a moment after the
+// terminator's event (uvicorn writes it apart), and the connection can go
+// back to the pool only once it came. Past either bound it is closed.
+const (
+	drainWait  = time.Second
+	drainBytes = 64 << 10
+)
+
+// endBody ends the upstream body of a stream that ended (its terminator,
+// or the body's own end): what is left of it is read, within drainWait
+// and drainBytes, and dropped, then the body is closed.
+func (ex *exchange) endBody() {
+	rp := &ex.reply
+	if rp.body != nil && ex.out.pending == nil {
+		if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
+			a.conn.capReads(time.Now().Add(drainWait))
+		}
+		var buf [4 << 10]byte
+		for left := drainBytes; left > 0; {
+			n, err := rp.body.Read(buf[:min(len(buf), left)])
+			if left -= n; err != nil {
+				break
+			}
+		}
+	}
+	ex.closeBody()
 }
 
 // interruptionTail is the last thing an interrupted SSE or NDJSON stream

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -127,16 +126,7 @@ const maxSpanText = tracing.MaxAttributeBytes
 
 // spanText copies at most maxSpanText bytes of b for a span, cut where a
 // character starts.
-func spanText(b []byte) string {
-	if len(b) > maxSpanText {
-		cut := maxSpanText
-		for cut > 0 && !utf8.RuneStart(b[cut]) {
-			cut--
-		}
-		b = b[:cut]
-	}
-	return string(b)
-}
+func spanText(b []byte) string { return string(b[:policy.RuneCut(b, maxSpanText)]) }
 
 // propagator reads and writes W3C traceparent and tracestate.
 var propagator = propagation.TraceContext{}
