@@ -405,3 +405,23 @@ func TestTheAdminSection(t *testing.T) {
 		}
 	}
 }
+
+// TestAWarningNamesAMaxTotalThatLeavesNoAttemptForAFallback.
+func TestAWarningNamesAMaxTotalThatLeavesNoAttemptForAFallback(t *testing.T) {
+	const up = "upstreams: [{name: a, url: 'http://h'}, {name: b, url: 'http://k'}]\n"
+	for doc, warned := range map[string]bool{
+		up + "routes:\n  - name: r\n    upstream: a\n    fallbacks: [{upstream: b}]\n    retry: {max_total_attempts: 4}\n":                  true,
+		up + "routes:\n  - name: r\n    upstream: a\n    fallbacks: [{upstream: b}]\n    retry: {max_attempts: 2, max_total_attempts: 3}\n": false,
+		up + "routes:\n  - name: r\n    upstream: a\n    fallbacks: [{upstream: b}]\n":                                                      false,
+		up + "routes:\n  - name: r\n    upstream: a\n    retry: {max_total_attempts: 1}\n":                                                  false,
+	} {
+		c, err := Parse("t.yaml", []byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws := c.Warnings()
+		if got := len(ws) == 1 && ws[0].Key == "routes[0].retry.max_total_attempts" && ws[0].Line == 6; got != warned {
+			t.Errorf("%q: warnings %+v, want one: %v", doc, ws, warned)
+		}
+	}
+}

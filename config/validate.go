@@ -325,6 +325,18 @@ func (c *Config) Warnings() []Problem {
 			check(fmt.Sprintf("upstreams[%d].endpoints[%d]", i, j), e)
 		}
 	}
+	for i, r := range c.Routes {
+		key := fmt.Sprintf("routes[%d].retry.max_total_attempts", i)
+		perTarget := r.Retry.MaxAttempts
+		if perTarget == 0 {
+			perTarget = policy.DefaultMaxAttempts
+		}
+		if total := r.Retry.MaxTotalAttempts; len(r.Fallbacks) > 0 && total > 0 && total <= perTarget {
+			ps = append(ps, Problem{Key: key, Line: c.written[key], Msg: fmt.Sprintf(
+				"%d leaves no attempt for the fallbacks once the primary used its max_attempts (%d): they are tried only when it is skipped or refuses every connection; "+
+					"leave it out for max_attempts + fallbacks (%d)", total, perTarget, perTarget+len(r.Fallbacks))})
+		}
+	}
 	return ps
 }
 

@@ -75,10 +75,12 @@ type Decision struct {
 	// counted as an attempt, but not against max_attempts of the target,
 	// the retry budget or the breaker.
 	Replay bool
-	// Ride sends the request back to riding through an outage: the
-	// attempt was a returning endpoint's probe that could not connect, so
-	// it counts against neither max_attempts, max_total_attempts nor the
-	// retry budget — ride_through bounds it.
+	// Ride sends the request (back) to riding through an outage: its
+	// attempt could not connect — a returning endpoint's probe, or every
+	// endpoint refusing the connection — so it counts against neither
+	// max_attempts, max_total_attempts nor the retry budget; ride_through
+	// bounds it. Wait is the pause before the next probe (0: the loop
+	// waits for an endpoint to come back).
 	Ride bool
 }
 
@@ -94,8 +96,9 @@ type Attempt struct {
 	// included (≥ 1); a stale replay shares the number of the attempt it
 	// replays.
 	N int
-	// Total is the number of attempts made across all targets, stale ones
-	// included (≥ N).
+	// Total is the number of attempts made across all targets that
+	// max_total_attempts counts: stale replays and ride-through probes
+	// are not (≥ N).
 	Total int
 	// AfterStale is true when this attempt was itself a stale replay.
 	AfterStale bool
@@ -123,6 +126,22 @@ type Attempt struct {
 	// request has not failed on, can take the retry: it goes at once,
 	// without a backoff (the failure was most likely that replica's).
 	Elsewhere bool
+	// Refused is true when the connection was refused and no other
+	// endpoint of the target is left to try (not Elsewhere): nothing
+	// listens there — a server killed or not up yet.
+	Refused bool
+	// RideLeft is how long the request may still ride through an outage
+	// of the target (ride_through, within the deadline; 0: it may not).
+	RideLeft time.Duration
+	// Out is true when, after the attempt, no endpoint of the target can
+	// take the next one: its breakers (this one's opened again, a failed
+	// half-open probe) or health checks have them all out.
+	Out bool
+	// Cooldown is how long the cooldown this attempt's reply started (a
+	// 429 without a wait) keeps the target from the next attempt; a
+	// server's own wait is not one (the request that learned it retries
+	// when it ends).
+	Cooldown time.Duration
 }
 
 // Decide says what follows attempt a: a retry on the same target after a
@@ -134,25 +153,23 @@ type Attempt struct {
 // draws one with rnd. A wait that would reach the deadline is never
 // started. Where retrying in place must stop, the next target is tried
 // instead if one is left, the request is safe to send elsewhere and
-// max_total_attempts allows. A stale connection is resent at once, once
-// per attempt, for a replayable request; otherwise it counts as a reset.
-// A request riding through an outage whose probe could not connect goes
-// back to riding, uncounted. A retry that goes to another replica goes at
-// once.
+// max_total_attempts allows. No backoff is slept before a failover that
+// is already decided: a target that refused every connection, whose
+// endpoints are all out after the attempt, or that the attempt's own
+// bare 429 put in cooldown is left at once when a fallback can take the
+// request. A stale connection is resent at once, once per attempt, for a
+// replayable request; otherwise it counts as a reset. A request whose
+// target refused every connection with no fallback left rides through
+// (ride_through), as one that found its breaker open: its probes are
+// uncounted. A retry that goes to another replica goes at once.
 func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 	v := a.Verdict
-	maxTotal := r.MaxTotalAttempts
-	if maxTotal <= 0 {
-		maxTotal = r.MaxAttempts
-	}
+	maxTotal := r.TotalAttempts()
 	if v.Reason == ReasonStale {
-		if d, ok := decideStale(a, maxTotal); ok {
+		if d, ok := decideStale(a); ok {
 			return d
 		}
 		v.Reason = ReasonReset
-	}
-	if a.Riding && v.Reason == ReasonConnect && a.Remaining > 0 {
-		return Decision{Action: ActionAttempt, Ride: true} // never sent
 	}
 	safe := a.Replayable || v.Reason == ReasonConnect || r.ReplayWrites
 	canFailover := a.HasFallback && a.Total < maxTotal && a.Remaining > 0
@@ -164,6 +181,13 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 		return Decision{Action: ActionStop, Stop: stop}
 	}
 	stop := func(s Stop) Decision { return Decision{Action: ActionStop, Stop: s} }
+	ride := func(wait time.Duration) Decision {
+		d := Decision{Action: ActionAttempt, Ride: true, Wait: wait}
+		if wait > 0 {
+			d.Source = WaitBackoff
+		}
+		return d
+	}
 	switch {
 	case v.Class == ClassClientGone:
 		return stop(StopClientGone)
@@ -171,14 +195,24 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 		return Decision{Action: ActionFailover}
 	case v.Class != ClassRetryable:
 		return stop(StopFinal)
+	case v.Reason == ReasonConnect && a.Remaining > 0 && a.Riding:
+		return ride(0) // a probe that could not connect: the loop waits for the next
 	case !r.On.Has(v.Reason):
 		return stop(StopNotOn)
 	case !safe:
 		return stop(StopNotReplayable)
 	case a.Remaining <= 0:
 		return stop(StopDeadline)
+	case v.Reason == ReasonConnect && a.Refused && canFailover:
+		return Decision{Action: ActionFailover} // nothing listens: no backoff, no other attempt here
+	case v.Reason == ReasonConnect && a.Refused && a.RideLeft > 0:
+		return ride(min(r.Backoff.Delay(a.N, rnd), a.RideLeft))
 	case a.Total >= maxTotal:
-		return stop(StopMaxAttempts)
+		return stop(r.maxStop())
+	case a.Out && canFailover:
+		return Decision{Action: ActionFailover, Stop: StopBreakerOpen}
+	case a.Out && a.RideLeft <= 0:
+		return stop(StopBreakerOpen)
 	case v.Reason == ReasonTimeout && r.OnTimeout == OnTimeoutFailover && canFailover:
 		return Decision{Action: ActionFailover}
 	case a.HasServerWait && a.ServerWait > r.MaxRetryAfter:
@@ -191,28 +225,47 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 		return leave(StopBudget)
 	case a.HasServerWait:
 		return Decision{Action: ActionAttempt, Wait: a.ServerWait, Source: WaitServer}
+	case a.Cooldown > 0 && canFailover:
+		return Decision{Action: ActionFailover} // the retry would meet the cooldown: leave now
 	case a.Elsewhere:
 		return Decision{Action: ActionAttempt, Source: WaitBackoff} // another replica: no wait
 	}
-	wait := r.Backoff.Delay(a.N, rnd)
+	wait := max(r.Backoff.Delay(a.N, rnd), a.Cooldown)
 	if wait >= a.Remaining {
 		return leave(StopDeadline)
 	}
 	return Decision{Action: ActionAttempt, Wait: wait, Source: WaitBackoff}
 }
 
+// TotalAttempts is the attempts a request may make across all its
+// targets: MaxTotalAttempts, or MaxAttempts when it is not set (a Retry
+// without its defaults filled).
+func (r Retry) TotalAttempts() int {
+	if r.MaxTotalAttempts > 0 {
+		return r.MaxTotalAttempts
+	}
+	return r.MaxAttempts
+}
+
+// maxStop is the stop of a request that used up max_total_attempts:
+// StopMaxTotalAttempts when that is more than one target's max_attempts.
+func (r Retry) maxStop() Stop {
+	if r.TotalAttempts() > r.MaxAttempts {
+		return StopMaxTotalAttempts
+	}
+	return StopMaxAttempts
+}
+
 // decideStale resends a replayable request at once after a stale
-// connection, once per attempt, within the deadline and
-// max_total_attempts; ok is false when the stale connection is to be
-// taken as a reset.
-func decideStale(a Attempt, maxTotal int) (d Decision, ok bool) {
+// connection, once per attempt, within the deadline — uncounted by
+// max_total_attempts, so it never takes the attempt another target needs;
+// ok is false when the stale connection is to be taken as a reset.
+func decideStale(a Attempt) (d Decision, ok bool) {
 	switch {
 	case !a.Replayable || a.AfterStale:
 		return d, false
 	case a.Remaining <= 0:
 		return Decision{Action: ActionStop, Stop: StopDeadline}, true
-	case a.Total >= maxTotal:
-		return Decision{Action: ActionStop, Stop: StopMaxAttempts}, true
 	}
 	return Decision{Action: ActionAttempt, Replay: true}, true
 }

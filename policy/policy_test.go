@@ -264,7 +264,7 @@ func TestDecideFailover(t *testing.T) {
 		{"no fallback left stops", r, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true, Remaining: hour},
 			stopWith(StopMaxAttempts)},
 		{"total budget across targets", r, Attempt{Verdict: v5xx, N: 1, Total: 4, Replayable: true, HasFallback: true, Remaining: hour},
-			stopWith(StopMaxAttempts)},
+			stopWith(StopMaxTotalAttempts)},
 		{"retry-after too long fails over", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, HasFallback: true,
 			ServerWait: time.Minute, HasServerWait: true, Remaining: hour}, failoverWith(StopRetryAfterTooLong)},
 		{"retry-after past deadline fails over", r, Attempt{Verdict: v429, N: 1, Total: 1, Replayable: true, HasFallback: true,
@@ -309,7 +309,8 @@ func TestDecideStale(t *testing.T) {
 		{"replayed at once, even at max_attempts 1", r, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, Remaining: hour}, replay},
 		{"replayed whatever retry.on says", onlyConnect, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, Remaining: hour}, replay},
 		{"replayed even with the budget spent", r, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, BudgetSpent: true, Remaining: hour}, replay},
-		{"counts toward max_total_attempts", r, Attempt{Verdict: stale, N: 1, Total: 3, Replayable: true, Remaining: hour}, stopWith(StopMaxAttempts)},
+		{"takes no attempt another target needs: past max_total_attempts", r, Attempt{Verdict: stale, N: 1, Total: 3, Replayable: true,
+			HasFallback: true, Remaining: hour}, replay},
 		{"not past the deadline", r, Attempt{Verdict: stale, N: 1, Total: 1, Replayable: true, Remaining: 0}, stopWith(StopDeadline)},
 		{"a second one in a row is a reset", r, Attempt{Verdict: stale, N: 1, Total: 2, AfterStale: true, Replayable: true, Remaining: hour},
 			stopWith(StopMaxAttempts)},
@@ -360,6 +361,52 @@ func TestDecideRetryElsewhereAtOnce(t *testing.T) {
 			stopWith(StopMaxAttempts)},
 		{"the budget still bounds it", r, Attempt{Verdict: v5xx, N: 1, Total: 1, Replayable: true, Elsewhere: true, BudgetSpent: true,
 			Remaining: hour}, stopWith(StopBudget)},
+	}
+	runDecideTable(t, tests)
+}
+
+// TestDecideTheFirstRequestAfterAFailure: what follows the attempt an
+// agent meets right after something broke — no backoff before a failover
+// already decided, no attempt left unused by a stale replay, a refused
+// target ridden through when nothing else can answer.
+func TestDecideTheFirstRequestAfterAFailure(t *testing.T) {
+	r := Retry{MaxAttempts: 4, MaxTotalAttempts: 5, Backoff: Backoff{Base: time.Second, Max: 8 * time.Second},
+		MaxRetryAfter: 30 * time.Second, On: RetryOnAll}
+	hour := time.Hour
+	connect, v5xx, v429 := Classify(Outcome{Fault: FaultConnect}), Classify(Outcome{Status: 503}), Classify(Outcome{Status: 429})
+	failover := Decision{Action: ActionFailover}
+	tests := []decideCase{
+		{"every endpoint refused, a fallback left: at once", r,
+			Attempt{Verdict: connect, N: 1, Total: 1, Refused: true, HasFallback: true, Remaining: hour}, failover},
+		{"a write refused fails over too: it never left", r,
+			Attempt{Verdict: connect, N: 1, Total: 1, Refused: true, HasFallback: true, Remaining: hour}, failover},
+		{"refused, no fallback, ride_through: ride, uncounted", r,
+			Attempt{Verdict: connect, N: 1, Total: 5, Refused: true, RideLeft: 4 * time.Second, Replayable: true, Remaining: hour},
+			Decision{Action: ActionAttempt, Ride: true, Wait: time.Second, Source: WaitBackoff}},
+		{"refused, no fallback, no ride: retried as ever", r,
+			Attempt{Verdict: connect, N: 1, Total: 1, Refused: true, Replayable: true, Remaining: hour}, retryAfter(time.Second)},
+		{"refused, another endpoint left: not Refused, retried elsewhere", r,
+			Attempt{Verdict: connect, N: 1, Total: 1, Elsewhere: true, HasFallback: true, Replayable: true, Remaining: hour},
+			Decision{Action: ActionAttempt, Source: WaitBackoff}},
+		{"the probe failed, the target is out, a fallback left: at once", r,
+			Attempt{Verdict: v5xx, N: 1, Total: 1, Out: true, HasFallback: true, Replayable: true, Remaining: hour},
+			Decision{Action: ActionFailover, Stop: StopBreakerOpen}},
+		{"the target is out, nothing left: stop at once", r,
+			Attempt{Verdict: v5xx, N: 1, Total: 1, Out: true, Replayable: true, Remaining: hour}, stopWith(StopBreakerOpen)},
+		{"the target is out, ride_through: retried (the loop rides)", r,
+			Attempt{Verdict: v5xx, N: 1, Total: 1, Out: true, RideLeft: time.Second, Replayable: true, Remaining: hour}, retryAfter(time.Second)},
+		{"a bare 429's cooldown, a fallback left: at once", r,
+			Attempt{Verdict: v429, N: 1, Total: 1, Cooldown: time.Second, HasFallback: true, Replayable: true, Remaining: hour}, failover},
+		{"a bare 429's cooldown, nothing left: wait it out", Retry{MaxAttempts: 4, Backoff: Backoff{Base: time.Millisecond}, On: RetryOnAll,
+			MaxRetryAfter: 30 * time.Second}, Attempt{Verdict: v429, N: 1, Total: 1, Cooldown: 2 * time.Second, Replayable: true, Remaining: hour},
+			Decision{Action: ActionAttempt, Wait: 2 * time.Second, Source: WaitBackoff}},
+		{"a server's wait is waited even with a fallback", r,
+			Attempt{Verdict: v429, N: 1, Total: 1, HasServerWait: true, ServerWait: 2 * time.Second, HasFallback: true, Replayable: true,
+				Remaining: hour}, serverWait(2 * time.Second)},
+		{"the last of max_total_attempts", r, Attempt{Verdict: v5xx, N: 1, Total: 5, Replayable: true, Remaining: hour},
+			stopWith(StopMaxTotalAttempts)},
+		{"one target's max_attempts", Retry{MaxAttempts: 2, On: RetryOnAll}, Attempt{Verdict: v5xx, N: 2, Total: 2, Replayable: true,
+			Remaining: hour}, stopWith(StopMaxAttempts)},
 	}
 	runDecideTable(t, tests)
 }

@@ -16,8 +16,10 @@ const (
 	// StopNotReplayable: the request may have reached the upstream and is
 	// not safe to send twice.
 	StopNotReplayable
-	// StopMaxAttempts: max_attempts (or max_total_attempts) reached.
+	// StopMaxAttempts: max_attempts reached.
 	StopMaxAttempts
+	// StopMaxTotalAttempts: max_total_attempts reached (across targets).
+	StopMaxTotalAttempts
 	// StopRetryAfterTooLong: the server asked for a wait above
 	// max_retry_after.
 	StopRetryAfterTooLong
@@ -43,6 +45,7 @@ var stops = [...]struct{ name, text string }{
 	StopNotOn:             {"not_in_retry_on", "not in retry.on"},
 	StopNotReplayable:     {"not_replayable", "request not safe to replay"},
 	StopMaxAttempts:       {"max_attempts", "max_attempts reached"},
+	StopMaxTotalAttempts:  {"max_total_attempts", "max_total_attempts reached"},
 	StopRetryAfterTooLong: {"retry_after_too_long", "the upstream asked to wait longer than max_retry_after"},
 	StopDeadline:          {"deadline", "deadline reached"},
 	StopBreakerOpen:       {"breaker_open", "circuit breaker opened"},

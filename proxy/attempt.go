@@ -24,6 +24,7 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 	}
 	resp := ex.reply.msg
 	ex.reply.streamFailed, ex.reply.streamError, ex.reply.heldToEnd = false, "", false
+	ex.loop.why, ex.loop.refused = "", false // this attempt's, not an earlier one's
 	ex.enter(phaseHead)
 	if err := ep.send(ex, resp, timeout); err != nil || ex.isGone.Load() {
 		ex.closeBody()
@@ -33,7 +34,7 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 		case !isTimeout(err) && staleConnection(resp):
 			return policy.Outcome{Fault: policy.FaultStale}
 		}
-		ex.loop.why = whyUnreachable(err)
+		ex.loop.why, ex.loop.refused = whyUnreachable(err), refusedConnection(err)
 		return policy.Outcome{Fault: faultOf(err)}
 	}
 	// headAt: when the head arrived, or with a small body read whole

@@ -271,6 +271,14 @@ func whyUnreachable(err error) string {
 	return "connection failed"
 }
 
+// refusedConnection reports whether a connection was refused (or had no
+// route): nothing listens there — a server killed, or not up yet.
+func refusedConnection(err error) bool {
+	var de *dialError
+	return errors.As(err, &de) && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH))
+}
+
 // faultOf maps a fasthttp client error to the attempt's fault.
 func faultOf(err error) policy.Fault {
 	var de *dialError

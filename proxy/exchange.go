@@ -100,12 +100,17 @@ type loopState struct {
 	up       *upstream // the current target's upstream
 	n        int       // attempts on it, a stale replay sharing its attempt's number
 	attempts int       // across all targets, stale replays included
-	// replaying is set while the next attempt is a stale replay;
-	// reriding while it follows a ride-through probe that could not
-	// connect, and rides counts those probes (they are not attempts
-	// max_total_attempts counts).
+	// replaying is set while the next attempt is a stale replay, and
+	// replays counts them; reriding while it follows a ride-through probe
+	// that could not connect, and rides counts those probes.
+	// max_total_attempts counts neither (counted).
 	replaying, reriding bool
-	rides               int
+	rides, replays      int
+	// refused says the last attempt's connection was refused (nothing
+	// listened); own is the cooldown this request's own 429 started with
+	// the wait it asked for, which that request's retry is not held by.
+	refused bool
+	own     ownCooldown
 	// reservedAt is when the retry budget was taken for the retry being
 	// waited for, to give it back if the wait ends early.
 	reservedAt time.Time
@@ -146,6 +151,14 @@ type loopState struct {
 	why      string // the last attempt without a response: why (whyUnreachable)
 	verdict  policy.Verdict
 	stop     policy.Stop
+}
+
+// ownCooldown is a cooldown a request's own 429 started with its server's
+// wait: the request waits that wait and retries, past the extension the
+// jitter added for everyone else (see gate).
+type ownCooldown struct {
+	up    *upstream
+	until time.Time // the cooldown's end as set
 }
 
 // reply is the last upstream reply: its message, the body still to be
@@ -251,6 +264,7 @@ type targetNote struct {
 	model    string
 	endpoint string // of its last attempt
 	attempts int
+	replays  int // of them, stale resends
 	result   string
 	breaker  string // which breaker refused it (connection, model), if one did
 }

@@ -236,6 +236,16 @@ func (c *cooldowns) remaining(key uint64, now time.Time) time.Duration {
 	return cd.until.Sub(now)
 }
 
+// end returns when key's cooldown ends (zero: it has none).
+func (c *cooldowns) end(key uint64) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cd := c.m[key]; cd != nil {
+		return cd.until
+	}
+	return time.Time{}
+}
+
 // active counts the cooldowns in force and returns the latest end.
 func (c *cooldowns) active(now time.Time) (n int, latest time.Time) {
 	c.mu.Lock()

@@ -44,14 +44,24 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 			return a
 		}
 		d := ex.try(t, ep, tickets)
+		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
+			ex.allOut(t.up, "") // what the client is told: the breaker that is open
+		}
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
+		if d.Ride && !ex.startRide(t.up) {
+			return ex.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
+		}
 		ex.enter(phaseBackoff)
 		source := sourceSturdy
-		if d.Source == policy.WaitServer {
+		switch {
+		case d.Source == policy.WaitServer:
 			ex.enter(phaseRetryAfter)
 			source = sourceServer
+		case d.Ride:
+			ex.enter(phaseRideThrough)
+			source = sourceRideThrough
 		}
 		if !ex.wait(d.Wait, source) {
 			if d.SpendsBudget() {
@@ -189,7 +199,7 @@ func (ex *exchange) leaveTarget() {
 // says to; otherwise it returns the failover or stop policy chose.
 func (ex *exchange) gate(up *upstream) policy.Action {
 	now := time.Now()
-	if left := ex.cooldownLeft(up, now); left > 0 {
+	if left := ex.cooldownLeft(up, now); left > 0 && !ex.ownRetry(up) {
 		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
@@ -302,11 +312,16 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	up, lp := t.up, &ex.loop
 	out, afterStale := ex.send(t, ep, tk)
 	now := time.Now()
-	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: lp.attempts - lp.rides, AfterStale: afterStale,
+	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: ex.counted(), AfterStale: afterStale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
 		Riding: now.Before(lp.rideUntil) && ep.out(), Elsewhere: lp.verdict.Class == policy.ClassRetryable && ex.elsewhere(up)}
+	if lp.verdict.Class == policy.ClassRetryable {
+		a.Refused = lp.refused && !a.Elsewhere
+		a.RideLeft = ex.rideLeft(up, now)
+		a.Out = !ex.anyUsable(up)
+	}
 	if ex.reply.has {
-		a.ServerWait, a.HasServerWait = ex.learnRateLimits(up, now)
+		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
 		a.FailoverStatus = lp.verdict.Class == policy.ClassPassThrough && (ex.failoverStatus() || out.InsufficientQuota)
@@ -317,6 +332,9 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
+	if d.Source != policy.WaitServer {
+		lp.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
+	}
 	ex.attemptDecided(d)
 	if reserved && !d.SpendsBudget() {
 		up.budget.Cancel(now)
@@ -337,9 +355,12 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	ex.closeBody()
 	ex.reply.conn, lp.place = lp.place, nil
 	afterStale = lp.replaying
-	if lp.reriding {
+	switch {
+	case lp.reriding:
 		lp.rides++
-	} else if !afterStale {
+	case afterStale:
+		lp.replays++
+	default:
 		lp.n++
 	}
 	lp.attempts++
@@ -370,8 +391,11 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 		ep.outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
 	ex.noteResult(result, true)
-	if ex.notes.nTried > 0 {
-		ex.notes.tried[ex.notes.nTried-1].endpoint = ep.addr
+	if n := &ex.notes; n.nTried > 0 {
+		n.tried[n.nTried-1].endpoint = ep.addr
+		if afterStale {
+			n.tried[n.nTried-1].replays++
+		}
 	}
 	return out, afterStale
 }
@@ -435,6 +459,23 @@ func (ex *exchange) interrupted() policy.Action {
 	return policy.ActionStop
 }
 
+// ownRetry reports whether this attempt is the retry of the request whose
+// 429 started up's cooldown with the wait it asked for, that wait now
+// waited: the cooldown (its end moved later by the jitter, for everyone
+// else) does not hold it — unless something has set a later end since.
+func (ex *exchange) ownRetry(up *upstream) bool {
+	own := ex.loop.own
+	ex.loop.own = ownCooldown{}
+	return own.up == up && up.cooldowns.end(ex.cooldownKey(up)).Equal(own.until)
+}
+
+// counted is the attempts max_total_attempts counts: stale replays and
+// ride-through probes are not.
+func (ex *exchange) counted() int {
+	lp := &ex.loop
+	return lp.attempts - lp.rides - lp.replays
+}
+
 // cooldownKey keys up's cooldowns for this request: the credential — the
 // upstream's own key when Sturdy injects one (all clients share it), else
 // the client's Authorization — and the model as sent, since providers
@@ -476,24 +517,27 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // learnRateLimits reads the reply's rate-limit headers: a 429's
 // Retry-After (returned as the server's wait) and OpenAI's
 // x-ratelimit-remaining-requests: 0 (on any reply) put the upstream in
-// cooldown for this credential until then — at most cooldown.max.
-func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool) {
+// cooldown for this credential until then — at most cooldown.max. A 429
+// that gives no wait starts a bare cooldown, returned as cooldown: the
+// next attempt here would meet it. A 429's own wait is this request's to
+// wait (lp.own): its retry is not held by the cooldown the wait started.
+func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
 	h := &ex.reply.msg.Header
 	is429 := ex.loop.verdict.Reason == policy.Reason429
 	if ex.loop.verdict.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
 	}
 	if up.bareCooldown <= 0 { // cooldown.enabled: false
-		return wait, ok
+		return wait, ok, 0
 	}
-	until := time.Time{}
+	until, fromWait := time.Time{}, false
 	if ok && is429 {
-		until = now.Add(ex.extend(wait))
+		until, fromWait = now.Add(ex.extend(wait)), true
 	}
 	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
 		if d, exhausted := policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])); exhausted {
 			if t := now.Add(ex.extend(d)); t.After(until) {
-				until = t
+				until, fromWait = t, false
 			}
 		}
 	}
@@ -501,14 +545,18 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 	case until.After(now):
 		until = up.cooldowns.set(ex.cooldownKey(up), now, until) // cooldown.max caps it
 		ex.publishCooldown(up, until, 0)
+		if fromWait {
+			ex.loop.own = ownCooldown{up: up, until: until}
+		}
 	case is429 && !ok: // "too many", but not for how long
 		d, streak := up.cooldowns.bare(ex.cooldownKey(up), now, up.bareCooldown, ex.extend)
 		ex.publishCooldown(up, now.Add(d), streak)
+		cooldown = d
 	default:
-		return wait, ok
+		return wait, ok, 0
 	}
 	ex.p.m.Cooldowns.WithLabelValues(up.name).Inc()
-	return wait, ok
+	return wait, ok, cooldown
 }
 
 // failoverStatus reports whether a pass-through reply is one the route

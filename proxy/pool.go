@@ -246,18 +246,8 @@ func (ex *exchange) rideThrough(up *upstream, changed <-chan struct{}) (again bo
 		return false, policy.ActionAttempt
 	}
 	now := time.Now()
-	if lp.rideUntil.IsZero() {
-		if up.riders != nil {
-			select {
-			case up.riders <- struct{}{}:
-				lp.rider = up
-			default:
-				return false, policy.ActionAttempt // the queue is full: at once
-			}
-		}
-		lp.rideUntil = now.Add(min(up.rideThrough, time.Until(ex.req.deadline)))
-		lp.rideDraw = float64(ex.p.rand(1<<20)) / (1 << 20)
-		ex.p.m.RideThroughs.WithLabelValues(up.name).Inc()
+	if !ex.startRide(up) {
+		return false, policy.ActionAttempt // the queue is full: at once
 	}
 	left := lp.rideUntil.Sub(now)
 	if left <= 0 {
@@ -286,6 +276,56 @@ func (ex *exchange) rideThrough(up *upstream, changed <-chan struct{}) (again bo
 		return false, ex.interrupted()
 	}
 	return true, policy.ActionAttempt
+}
+
+// startRide begins this target's ride through an outage (ride_through,
+// within the deadline) unless it has begun: a place among the riders
+// taken, when max_in_flight does not bound them. false: their queue is
+// full.
+func (ex *exchange) startRide(up *upstream) bool {
+	lp := &ex.loop
+	if !lp.rideUntil.IsZero() {
+		return true
+	}
+	if up.riders != nil {
+		select {
+		case up.riders <- struct{}{}:
+			lp.rider = up
+		default:
+			return false
+		}
+	}
+	lp.rideUntil = time.Now().Add(min(up.rideThrough, time.Until(ex.req.deadline)))
+	lp.rideDraw = float64(ex.p.rand(1<<20)) / (1 << 20)
+	ex.p.m.RideThroughs.WithLabelValues(up.name).Inc()
+	return true
+}
+
+// rideLeft is how long this request may still ride through an outage of
+// up: what is left of the ride it began, or the ride it may begin (none
+// without ride_through, or with the riders' queue full).
+func (ex *exchange) rideLeft(up *upstream, now time.Time) time.Duration {
+	lp := &ex.loop
+	switch {
+	case up.rideThrough <= 0:
+		return 0
+	case !lp.rideUntil.IsZero():
+		return max(lp.rideUntil.Sub(now), 0)
+	case up.riders != nil && len(up.riders) == cap(up.riders):
+		return 0
+	}
+	return max(min(up.rideThrough, ex.req.deadline.Sub(now)), 0)
+}
+
+// anyUsable reports whether an endpoint of up can take this request's
+// next attempt (usable: in, its model's breaker not open).
+func (ex *exchange) anyUsable(up *upstream) bool {
+	for _, ep := range up.endpointsNow() {
+		if ex.usable(ep) {
+			return true
+		}
+	}
+	return false
 }
 
 // release holds a request that rode through an outage back a little

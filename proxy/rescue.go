@@ -267,11 +267,7 @@ func (ex *exchange) rescueTarget() int {
 // rescueRefusal says why the failed stream cannot be continued now, as
 // the rescues metric's result, or "" when it can.
 func (ex *exchange) rescueRefusal() string {
-	rs, lp := &ex.out.rescue, &ex.loop
-	maxTotal := ex.req.retry.MaxTotalAttempts
-	if maxTotal <= 0 {
-		maxTotal = ex.req.retry.MaxAttempts
-	}
+	rs := &ex.out.rescue
 	r := ex.req.route
 	switch {
 	case rs.blocker == refusedTooLarge || rs.blocker == refusedBuffers:
@@ -280,7 +276,7 @@ func (ex *exchange) rescueRefusal() string {
 		return "unsafe"
 	case ex.rescueTarget() < 0:
 		return "no_target"
-	case rs.tries >= r.maxRescues || lp.attempts-lp.rides >= maxTotal || time.Until(ex.req.deadline) <= 0,
+	case rs.tries >= r.maxRescues || ex.counted() >= ex.req.retry.TotalAttempts() || time.Until(ex.req.deadline) <= 0,
 		r.maxDuration > 0 && time.Since(ex.req.start) >= r.maxDuration:
 		return "exhausted"
 	case ex.out.cut.Load() || ex.isGone.Load() || ex.p.isStopping():

@@ -302,6 +302,8 @@ func (ex *exchange) triedText() string {
 			b.WriteString(": no attempt")
 		case n.attempts == 0:
 			b.WriteString(": skipped, " + n.result)
+		case n.replays > 0:
+			fmt.Fprintf(&b, ": %d attempt%s (%d a stale resend), last %s", n.attempts, plural(n.attempts), n.replays, n.result)
 		default:
 			fmt.Fprintf(&b, ": %d attempt%s, last %s", n.attempts, plural(n.attempts), n.result)
 		}

@@ -1,0 +1,177 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"sturdy/breaker"
+	"sturdy/internal/upstreamtest"
+)
+
+// These tests hold the first request after something broke to the
+// invariant the README promises under "Giving up": when a target of the
+// route can answer within the deadline, the client gets that answer.
+
+// maxJitter draws the full-jitter backoff at its bound, so a backoff
+// slept before a failover shows in the time a request takes.
+func maxJitter(n int64) int64 { return n - 1 }
+
+// TestAKilledPrimaryFailsOverOnTheNextRequest: with the default attempts
+// (max_attempts 4, max_total_attempts 4 + fallbacks), a primary killed
+// after a warm connection — one endpoint, or a pool of two — is left for
+// the fallback by the very next request: the dead keep-alive connection's
+// resend takes no attempt, and a target that refused every connection is
+// left at once. Before, the stale resend and four connects used all five
+// attempts: 502 retries_exhausted, the fallback never tried.
+func TestAKilledPrimaryFailsOverOnTheNextRequest(t *testing.T) {
+	t.Parallel()
+	for _, replicas := range []int{1, 2} {
+		t.Run(map[int]string{1: "one endpoint", 2: "a pool of two"}[replicas], func(t *testing.T) {
+			var rs []*replica
+			var urls []string
+			for i := 0; i < replicas; i++ {
+				r := startReplica(t, "")
+				rs, urls = append(rs, r), append(urls, r.url)
+			}
+			fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "from the fallback"})
+			h := startProxy(t, "", func(o *Options) {
+				o.Upstreams[0].URL, o.Upstreams[0].Endpoints = "", urls
+				o.Upstreams[0].Breaker = breaker.Settings{} // the defaults: 5 in a row
+				o.Upstreams = append(o.Upstreams, testUpstream("hosted", fallback.URL))
+				o.Routes[0].Fallbacks = []Target{{Upstream: "hosted"}}
+				o.Routes[0].Retry.MaxTotalAttempts = 0 // the default
+				o.Rand = maxJitter
+			})
+			for i := 0; i < 2*replicas; i++ { // warm connections to every replica
+				if resp, _ := h.chat(""); resp.StatusCode != 200 {
+					t.Fatalf("warming: %d", resp.StatusCode)
+				}
+			}
+			for _, r := range rs {
+				r.stop() // killed: its keep-alive connections close, nothing listens
+			}
+			start := time.Now()
+			resp, body := h.chat("")
+			if resp.StatusCode != 200 || string(body) != "from the fallback" {
+				t.Fatalf("the first request after the kill: %d %s", resp.StatusCode, body)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("it took %v: backoffs before the failover", d)
+			}
+		})
+	}
+}
+
+// TestTheRetryAServerWaitWasHonouredForGoesToThatServer: a 429 with a
+// wait on a route with a fallback is waited, then retried on the primary:
+// the cooldown the same 429 started (its end moved later by the jitter)
+// does not send it to the fallback. Before, the request waited the whole
+// wait and then failed over anyway, its wait logged shorter than the gap.
+func TestTheRetryAServerWaitWasHonouredForGoesToThatServer(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After-Ms", "300"}}},
+		upstreamtest.Step{Body: "from the primary"})
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "from the fallback"})
+	h := startProxy(t, primary.URL, func(o *Options) {
+		withFallbacks(o, []string{fallback.URL})
+		o.Rand = maxJitter // the cooldown ends the most it can past the wait: 10 %
+	})
+	start := time.Now()
+	resp, body := h.chat("")
+	if resp.StatusCode != 200 || string(body) != "from the primary" || fallback.Count() != 0 {
+		t.Fatalf("%d %s, the fallback saw %d", resp.StatusCode, body, fallback.Count())
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("took %v, want the 300 ms the server asked for", d)
+	}
+	r := h.accessLines(1)[0]["retries"].([]any)[0].(map[string]any)
+	if r["wait_ms"] != 300.0 {
+		t.Fatalf("the retry's wait logged as %v ms", r["wait_ms"])
+	}
+	// Another request of the same key meets the cooldown (with its
+	// jitter) and goes to the fallback: the exemption was the retry's.
+	primary.SetScript(upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After-Ms", "300"}}})
+	h.chat("")
+	if _, body := h.chat(""); string(body) != "from the fallback" {
+		t.Fatalf("another request during the cooldown: %s", body)
+	}
+}
+
+// TestABare429FailsOverWithoutABackoff: a 429 that gives no wait starts a
+// cooldown the retry would meet; with a fallback left the request goes
+// there at once. Before, a backoff was slept first, then the cooldown
+// sent it to the fallback anyway.
+func TestABare429FailsOverWithoutABackoff(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429})
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "from the fallback"})
+	h := startProxy(t, primary.URL, func(o *Options) {
+		withFallbacks(o, []string{fallback.URL})
+		o.Routes[0].Retry.Backoff.Base, o.Routes[0].Retry.Backoff.Max = 400*time.Millisecond, 400*time.Millisecond
+		o.Rand = maxJitter
+	})
+	start := time.Now()
+	resp, body := h.chat("")
+	if resp.StatusCode != 200 || string(body) != "from the fallback" || primary.Count() != 1 {
+		t.Fatalf("%d %s, the primary saw %d", resp.StatusCode, body, primary.Count())
+	}
+	if d := time.Since(start); d > 300*time.Millisecond {
+		t.Fatalf("took %v: the 400 ms backoff was slept before a failover already decided", d)
+	}
+}
+
+// TestTheFirstRequestOfAnOutageRidesThrough: the only endpoint refuses
+// connections (its breaker far from open), ride_through is set, no
+// fallback: the request rides through — its probes uncounted — and gets
+// the answer once the server is up. Before, it got 502 in milliseconds
+// (stale, connect, connect: max_attempts).
+func TestTheFirstRequestOfAnOutageRidesThrough(t *testing.T) {
+	t.Parallel()
+	addr := freePort(t)
+	h := startProxy(t, "http://"+addr, func(o *Options) {
+		o.Upstreams[0].RideThrough = 4 * time.Second
+		o.Routes[0].Retry.MaxAttempts = 3
+		o.Routes[0].Retry.Backoff.Base, o.Routes[0].Retry.Backoff.Max = 50*time.Millisecond, 200*time.Millisecond
+	})
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		startReplica(t, addr)
+	}()
+	start := time.Now()
+	resp, body := h.chat("")
+	if resp.StatusCode != 200 || time.Since(start) < 400*time.Millisecond {
+		t.Fatalf("after %v: %d %s", time.Since(start), resp.StatusCode, body)
+	}
+	if line := h.accessLines(1)[0]; line["outcome"] != outcomeOK {
+		t.Fatalf("logged %v", line)
+	}
+}
+
+// TestAFailedProbeFailsOverWithoutABackoff: a half-open breaker's probe
+// fails, the breaker opens again and the target is out: the request goes
+// to the fallback at once. Before, a retry backoff was slept first.
+func TestAFailedProbeFailsOverWithoutABackoff(t *testing.T) {
+	t.Parallel()
+	primary := startReplica(t, "")
+	primary.status.Store(500)
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "from the fallback"})
+	h := startProxy(t, primary.url, func(o *Options) {
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: 200 * time.Millisecond}
+		withFallbacks(o, []string{fallback.URL})
+		o.Routes[0].Retry.Backoff.Base, o.Routes[0].Retry.Backoff.Max = 400*time.Millisecond, 400*time.Millisecond
+		o.Rand = maxJitter
+	})
+	h.chat("") // the 500 opens the model's reply breaker: the request fails over
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	resp, body := h.chat("") // the probe: 500 again
+	if resp.StatusCode != 200 || string(body) != "from the fallback" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if d := time.Since(start); d > 300*time.Millisecond {
+		t.Fatalf("took %v: a backoff was slept after the failed probe", d)
+	}
+	if n := primary.served.Load(); n != 2 {
+		t.Fatalf("the primary saw %d requests, want 2 (the first and the probe)", n)
+	}
+}
