@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -136,6 +137,17 @@ type State struct {
 	// ps is the events subscription; closing it ends a Receive in
 	// progress (which no context interrupts).
 	ps *redis.PubSub
+	// refusedAt is when a dial was last refused (UnixNano): go-redis
+	// retries a dial with pauses, so a call to a Redis that is not there
+	// ends at its timeout, and only this tells it was refused.
+	refusedAt atomic.Int64
+}
+
+// dialFailed notes a dial's failure (see refusedAt).
+func (s *State) dialFailed(err error) {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		s.refusedAt.Store(time.Now().UnixNano())
+	}
 }
 
 // quiet drops go-redis's own log lines: they can name addresses, and the
@@ -166,7 +178,11 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = 0 // a request waits one round trip at most
 	o.Protocol, o.DisableIdentity = 2, true
-	o.Dialer = guard(redis.NewDialer(o)) // NewDialer keeps the URL's TLS
+	if cfg.MaxCooldowns <= 0 {
+		cfg.MaxCooldowns = DefaultMaxCooldowns
+	}
+	s := &State{cfg: cfg, log: log, hooks: hooks}
+	o.Dialer = guard(redis.NewDialer(o), s.dialFailed) // NewDialer keeps the URL's TLS
 	var rdb redis.UniversalClient
 	if cfg.MasterName != "" {
 		rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.MasterName, SentinelAddrs: cfg.SentinelAddrs,
@@ -176,11 +192,8 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	} else {
 		rdb = redis.NewClient(o)
 	}
-	if cfg.MaxCooldowns <= 0 {
-		cfg.MaxCooldowns = DefaultMaxCooldowns
-	}
 	ctx, stop := context.WithCancel(context.Background())
-	s := &State{cfg: cfg, rdb: rdb, log: log, hooks: hooks, stop: stop}
+	s.rdb, s.stop = rdb, stop
 	s.up.Store(true)          // until a call says otherwise
 	s.ps = rdb.Subscribe(ctx) // no channel yet: nothing is sent, nothing waited for (follow subscribes)
 	s.done.Add(1)
@@ -251,14 +264,36 @@ func (s *State) result(op string, err error) {
 	}
 }
 
+// Describe says what a failed call's Redis did, for an error message: it
+// did not answer within the timeout, refused the connection (also when
+// the call ended at its timeout while go-redis retried a refused dial),
+// refused the credentials, or failed otherwise — never quoting a reply or
+// an address.
+func (s *State) Describe(err error) string {
+	d := describe(err)
+	if d == "timeout" && time.Since(time.Unix(0, s.refusedAt.Load())) <= 2*max(s.cfg.Timeout, time.Second) {
+		d = "connection refused"
+	}
+	switch d {
+	case "timeout":
+		return "did not answer within " + s.cfg.Timeout.String()
+	case "connection refused":
+		return "refused the connection"
+	case "authentication failed":
+		return "refused the credentials"
+	default:
+		return "could not be reached (" + d + ")"
+	}
+}
+
 // describe names a Redis failure without quoting a reply or an address.
 func describe(err error) string {
 	var ne interface{ Timeout() bool }
 	switch {
+	case errors.Is(err, syscall.ECONNREFUSED) || strings.Contains(err.Error(), "refused"):
+		return "connection refused"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
-	case strings.Contains(err.Error(), "refused"):
-		return "connection refused"
 	case strings.HasPrefix(err.Error(), "NOAUTH"), strings.HasPrefix(err.Error(), "WRONGPASS"):
 		return "authentication failed"
 	}

@@ -30,11 +30,13 @@ const (
 var errReplyTooLarge = errors.New("redis: a reply past Sturdy's bounds (or not RESP)")
 
 // guard wraps dial so every connection it opens is read through a RESP
-// follower (replyGuard) before go-redis's reader sees a byte.
-func guard(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(context.Context, string, string) (net.Conn, error) {
+// follower (replyGuard) before go-redis's reader sees a byte; failed
+// hears of a dial that failed.
+func guard(dial func(ctx context.Context, network, addr string) (net.Conn, error), failed func(error)) func(context.Context, string, string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
+			failed(err)
 			return nil, err
 		}
 		g := &guardedConn{Conn: c}

@@ -110,7 +110,7 @@ var errorTable = []errorSpec{
 		message: "Sturdy is serving as many client connections as it allows (%d, server.max_connections); retry after the Retry-After delay",
 		when:    "a new client connection would pass `server.max_connections`: answered at once and closed"},
 	{code: CodeSharedState, status: 503,
-		message: "the fleet's shared state (Redis) did not answer within %s, and shared_state.on_failure is refuse; retry after the Retry-After delay",
+		message: "the fleet's shared state (Redis) %s, and shared_state.on_failure is refuse; retry after the Retry-After delay",
 		when:    "with `shared_state.on_failure: refuse`, Redis did not answer a shared limit in time (or is down)", sdkRetries: true},
 	{code: CodeResponseTooLarge, status: 502,
 		message: "upstream %q sent a reply of unknown length larger than Sturdy holds for an HTTP/1.0 client (%s); ask over HTTP/1.1, which gets it streamed",

@@ -17,7 +17,7 @@ func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, ok := strings.Cut(string(readme), "| code | status | when |\n|---|---|---|\n")
+	_, table, ok := strings.Cut(string(readme), "| code | status | SDK may retry | when |\n|---|---|---|---|\n")
 	if !ok {
 		t.Fatal("README has no error-code table")
 	}
@@ -28,7 +28,14 @@ func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
 		if s.status != 0 {
 			status = strconv.Itoa(s.status)
 		}
-		want = append(want, "| `"+s.code+"` | "+status+" | "+s.when+" |")
+		retry := "no"
+		switch {
+		case s.status == 0:
+			retry = "—" // sent inside a stream
+		case s.sdkRetries:
+			retry = "yes"
+		}
+		want = append(want, "| `"+s.code+"` | "+status+" | "+retry+" | "+s.when+" |")
 	}
 	got := strings.Split(strings.TrimSpace(table), "\n")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -121,9 +121,9 @@ type loopState struct {
 	coolKey    uint64
 	coolDigest fleet.Key
 	coolKnown  bool
-	// sharedRefused says Redis did not answer a shared limit and
-	// on_failure is refuse.
-	sharedRefused bool
+	// sharedRefused says, when set, what Redis did instead of answering
+	// a shared limit, on_failure being refuse.
+	sharedRefused string
 	place         *endpoint // whose connection place is taken for the next attempt
 	entered       *upstream // whose in-flight count this request is in
 	// ep is the endpoint of the current (or last) attempt; aimed the one

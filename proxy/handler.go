@@ -67,7 +67,7 @@ func (ex *exchange) takeClient(cl *clientLimiter, now time.Time) (wait time.Dura
 	}
 	switch sl := ex.p.reserveShared(ex.p.clientLimitName(cl, key), cl.opts.RequestsPerSecond, cl.opts.Burst, 0); {
 	case sl.refused:
-		return 0, false, ex.p.sharedFailure()
+		return 0, false, sharedFailure(sl.why)
 	case !sl.local:
 		return sl.wait, sl.taken, nil
 	}

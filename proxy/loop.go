@@ -224,7 +224,7 @@ func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
 	o := up.opts.RateLimit
 	switch sl := ex.p.reserveShared("pace:"+up.name, o.RequestsPerSecond, o.Burst, up.maxWait); {
 	case sl.refused:
-		ex.loop.sharedRefused = true
+		ex.loop.sharedRefused = sl.why
 		return policy.ActionStop
 	case !sl.local:
 		d := ex.clear(policy.ObstaclePacing, up, sl.wait, up.maxWait, "")

@@ -32,9 +32,9 @@ func (ex *exchange) respond() {
 		ex.commit(true)
 	case lp.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
 		ex.obstructed()
-	case lp.sharedRefused:
+	case lp.sharedRefused != "":
 		ex.out.outcome = outcomeSharedState
-		ex.fail(ex.p.sharedFailure())
+		ex.fail(sharedFailure(lp.sharedRefused))
 	case lp.stop == policy.StopShutdown:
 		ex.out.outcome = outcomeShuttingDown
 		ex.fail(newError(CodeShuttingDown, lp.up.name, ex.triedText()))

@@ -123,6 +123,8 @@ type sharedLimit struct {
 	wait           time.Duration
 	taken          bool
 	local, refused bool
+	// why says, when refused, what Redis did: the message of the 503.
+	why string
 }
 
 // reserveShared takes a slot of the fleet-wide limit name. While Redis
@@ -133,25 +135,24 @@ func (p *Proxy) reserveShared(name string, rps float64, burst int, maxWait time.
 	if f == nil {
 		return sharedLimit{local: true}
 	}
+	why := "is down (a call failed within the last second; one call a second tries it again)"
 	if f.st.Usable() {
-		if wait, taken, err := f.st.Reserve(name, rps, burst, maxWait); err == nil {
+		wait, taken, err := f.st.Reserve(name, rps, burst, maxWait)
+		if err == nil {
 			return sharedLimit{wait: wait, taken: taken}
 		}
+		why = f.st.Describe(err)
 	}
 	if f.opts.Refuse {
-		return sharedLimit{refused: true}
+		return sharedLimit{refused: true, why: why}
 	}
 	return sharedLimit{local: true}
 }
 
 // sharedFailure is the error for a request refused because Redis did not
-// answer (on_failure: refuse).
-func (p *Proxy) sharedFailure() *apiError {
-	timeout := time.Duration(0)
-	if f := p.fleet.Load(); f != nil {
-		timeout = f.st.Timeout()
-	}
-	e := newError(CodeSharedState, timeout)
+// answer (on_failure: refuse); why says what it did instead.
+func sharedFailure(why string) *apiError {
+	e := newError(CodeSharedState, why)
 	e.retryAfter = time.Second
 	return e
 }
