@@ -12,6 +12,7 @@ package breaker
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -121,8 +122,11 @@ type Breaker struct {
 	unreachable atomic.Bool
 	backoff     atomic.Int64
 	// tripped holds the counts that last opened the breaker (gobreaker
-	// clears its counts on every transition).
+	// clears its counts on every transition), cause what they were in
+	// words; last is the latest failure's cause (DoneWith).
 	tripped atomic.Pointer[gobreaker.Counts]
+	cause   atomic.Pointer[string]
+	last    atomic.Pointer[string]
 }
 
 // New returns a closed breaker named name.
@@ -144,6 +148,7 @@ func New(name string, s Settings) *Breaker {
 				completed >= minRequests && float64(c.TotalFailures) >= ratio*float64(completed)
 			if trip && (mayOpen == nil || mayOpen()) {
 				b.tripped.Store(&c)
+				b.cause.Store(b.describe(c, consecutive))
 				return true
 			}
 			return false
@@ -218,6 +223,16 @@ type Ticket struct {
 	report func(error)
 }
 
+// DoneWith is Done, with the failure's cause in a few words (a status,
+// "connection refused", "timeout") for Cause to name; it is ignored for
+// a result that is no failure.
+func (t Ticket) DoneWith(r Result, cause string) {
+	if (r == Failure || r == Unreachable) && cause != "" {
+		t.b.last.Store(&cause)
+	}
+	t.Done(r)
+}
+
 // Done reports the attempt's result, exactly once, as soon as it is known
 // (at response headers, not at the end of a stream).
 func (t Ticket) Done(r Result) {
@@ -267,6 +282,31 @@ func (b *Breaker) State() State {
 		return StateOpen
 	}
 	return b.cb.State() // half-open, or open past its time: gobreaker moves it on
+}
+
+// describe says in words what the counts c that opened the breaker were,
+// with the cause of the last failure when one was given.
+func (b *Breaker) describe(c gobreaker.Counts, consecutive uint32) *string {
+	s := fmt.Sprintf("%d of %d attempts failed", c.TotalFailures, c.TotalSuccesses+c.TotalFailures)
+	if c.ConsecutiveFailures >= consecutive {
+		s = fmt.Sprintf("%d consecutive failures", c.ConsecutiveFailures)
+	}
+	if last := b.last.Load(); last != nil {
+		s += ", the last: " + *last
+	}
+	return &s
+}
+
+// Cause says what opened the breaker while it is not closed (e.g. "5
+// consecutive failures, the last: 503"); "" when closed.
+func (b *Breaker) Cause() string {
+	if b.State() == StateClosed {
+		return ""
+	}
+	if c := b.cause.Load(); c != nil {
+		return *c
+	}
+	return ""
 }
 
 // TrippedOn returns the counts that last opened the breaker (ok false

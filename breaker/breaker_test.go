@@ -167,3 +167,27 @@ func TestAnUnreachableUpstreamIsProbedSoonThenLessOften(t *testing.T) {
 		t.Fatalf("opened on a 5xx-like failure for %v, want open_for", in)
 	}
 }
+
+// TestCauseNamesWhatOpenedTheBreaker: while open, Cause says the counts
+// that tripped it and the last failure's cause; closed, nothing.
+func TestCauseNamesWhatOpenedTheBreaker(t *testing.T) {
+	b := New("up", Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: time.Minute})
+	for i := 0; i < 3; i++ {
+		tk, _ := b.Allow()
+		tk.DoneWith(Failure, "503")
+	}
+	if got := b.Cause(); got != "3 consecutive failures, the last: 503" {
+		t.Fatalf("cause %q", got)
+	}
+	ratio := New("up", Settings{ConsecutiveFailures: 100, MinRequests: 4, FailureRatio: 0.5, OpenFor: time.Minute})
+	for _, r := range []Result{Success, Failure, Success, Unreachable} {
+		tk, _ := ratio.Allow()
+		tk.DoneWith(r, "connection refused")
+	}
+	if got := ratio.Cause(); got != "2 of 4 attempts failed, the last: connection refused" {
+		t.Fatalf("cause %q", got)
+	}
+	if New("up", Settings{}).Cause() != "" {
+		t.Fatal("a closed breaker has a cause")
+	}
+}

@@ -284,6 +284,9 @@ const (
 	ObstaclePacing
 	// ObstacleBusy: no max_in_flight slot freed within queue_timeout.
 	ObstacleBusy
+	// ObstacleUnhealthy: every endpoint is out by its health checks (or
+	// DNS dropped it), none by a breaker.
+	ObstacleUnhealthy
 )
 
 // String names the obstacle as in logs and the target-skips metric.
@@ -297,6 +300,8 @@ func (o Obstacle) String() string {
 		return "rate_limited"
 	case ObstacleBusy:
 		return "busy"
+	case ObstacleUnhealthy:
+		return "unhealthy"
 	default:
 		return ""
 	}

@@ -130,8 +130,11 @@ func (ex *exchange) logAccess() {
 	if out.errCode != "" {
 		ev.Str(fieldError, out.errCode)
 	}
-	if lp.why != "" && out.outcome == outcomeUpstreamError {
+	switch {
+	case lp.why != "" && out.outcome == outcomeUpstreamError:
 		ev.Str(fieldCause, lp.why)
+	case lp.obstacle.cause != "" && out.outcome == outcomeCircuitOpen:
+		ev.Str(fieldCause, lp.obstacle.cause)
 	}
 	if out.outcome == outcomeClientGone {
 		ev.Str(fieldPhase, phase(ex.gonePhase.Load()).String())

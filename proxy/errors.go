@@ -86,7 +86,7 @@ var errorTable = []errorSpec{
 		message: "%s; retry after the Retry-After delay",
 		when:    "the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
 	{code: CodeCircuitOpen, status: 503,
-		message: "%s is failing and its circuit breaker is open%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
+		message: "%s is failing: %s%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
 		when:    "the upstream's connection breaker, or the model's reply breaker on it, is open; `Retry-After` = seconds until the next probe"},
 	{code: CodeUpstreamBusy, status: 503,
 		message: "upstream %q is running as many requests as it is allowed (%s)%s; retry after the Retry-After delay",

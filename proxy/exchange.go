@@ -247,6 +247,7 @@ type obstacle struct {
 	wait     time.Duration // until it clears, as far as known
 	limit    string        // the setting a busy upstream is at; the breaker that refused
 	model    string        // the model a model breaker refused
+	cause    string        // what put the endpoints out (a breaker's Cause, a health check)
 }
 
 // retryNote is one retry as logged: why, after a failure on which

@@ -81,12 +81,13 @@ func TestFailoverOn404AndContextLengthCode(t *testing.T) {
 		name   string
 		step   upstreamtest.Step
 		config func(*Route)
+		logged string // the primary's result in the access line's targets
 	}{
 		{"404 in failover_on", upstreamtest.Step{Status: 404, Body: `{"error":{"message":"model not found"}}`},
-			func(r *Route) { r.FailoverOn = []int{404} }},
+			func(r *Route) { r.FailoverOn = []int{404} }, "failover_on"},
 		{"400 code in failover_codes", upstreamtest.Step{Status: 400, Header: [][2]string{upstreamtest.JSONHeader},
 			Body: `{"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}`},
-			func(r *Route) { r.FailoverCodes = []string{"context_length_exceeded"} }},
+			func(r *Route) { r.FailoverCodes = []string{"context_length_exceeded"} }, "failover_code"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			primary := upstreamtest.Start(t, tc.step)
@@ -96,6 +97,10 @@ func TestFailoverOn404AndContextLengthCode(t *testing.T) {
 			})
 			if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "big model" {
 				t.Fatalf("got %d %q", resp.StatusCode, body)
+			}
+			// The client never saw the 4xx: it was not passed through.
+			if got := h.accessLines(1)[0]["targets"].([]any)[0].(map[string]any)["result"]; got != tc.logged {
+				t.Fatalf("the primary's result logged as %v, want %s", got, tc.logged)
 			}
 		})
 	}

@@ -1,8 +1,14 @@
 package proxy
 
 import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
@@ -173,5 +179,116 @@ func TestAFailedProbeFailsOverWithoutABackoff(t *testing.T) {
 	}
 	if n := primary.served.Load(); n != 2 {
 		t.Fatalf("the primary saw %d requests, want 2 (the first and the probe)", n)
+	}
+}
+
+// TestAClientThatLeavesAfterDONEHasItsAnswer: a client that reads a
+// stream to its [DONE] and closes before the upstream's last chunk is
+// logged as delivered — 200, outcome ok, no rescue refused, no client
+// gone. Before, it was logged rescue_refused: unsafe and counted gone.
+func TestAClientThatLeavesAfterDONEHasItsAnswer(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	defer close(gate)
+	primary := upstreamtest.Server{URL: gatedStream(t, "text/event-stream", upstreamtest.SSE("Hel", "lo"), gate)}
+	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
+	h := startRescue(t, &primary, fallback, ContinuePrefill, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(streamChat), streamChat)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var got []byte
+	buf := make([]byte, 4096)
+	for !strings.Contains(string(got), "data: [DONE]") {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("before [DONE]: %v (%q)", err, got)
+		}
+		got = append(got, buf[:n]...)
+	}
+	conn.Close() // the upstream has not ended its body yet
+	line := h.accessLines(1)[0]
+	if line["status"] != 200.0 || line["outcome"] != outcomeOK || line["rescue_refused"] != nil || line["phase"] != nil {
+		t.Fatalf("logged %v", line)
+	}
+	var m dto.Metric
+	_ = h.p.m.ClientGone.WithLabelValues("stream").Write(&m)
+	if m.GetCounter().GetValue() != 0 || fallback.Count() != 0 {
+		t.Fatalf("counted gone %v, continuations %d", m.GetCounter().GetValue(), fallback.Count())
+	}
+}
+
+// TestCircuitOpenNamesWhatOpenedTheBreaker: a 503 circuit_open body and
+// its access line say what put the target out — the counts that tripped
+// its breaker and the last failure, or its health check — and
+// /debug/upstreams keeps those counts while the breaker is open. An
+// endpoint out by its health check is "unhealthy" in the log and the
+// skips metric, not breaker_open. Before, circuit_open named no cause and
+// /debug/upstreams showed "failures": 0 for an open breaker.
+func TestCircuitOpenNamesWhatOpenedTheBreaker(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, says, result string
+		setup              func(t *testing.T, r *replica, o *Upstream)
+	}{
+		{"5xx replies", "3 consecutive failures, the last: 500", "breaker_open", func(t *testing.T, r *replica, o *Upstream) {
+			r.status.Store(500)
+		}},
+		{"refused connections", "3 consecutive failures, the last: connection refused", "breaker_open", nil},
+		{"a health check", "health check: 503", "unhealthy", func(t *testing.T, r *replica, o *Upstream) {
+			o.HealthCheck = HealthCheck{Path: "/health", Every: 20 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
+			r.health.Store(503)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := startReplica(t, "")
+			h := startProxy(t, r.url, func(o *Options) {
+				o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: time.Minute}
+				o.Routes[0].Retry.MaxAttempts = 1
+				if tt.setup != nil {
+					tt.setup(t, r, &o.Upstreams[0])
+				}
+			})
+			if tt.setup == nil { // nothing listens from now on
+				h.chat("")
+				r.stop()
+			}
+			var resp *http.Response
+			var body []byte
+			for i := 0; i < 10; i++ {
+				if resp, body = h.chat(""); resp.StatusCode == 503 {
+					break
+				}
+				time.Sleep(30 * time.Millisecond)
+			}
+			if code, _ := errorOf(t, body); resp.StatusCode != 503 || code != CodeCircuitOpen || !strings.Contains(string(body), tt.says) {
+				t.Fatalf("%d %s, want circuit_open saying %q", resp.StatusCode, body, tt.says)
+			}
+			lines := h.accessLines(1)
+			line := lines[len(lines)-1]
+			target := line["targets"].([]any)[0].(map[string]any)
+			if cause, _ := line["cause"].(string); !strings.Contains(cause, tt.says) || target["result"] != tt.result {
+				t.Fatalf("logged cause %q, target %v", line["cause"], target)
+			}
+			var m dto.Metric
+			_ = h.p.m.TargetSkips.WithLabelValues("up", tt.result).Write(&m)
+			if m.GetCounter().GetValue() == 0 {
+				t.Fatalf("sturdy_target_skips_total{reason=%q} not counted", tt.result)
+			}
+			if tt.result != "breaker_open" {
+				return
+			}
+			st := h.p.Upstreams()[0]
+			tripped := st.Endpoints[0].TrippedOn
+			if len(st.ModelBreakers) > 0 && st.ModelBreakers[0].State == "open" {
+				tripped = st.ModelBreakers[0].TrippedOn
+			}
+			if tripped == nil || tripped.ConsecutiveFailures != 3 {
+				t.Fatalf("/debug/upstreams does not keep what tripped it: %+v", st)
+			}
+		})
 	}
 }

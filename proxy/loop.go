@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"slices"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -283,10 +284,16 @@ func (ex *exchange) dropPlace() {
 // clears in wait and may be waited for up to maxWait — and records a
 // refusal (limit names the setting a busy target is at).
 func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time.Duration, limit string) policy.Decision {
-	d := policy.Clear(policy.Gate{Obstacle: kind, Wait: wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
+	return ex.clearWith(obstacle{kind: kind, upstream: up.name, wait: wait, limit: limit}, maxWait)
+}
+
+// clearWith is clear of an obstacle told whole (with its cause).
+func (ex *exchange) clearWith(o obstacle, maxWait time.Duration) policy.Decision {
+	d := policy.Clear(policy.Gate{Obstacle: o.kind, Wait: o.wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
 		HasFallback: ex.hasFallback(), N: ex.loop.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
-		ex.block(obstacle{kind: kind, upstream: up.name, wait: wait, limit: limit, model: ex.loop.model})
+		o.model = ex.loop.model
+		ex.block(o)
 	}
 	return d
 }
@@ -312,6 +319,7 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 	up, lp := t.up, &ex.loop
 	out, afterStale := ex.send(t, ep, tk)
 	now := time.Now()
+	failoverBy := "" // what of a pass-through reply the route fails over on
 	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: ex.counted(), AfterStale: afterStale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
 		Riding: now.Before(lp.rideUntil) && ep.out(), Elsewhere: lp.verdict.Class == policy.ClassRetryable && ex.elsewhere(up)}
@@ -324,7 +332,12 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
-		a.FailoverStatus = lp.verdict.Class == policy.ClassPassThrough && (ex.failoverStatus() || out.InsufficientQuota)
+		if lp.verdict.Class == policy.ClassPassThrough {
+			if failoverBy = ex.failoverStatus(); out.InsufficientQuota {
+				failoverBy = "insufficient_quota"
+			}
+			a.FailoverStatus = failoverBy != ""
+		}
 	}
 	reserved := false
 	if lp.verdict.Class == policy.ClassRetryable {
@@ -332,6 +345,9 @@ func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
 		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
+	if d.Action == policy.ActionFailover && failoverBy != "" {
+		ex.noteResult(failoverBy, false) // not passed through: the client never saw it
+	}
 	if d.Source != policy.WaitServer {
 		lp.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
 	}
@@ -373,8 +389,12 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	ex.startAttempt(t, ep)
 	out = ex.attempt(t, ep, now)
 	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	tk.conn.Done(breakerResult(lp.verdict.Conn))
-	tk.model.Done(breakerResult(lp.verdict.Health))
+	cause := ""
+	if lp.verdict.Class == policy.ClassRetryable {
+		cause = ex.failureCause(out) // for what a breaker this opens says tripped it
+	}
+	tk.conn.DoneWith(breakerResult(lp.verdict.Conn), cause)
+	tk.model.DoneWith(breakerResult(lp.verdict.Health), cause)
 	ex.attemptDone(ep, out) // the breakers' states after it
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
@@ -398,6 +418,21 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 		}
 	}
 	return out, afterStale
+}
+
+// failureCause names an attempt's failure in a few words, for a breaker
+// it may open: the reason a connection failed ("connection refused"), a
+// status ("503"), an in-band error's code, or the fault ("timeout").
+func (ex *exchange) failureCause(out policy.Outcome) string {
+	switch {
+	case out.Fault != policy.FaultNone && ex.loop.why != "":
+		return ex.loop.why
+	case out.Fault != policy.FaultNone:
+		return out.Fault.String()
+	case out.StreamFailed:
+		return "an in-band " + strconv.Quote(out.StreamError)
+	}
+	return strconv.Itoa(out.Status)
 }
 
 // retrying counts and notes a retry policy chose, once its wait is over.
@@ -559,22 +594,28 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 	return wait, ok, cooldown
 }
 
-// failoverStatus reports whether a pass-through reply is one the route
-// fails over on: a status in failover_on, or a 400 whose error code is in
-// failover_codes.
-func (ex *exchange) failoverStatus() bool {
+// failoverStatus says why a pass-through reply is one the route fails
+// over on — "failover_on" (its status is in failover_on), "failover_code"
+// (a 400 whose error code, or a stream's in-band error code, is in
+// failover_codes) — or "" when it is not.
+func (ex *exchange) failoverStatus() string {
 	status, r := ex.reply.msg.StatusCode(), ex.req.route
 	if slices.Contains(r.failoverOn, status) {
-		return true
+		return "failover_on"
 	}
 	if ex.reply.streamFailed { // the client's own error, told in a stream's first event
-		return slices.Contains(r.failoverCodes, ex.reply.streamError)
+		if slices.Contains(r.failoverCodes, ex.reply.streamError) {
+			return "failover_code"
+		}
+		return ""
 	}
 	if status != 400 || len(r.failoverCodes) == 0 {
-		return false
+		return ""
 	}
-	code := gjson.GetBytes(ex.reply.head, "error.code").String()
-	return code != "" && slices.Contains(r.failoverCodes, code)
+	if code := gjson.GetBytes(ex.reply.head, "error.code").String(); code != "" && slices.Contains(r.failoverCodes, code) {
+		return "failover_code"
+	}
+	return ""
 }
 
 func (ex *exchange) note(upstream, model string) {

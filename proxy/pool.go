@@ -214,24 +214,58 @@ func hashPrefix(h *policy.KeyHash, body []byte, n int) bool {
 }
 
 // allOut asks policy what it means that no endpoint of up can take the
-// request: an open breaker that lets a probe through at the soonest in
-// the time returned (a second at least). refused names the breaker that
-// refused last, if one did.
+// request: out by their breakers — an open breaker that lets a probe
+// through at the soonest in the time returned (a second at least) — or,
+// when no breaker has one out, by their health checks (or DNS):
+// ObstacleUnhealthy. refused names the breaker that refused last, if one
+// did. The obstacle says what put the soonest endpoint out.
 func (ex *exchange) allOut(up *upstream, refused string) policy.Decision {
 	now := time.Now()
-	wait, which := time.Duration(-1), "connection"
-	for _, ep := range up.endpointsNow() {
-		if in, w := ep.probeIn(now, ex.loop.model, up); wait < 0 || in < wait {
-			wait = in
+	o := obstacle{kind: policy.ObstacleUnhealthy, upstream: up.name, wait: -1, limit: "connection"}
+	pool := up.endpointsNow()
+	if len(pool) == 0 {
+		o.kind, o.cause = policy.ObstacleBreaker, "the pool has no endpoint (DNS discovery found none)"
+	}
+	for _, ep := range pool {
+		in, w := ep.probeIn(now, ex.loop.model, up)
+		if w != "" || ep.hinted() {
+			o.kind = policy.ObstacleBreaker
+		}
+		if o.wait < 0 || in < o.wait {
+			o.wait, o.cause = in, ep.outCause(w, ex.loop.model)
 			if w != "" {
-				which = w
+				o.limit = w
 			}
 		}
 	}
 	if refused != "" {
-		which = refused
+		o.kind, o.limit = policy.ObstacleBreaker, refused
 	}
-	return ex.clear(policy.ObstacleBreaker, up, max(wait, time.Second), 0, which)
+	o.wait = max(o.wait, time.Second)
+	return ex.clearWith(o, 0)
+}
+
+// outCause says what keeps ep out, for the breaker which (probeIn's): a
+// breaker's Cause, the last health check, or DNS having dropped it.
+func (ep *endpoint) outCause(which, model string) string {
+	switch {
+	case which == "connection":
+		return ep.breaker.Cause()
+	case which == "model":
+		if m := ep.models.Peek(model); m != nil {
+			return m.Cause()
+		}
+	case ep.draining.Load():
+		return "dropped by DNS discovery"
+	case !ep.healthy.Load():
+		if h := ep.health.Load(); h != nil {
+			return "health check: " + *h
+		}
+		return "health check failing"
+	case ep.hinted():
+		return "another replica's breaker has it out (share_breakers)"
+	}
+	return ""
 }
 
 // rideThrough waits, when the upstream has ride_through, for an endpoint

@@ -234,13 +234,20 @@ func (ex *exchange) obstructed() {
 	o := ex.loop.obstacle
 	var e *apiError
 	switch o.kind {
-	case policy.ObstacleBreaker:
+	case policy.ObstacleBreaker, policy.ObstacleUnhealthy:
 		ex.out.outcome = outcomeCircuitOpen
 		what := fmt.Sprintf("upstream %q", o.upstream)
-		if o.limit == "model" {
+		if o.limit == "model" && o.kind == policy.ObstacleBreaker {
 			what = fmt.Sprintf("model %q on upstream %q", o.model, o.upstream)
 		}
-		e = newError(CodeCircuitOpen, what, ex.alsoTried())
+		why := "its circuit breaker is open"
+		if o.kind == policy.ObstacleUnhealthy {
+			why = "no endpoint of it passes its health check"
+		}
+		if o.cause != "" {
+			why += " (" + o.cause + ")"
+		}
+		e = newError(CodeCircuitOpen, what, why, ex.alsoTried())
 	case policy.ObstacleBusy:
 		ex.out.outcome = outcomeUpstreamBusy
 		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.alsoTried())

@@ -70,8 +70,11 @@ type EndpointStatus struct {
 	// Health is the last health check's result ("" without checks).
 	Health string `json:"health,omitempty"`
 	// TrippedOn is what opened its breaker last (the breaker's counts
-	// start over at every state change), while it is not closed.
+	// start over at every state change), while it is not closed; Cause
+	// says it in words, with the last failure ("5 consecutive failures,
+	// the last: connection refused").
 	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
+	Cause     string      `json:"cause,omitempty"`
 }
 
 // TripCounts are the breaker counts that opened a breaker.
@@ -87,7 +90,12 @@ type ModelBreakerState struct {
 	Model     string `json:"model"`
 	State     string `json:"state"`
 	ProbeInMS int64  `json:"probe_in_ms"`
-	Failures  uint32 `json:"failures"`
+	// Failures counts the failures in the breaker's current window (its
+	// counts start over at every state change: 0 just after it opened);
+	// TrippedOn and Cause say what opened it, while it is not closed.
+	Failures  uint32      `json:"failures"`
+	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
+	Cause     string      `json:"cause,omitempty"`
 }
 
 // LimiterStatus is an upstream's pacing limiter.
@@ -128,8 +136,10 @@ func (p *Proxy) Upstreams() []UpstreamStatus {
 				probe = in
 			}
 			for _, m := range ep.models.Members(maxListedModelBreakers) {
+				st := m.State()
 				s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Endpoint: ep.addr, Model: m.Key,
-					State: m.State().String(), ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures})
+					State: st.String(), ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures,
+					TrippedOn: trippedOn(m.Breaker, st), Cause: m.Cause()})
 			}
 			c := ep.breaker.Counts()
 			s.Counts.Requests += c.Requests
@@ -166,10 +176,16 @@ func (ep *endpoint) status(now time.Time, slowStart time.Duration) EndpointStatu
 	if h := ep.health.Load(); h != nil {
 		s.Health = *h
 	}
-	if c, ok := ep.breaker.TrippedOn(); ok && b != breaker.StateClosed {
-		s.TrippedOn = &TripCounts{Requests: c.Requests, Failures: c.TotalFailures, ConsecutiveFailures: c.ConsecutiveFailures}
-	}
+	s.TrippedOn, s.Cause = trippedOn(ep.breaker, b), ep.breaker.Cause()
 	return s
+}
+
+// trippedOn is what opened b (in state st) last, while it is not closed.
+func trippedOn(b *breaker.Breaker, st breaker.State) *TripCounts {
+	if c, ok := b.TrippedOn(); ok && st != breaker.StateClosed {
+		return &TripCounts{Requests: c.Requests, Failures: c.TotalFailures, ConsecutiveFailures: c.ConsecutiveFailures}
+	}
+	return nil
 }
 
 // Ready reports whether every route has a target with an endpoint that

@@ -237,7 +237,9 @@ func (ex *exchange) interruptionTail() []byte {
 // request and releases the exchange.
 func (ex *exchange) CloseWithError(err error) error {
 	ex.p.streaming(ex, false)
-	if err != nil && ex.out.broken == nil && ex.out.outcome != outcomeStreamInterrupted {
+	// A client that leaves once the stream's terminator went to it has its
+	// answer, whole: delivered, not gone.
+	if err != nil && ex.out.broken == nil && ex.out.outcome != outcomeStreamInterrupted && !ex.out.over {
 		ex.out.outcome = outcomeClientGone
 		ex.out.status = 499
 		ex.gonePhase.Store(uint32(phaseStream))
