@@ -44,6 +44,11 @@ type Metrics struct {
 	// upstream, endpoint, model (a name from the config, else "other") and
 	// new state.
 	ModelBreakerTransitions *prometheus.CounterVec
+	// ModelBreakerState is a model's reply breaker on an endpoint: 0
+	// closed, 1 half-open, 2 open, by upstream, endpoint and model (a name
+	// from the config, else "other": the worst of the client-chosen
+	// models' breakers).
+	ModelBreakerState *prometheus.GaugeVec
 	// EndpointInFlight is the requests in flight per endpoint (streams
 	// included), by upstream and endpoint; EndpointUp is 1 while the
 	// endpoint takes requests, 0 while it is out (breaker open, health
@@ -60,9 +65,10 @@ type Metrics struct {
 	// could be continued, by result (continued, failed, unsafe,
 	// no_target, exhausted, interrupted).
 	StreamRescues *prometheus.CounterVec
-	// SharedStateUp is 1 while the fleet's Redis answers (0 while not;
-	// absent without shared_state); SharedStateErrors counts its failed
-	// calls by operation.
+	// SharedStateUp is 1 while the fleet's Redis answers, 0 while not: it
+	// is registered only while shared_state is on (EnableSharedState), so
+	// a single replica has no series to alert on. SharedStateErrors counts
+	// failed Redis calls by operation.
 	SharedStateUp     prometheus.Gauge
 	SharedStateErrors *prometheus.CounterVec
 	// TimeToFirstByte observes the time until the client's response
@@ -148,6 +154,9 @@ func New() *Metrics {
 		ModelBreakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_model_breaker_transitions_total",
 			Help: "Reply breaker state changes per model, by upstream, endpoint, model (a config name, else other) and new state."},
 			[]string{"upstream", "endpoint", "model", "to"}),
+		ModelBreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_model_breaker_state",
+			Help: "Reply breaker state per model on an endpoint (a config name, else other: the worst of the rest): 0 closed, 1 half-open, 2 open."},
+			[]string{"upstream", "endpoint", "model"}),
 		EndpointInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_endpoint_in_flight",
 			Help: "Requests in flight per endpoint, streams included."}, []string{"upstream", "endpoint"}),
 		EndpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_endpoint_up",
@@ -208,10 +217,20 @@ func New() *Metrics {
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
-		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateUp, m.SharedStateErrors,
+		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateErrors, m.ModelBreakerState,
 		m.Evictions, m.BufferedBytes, m.BufferFull,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// EnableSharedState registers sturdy_shared_state_up (on) or takes it out
+// of the registry (off): the series exists only while shared_state is on.
+func (m *Metrics) EnableSharedState(on bool) {
+	if on {
+		_ = m.Registry.Register(m.SharedStateUp) // already registered: a reload that keeps it on
+		return
+	}
+	m.Registry.Unregister(m.SharedStateUp)
 }
 
 // StatusClass returns "2xx" … "5xx" for a status (499 is "4xx").

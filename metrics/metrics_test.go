@@ -2,7 +2,9 @@ package metrics
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,37 +12,80 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// described returns the names of every metric m declares.
-func described(m *Metrics) map[string]bool {
-	ch := make(chan *prometheus.Desc, 64)
-	go func() {
-		for _, c := range []prometheus.Collector{m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
-			m.BreakerTransitions, m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
-			m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited} {
-			c.Describe(ch)
-		}
-		close(ch)
-	}()
+// registered returns the names of the metrics m's registry holds: each
+// collector of m's fields is offered to it again, and one it already
+// holds is in (a vector with no series yet is absent from a scrape, so a
+// scrape cannot tell). shared_state's gauge is enabled first: it is
+// registered only while shared_state is on.
+func registered(t *testing.T, m *Metrics) map[string]bool {
+	t.Helper()
+	m.EnableSharedState(true)
 	names := map[string]bool{}
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
-	for d := range ch {
-		if s := fq.FindStringSubmatch(d.String()); s != nil {
-			names[s[1]] = true
+	v := reflect.ValueOf(m).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		c, ok := v.Field(i).Interface().(prometheus.Collector)
+		if !ok || v.Field(i).Type() == reflect.TypeFor[*prometheus.Registry]() {
+			continue
+		}
+		var are prometheus.AlreadyRegisteredError
+		if err := m.Registry.Register(c); !errors.As(err, &are) {
+			t.Errorf("%s is not in the registry (Register: %v)", v.Type().Field(i).Name, err)
+			m.Registry.Unregister(c)
+			continue
+		}
+		ch := make(chan *prometheus.Desc, 8)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			if s := fq.FindStringSubmatch(d.String()); s != nil {
+				names[s[1]] = true
+			}
 		}
 	}
 	return names
 }
 
+// TestSharedStateUpIsAbsentWithoutSharedState: a single replica has no
+// sturdy_shared_state_up series, so an alert on 0 cannot fire for it.
+func TestSharedStateUpIsAbsentWithoutSharedState(t *testing.T) {
+	m := New()
+	has := func() bool {
+		fams, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == "sturdy_shared_state_up" {
+				return true
+			}
+		}
+		return false
+	}
+	if has() {
+		t.Fatal("sturdy_shared_state_up without shared_state")
+	}
+	m.EnableSharedState(true)
+	m.EnableSharedState(true) // a reload that keeps it on
+	if !has() {
+		t.Fatal("no sturdy_shared_state_up with shared_state on")
+	}
+	m.EnableSharedState(false)
+	if has() {
+		t.Fatal("sturdy_shared_state_up after shared_state went off")
+	}
+}
+
 func TestNamesFollowPrometheusConventions(t *testing.T) {
 	m := New()
-	for name := range described(m) {
+	names := registered(t, m)
+	for name := range names {
 		if !strings.HasPrefix(name, "sturdy_") {
 			t.Errorf("%s lacks the sturdy_ prefix", name)
 		}
 	}
 	for _, c := range []string{"sturdy_requests_total", "sturdy_upstream_attempts_total", "sturdy_retries_total",
 		"sturdy_breaker_transitions_total", "sturdy_retry_stops_total", "sturdy_config_reloads_total"} {
-		if !described(m)[c] {
+		if !names[c] {
 			t.Errorf("counter %s missing", c)
 		}
 	}
@@ -62,7 +107,7 @@ func TestDashboardUsesOnlyExportedMetrics(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatal(err)
 	}
-	names := described(New())
+	names := registered(t, New())
 	ref := regexp.MustCompile(`sturdy_[a-z_]+`)
 	seen := 0
 	for _, p := range dash.Panels {

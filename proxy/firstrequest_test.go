@@ -292,3 +292,26 @@ func TestCircuitOpenNamesWhatOpenedTheBreaker(t *testing.T) {
 		})
 	}
 }
+
+// TestTheModelBreakerThatOpensIsVisible: sturdy_model_breaker_state shows
+// a model's reply breaker per endpoint — a model the config names by its
+// name, the rest as "other", worst first.
+func TestTheModelBreakerThatOpensIsVisible(t *testing.T) {
+	t.Parallel()
+	r := startReplica(t, "")
+	r.status.Store(500)
+	h := startProxy(t, r.url, func(o *Options) {
+		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: time.Minute}
+		o.Routes[0].Retry.MaxAttempts = 1
+		o.Routes[0].Model = "gpt-*"
+	})
+	h.chat(`{"model":"gpt-4o","messages":[]}`)
+	r.status.Store(200)
+	h.chat(`{"model":"gpt-mini","messages":[]}`)
+	h.p.RefreshBreakerGauges()
+	ep := h.p.tbl.Load().upstreams[0].endpointsNow()[0].addr
+	var m dto.Metric
+	if err := h.p.m.ModelBreakerState.WithLabelValues("up", ep, "gpt-*").Write(&m); err != nil || m.GetGauge().GetValue() != 2 {
+		t.Fatalf("the route's model glob: %v (%v), want 2 (open: the worst of its models)", m.GetGauge().GetValue(), err)
+	}
+}

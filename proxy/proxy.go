@@ -327,7 +327,8 @@ func (p *Proxy) forgetEndpoint(upstream string, ep *endpoint) {
 	labels := prometheus.Labels{"upstream": upstream, "endpoint": ep.addr}
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{p.m.BreakerState, p.m.BreakerTransitions, p.m.ModelBreakerTransitions, p.m.EndpointInFlight, p.m.EndpointUp, p.m.Attempts} {
+	}{p.m.BreakerState, p.m.BreakerTransitions, p.m.ModelBreakerTransitions, p.m.ModelBreakerState, p.m.EndpointInFlight,
+		p.m.EndpointUp, p.m.Attempts} {
 		v.DeletePartialMatch(labels)
 	}
 }

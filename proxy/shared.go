@@ -66,6 +66,7 @@ func (p *Proxy) startShared(o *SharedState) error {
 		p.m.SharedStateUp.Set(1)
 	}
 	p.fleet.Store(next)
+	p.m.EnableSharedState(next != nil)
 	if old != nil {
 		old.st.Close()
 	}

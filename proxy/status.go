@@ -3,6 +3,8 @@ package proxy
 import (
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"sturdy/breaker"
 )
 
@@ -224,6 +226,25 @@ func (p *Proxy) RefreshBreakerGauges() {
 				in = 0
 			}
 			p.m.EndpointUp.WithLabelValues(up.name, ep.addr).Set(in)
+			p.refreshModelBreakers(up, ep)
 		}
+	}
+}
+
+// refreshModelBreakers sets ep's sturdy_model_breaker_state series: one
+// per model the config names that has a breaker there, and "other" for
+// the worst of the rest (open if any client-chosen model's is).
+func (p *Proxy) refreshModelBreakers(up *upstream, ep *endpoint) {
+	p.m.ModelBreakerState.DeletePartialMatch(prometheus.Labels{"upstream": up.name, "endpoint": ep.addr})
+	tbl := p.tbl.Load()
+	worst := map[string]breaker.State{}
+	for _, m := range ep.models.Members(0) {
+		label, st := tbl.modelLabel(m.Key), m.State()
+		if cur, ok := worst[label]; !ok || st > cur {
+			worst[label] = st
+		}
+	}
+	for label, st := range worst {
+		p.m.ModelBreakerState.WithLabelValues(up.name, ep.addr, label).Set(float64(st))
 	}
 }
