@@ -14,9 +14,9 @@ import (
 	"sturdy/internal/upstreamtest"
 )
 
-// chaos puts an embedded Toxiproxy between Sturdy and upstreamAddr and
+// throughToxiproxy puts an embedded Toxiproxy between Sturdy and upstreamAddr and
 // returns it with its listen URL.
-func chaos(t *testing.T, upstreamAddr string) (*toxiproxy.Proxy, string) {
+func throughToxiproxy(t *testing.T, upstreamAddr string) (*toxiproxy.Proxy, string) {
 	t.Helper()
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	p := toxiproxy.NewProxy(srv, "upstream", "127.0.0.1:0", upstreamAddr)
@@ -47,7 +47,7 @@ func removeToxic(t *testing.T, p *toxiproxy.Proxy, kind string) {
 func chaosStack(t *testing.T, step upstreamtest.Step, kind, stream, attrs string, edit func(*Options)) (*harness, *toxiproxy.Proxy) {
 	t.Helper()
 	up := upstreamtest.Start(t, step)
-	tp, url := chaos(t, up.Addr)
+	tp, url := throughToxiproxy(t, up.Addr)
 	addToxic(t, tp, kind, stream, attrs)
 	return startProxy(t, url, func(o *Options) {
 		chaosEdit(o)
@@ -130,7 +130,7 @@ func TestChaosLimitDataCutsAStreamWhichNeverLooksComplete(t *testing.T) {
 	chunks := upstreamtest.SSE(upstreamtest.Words(50, "token")...)
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: chunks,
 		ChunkDelay: 5 * time.Millisecond})
-	tp, url := chaos(t, up.Addr)
+	tp, url := throughToxiproxy(t, up.Addr)
 	addToxic(t, tp, "limit_data", "downstream", `{"bytes":1200}`) // headers, then a few events
 	h := startProxy(t, url, chaosEdit)
 	resp, body := h.chat(`{"stream":true}`)

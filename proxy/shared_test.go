@@ -211,7 +211,7 @@ func TestOnFailureRefuse(t *testing.T) {
 // Redis (Toxiproxy); no request waits longer than the timeout for it.
 func TestASlowRedisCostsAtMostTheTimeout(t *testing.T) {
 	r := redistest.Start(t)
-	tp, tpURL := chaos(t, r.Addr)
+	tp, tpURL := throughToxiproxy(t, r.Addr)
 	url, _ := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 1, url, "redis"+strings.TrimPrefix(tpURL, "http")+"/0", func(o *Options) {
 		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
