@@ -176,3 +176,23 @@ func TestHostileSmoke(t *testing.T) {
 	}
 	t.Log(out)
 }
+
+// TestChaosSmoke runs the chaos scenario small, directly and through
+// Sturdy: a table, and no request failing through Sturdy (the promise the
+// chaos property test holds in proxy/).
+func TestChaosSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sturdy binary")
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-scenario", "chaos", "-tries", "10", "-seed", "3", "-fake-listen", "127.0.0.1:0"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"### chaos", "| direct |", "| sturdy | 0 | 0.00 % |"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+	}
+	t.Log(out)
+}

@@ -10,8 +10,9 @@
 //	go run ./bench -scenario flaky -target http://127.0.0.1:8080 -fake http://127.0.0.1:18000
 //	bench/peers/run.sh overhead        # adds nginx and HAProxy
 //
-// Scenarios: overhead, flaky, ratelimited, outage, storm, streams,
-// replicas (see bench/README.md). Load is open-loop where a rate is given
+// Scenarios: overhead, fleet, tracing, flaky, ratelimited, outage, storm,
+// streams, replicas, and the solo measurements cancel, idle, hostile,
+// rescue and chaos (see bench/README.md). Load is open-loop where a rate is given
 // (latency is measured from each request's scheduled start: no
 // coordinated omission) and closed-loop otherwise; connections are kept
 // alive.
@@ -117,6 +118,7 @@ type command struct {
 	out, chart                       string
 	noDirect                         bool
 	tries                            int
+	seed                             int64
 	slices                           int
 	peers                            peerFlag
 }
@@ -126,9 +128,10 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle or hostile")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle, hostile or chaos")
 	fs.IntVar(&c.slices, "slices", 1, "overhead, fleet, tracing: cut each run into this many slices and measure the targets in turns, one slice each")
-	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000); hostile's scale (models of 4 MiB; ×1000 keys; ×2 MiB of stream)")
+	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000); hostile's scale (models of 4 MiB; ×1000 keys; ×2 MiB of stream); ×10 requests of chaos")
+	fs.Int64Var(&c.seed, "seed", 1, "chaos: the seed of its fault schedules and kills (the same for every target)")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
 	fs.IntVar(&c.s.conns, "conns", 32, "connections of closed-loop runs")
@@ -208,28 +211,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 // solos are the measurements that run Sturdy alone, one try at a time,
 // instead of a load run (not in all): each measures tries and returns
 // the report to print.
-var solos = map[string]func(bin string, tries int) (report func(io.Writer), err error){
+var solos = map[string]func(bin string, c *command) (report func(io.Writer), err error){
 	// cancel: how soon a client's leaving closes the upstream connection.
-	"cancel": func(bin string, tries int) (func(io.Writer), error) {
-		delays, err := measureCancel(bin, tries)
+	"cancel": func(bin string, c *command) (func(io.Writer), error) {
+		delays, err := measureCancel(bin, c.tries)
 		return func(w io.Writer) { cancelReport(w, delays) }, err
 	},
 	// idle: what tries (say 10000) idle keep-alive client connections
 	// cost in memory.
-	"idle": func(bin string, tries int) (func(io.Writer), error) {
-		r, err := measureIdle(bin, tries)
+	"idle": func(bin string, c *command) (func(io.Writer), error) {
+		r, err := measureIdle(bin, c.tries)
 		return func(w io.Writer) { idleReport(w, r) }, err
 	},
 	// hostile: what a client or an upstream controls, thrown at one
 	// Sturdy: its peak memory and another client's p99 in each attack.
-	"hostile": func(bin string, tries int) (func(io.Writer), error) {
-		attacks, err := measureHostile(bin, tries)
+	"hostile": func(bin string, c *command) (func(io.Writer), error) {
+		attacks, err := measureHostile(bin, c.tries)
 		return func(w io.Writer) { hostileReport(w, attacks) }, err
 	},
 	// rescue: streams cut mid-answer, continued on a fallback.
-	"rescue": func(bin string, tries int) (func(io.Writer), error) {
-		ts, err := measureRescue(bin, tries)
+	"rescue": func(bin string, c *command) (func(io.Writer), error) {
+		ts, err := measureRescue(bin, c.tries)
 		return func(w io.Writer) { rescueReport(w, ts) }, err
+	},
+	// chaos: the chaos property test's generator, longer, through direct,
+	// Sturdy and the peers: client-visible failures and amplification.
+	"chaos": func(bin string, c *command) (func(io.Writer), error) {
+		runs, err := measureChaos(bin, c)
+		return func(w io.Writer) { chaosReport(w, c, runs) }, err
 	},
 }
 
@@ -240,7 +249,7 @@ func (c *command) runSolo(name string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	report, err := solos[name](bin, c.tries)
+	report, err := solos[name](bin, c)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
@@ -478,8 +487,12 @@ func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (
 	if len(upstreams) > 1 {
 		where = "endpoints: [" + strings.Join(upstreams, ", ") + "]"
 	}
+	timeouts := sc.timeouts
+	if timeouts == "" {
+		timeouts = "{connect: 1s, first_byte: 30s, idle: 30s}"
+	}
 	cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    %s\n"+
-		"    max_connections: 4096\n    timeouts: {connect: 1s, first_byte: 30s, idle: 30s}\n%s", addr, admin, where, sc.sturdy)
+		"    max_connections: 4096\n    timeouts: %s\n%s", addr, admin, where, timeouts, sc.sturdy)
 	path := filepath.Join(dir, "sturdy.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, false, err

@@ -40,6 +40,9 @@ type scenario struct {
 	runs    func(s settings) []runSpec
 	// sturdy is the upstream/route YAML fragment (breaker, retry) used.
 	sturdy string
+	// timeouts are the upstream's (default: connect 1s, first_byte and
+	// idle 30s).
+	timeouts string
 	// variants are Sturdy measured again with other fragments, each a
 	// target of its own in the same run.
 	variants []variant

@@ -46,7 +46,7 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 		}
 	}()
 	server := func(name string, schedule chaos.Schedule) *chaos.Server {
-		s, err := chaos.Start(name, freePort(t), schedule)
+		s, err := chaos.Start(name, freePort(t), schedule, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

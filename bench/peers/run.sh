@@ -7,8 +7,9 @@
 # Installs nginx and HAProxy from Debian packages if they are missing
 # (needs root), starts them on loopback (ports 18081, 18082 and the floor's
 # 18085, in front of the fake server on 18000; for the replicas scenario
-# 18083, 18084, in front of its four fake servers on 18001-18004) and stops
-# them afterwards.
+# 18083, 18084, in front of its four fake servers on 18001-18004; for the
+# chaos scenario 18086, 18087, in front of its servers on 18011-18013) and
+# stops them afterwards.
 set -euo pipefail
 scenario=${1:-overhead}
 shift || true
@@ -51,5 +52,7 @@ floor_pid=$!
 
 go run ./bench -scenario "$scenario" \
   -peer nginx=http://127.0.0.1:18081@nginx -peer nginx/replicas=http://127.0.0.1:18083 \
+  -peer nginx/chaos=http://127.0.0.1:18086 \
   -peer haproxy=http://127.0.0.1:18082@haproxy -peer haproxy/replicas=http://127.0.0.1:18084 \
+  -peer haproxy/chaos=http://127.0.0.1:18087 \
   -peer floor=http://127.0.0.1:18085@sturdy-floor "$@"

@@ -135,6 +135,7 @@ type Server struct {
 	Name     string
 	Addr     string
 	schedule Schedule // nil: never faults
+	gap      time.Duration
 	mu       sync.Mutex
 	srv      *http.Server
 	seen     map[int]int // attempts per request index
@@ -145,9 +146,12 @@ type Server struct {
 // past it every attempt of an index counts as its first.
 const maxTracked = 1 << 20
 
-// Start starts a server named name on addr ("127.0.0.1:0": any free port).
-func Start(name, addr string, schedule Schedule) (*Server, error) {
-	s := &Server{Name: name, Addr: addr, schedule: schedule, seen: map[int]int{}}
+// Start starts a server named name on addr ("127.0.0.1:0": any free
+// port), gap between a stream's words (0: none; a real model's stream
+// takes its time, and a cut of one sent at once may be seen whole by a
+// proxy before it passes anything on).
+func Start(name, addr string, schedule Schedule, gap time.Duration) (*Server, error) {
+	s := &Server{Name: name, Addr: addr, schedule: schedule, gap: gap, seen: map[int]int{}}
 	if err := s.Restart(); err != nil {
 		return nil, err
 	}
@@ -290,6 +294,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		cutAt = 1 + i%(Words/2)
 	}
 	for k := from; k < Words; k++ {
+		if k > from && s.gap > 0 {
+			time.Sleep(s.gap)
+		}
 		if k == cutAt {
 			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
 				c.Close() // mid-stream: no last chunk, no [DONE]
