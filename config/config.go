@@ -1,6 +1,21 @@
 // Package config is Sturdy's YAML schema: types, defaults, loading with
 // strict decoding, and validation whose every message names the key and
 // the line.
+//
+//   - config.go: the schema — every key's type, its default and its bound
+//     in its field's comment.
+//   - load.go: reading a file (Load, Parse): strict YAML decoding with each
+//     key's line, ${VAR} expansion, *_file secrets read, the implicit
+//     route, the one-upstream default (Default), secrets kept out of every
+//     message, and WriteProblems, which prints each problem with its key
+//     and line.
+//   - validate.go: the checks a parsed config must pass (Validate: each
+//     problem named by key and line; the caller exits 2), and Warnings:
+//     what is valid but most likely not meant, which -check and startup
+//     print without stopping.
+//
+// Config decides nothing at run time: proxy turns a Config into its
+// options, main reloads it.
 package config
 
 import (
