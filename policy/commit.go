@@ -1,48 +1,11 @@
 package policy
 
 import (
-	"bytes"
 	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
-
-// API is the streaming API a reply speaks, which says where its commit
-// point is.
-type API uint8
-
-// The APIs whose streams Sturdy reads before committing them.
-const (
-	// APIOther: committed at the first body byte.
-	APIOther API = iota
-	// APIChat: OpenAI chat completions SSE (…/chat/completions).
-	APIChat
-	// APICompletions: legacy completions SSE (…/completions).
-	APICompletions
-	// APIResponses: the Responses API SSE (…/responses).
-	APIResponses
-	// APIOllama: Ollama's NDJSON (/api/chat, /api/generate).
-	APIOllama
-)
-
-// APIOf tells a request's streaming API from its path (without query).
-func APIOf(path []byte) API {
-	if n := len(path); n > 1 && path[n-1] == '/' {
-		path = path[:n-1]
-	}
-	switch {
-	case bytes.HasSuffix(path, []byte("/chat/completions")):
-		return APIChat
-	case bytes.HasSuffix(path, []byte("/completions")):
-		return APICompletions
-	case bytes.HasSuffix(path, []byte("/responses")):
-		return APIResponses
-	case bytes.HasSuffix(path, []byte("/api/chat")), bytes.HasSuffix(path, []byte("/api/generate")):
-		return APIOllama
-	}
-	return APIOther
-}
 
 // Mark is what one stream event, before the commit point, means.
 type Mark uint8

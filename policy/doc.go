@@ -17,9 +17,10 @@
 //	retry.go       Retry (a route's policy, WithDefaults), RetryOn, full-jitter Backoff
 //	stop.go        Stop: why the loop stopped, as logged and as said to the client
 //	retryafter.go  RetryAfter (retry-after-ms, Retry-After), InsufficientQuota
-//	replay.go      Replayable: which requests may be sent twice
+//	api.go         CallOf: what a path calls (API, inference or not, operation name), the one list of API paths;
+//	               APIOf, Replayable: which requests may be sent twice
 //	budget.go      Budget: the retry budget per upstream
-//	commit.go      APIOf, Judge: a stream event before the commit point; EventFailure
+//	commit.go      Judge: a stream event before the commit point; EventFailure
 //	rescue.go      Continuable, FollowChunk: whether a cut stream may be continued
 //	pick.go        PickLeastRequests, PickRoundRobin, PickAffinity; KeyHash
 //	match.go       GlobMatch, GlobSpecificity, ClientTimeout, RequestedRetries, RateLimitExhausted

@@ -306,7 +306,7 @@ func (ex *exchange) traceRoute() {
 	r := ex.req.route
 	s.SetName(spanText(ex.ctx.Method()) + " " + string(r.prefix))
 	attrs := append(ex.tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
-	if op := operationOf(ex.req.api, rawPath(ex.ctx.Request.Header.RequestURI())); op != "" {
+	if op := policy.CallOf(rawPath(ex.ctx.Request.Header.RequestURI())).Operation; op != "" {
 		attrs = append(attrs, attrOperation.String(op))
 	}
 	if m := ex.req.model; m != "" {
@@ -314,26 +314,6 @@ func (ex *exchange) traceRoute() {
 		attrs = append(attrs, attrRequestModel.String(ex.tr.model))
 	}
 	ex.tr.attrs = attrs
-}
-
-// operationOf is gen_ai.operation.name for a request of api to path
-// ("": not a GenAI call).
-func operationOf(api policy.API, path []byte) string {
-	switch api {
-	case policy.APIChat, policy.APIResponses:
-		return "chat"
-	case policy.APICompletions:
-		return "text_completion"
-	case policy.APIOllama:
-		if bytes.HasSuffix(bytes.TrimSuffix(path, []byte("/")), []byte("/generate")) {
-			return "text_completion"
-		}
-		return "chat"
-	}
-	if p := bytes.TrimSuffix(path, []byte("/")); bytes.HasSuffix(p, []byte("/embeddings")) || bytes.HasSuffix(p, []byte("/api/embed")) {
-		return "embeddings"
-	}
-	return ""
 }
 
 // startAttempt starts the attempt's client span under the request's and
