@@ -13,7 +13,7 @@ import (
 	"sturdy/config"
 )
 
-// TestDependencyDirection keeps the layering of STYLE.md true: policy and
+// TestDependencyDirection keeps the layering (README, Layout) one way: policy and
 // breaker import nothing of ours, proxy does not know the config schema.
 func TestDependencyDirection(t *testing.T) {
 	forbidden := map[string][]string{

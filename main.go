@@ -2,6 +2,13 @@
 // servers: point an agent's baseURL at it and it absorbs the upstream's
 // passing faults (retries with full jitter, Retry-After, circuit breaker)
 // while passing the client's own mistakes back untouched.
+//
+// main only wires things; the request path is package proxy.
+//
+//	main.go    flags → load and validate the config (-check) → build the proxy, the admin listener and the
+//	           logger → serve → graceful shutdown; the config's translation into proxy.Options
+//	reload.go  hot reload: SIGHUP and file changes (settled before they are read), what only a restart applies
+//	demo.go    -demo: a fake model server with passing faults behind an embedded config
 package main
 
 import (

@@ -12,7 +12,20 @@
 //
 // Scenarios: overhead, fleet, tracing, flaky, ratelimited, outage, storm,
 // streams, replicas, and the solo measurements cancel, idle, hostile,
-// rescue and chaos (see bench/README.md). Load is open-loop where a rate is given
+// rescue and chaos (see bench/README.md).
+//
+//	main.go        flags, targets (direct, Sturdy, peers), a run over scenarios; Sturdy built and started
+//	scenario.go    the scenarios: fault profile, load runs, Sturdy's YAML, figures
+//	load.go        the load generator (open and closed loop) and its records
+//	fakes.go       the fake model servers of a run (one, or a replica pool), Redis and OTLP for it
+//	interleave.go  -slices: the targets measured in turns
+//	report.go      the Markdown table, the JSON file and the SVG latency chart
+//	proc.go        CPU and peak RSS of a target's processes
+//	cancel.go      solo: how soon a client's leaving closes the upstream connection
+//	idle.go        solo: memory of idle keep-alive client connections
+//	hostile.go     solo: what a client or an upstream controls, thrown at one Sturdy
+//	rescue.go      solo: streams cut mid-answer, continued on a fallback
+//	chaos.go       solo: the chaos property test's generator through direct, Sturdy and the peers Load is open-loop where a rate is given
 // (latency is measured from each request's scheduled start: no
 // coordinated omission) and closed-loop otherwise; connections are kept
 // alive.
