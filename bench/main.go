@@ -12,7 +12,10 @@
 //
 // Scenarios: overhead, fleet, tracing, flaky, ratelimited, outage, storm,
 // streams, replicas, and the solo measurements cancel, idle, hostile,
-// rescue and chaos (see bench/README.md).
+// rescue and chaos (see bench/README.md). Load is open-loop where a rate
+// is given (latency is measured from each request's scheduled start: no
+// coordinated omission) and closed-loop otherwise; connections are kept
+// alive.
 //
 //	main.go        flags, targets (direct, Sturdy, peers), a run over scenarios; Sturdy built and started
 //	scenario.go    the scenarios: fault profile, load runs, Sturdy's YAML, figures
@@ -25,10 +28,7 @@
 //	idle.go        solo: memory of idle keep-alive client connections
 //	hostile.go     solo: what a client or an upstream controls, thrown at one Sturdy
 //	rescue.go      solo: streams cut mid-answer, continued on a fallback
-//	chaos.go       solo: the chaos property test's generator through direct, Sturdy and the peers Load is open-loop where a rate is given
-// (latency is measured from each request's scheduled start: no
-// coordinated omission) and closed-loop otherwise; connections are kept
-// alive.
+//	chaos.go       solo: the chaos property test's generator through direct, Sturdy and the peers
 package main
 
 import (
