@@ -228,7 +228,8 @@ type Ticket struct {
 // a result that is no failure.
 func (t Ticket) DoneWith(r Result, cause string) {
 	if (r == Failure || r == Unreachable) && cause != "" {
-		t.b.last.Store(&cause)
+		c := cause // a copy: taking cause's own address would move it to the heap on every call
+		t.b.last.Store(&c)
 	}
 	t.Done(r)
 }
