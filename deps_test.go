@@ -16,6 +16,7 @@ import (
 // TestDependencyDirection keeps the layering (README, Layout) one way: policy and
 // breaker import nothing of ours, proxy does not know the config schema.
 func TestDependencyDirection(t *testing.T) {
+	t.Parallel()
 	forbidden := map[string][]string{
 		"sturdy/policy":  {"sturdy/"},
 		"sturdy/breaker": {"sturdy/"},
@@ -45,6 +46,7 @@ func TestDependencyDirection(t *testing.T) {
 // TestDeployConfigsAreValid: the configs of deploy/ — the compose fleet's
 // and the Kubernetes ConfigMap's — pass -check.
 func TestDeployConfigsAreValid(t *testing.T) {
+	t.Parallel()
 	if _, err := config.Load("deploy/sturdy-fleet.yaml"); err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +82,7 @@ func TestDeployConfigsAreValid(t *testing.T) {
 // what they need to be healthy, Jaeger is optional; the Kubernetes image is loadable without
 // a registry.
 func TestDeployFilesHoldTogether(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("deploy/docker-compose.yml")
 	if err != nil {
 		t.Fatal(err)

@@ -66,6 +66,7 @@ func retryCounts(up *upstreamtest.Server) []string {
 }
 
 func TestOpenAIClientSucceedsThroughFlakyUpstream(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 503, Body: `{"error":{"message":"overloaded"}}`},
 		upstreamtest.Step{Fault: upstreamtest.Reset},
@@ -87,6 +88,7 @@ func TestOpenAIClientSucceedsThroughFlakyUpstream(t *testing.T) {
 }
 
 func TestOpenAIClientStreamsThroughFlakyUpstream(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 502},
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Cut},
@@ -114,6 +116,7 @@ func TestOpenAIClientStreamsThroughFlakyUpstream(t *testing.T) {
 }
 
 func TestOpenAIClientDoesNotRetryAfterSturdyGaveUp(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 500, Header: [][2]string{upstreamtest.JSONHeader},
 		Body: `{"error":{"message":"model crashed","type":"server_error","code":null}}`})
 	client := newClient(startSturdy(t, e2eConfig, up.URL))
@@ -131,6 +134,7 @@ func TestOpenAIClientDoesNotRetryAfterSturdyGaveUp(t *testing.T) {
 }
 
 func TestOpenAIClientSeesInterruptedStreamAsError(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("partial")[:1], Fault: upstreamtest.Cut})
 	client := newClient(startSturdy(t, e2eConfig, up.URL))
@@ -149,6 +153,7 @@ func TestOpenAIClientSeesInterruptedStreamAsError(t *testing.T) {
 // close-delimited; the SDK gets a proper HTTP/1.1 chunked stream — whole
 // when it ended with [DONE], an error when the connection closed first.
 func TestOpenAIClientThroughAnHTTP10Upstream(t *testing.T) {
+	t.Parallel()
 	const head = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
 	chunk := func(s string) string {
 		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + s + `"}}]}` + "\n\n"
@@ -186,6 +191,7 @@ func TestOpenAIClientThroughAnHTTP10Upstream(t *testing.T) {
 // after its first output ends with Sturdy's error event, which openai-go
 // raises; one that failed in its framing was retried invisibly.
 func TestOpenAIClientRaisesOnAResponsesStreamCut(t *testing.T) {
+	t.Parallel()
 	const (
 		created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"object\":\"response\"}}\n\n"
 		failed  = "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"boom\",\"param\":null,\"sequence_number\":1}\n\n"
@@ -218,6 +224,7 @@ func TestOpenAIClientRaisesOnAResponsesStreamCut(t *testing.T) {
 // normal stream: one id, the whole text, one finish_reason, the
 // continuation's usage.
 func TestOpenAIClientReadsARescuedStreamAsOne(t *testing.T) {
+	t.Parallel()
 	chunk := func(id, delta, finish string) string {
 		f := "null"
 		if finish != "" {
@@ -291,6 +298,7 @@ func nodeSDK(t *testing.T) string {
 // TestNodeClientRaisesOnAResponsesStreamCut: the Node SDK raises on
 // Sturdy's Responses error event (it goes by the event's type).
 func TestNodeClientRaisesOnAResponsesStreamCut(t *testing.T) {
+	t.Parallel()
 	node := nodeSDK(t)
 	const (
 		created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"object\":\"response\"}}\n\n"

@@ -68,6 +68,7 @@ func streamThrough(addr string) <-chan error {
 // (by default half the limit) they are answered 503 too_many_connections,
 // a stream in flight completes, and once the flood ends Sturdy serves again.
 func TestFileDescriptorFloodRefusesPolitely(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 150 * time.Millisecond})
 	p := runBinaryCmd(t, underFDLimit(256), func(listen, admin string) []string {
@@ -98,6 +99,7 @@ func TestFileDescriptorFloodRefusesPolitely(t *testing.T) {
 // server.max_connections above the file descriptor limit, so accept runs
 // out of descriptors: Sturdy retries, keeps its stream, and serves again.
 func TestFileDescriptorExhaustionDoesNotStopTheProcess(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 150 * time.Millisecond})
 	cfg := filepath.Join(t.TempDir(), "sturdy.yaml")
@@ -193,6 +195,7 @@ func hostileRedis(t *testing.T) string {
 // synchronously without a deadline while go-redis allocated what the
 // reply announced (3.7 → 14.3 GB).
 func TestAHostileRedisNeitherBlocksStartNorGrowsMemory(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.JSONHeader}, Body: upstreamtest.ChatCompletion("ok")})
 	cfg := filepath.Join(t.TempDir(), "sturdy.yaml")
 	yaml := fmt.Sprintf("shared_state: {redis_url: %q, timeout: 100ms}\nupstreams: [{name: up, url: %q, rate_limit: {requests_per_second: 100}}]\n",

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,7 +26,22 @@ import (
 	"sturdy/internal/upstreamtest"
 )
 
+// TestMain runs at least 8 parallel tests at once (GOMAXPROCS, the
+// default, where that is more) unless -parallel says otherwise: these
+// tests mostly wait on the binaries and servers they start, so
+// GOMAXPROCS alone would leave a small machine idle.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
+	}
+	os.Exit(m.Run())
+}
+
 func TestVersionFlag(t *testing.T) {
+	t.Parallel()
 	var out, errb bytes.Buffer
 	if code := run([]string{"-version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "sturdy ") || !strings.Contains(out.String(), "go1") {
 		t.Fatalf("exit %d, %q", code, out.String())
@@ -31,6 +49,7 @@ func TestVersionFlag(t *testing.T) {
 }
 
 func TestCheckAcceptsTheExampleConfig(t *testing.T) {
+	t.Parallel()
 	var out, errb bytes.Buffer
 	if code := run([]string{"-check", "-config", "config.example.yaml"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
@@ -38,6 +57,7 @@ func TestCheckAcceptsTheExampleConfig(t *testing.T) {
 }
 
 func TestCheckRejectsAnInvalidConfigWithKeyAndLine(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	yaml := "listen: \":8080\"\nupstreams:\n  - name: a\n    url: http://127.0.0.1:1\nroutes:\n  - name: r\n    upstream: b\n    retry: {max_attempts: 0}\n"
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
@@ -58,6 +78,7 @@ func TestCheckRejectsAnInvalidConfigWithKeyAndLine(t *testing.T) {
 // Sturdy's own listen address is refused with key and line — the
 // address as -listen (or STURDY_LISTEN) makes it, not the file's alone.
 func TestCheckRefusesAnUpstreamAtTheFinalListenAddress(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	if err := os.WriteFile(path, []byte("upstreams:\n  - name: a\n    url: http://127.0.0.1:8080\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -79,6 +100,7 @@ func TestCheckRefusesAnUpstreamAtTheFinalListenAddress(t *testing.T) {
 }
 
 func TestUpstreamFlagWithoutConfig(t *testing.T) {
+	t.Parallel()
 	cfg, err := loadConfig(settings{upstream: "http://127.0.0.1:9999/base", listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
@@ -180,6 +202,7 @@ func (p *sturdyProc) waitExit(t *testing.T, within time.Duration) error {
 // binary, sends SIGTERM, and checks every stream completes, new
 // connections are refused and the process exits 0.
 func TestSIGTERMLetsInFlightStreamsFinish(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e", "f", "g", "h"), ChunkDelay: 100 * time.Millisecond})
 	p := runBinary(t, func(listen, admin string) []string {
@@ -252,6 +275,7 @@ func freeAddr(t *testing.T) string {
 
 // TestDemoServesWithNoModelInstalled runs `sturdy -demo` and talks to it.
 func TestDemoServesWithNoModelInstalled(t *testing.T) {
+	t.Parallel()
 	addr := runBinary(t, func(listen, admin string) []string {
 		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
 	}).addr
@@ -277,6 +301,7 @@ func TestDemoServesWithNoModelInstalled(t *testing.T) {
 // binary drains a slow request: the request still completes and the
 // process exits 0 (SIGHUP's default action would end it at once).
 func TestSIGHUPDuringShutdownDoesNotKill(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Delay: 1500 * time.Millisecond, Body: "slow but whole"})
 	p := runBinary(t, func(listen, admin string) []string {
 		return []string{"-upstream", up.URL, "-listen", listen, "-admin-listen", admin}
@@ -316,6 +341,7 @@ func TestSIGHUPDuringShutdownDoesNotKill(t *testing.T) {
 // shutdown_delay keeps serving; a second SIGTERM ends the drain now: the
 // open stream gets its stream_interrupted event and the process exits 0.
 func TestDrainThenSecondSignal(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE(upstreamtest.Words(60, "tok")...), ChunkDelay: 100 * time.Millisecond})
 	cfg := filepath.Join(t.TempDir(), "sturdy.yaml")
@@ -372,7 +398,8 @@ func TestDrainThenSecondSignal(t *testing.T) {
 // TestTheDefaultAdminAddressTakenIsNotFatal: with 127.0.0.1:9090 held
 // (by this test, or by whoever already holds it), Sturdy started without
 // an admin address warns and serves; an admin address given explicitly
-// that is taken stays fatal.
+// that is taken stays fatal. Not parallel: the binary it starts itself
+// listens on a port freeAddr closed, which another test could take.
 func TestTheDefaultAdminAddressTakenIsNotFatal(t *testing.T) {
 	if ln, err := net.Listen("tcp", config.DefaultAdminListen); err == nil {
 		defer ln.Close()
@@ -406,11 +433,26 @@ func TestTheDefaultAdminAddressTakenIsNotFatal(t *testing.T) {
 // TestTheStartupLineSaysWhatRuns: upstreams with their URLs, routes, and
 // in -demo the fake server and its faults.
 func TestTheStartupLineSaysWhatRuns(t *testing.T) {
+	t.Parallel()
 	p := runBinary(t, func(listen, admin string) []string {
 		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
 	})
+	wants := []string{"sturdy started", "demo-llm", "http://127.0.0.1:", "/ → demo-llm", "demo mode", "down from 60s"}
+	// The binary accepts connections before it has logged every line: the
+	// lines are waited for, up to 5 s.
+	all := func(logs string) bool {
+		for _, want := range wants {
+			if !strings.Contains(logs, want) {
+				return false
+			}
+		}
+		return true
+	}
 	logs := p.logs.String()
-	for _, want := range []string{"sturdy started", "demo-llm", "http://127.0.0.1:", "/ → demo-llm", "demo mode", "down from 60s"} {
+	for deadline := time.Now().Add(5 * time.Second); !all(logs) && time.Now().Before(deadline); logs = p.logs.String() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, want := range wants {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the startup log lacks %q:\n%s", want, logs)
 		}
@@ -420,6 +462,7 @@ func TestTheStartupLineSaysWhatRuns(t *testing.T) {
 // TestCheckWarnsOfAURLEndingInV1: -check says so, with the fix, and the
 // config is still valid.
 func TestCheckWarnsOfAURLEndingInV1(t *testing.T) {
+	t.Parallel()
 	var out, errOut bytes.Buffer
 	if code := run([]string{"-check", "-upstream", "http://127.0.0.1:8000/v1"}, &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
@@ -456,6 +499,7 @@ func TestContainerDefaultsYieldToTheFile(t *testing.T) {
 // TestTheDemoShowsAClientMistakePassingThrough: the demo's fake server
 // refuses what a real one would, and Sturdy hands that back untouched.
 func TestTheDemoShowsAClientMistakePassingThrough(t *testing.T) {
+	t.Parallel()
 	addr := runBinary(t, func(listen, admin string) []string {
 		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
 	}).addr
@@ -482,7 +526,8 @@ func TestTheDemoShowsAClientMistakePassingThrough(t *testing.T) {
 
 // TestTheConsoleFormatReadsAtAGlance: no colours off a terminal, the
 // request line led by status, method, path, outcome, attempts and
-// duration (to 0.1 ms), retries in short words.
+// duration (to 0.1 ms), retries in short words. Not parallel: newLogger
+// sets zerolog's global time format.
 func TestTheConsoleFormatReadsAtAGlance(t *testing.T) {
 	var buf bytes.Buffer
 	logger := newLogger(config.Log{Level: "info", Format: "console"}, &buf)
@@ -499,6 +544,7 @@ func TestTheConsoleFormatReadsAtAGlance(t *testing.T) {
 // TestListeningEverywhereWithoutAuthIsWarned: the startup warns when the
 // listen address is every interface and no client key is required.
 func TestListeningEverywhereWithoutAuthIsWarned(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // the check reads the configured address, not this one
 	if err != nil {
 		t.Fatal(err)

@@ -89,6 +89,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestReloadOnFileChangeKeepsBreakerStateOfUnchangedUpstreams(t *testing.T) {
+	t.Parallel()
 	steady := upstreamtest.Start(t, upstreamtest.Step{Status: 500})
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
 	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
@@ -114,6 +115,7 @@ func TestReloadOnFileChangeKeepsBreakerStateOfUnchangedUpstreams(t *testing.T) {
 }
 
 func TestInvalidConfigIsRejectedAndTheOldOneKeepsServing(t *testing.T) {
+	t.Parallel()
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
 	yaml := strings.NewReplacer("STEADY", a.URL, "MODEL", a.URL).Replace(reloadConfig)
 	s := startReloadable(t, yaml)
@@ -130,7 +132,8 @@ func TestInvalidConfigIsRejectedAndTheOldOneKeepsServing(t *testing.T) {
 // TestSIGHUPReloads sends the process a real SIGHUP. The config file is a
 // symlink into another directory and the file it names is changed in
 // place: the file watcher (on the symlink's directory) cannot see that, so
-// only the signal can make Sturdy reload.
+// only the signal can make Sturdy reload. Not parallel: every Sturdy the
+// process runs gets the signal.
 func TestSIGHUPReloads(t *testing.T) {
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
 	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
@@ -158,6 +161,7 @@ func TestSIGHUPReloads(t *testing.T) {
 }
 
 func TestInFlightStreamSurvivesReload(t *testing.T) {
+	t.Parallel()
 	a := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d", "e"), ChunkDelay: 100 * time.Millisecond})
 	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
@@ -176,6 +180,8 @@ func TestInFlightStreamSurvivesReload(t *testing.T) {
 	eventually(t, "requests to reach B", func() bool { _, body := getBody(t, s.url+"/v1/models"); return body == "from B" })
 }
 
+// TestAdminBindFailureIsFatal is not parallel: run's newLogger sets
+// zerolog's global time format.
 func TestAdminBindFailureIsFatal(t *testing.T) {
 	busy := upstreamtest.Start(t) // something already on the port
 	var out, errb bytes.Buffer
@@ -199,6 +205,8 @@ func TestEnvironmentOverrides(t *testing.T) {
 	}
 }
 
+// TestHealthcheckFlag is not parallel: nothing may listen on the port
+// freeAddr closed, which another test could take.
 func TestHealthcheckFlag(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -222,6 +230,7 @@ func TestHealthcheckFlag(t *testing.T) {
 }
 
 func TestRestartOnlyServerKeysAreTold(t *testing.T) {
+	t.Parallel()
 	base := config.Default("http://127.0.0.1:1")
 	r := &reloader{running: base}
 	trusted := *base
@@ -241,6 +250,7 @@ func TestRestartOnlyServerKeysAreTold(t *testing.T) {
 // config of its own, is loaded only once whole. Before, the first part
 // was applied (for 1.5 s here).
 func TestAFileWrittenInPartsIsNotLoadedHalfWritten(t *testing.T) {
+	t.Parallel()
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
 	b := upstreamtest.Start(t, upstreamtest.Step{Body: "from B"})
 	c := upstreamtest.Start(t, upstreamtest.Step{Body: "from C"})

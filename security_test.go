@@ -21,6 +21,7 @@ import (
 // value, body or query string reaches its output or an exported span
 // (spans exported when it shuts down, before the SDK's 5 s batch).
 func TestLogsCarryNoSecrets(t *testing.T) {
+	t.Parallel()
 	const (
 		upstreamKey = "sk-UPSTREAM-SECRET-0001"
 		clientKey   = "sturdy-CLIENT-SECRET-0002"
@@ -106,6 +107,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 
 // TestTLSListener serves the listener over TLS from the config.
 func TestTLSListener(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	certPEM, keyPEM := upstreamtest.SelfSigned(t)
 	dir := t.TempDir()

@@ -19,6 +19,7 @@ import (
 // tracing on for the binary with its embedded config, and the other
 // OTEL_* variables fill in what no file sets.
 func TestTracingFromTheEnvironment(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	env := append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+rcv.URL, "OTEL_SERVICE_NAME=gateway-from-env",

@@ -17,6 +17,7 @@ import (
 )
 
 func TestNextEvent(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, in   string
 		event      string
@@ -69,6 +70,7 @@ func BenchmarkNextEventComments(b *testing.B) {
 // whole with its head comes back with its connection already pooled and
 // no longer the attempt's, so a client leaving now closes nothing.
 func TestASmallReplyLetsItsConnectionGoBeforeTheAttemptReturns(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	p, err := New(Options{Upstreams: []Upstream{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
 	if err != nil {
@@ -98,6 +100,7 @@ func TestASmallReplyLetsItsConnectionGoBeforeTheAttemptReturns(t *testing.T) {
 // connection until the body is closed (a small one is read with the head
 // and let go of at once: TestAPooledConnectionIsLetGoFirst).
 func TestEachAttemptClaimsItsOwnConnection(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: strings.Repeat("x", headSize+1)})
 	p, err := New(Options{Upstreams: []Upstream{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
 	if err != nil {

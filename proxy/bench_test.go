@@ -256,7 +256,8 @@ func judgeAll(head []byte) {
 }
 
 // TestHotChecksDoNotAllocate guards the proxy's per-request checks: the
-// cooldown check and the commit-point parse of a stream's head.
+// cooldown check and the commit-point parse of a stream's head. It is not
+// parallel: AllocsPerRun counts the whole process's allocations.
 func TestHotChecksDoNotAllocate(t *testing.T) {
 	head := []byte(strings.Join(upstreamtest.SSE("Hello"), ""))
 	none, inForce := cooldownCase(t, false), cooldownCase(t, true)

@@ -147,6 +147,7 @@ func TestTracingKeepsNoCopyOfAHugeModel(t *testing.T) {
 }
 
 func TestSpanTextIsBounded(t *testing.T) {
+	t.Parallel()
 	for _, in := range []string{"", "POST", strings.Repeat("a", maxSpanText), strings.Repeat("é", maxSpanText)} {
 		out := spanText([]byte(in))
 		if len(out) > maxSpanText || !utf8.ValidString(out) || (len(in) <= maxSpanText && out != in) {
@@ -367,6 +368,7 @@ func TestHTTP10BodiesAreBoundedAndSayWhy(t *testing.T) {
 		{"past 64 MiB", 65, 0, "64 MiB per response"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			url := forgetfulUpstream(t, func(ctx *fasthttp.RequestCtx) {
 				ctx.SetContentType("application/octet-stream")
 				ctx.SetBodyStreamWriter(func(w *bufio.Writer) {

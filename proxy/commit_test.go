@@ -27,6 +27,7 @@ func sseStep(chunks ...string) upstreamtest.Step {
 // TestAStreamIsCommittedOnItsFirstOutput: framing before a stream's first
 // output is held, so an error event there is retried like any failure.
 func TestAStreamIsCommittedOnItsFirstOutput(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, path string
 		steps      []upstreamtest.Step
@@ -44,6 +45,7 @@ func TestAStreamIsCommittedOnItsFirstOutput(t *testing.T) {
 			`{"message":{"content":"Hi"},"done":false}` + "\n" + `{"done":true}` + "\n"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			up := upstreamtest.Start(t, tt.steps...)
 			h := startProxy(t, up.URL, nil)
 			resp, body := h.do("POST", tt.path, `{"model":"m","stream":true}`, "Content-Type", "application/json")
@@ -61,6 +63,7 @@ func TestAStreamIsCommittedOnItsFirstOutput(t *testing.T) {
 // request's fault goes to the client as sent — or to the next target
 // when the route fails over on its code.
 func TestTheClientsOwnErrorInAStreamGoesToIt(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, sseStep(roleChunk, tooLong))
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.chat(`{"stream":true}`)
@@ -82,6 +85,7 @@ func TestTheClientsOwnErrorInAStreamGoesToIt(t *testing.T) {
 // TestFirstTokenRunsToTheFirstOutput: framing at once does not satisfy
 // first_token; the attempt is abandoned for the next target.
 func TestFirstTokenRunsToTheFirstOutput(t *testing.T) {
+	t.Parallel()
 	slow := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: []string{roleChunk, upstreamtest.SSE("late")[0]}, ChunkDelay: 2 * time.Second})
 	fast := upstreamtest.Start(t, sseStep(upstreamtest.SSE("fast")...))
@@ -100,6 +104,7 @@ func TestFirstTokenRunsToTheFirstOutput(t *testing.T) {
 // TestLargeFramingIsCommittedPastTheHold: past 1 MiB of framing the
 // stream is committed as it is.
 func TestLargeFramingIsCommittedPastTheHold(t *testing.T) {
+	t.Parallel()
 	huge := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"instructions\":\"" +
 		strings.Repeat("x", 1_200_000) + "\"}}\n\n"
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{huge, respDelta, respDone}})
@@ -113,6 +118,7 @@ func TestLargeFramingIsCommittedPastTheHold(t *testing.T) {
 // TestResponsesStreamCutAfterCommitEndsWithAnErrorEvent: the in-band
 // error after commit is the Responses API's own error event, numbered on.
 func TestResponsesStreamCutAfterCommitEndsWithAnErrorEvent(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: []string{created, inProgress, respDelta}, Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)

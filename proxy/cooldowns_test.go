@@ -14,6 +14,7 @@ var noJitter = func(d time.Duration) time.Duration { return d }
 // long expired, so the map stays bounded; and such a run is over by
 // itself an hour later (no doubled cooldown).
 func TestBareCooldownsAreSweptAndRunsEnd(t *testing.T) {
+	t.Parallel()
 	var c cooldowns
 	past := time.Now().Add(-time.Hour)
 	for k := uint64(0); k < 1000; k++ {
@@ -41,6 +42,7 @@ func TestBareCooldownsAreSweptAndRunsEnd(t *testing.T) {
 // drops the cooldown that ends soonest (counted), never a later one.
 // Before, the map grew past the bound and walked itself on every insert.
 func TestCooldownsPastTheBoundDropTheSoonestEnding(t *testing.T) {
+	t.Parallel()
 	evicted := 0
 	c := cooldowns{onEvict: func() { evicted++ }}
 	now := time.Now()
@@ -63,6 +65,7 @@ func TestCooldownsPastTheBoundDropTheSoonestEnding(t *testing.T) {
 // TestCooldownMaxCapsEveryCooldown: whatever a reply or the fleet says, a
 // cooldown lasts at most cooldown.max (a bare one too).
 func TestCooldownMaxCapsEveryCooldown(t *testing.T) {
+	t.Parallel()
 	c := cooldowns{max: 10 * time.Minute}
 	now := time.Now()
 	year := now.Add(365 * 24 * time.Hour)
@@ -88,6 +91,7 @@ func TestCooldownMaxCapsEveryCooldown(t *testing.T) {
 // TestClientBucketsPastTheBoundDropTheLeastRecentlyUsed: a `clients:`
 // limit keeps at most MaxTrackedKeys buckets, however many keys come.
 func TestClientBucketsPastTheBoundDropTheLeastRecentlyUsed(t *testing.T) {
+	t.Parallel()
 	evicted := 0
 	l := newClientLimiter(ClientLimit{KeyHeader: "Authorization", RequestsPerSecond: 1, Burst: 1}, func() { evicted++ })
 	now := time.Now()

@@ -16,6 +16,7 @@ import (
 // but their names get every default — a zero timeout, deadline or body
 // limit never means "at once" or "nothing".
 func TestZeroOptionsMeanTheDefaults(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Delay: 100 * time.Millisecond, Body: "ok"})
 	p, err := New(Options{Upstreams: []Upstream{{Name: "up", URL: up.URL}}, Routes: []Route{{Name: "r", Upstream: "up"}},
 		Clients: []ClientLimit{{RequestsPerSecond: 2.5}}, Log: zerolog.Nop()})
@@ -50,6 +51,7 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 }
 
 func TestUpstreamWithDefaults(t *testing.T) {
+	t.Parallel()
 	paced := Upstream{RateLimit: RateLimit{RequestsPerSecond: 2.5}, RetryBudget: RetryBudget{Ratio: 0.2}}.withDefaults()
 	if paced.RateLimit.Burst != 3 || paced.RateLimit.MaxWait != DefaultPacingMaxWait ||
 		paced.RetryBudget != (RetryBudget{Ratio: 0.2, MinPerSecond: DefaultBudgetPerSecond}) {

@@ -13,6 +13,7 @@ import (
 // TestREADMEErrorTableIsTheVocabulary checks the README's table of error
 // codes row for row against errorTable: same codes, statuses and words.
 func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +45,7 @@ func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
 }
 
 func TestEveryErrorCodeHasOneRow(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for _, s := range errorTable {
 		if seen[s.code] || s.message == "" || s.when == "" || (s.status != 0 && (s.status < 400 || s.status > 599)) {
@@ -63,6 +65,7 @@ func TestEveryErrorCodeHasOneRow(t *testing.T) {
 // TestREADMELimitsTableNamesTheBounds: the Limits table says each bound
 // as the code has it.
 func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)

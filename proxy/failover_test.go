@@ -29,6 +29,7 @@ func withFallbacks(o *Options, urls []string, models ...string) {
 }
 
 func TestFailoverRewritesOnlyTheModel(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.JSONHeader}, Body: `{"model":"llama3.1"}`})
 	h := startProxy(t, primary.URL, func(o *Options) {
@@ -58,6 +59,7 @@ func TestFailoverRewritesOnlyTheModel(t *testing.T) {
 }
 
 func TestOpenBreakerSendsStraightToFallback(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 500})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "fallback"})
 	h := startProxy(t, primary.URL, func(o *Options) {
@@ -76,6 +78,7 @@ func TestOpenBreakerSendsStraightToFallback(t *testing.T) {
 }
 
 func TestFailoverOn404AndContextLengthCode(t *testing.T) {
+	t.Parallel()
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "big model"})
 	for _, tc := range []struct {
 		name   string
@@ -90,6 +93,7 @@ func TestFailoverOn404AndContextLengthCode(t *testing.T) {
 			func(r *Route) { r.FailoverCodes = []string{"context_length_exceeded"} }, "failover_code"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			primary := upstreamtest.Start(t, tc.step)
 			h := startProxy(t, primary.URL, func(o *Options) {
 				tc.config(&o.Routes[0])
@@ -113,6 +117,7 @@ func TestFailoverOn404AndContextLengthCode(t *testing.T) {
 }
 
 func TestTimeoutFailsOverWithoutRetryingInPlace(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) {
@@ -129,6 +134,7 @@ func TestTimeoutFailsOverWithoutRetryingInPlace(t *testing.T) {
 }
 
 func TestMaxTotalAttemptsSpansAllTargets(t *testing.T) {
+	t.Parallel()
 	a := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	b := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	c := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
@@ -145,6 +151,7 @@ func TestMaxTotalAttemptsSpansAllTargets(t *testing.T) {
 }
 
 func TestLongRetryAfterFailsOver(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "120"}}})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) { withFallbacks(o, []string{fallback.URL}) })
@@ -155,6 +162,7 @@ func TestLongRetryAfterFailsOver(t *testing.T) {
 }
 
 func TestStreamFailsOverBeforeFirstByteAndOnFirstTokenLimit(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t,
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Cut},
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("slow"), FirstDelay: 2 * time.Second})
@@ -174,6 +182,7 @@ func TestStreamFailsOverBeforeFirstByteAndOnFirstTokenLimit(t *testing.T) {
 }
 
 func TestFirstTokenAppliesOnlyToStreams(t *testing.T) {
+	t.Parallel()
 	slow := upstreamtest.Start(t, upstreamtest.Step{Delay: 600 * time.Millisecond, Body: "whole reply"})
 	h := startProxy(t, slow.URL, func(o *Options) { o.Routes[0].FirstToken = 200 * time.Millisecond })
 	if resp, body := h.chat(`{"stream":false}`); resp.StatusCode != 200 || string(body) != "whole reply" {
@@ -193,6 +202,7 @@ func TestFirstTokenAppliesOnlyToStreams(t *testing.T) {
 }
 
 func TestModelGlobsPickTheRoute(t *testing.T) {
+	t.Parallel()
 	gpt := upstreamtest.Start(t, upstreamtest.Step{Body: "gpt"})
 	mini := upstreamtest.Start(t, upstreamtest.Step{Body: "mini"})
 	other := upstreamtest.Start(t, upstreamtest.Step{Body: "other"})
@@ -211,15 +221,26 @@ func TestModelGlobsPickTheRoute(t *testing.T) {
 }
 
 func TestOne429IsLearnedOnce(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "1"}}}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	var wg sync.WaitGroup
 	statuses := make([]int, 5)
 	for i := range statuses {
+		if i == 1 {
+			// The first one meets the 429; the others come, 50 ms apart,
+			// once Sturdy has it (a head start of 50 ms is not always
+			// enough under load).
+			for deadline := time.Now().Add(5 * time.Second); h.p.Upstreams()[0].CooldownUntil == nil; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the 429 started no cooldown")
+				}
+			}
+		}
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			time.Sleep(time.Duration(i) * 50 * time.Millisecond) // the first one meets the 429
+			time.Sleep(time.Duration(max(0, i-1)) * 50 * time.Millisecond)
 			resp, _ := h.chat("")
 			statuses[i] = resp.StatusCode
 		}(i)
@@ -242,6 +263,7 @@ func TestOne429IsLearnedOnce(t *testing.T) {
 }
 
 func TestCooldownBelongsToTheCredential(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "5"}}, Body: "quota"},
 		upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].Retry.MaxRetryAfter = time.Second })
@@ -268,6 +290,7 @@ func TestCooldownBelongsToTheCredential(t *testing.T) {
 }
 
 func TestRateLimitHeadersOnA200StartACooldownAndFallbackTakesOver(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Body: "primary",
 		Header: [][2]string{{"X-Ratelimit-Remaining-Requests", "0"}, {"X-Ratelimit-Reset-Requests", "6m0s"}}})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "fallback"})
@@ -281,6 +304,7 @@ func TestRateLimitHeadersOnA200StartACooldownAndFallbackTakesOver(t *testing.T) 
 }
 
 func TestPacingWaitsOrRefuses(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 100 * time.Millisecond}
@@ -306,6 +330,7 @@ func TestPacingWaitsOrRefuses(t *testing.T) {
 }
 
 func TestClientLimitsAreKeyedPerClient(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Clients = []ClientLimit{{KeyHeader: "Authorization", RequestsPerSecond: 0.5, Burst: 2}}
@@ -331,42 +356,47 @@ func TestClientLimitsAreKeyedPerClient(t *testing.T) {
 }
 
 func TestMaxInFlightQueuesThenRefusesOrFailsOver(t *testing.T) {
+	t.Parallel()
 	slow := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("a", "b", "c", "d"), ChunkDelay: 250 * time.Millisecond})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "fallback"})
 	for _, withFallback := range []bool{false, true} {
-		h := startProxy(t, slow.URL, func(o *Options) {
-			o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 200*time.Millisecond
+		t.Run(map[bool]string{false: "queued then refused", true: "queued then failed over"}[withFallback], func(t *testing.T) {
+			t.Parallel()
+			h := startProxy(t, slow.URL, func(o *Options) {
+				o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 200*time.Millisecond
+				if withFallback {
+					withFallbacks(o, []string{fallback.URL})
+				}
+			})
+			streamDone := make(chan struct{})
+			go func() {
+				defer close(streamDone)
+				resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+				if err == nil {
+					_, _ = io_ReadAll(resp)
+				}
+			}()
+			time.Sleep(100 * time.Millisecond) // the stream holds the only slot
+			start := time.Now()
+			resp, body := h.chat("")
 			if withFallback {
-				withFallbacks(o, []string{fallback.URL})
+				if resp.StatusCode != 200 || string(body) != "fallback" {
+					t.Fatalf("with fallback: %d %q", resp.StatusCode, body)
+				}
+			} else {
+				code, _ := errorOf(t, body)
+				if resp.StatusCode != 503 || code != CodeUpstreamBusy || time.Since(start) < 180*time.Millisecond || resp.Header.Get("Retry-After") == "" {
+					t.Fatalf("busy: %d %s after %v", resp.StatusCode, body, time.Since(start))
+				}
 			}
+			<-streamDone
 		})
-		streamDone := make(chan struct{})
-		go func() {
-			defer close(streamDone)
-			resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
-			if err == nil {
-				_, _ = io_ReadAll(resp)
-			}
-		}()
-		time.Sleep(100 * time.Millisecond) // the stream holds the only slot
-		start := time.Now()
-		resp, body := h.chat("")
-		if withFallback {
-			if resp.StatusCode != 200 || string(body) != "fallback" {
-				t.Fatalf("with fallback: %d %q", resp.StatusCode, body)
-			}
-		} else {
-			code, _ := errorOf(t, body)
-			if resp.StatusCode != 503 || code != CodeUpstreamBusy || time.Since(start) < 180*time.Millisecond || resp.Header.Get("Retry-After") == "" {
-				t.Fatalf("busy: %d %s after %v", resp.StatusCode, body, time.Since(start))
-			}
-		}
-		<-streamDone
 	}
 }
 
 func TestRetryBudgetBoundsAmplification(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].RetryBudget = RetryBudget{Ratio: 0.5, MinPerSecond: 1}
@@ -395,6 +425,7 @@ func TestRetryBudgetBoundsAmplification(t *testing.T) {
 }
 
 func TestClientDeadlineHeaders(t *testing.T) {
+	t.Parallel()
 	hang := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang})
 	h := startProxy(t, hang.URL, nil)
 	start := time.Now()
@@ -415,6 +446,7 @@ func TestClientDeadlineHeaders(t *testing.T) {
 }
 
 func TestClientRetryGetsOneAttemptPerTarget(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].AttemptsOnClientRetry = 1 })
 	resp, _ := h.chat("", "X-Stainless-Retry-Count", "1")
@@ -428,6 +460,7 @@ func TestClientRetryGetsOneAttemptPerTarget(t *testing.T) {
 }
 
 func TestStatusShowsTrafficPolicyState(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "30"}}})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) {
@@ -452,6 +485,7 @@ func TestStatusShowsTrafficPolicyState(t *testing.T) {
 }
 
 func TestLastReplyNamesTheUpstreamThatSentIt(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Body: "primary busy"})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Status: 500})
 	h := startProxy(t, primary.URL, func(o *Options) {
@@ -474,6 +508,7 @@ func TestLastReplyNamesTheUpstreamThatSentIt(t *testing.T) {
 // what the client gets when later targets are skipped, so its body must
 // not be given up before an attempt is really made.
 func TestAKeptReplyIsWholeWhenTheNextTargetCannotBeTried(t *testing.T) {
+	t.Parallel()
 	big := `{"error":{"message":"` + strings.Repeat("x", 65_500) + `"}}`
 	a := upstreamtest.Start(t, upstreamtest.Step{Status: 500, Header: [][2]string{upstreamtest.JSONHeader}, Body: big})
 	b := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
@@ -496,6 +531,7 @@ func TestAKeptReplyIsWholeWhenTheNextTargetCannotBeTried(t *testing.T) {
 // TestBodyFields: the top-level "model" and "stream", wherever they stand,
 // never a nested one; the first of a repeated key, as gjson.Get reads it.
 func TestBodyFields(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct{ body, model, stream string }{
 		{`{"model":"m","stream":true}`, "m", "true"},
 		{`{"messages":[{"model":"x","stream":true}],"model":"m"}`, "m", ""},

@@ -33,10 +33,11 @@ func TestAKilledPrimaryFailsOverOnTheNextRequest(t *testing.T) {
 	t.Parallel()
 	for _, replicas := range []int{1, 2} {
 		t.Run(map[int]string{1: "one endpoint", 2: "a pool of two"}[replicas], func(t *testing.T) {
+			t.Parallel()
 			var rs []*replica
 			var urls []string
 			for i := 0; i < replicas; i++ {
-				r := startReplica(t, "")
+				r := startReplica(t, freePort(t)) // no other test's server takes its port once it is killed
 				rs, urls = append(rs, r), append(urls, r.url)
 			}
 			fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "from the fallback"})
@@ -244,7 +245,8 @@ func TestCircuitOpenNamesWhatOpenedTheBreaker(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r := startReplica(t, "")
+			t.Parallel()
+			r := startReplica(t, freePort(t)) // no other test's server takes its port once it is stopped
 			h := startProxy(t, r.url, func(o *Options) {
 				o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: time.Minute}
 				o.Routes[0].Retry.MaxAttempts = 1

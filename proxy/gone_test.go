@@ -147,6 +147,7 @@ const slowChat = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type:
 // closes its connection makes Sturdy close the upstream's within 300 ms,
 // start nothing more, and log 499 client_gone with the phase.
 func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
+	t.Parallel()
 	sseOf := func(chunk string) string {
 		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n", len(chunk), chunk)
 	}
@@ -161,7 +162,7 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 		request string
 	}{
 		{"waiting for the response head", 0, []string{""}, 200 * time.Millisecond, "response_head", slowChat},
-		{"waiting out a Retry-After", 0, []string{"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nContent-Length: 0\r\n\r\n", ""},
+		{"waiting out a Retry-After", 0, []string{"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n", ""},
 			300 * time.Millisecond, "retry_after", slowChat},
 		{"streaming", 0, []string{sse}, 300 * time.Millisecond, "stream", slowChat},
 		// The stream's framing came, its first output has not: the client
@@ -171,12 +172,13 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 			strings.Replace(slowChat, "HTTP/1.1", "HTTP/1.0", 1)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			up := startCloseRecorder(t, tt.delay, tt.replies...)
 			h := startProxy(t, up.url, func(o *Options) { o.Upstreams[0].FirstByteTimeout = 10 * time.Second })
 			dial := func() (net.Conn, error) { return net.Dial("tcp", strings.TrimPrefix(h.url, "http://")) }
 			left := leaveAfter(t, dial, tt.request, tt.leave)
 			if tt.phase == "retry_after" {
-				time.Sleep(2500 * time.Millisecond) // past the Retry-After: no retry may come
+				time.Sleep(1500 * time.Millisecond) // past the Retry-After (1 s after the 429): no retry may come
 			} else if took := waitClosed(t, up, left); took > 300*time.Millisecond {
 				t.Fatalf("the upstream connection closed %v after the client left", took)
 			}
@@ -201,6 +203,7 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 // request on the same connection after the first completed, and one that
 // pipelines two, are served as usual.
 func TestKeepAliveClientIsNotTakenForGone(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Delay: 100 * time.Millisecond, Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
@@ -233,6 +236,7 @@ func TestKeepAliveClientIsNotTakenForGone(t *testing.T) {
 
 // TestClientThatLeavesOverTLS: the watch works under a TLS listener.
 func TestClientThatLeavesOverTLS(t *testing.T) {
+	t.Parallel()
 	up := startCloseRecorder(t, 0, "")
 	certPEM, keyPEM := upstreamtest.SelfSigned(t)
 	dir := t.TempDir()

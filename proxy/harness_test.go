@@ -4,10 +4,17 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -182,9 +189,27 @@ func (h *harness) raw(request string) (*http.Response, []byte) {
 	return resp, body
 }
 
-// freePort returns a loopback address nothing listens on.
+// freePort returns a loopback address nothing listens on. Its port is
+// one the kernel gives no listener on port 0 and no outgoing connection:
+// below the ephemeral range (ip_local_port_range), and not given out
+// before in this run (until all ~22,000 were). Every other server of
+// these tests listens on port 0, so none running in parallel can take
+// the port while this test counts on nothing answering there, or before
+// it listens there itself. Where the range leaves no room below it, it
+// is a port 0 the kernel picked, closed at once.
 func freePort(t *testing.T) string {
 	t.Helper()
+	room := freePortRoom()
+	for i := 0; i < room; i++ {
+		port := freePortFloor + int((nextFreePort.Add(1)-1)%int64(room))
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue // something listens there: the next one
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -194,8 +219,57 @@ func freePort(t *testing.T) string {
 	return addr
 }
 
+// freePortFloor is the lowest port freePort gives out.
+const freePortFloor = 10000
+
+// nextFreePort counts the ports freePort has tried; it starts at a
+// random place, so two test processes at once seldom try the same ones.
+var nextFreePort = func() *atomic.Int64 {
+	var n atomic.Int64
+	n.Store(rand.Int64N(1 << 20))
+	return &n
+}()
+
+// freePortRoom is how many ports there are from freePortFloor up to the
+// ephemeral range (0 when none).
+var freePortRoom = sync.OnceValue(func() int {
+	low := 32768 // Linux's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	return max(0, low-freePortFloor)
+})
+
 // io_ReadAll drains and closes a response body.
 func io_ReadAll(resp *http.Response) ([]byte, error) {
 	defer resp.Body.Close()
 	return io.ReadAll(resp.Body)
+}
+
+// traceExportEvery is the OpenTelemetry SDK's export delay in ms
+// (OTEL_BSP_SCHEDULE_DELAY) for the tests: spans reach a test's
+// receiver at once.
+const traceExportEvery = "20"
+
+// TestMain sets the trace export delay for the whole run, once (a test
+// that needs another sets it with t.Setenv and is not parallel), and
+// runs at least 8 parallel tests at once (GOMAXPROCS, the default, where
+// that is more) unless -parallel says otherwise: these tests mostly wait
+// — on the timeouts, backoffs and paced streams they are about — rather
+// than compute, so GOMAXPROCS alone would leave a small machine idle.
+func TestMain(m *testing.M) {
+	if err := os.Setenv("OTEL_BSP_SCHEDULE_DELAY", traceExportEvery); err != nil {
+		panic(err)
+	}
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
+	}
+	os.Exit(m.Run())
 }

@@ -22,6 +22,7 @@ const streamChat = `{"model":"m","stream":true,"messages":[{"role":"user","conte
 // in-band error — is retried from scratch and the client sees only the
 // whole answer of the retry.
 func TestStreamHoldRestartsAFailureInsideItsWindow(t *testing.T) {
+	t.Parallel()
 	whole := sseStep(upstreamtest.SSE("Hello", " world")...)
 	inBand := sseStep(append(upstreamtest.SSE("Hel")[:1], vllmError)...)
 	for _, tt := range []struct {
@@ -33,6 +34,7 @@ func TestStreamHoldRestartsAFailureInsideItsWindow(t *testing.T) {
 		{"in-band error", inBand},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			up := upstreamtest.Start(t, tt.first, whole)
 			h := startProxy(t, up.URL, func(o *Options) {
 				o.Upstreams[0].IdleTimeout = 300 * time.Millisecond
@@ -56,6 +58,7 @@ func TestStreamHoldRestartsAFailureInsideItsWindow(t *testing.T) {
 // or by bytes — the stream is the client's, and a later failure ends it
 // with the interruption event as without a hold.
 func TestPastTheHoldWindowTheStreamFlows(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		hold StreamHold
@@ -64,6 +67,7 @@ func TestPastTheHoldWindowTheStreamFlows(t *testing.T) {
 		{"by time", StreamHold{Max: 100 * time.Millisecond, Bytes: 1 << 20}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			first := cutAfter(upstreamtest.Cut, "Hello", " there", " friend")
 			first.ChunkDelay = 250 * time.Millisecond
 			up := upstreamtest.Start(t, first, sseStep(upstreamtest.SSE("again")...))
@@ -84,6 +88,7 @@ func TestPastTheHoldWindowTheStreamFlows(t *testing.T) {
 // TestStreamHoldSendsAWholeShortStreamAtOnce: a stream that ends inside
 // the window goes out whole, as the upstream sent it.
 func TestStreamHoldSendsAWholeShortStreamAtOnce(t *testing.T) {
+	t.Parallel()
 	whole := sseStep(upstreamtest.SSE("Hello", " world")...)
 	up := upstreamtest.Start(t, whole)
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].StreamHold = StreamHold{Max: 2 * time.Second, Bytes: 64 << 10} })

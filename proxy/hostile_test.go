@@ -18,6 +18,7 @@ import (
 )
 
 func TestOversizedHeadersGet431AndTheProxyKeepsServing(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	for _, raw := range []string{
@@ -35,6 +36,7 @@ func TestOversizedHeadersGet431AndTheProxyKeepsServing(t *testing.T) {
 }
 
 func TestMalformedRequestClosesTheConnection(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
@@ -59,6 +61,7 @@ func TestMalformedRequestClosesTheConnection(t *testing.T) {
 }
 
 func TestRequestSmugglingIsRefused(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n" +
@@ -72,6 +75,7 @@ func TestRequestSmugglingIsRefused(t *testing.T) {
 }
 
 func TestSlowlorisIsCutAndOthersAreServed(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Server.ReadTimeout = 500 * time.Millisecond })
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
@@ -107,6 +111,8 @@ func TestSlowlorisIsCutAndOthersAreServed(t *testing.T) {
 	}
 }
 
+// TestClientThatStopsReadingDoesNotGrowMemory is not parallel: it
+// measures the process's heap.
 func TestClientThatStopsReadingDoesNotGrowMemory(t *testing.T) {
 	const chunk = 1 << 20
 	big := strings.Repeat("x", chunk)
@@ -145,6 +151,7 @@ func TestClientThatStopsReadingDoesNotGrowMemory(t *testing.T) {
 }
 
 func TestBinaryAndInvalidUTF8BodiesPassUntouched(t *testing.T) {
+	t.Parallel()
 	payload := []byte{0xff, 0xfe, 0x00, 0x01, 'a', 0xc3, 0x28, 0xe2, 0x82, '\n', 0x00}
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/octet-stream"}}, Body: string(payload)})
 	h := startProxy(t, up.URL, nil)
@@ -155,6 +162,7 @@ func TestBinaryAndInvalidUTF8BodiesPassUntouched(t *testing.T) {
 }
 
 func TestErrorPathsKeepServingOtherClients(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].MaxBody = 10 })
 	var wg sync.WaitGroup
@@ -183,6 +191,7 @@ func TestErrorPathsKeepServingOtherClients(t *testing.T) {
 // value carries a stray \r or control byte (a CRLF env file): fasthttp
 // rejects it, and neither its one log line nor the 400 may quote the key.
 func TestHeaderValuesNeverReachTheLogOrTheBody(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	for _, bad := range []string{"Bearer sk-live-SECRET\rtail", "Bearer sk-live-SECRET\x01tail", "Bearer sk-live-SECRET\x7f"} {
@@ -202,6 +211,7 @@ func TestHeaderValuesNeverReachTheLogOrTheBody(t *testing.T) {
 // within read_timeout is answered 408 request_timeout, not a 400 that
 // quotes socket addresses.
 func TestSlowRequestIs408WithoutAddresses(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Server.ReadTimeout = 300 * time.Millisecond })
 	for _, partial := range []string{
@@ -232,6 +242,7 @@ func TestSlowRequestIs408WithoutAddresses(t *testing.T) {
 // upstream's key must not reach /admin through dot-segments, in any
 // spelling; paths that stay inside go upstream byte for byte.
 func TestDotSegmentsCannotLeaveTheRoutePrefix(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Routes[0].PathPrefix = "/v1/"
@@ -263,6 +274,7 @@ func TestDotSegmentsCannotLeaveTheRoutePrefix(t *testing.T) {
 // passed the path_prefix check as one segment and reached "/v1/.." with
 // the route's key. Any '#' is 400, before anything is sent.
 func TestFragmentInTheRequestTargetIsRefused(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Routes[0].PathPrefix = "/v1/"
@@ -288,6 +300,7 @@ func TestFragmentInTheRequestTargetIsRefused(t *testing.T) {
 // breaker stays closed), and write_timeout cuts the stalled clients, so
 // the connections come back.
 func TestClientsThatNeverReadCannotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
 	big := strings.Repeat("x", 1<<20)
 	chunks := make([]string, 64)
 	for i := range chunks {
@@ -374,7 +387,9 @@ func trickler(t *testing.T, total, burst int, gap time.Duration) string {
 // first bytes must reach the client within first_byte, else it is a
 // timeout) nor run forever (max_duration cuts it, never as if whole).
 func TestTricklingUpstreamIsBounded(t *testing.T) {
+	t.Parallel()
 	t.Run("from the start: a timeout", func(t *testing.T) {
+		t.Parallel()
 		h := startProxy(t, trickler(t, 100_000, 10, 50*time.Millisecond), func(o *Options) {
 			o.Upstreams[0].FirstByteTimeout = 400 * time.Millisecond
 			o.Routes[0].Retry.MaxAttempts = 2
@@ -386,6 +401,7 @@ func TestTricklingUpstreamIsBounded(t *testing.T) {
 		}
 	})
 	t.Run("after the first bytes: max_duration", func(t *testing.T) {
+		t.Parallel()
 		h := startProxy(t, trickler(t, 100_000, 40_000, 50*time.Millisecond), func(o *Options) {
 			o.Routes[0].MaxDuration = time.Second
 		})

@@ -11,6 +11,7 @@ import (
 )
 
 func TestConfined(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		path, prefix string
 		want         bool
@@ -48,6 +49,8 @@ func TestConfined(t *testing.T) {
 	}
 }
 
+// TestConfinedDoesNotAllocate is not parallel: AllocsPerRun counts the
+// whole process's allocations.
 func TestConfinedDoesNotAllocate(t *testing.T) {
 	path, prefix := []byte("/v1/models/org%2Fname/../llama3.1;x"), []byte("/v1/models/")
 	if n := testing.AllocsPerRun(100, func() { confined(path, prefix) }); n != 0 {
@@ -88,6 +91,7 @@ func FuzzConfined(f *testing.F) {
 // stores them, so every lookup finds what a client or upstream sent in any
 // case.
 func TestHeaderNamesAreCanonical(t *testing.T) {
+	t.Parallel()
 	for _, k := range append([][]byte{hdrConnection, hdrAuthorization, hdrRequestID, hdrForwardedFor, hdrForwardedHost,
 		hdrForwardedProto, hdrIdempotencyKey, hdrExpect, hdrRetryAfter, hdrRetryAfterMS, hdrAttempts, hdrShouldRetry,
 		hdrUpstream, hdrStainlessTimeout, hdrStainlessReadTimeout, hdrRequestTimeout, hdrXRequestTimeout,

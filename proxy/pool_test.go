@@ -124,7 +124,8 @@ func (h *harness) endpoint(r *replica) *endpoint {
 
 // TestLeastRequestsSendsLessToASlowEndpoint: by requests in flight, a
 // replica three times slower than the others gets well under its fair
-// share.
+// share. Not parallel: the load of other tests, adding the same delay to
+// every replica, would even out their speeds.
 func TestLeastRequestsSendsLessToASlowEndpoint(t *testing.T) {
 	fast1, fast2, slow := startReplica(t, ""), startReplica(t, ""), startReplica(t, "")
 	fast1.delay.Store(int64(10 * time.Millisecond))
@@ -141,6 +142,7 @@ func TestLeastRequestsSendsLessToASlowEndpoint(t *testing.T) {
 
 // TestRoundRobinTakesTurns: each endpoint in turn.
 func TestRoundRobinTakesTurns(t *testing.T) {
+	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
 	h := startPool(t, func(u *Upstream) { u.Balance = BalanceRoundRobin }, a, b)
 	h.burst(10, 1)
@@ -153,6 +155,7 @@ func TestRoundRobinTakesTurns(t *testing.T) {
 // endpoint, sessions spread over the pool, and a burst of one session
 // spills over instead of piling above the load bound.
 func TestAffinityIsStickyAndBounded(t *testing.T) {
+	t.Parallel()
 	rs := []*replica{startReplica(t, ""), startReplica(t, ""), startReplica(t, "")}
 	h := startPool(t, func(u *Upstream) {
 		u.Balance, u.Affinity = BalanceAffinity, Affinity{Header: "X-Session-Id"}
@@ -201,6 +204,7 @@ func TestAffinityIsStickyAndBounded(t *testing.T) {
 // TestAffinityByPrefix keys on the conversation, not the raw body: the
 // same conversation sticks whatever the model, another one may move.
 func TestAffinityByPrefix(t *testing.T) {
+	t.Parallel()
 	rs := []*replica{startReplica(t, ""), startReplica(t, ""), startReplica(t, "")}
 	h := startPool(t, func(u *Upstream) { u.Balance, u.Affinity = BalanceAffinity, Affinity{Prefix: 64} }, rs...)
 	conv := `"messages":[{"role":"system","content":"You are a careful agent with a long shared prompt that every turn of this conversation repeats"},{"role":"user","content":"%d"}]`
@@ -226,6 +230,7 @@ func TestAffinityByPrefix(t *testing.T) {
 // connections costs no client an error — its attempts are retried on
 // another — and once its breaker opens it gets none.
 func TestDeadEndpointIsEjectedAndRetriedElsewhere(t *testing.T) {
+	t.Parallel()
 	live := startReplica(t, "")
 	dead := &replica{url: "http://" + freePort(t)}
 	h := startPool(t, func(u *Upstream) {
@@ -266,6 +271,7 @@ func TestDeadEndpointIsEjectedAndRetriedElsewhere(t *testing.T) {
 // TestMaxEjectedKeepsPartOfThePoolIn: with every replica failing, the
 // breakers eject at most max_ejected of the pool (at least one).
 func TestMaxEjectedKeepsPartOfThePoolIn(t *testing.T) {
+	t.Parallel()
 	var dead []*replica
 	for i := 0; i < 4; i++ {
 		dead = append(dead, &replica{url: "http://" + freePort(t)})
@@ -292,6 +298,7 @@ func TestMaxEjectedKeepsPartOfThePoolIn(t *testing.T) {
 // replica opens that replica's breaker for the model only: the model
 // goes to the other replica, other models still reach both.
 func TestAModelFailingOnOneReplicaDoesNotEjectIt(t *testing.T) {
+	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
 	bad := "broken"
 	a.failModel.Store(&bad)
@@ -328,6 +335,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // endpoint out (no request reaches it), healthy successes bring it back
 // — with slow start: at first it gets a small share.
 func TestHealthCheckEjectsAndRestores(t *testing.T) {
+	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
 	h := startPool(t, func(u *Upstream) {
 		u.HealthCheck = HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 2, Unhealthy: 2}
@@ -357,6 +365,7 @@ func TestHealthCheckEjectsAndRestores(t *testing.T) {
 // TestARetryOnAnotherReplicaDoesNotWait: with a long backoff, a request
 // whose first replica fails is retried on another at once.
 func TestARetryOnAnotherReplicaDoesNotWait(t *testing.T) {
+	t.Parallel()
 	failing, live := startReplica(t, ""), startReplica(t, "")
 	failing.status.Store(502)
 	h := startPool(t, func(u *Upstream) { u.Balance = BalanceRoundRobin }, failing, live)
@@ -380,6 +389,7 @@ func TestARetryOnAnotherReplicaDoesNotWait(t *testing.T) {
 // default period too) does not fail every other probe on a connection it
 // closed, so a recovered endpoint comes back.
 func TestHealthChecksOutlastAShortKeepAlive(t *testing.T) {
+	t.Parallel()
 	a := startReplica(t, "", func(s *fasthttp.Server) { s.IdleTimeout = 60 * time.Millisecond })
 	b := startReplica(t, "")
 	h := startPool(t, func(u *Upstream) {
@@ -395,6 +405,11 @@ func TestHealthChecksOutlastAShortKeepAlive(t *testing.T) {
 
 // TestAReloadWithoutHealthChecksBringsAnEndpointBack: an endpoint the
 // health checks had out is judged afresh when a reload turns them off.
+//
+// Not parallel: a health check of the replaced upstream still in flight
+// at the reload can take the endpoint out again once it was judged
+// afresh, for good (no check runs after). Other tests' load makes the
+// probe that overlaps the reload likely.
 func TestAReloadWithoutHealthChecksBringsAnEndpointBack(t *testing.T) {
 	a, b := startReplica(t, ""), startReplica(t, "")
 	var o Options
@@ -423,6 +438,7 @@ func TestAReloadWithoutHealthChecksBringsAnEndpointBack(t *testing.T) {
 // TestNoSlowStartSharesAtOnce: slow_start off, a returning endpoint takes
 // its share at once.
 func TestNoSlowStartSharesAtOnce(t *testing.T) {
+	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
 	h := startPool(t, func(u *Upstream) { u.SlowStart = -1 }, a, b)
 	h.endpoint(a).cameBack(time.Now())
@@ -437,6 +453,7 @@ func TestNoSlowStartSharesAtOnce(t *testing.T) {
 // set — and no request fails meanwhile. The resolver is a hook; the two
 // addresses are two loopback addresses on one port.
 func TestDNSDiscoveryAddsAndDrains(t *testing.T) {
+	t.Parallel()
 	v4 := startReplica(t, "")
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(v4.url, "http://"))
 	v6 := startReplica(t, "127.0.0.2:"+port) // another loopback address, same port
@@ -505,8 +522,10 @@ func TestDNSDiscoveryAddsAndDrains(t *testing.T) {
 // waits for one to come back (ride_through) instead of a 503 at once;
 // without it, the 503 is immediate.
 func TestRideThroughWaitsForAnEndpoint(t *testing.T) {
+	t.Parallel()
 	for _, ride := range []time.Duration{0, 3 * time.Second} {
 		t.Run(fmt.Sprint("ride_through ", ride), func(t *testing.T) {
+			t.Parallel()
 			a := startReplica(t, "")
 			h := startPool(t, func(u *Upstream) {
 				u.HealthCheck = HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
@@ -545,6 +564,7 @@ func TestRideThroughWaitsForAnEndpoint(t *testing.T) {
 // attempt. Before, the first request of an outage got 502 in
 // milliseconds: the endpoint went out only on its last failure.
 func TestRideThroughABreakerOutage(t *testing.T) {
+	t.Parallel()
 	addr := freePort(t)
 	h := startProxy(t, "http://"+addr, func(o *Options) {
 		u := &o.Upstreams[0]
@@ -569,6 +589,7 @@ func TestRideThroughABreakerOutage(t *testing.T) {
 // TestReloadKeepsEndpointState: a reload that changes the pool keeps the
 // endpoints that stay, their breakers included.
 func TestReloadKeepsEndpointState(t *testing.T) {
+	t.Parallel()
 	live := startReplica(t, "")
 	dead := &replica{url: "http://" + freePort(t)}
 	var o Options
@@ -602,6 +623,7 @@ func TestReloadKeepsEndpointState(t *testing.T) {
 // its model server opens the breaker on refused connects, and probes
 // again after about a second — not open_for — once the server is up.
 func TestAModelServerStartedLateIsUsedWithinASecond(t *testing.T) {
+	t.Parallel()
 	addr := freePort(t)
 	h := startProxy(t, "http://"+addr, func(o *Options) {
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 2, MinRequests: 1000, OpenFor: time.Minute}
@@ -632,6 +654,7 @@ func TestAModelServerStartedLateIsUsedWithinASecond(t *testing.T) {
 // down, so it gets a small share of the attempts (and every request
 // still succeeds on the other), though its breaker never trips.
 func TestAReplicaThatFailsFastDrawsLittleTraffic(t *testing.T) {
+	t.Parallel()
 	failing, live := startReplica(t, ""), startReplica(t, "")
 	failing.status.Store(502)
 	live.delay.Store(int64(5 * time.Millisecond))

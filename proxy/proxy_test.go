@@ -18,6 +18,7 @@ import (
 )
 
 func TestSuccessIsForwardedWithAttemptsAndRequestID(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.JSONHeader, {"X-Custom", "v"}},
 		Body: upstreamtest.ChatCompletion("hello")})
 	h := startProxy(t, up.URL, nil)
@@ -38,6 +39,7 @@ func TestSuccessIsForwardedWithAttemptsAndRequestID(t *testing.T) {
 }
 
 func TestGeneratedRequestIDIsForwardedAndReturned(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	resp, _ := h.do("GET", "/v1/models", "")
@@ -52,8 +54,10 @@ func TestGeneratedRequestIDIsForwardedAndReturned(t *testing.T) {
 }
 
 func TestPassThrough4xxIsUntouched(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{400, 401, 403, 404, 409, 422} {
 		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			t.Parallel()
 			body := `{"error":{"message":"bad \u00e9 input","type":"invalid_request_error","param":"messages","code":null}}` + "\n  "
 			up := upstreamtest.Start(t, upstreamtest.Step{Status: status,
 				Header: [][2]string{upstreamtest.JSONHeader, {"X-Upstream-Thing", "a, b"}, {"Server", "upstream/1.0"},
@@ -100,6 +104,7 @@ func equalHeaders(got, want http.Header) bool {
 }
 
 func TestInsufficientQuota429PassesThroughWithShouldRetryFalse(t *testing.T) {
+	t.Parallel()
 	body := `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{upstreamtest.JSONHeader}, Body: body})
 	h := startProxy(t, up.URL, nil)
@@ -113,6 +118,7 @@ func TestInsufficientQuota429PassesThroughWithShouldRetryFalse(t *testing.T) {
 }
 
 func TestRetryable5xxThenSuccess(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 503, Body: "busy"},
 		upstreamtest.Step{Status: 500, Body: "oops"},
@@ -135,6 +141,7 @@ func TestRetryable5xxThenSuccess(t *testing.T) {
 }
 
 func TestExhaustedRetriesReturnLastReplyWithShouldRetryFalse(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 500, Body: "first"},
 		upstreamtest.Step{Status: 502, Header: [][2]string{{"X-Last", "yes"}}, Body: `{"error":"last"}`})
@@ -155,6 +162,7 @@ func TestExhaustedRetriesReturnLastReplyWithShouldRetryFalse(t *testing.T) {
 }
 
 func TestRetryAfterIsHonoured(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		header [2]string
@@ -164,6 +172,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 		{"retry-after-ms", [2]string{"Retry-After-Ms", "400"}, 400 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			up := upstreamtest.Start(t,
 				upstreamtest.Step{Status: 429, Header: [][2]string{tc.header}, Body: `{"error":{"code":"rate_limit_exceeded"}}`},
 				upstreamtest.Step{Body: "ok"})
@@ -181,6 +190,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 }
 
 func TestRetryAfterMsWinsOverRetryAfter(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 503, Header: [][2]string{{"Retry-After", "30"}, {"Retry-After-Ms", "100"}}},
 		upstreamtest.Step{Body: "ok"})
@@ -196,6 +206,7 @@ func TestRetryAfterMsWinsOverRetryAfter(t *testing.T) {
 }
 
 func TestRetryAfterTooLongGoesBackAtOnce(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "60"}}, Body: "slow down"})
 	h := startProxy(t, up.URL, nil)
 	start := time.Now()
@@ -212,6 +223,7 @@ func TestRetryAfterTooLongGoesBackAtOnce(t *testing.T) {
 }
 
 func TestRetryAfterPastDeadlineGoesBackAtOnce(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Header: [][2]string{{"Retry-After", "3"}}})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].Deadline = time.Second })
 	start := time.Now()
@@ -225,6 +237,7 @@ func TestRetryAfterPastDeadlineGoesBackAtOnce(t *testing.T) {
 }
 
 func TestConnectFailureIsRetriedThenReported(t *testing.T) {
+	t.Parallel()
 	h := startProxy(t, "http://"+freePort(t), func(o *Options) { o.Routes[0].Retry.MaxAttempts = 3 })
 	resp, body := h.chat("")
 	code, d := errorOf(t, body)
@@ -237,6 +250,7 @@ func TestConnectFailureIsRetriedThenReported(t *testing.T) {
 }
 
 func TestSingleConnectFailureIsUpstreamUnreachable(t *testing.T) {
+	t.Parallel()
 	h := startProxy(t, "http://"+freePort(t), func(o *Options) { o.Routes[0].Retry.MaxAttempts = 1 })
 	resp, body := h.chat("")
 	if code, _ := errorOf(t, body); resp.StatusCode != 502 || code != CodeUpstreamUnreachable {
@@ -245,6 +259,7 @@ func TestSingleConnectFailureIsUpstreamUnreachable(t *testing.T) {
 }
 
 func TestNonReplayableWriteIsRetriedOnlyOnConnect(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 500, Body: "failed"})
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.do("POST", "/v1/files", "data")
@@ -263,6 +278,7 @@ func TestNonReplayableWriteIsRetriedOnlyOnConnect(t *testing.T) {
 }
 
 func TestReplayWritesRetriesWrites(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 500}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].Retry.ReplayWrites = true })
 	resp, _ := h.do("POST", "/v1/batches", "{}")
@@ -272,6 +288,7 @@ func TestReplayWritesRetriesWrites(t *testing.T) {
 }
 
 func TestIdempotencyKeyMakesAWriteReplayable(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 502}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	resp, _ := h.do("POST", "/v1/files", "{}", "Idempotency-Key", "k1")
@@ -281,6 +298,7 @@ func TestIdempotencyKeyMakesAWriteReplayable(t *testing.T) {
 }
 
 func TestResetBeforeHeadersIsRetried(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Reset}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.chat("")
@@ -294,6 +312,7 @@ func TestResetBeforeHeadersIsRetried(t *testing.T) {
 }
 
 func TestSilentUpstreamTimesOutAndIsRetried(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].FirstByteTimeout = 300 * time.Millisecond })
 	start := time.Now()
@@ -311,6 +330,7 @@ func TestSilentUpstreamTimesOutAndIsRetried(t *testing.T) {
 }
 
 func TestSilentUpstreamEndsIn504(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].FirstByteTimeout = 200 * time.Millisecond
@@ -324,6 +344,7 @@ func TestSilentUpstreamEndsIn504(t *testing.T) {
 }
 
 func TestHeadersWithoutFirstBodyByteTimeOut(t *testing.T) {
+	t.Parallel()
 	// A 200 whose first chunk never comes is a first_byte timeout, retried.
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Stall},
@@ -336,6 +357,7 @@ func TestHeadersWithoutFirstBodyByteTimeOut(t *testing.T) {
 }
 
 func TestDeadlineCapsTheWholeRequest(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].Deadline = 500 * time.Millisecond })
 	start := time.Now()
@@ -349,6 +371,7 @@ func TestDeadlineCapsTheWholeRequest(t *testing.T) {
 }
 
 func TestBreakerOpensFastFailsAndRecovers(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 500, Body: "down"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: 700 * time.Millisecond}
@@ -396,10 +419,14 @@ func TestBreakerOpensFastFailsAndRecovers(t *testing.T) {
 }
 
 func TestPassThrough4xxAnd429DoNotTripTheBreaker(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 400, Body: "bad"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 2, MinRequests: 1000}
 		o.Routes[0].Retry.MaxAttempts = 1
+		// The bare 429s' doubling cooldowns are waited out between the
+		// requests below; short ones keep the test fast (not tested here).
+		o.Upstreams[0].Cooldown.WithoutHeader = 10 * time.Millisecond
 	})
 	for i := 0; i < 5; i++ {
 		h.chat("")
@@ -414,6 +441,7 @@ func TestPassThrough4xxAnd429DoNotTripTheBreaker(t *testing.T) {
 }
 
 func TestSSEChunksArriveOneByOne(t *testing.T) {
+	t.Parallel()
 	chunks := upstreamtest.SSE("one", "two", "three", "four")
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: chunks,
 		ChunkDelay: 150 * time.Millisecond})
@@ -455,6 +483,7 @@ func TestSSEChunksArriveOneByOne(t *testing.T) {
 }
 
 func TestStreamLongerThanTimeoutsIsNotCut(t *testing.T) {
+	t.Parallel()
 	// 12 chunks 100 ms apart: 1.1 s, far past first_byte and idle.
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE(upstreamtest.Words(10, "w")...), ChunkDelay: 100 * time.Millisecond})
@@ -469,6 +498,7 @@ func TestStreamLongerThanTimeoutsIsNotCut(t *testing.T) {
 }
 
 func TestStreamThatDiesBeforeFirstChunkIsRetried(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Cut},
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("hi")})
@@ -480,6 +510,7 @@ func TestStreamThatDiesBeforeFirstChunkIsRetried(t *testing.T) {
 }
 
 func TestMidStreamFailureEndsSSEWithErrorEvent(t *testing.T) {
+	t.Parallel()
 	chunks := upstreamtest.SSE("one", "two")[:2]
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: chunks,
 		ChunkDelay: 20 * time.Millisecond, Fault: upstreamtest.Cut})
@@ -508,6 +539,7 @@ func TestMidStreamFailureEndsSSEWithErrorEvent(t *testing.T) {
 }
 
 func TestStalledSSEStreamEndsWithErrorEventAfterIdle(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("one")[:1], Fault: upstreamtest.Stall})
 	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].IdleTimeout = 300 * time.Millisecond })
@@ -522,6 +554,7 @@ func TestStalledSSEStreamEndsWithErrorEventAfterIdle(t *testing.T) {
 }
 
 func TestPartialSSEEventIsTerminatedBeforeTheErrorEvent(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: []string{upstreamtest.SSE("a")[0] + `data: {"partial":`}, Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)
@@ -532,6 +565,7 @@ func TestPartialSSEEventIsTerminatedBeforeTheErrorEvent(t *testing.T) {
 }
 
 func TestMidStreamFailureEndsNDJSONWithErrorLine(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/x-ndjson"}},
 		Chunks: []string{`{"message":{"content":"a"},"done":false}` + "\n"}, Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)
@@ -543,6 +577,7 @@ func TestMidStreamFailureEndsNDJSONWithErrorLine(t *testing.T) {
 }
 
 func TestMidStreamFailureOfOtherBodiesAbortsTheConnection(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/octet-stream"}},
 		Chunks: []string{"abc"}, Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)
@@ -559,6 +594,7 @@ func TestMidStreamFailureOfOtherBodiesAbortsTheConnection(t *testing.T) {
 }
 
 func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE(upstreamtest.Words(200, "token")...), ChunkDelay: 20 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
@@ -593,6 +629,7 @@ func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
 }
 
 func TestPathQueryAndHeadersForwarded(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok", Header: [][2]string{{"Connection", "X-Hop-Resp"}, {"X-Hop-Resp", "1"}}})
 	h := startProxy(t, up.URL+"/prefix/", nil)
 	resp, _ := h.raw("GET /v1/a%2Fb//c?x=%20y&z=1+2 HTTP/1.1\r\nHost: client.example\r\nConnection: X-Hop\r\nX-Hop: secret\r\n" +
@@ -618,6 +655,7 @@ func TestPathQueryAndHeadersForwarded(t *testing.T) {
 }
 
 func TestAPIKeyReplacesClientAuthorization(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].APIKey = "sk-upstream-secret" })
 	h.chat("", "Authorization", "Bearer sk-client-secret")
@@ -631,6 +669,7 @@ func TestAPIKeyReplacesClientAuthorization(t *testing.T) {
 }
 
 func TestLongestPrefixRouteWins(t *testing.T) {
+	t.Parallel()
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "a"})
 	b := upstreamtest.Start(t, upstreamtest.Step{Body: "b"})
 	h := startProxy(t, a.URL, func(o *Options) {
@@ -648,6 +687,7 @@ func TestLongestPrefixRouteWins(t *testing.T) {
 }
 
 func TestNoRouteIs404(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].PathPrefix = "/v1/" })
 	resp, body := h.do("GET", "/other", "")
@@ -657,6 +697,7 @@ func TestNoRouteIs404(t *testing.T) {
 }
 
 func TestOversizedBodyIs413(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Routes[0].MaxBody = 100
@@ -687,6 +728,7 @@ func TestOversizedBodyIs413(t *testing.T) {
 }
 
 func TestProxyRequestsAreRefused(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	for _, raw := range []string{
@@ -704,6 +746,7 @@ func TestProxyRequestsAreRefused(t *testing.T) {
 }
 
 func TestMalformedRequestGetsOpenAIError(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
@@ -713,6 +756,7 @@ func TestMalformedRequestGetsOpenAIError(t *testing.T) {
 }
 
 func TestOneAccessLinePerRequest(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 500}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	for i := 0; i < 5; i++ {
@@ -732,6 +776,7 @@ func TestOneAccessLinePerRequest(t *testing.T) {
 }
 
 func TestHeadRequestKeepsContentLength(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "twelve bytes"})
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.do("HEAD", "/v1/models", "")
@@ -741,6 +786,7 @@ func TestHeadRequestKeepsContentLength(t *testing.T) {
 }
 
 func TestLargeBodyIsStreamedIntact(t *testing.T) {
+	t.Parallel()
 	big := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB, past the head buffer
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: string(big)})
 	h := startProxy(t, up.URL, nil)
@@ -753,6 +799,7 @@ func TestLargeBodyIsStreamedIntact(t *testing.T) {
 var _ = policy.RetryOnAll
 
 func TestChunkedAndExpectContinueRequestBodiesAreForwardedWhole(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	resp, _ := h.raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n" +
@@ -767,6 +814,7 @@ func TestChunkedAndExpectContinueRequestBodiesAreForwardedWhole(t *testing.T) {
 }
 
 func TestTraceContextPassesThroughUntouched(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, nil)
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -779,6 +827,7 @@ func TestTraceContextPassesThroughUntouched(t *testing.T) {
 }
 
 func TestRouteWithoutPathPrefixCompetesWithSlash(t *testing.T) {
+	t.Parallel()
 	all := upstreamtest.Start(t, upstreamtest.Step{Body: "all"})
 	gpt := upstreamtest.Start(t, upstreamtest.Step{Body: "gpt"})
 	h := startProxy(t, all.URL, func(o *Options) {
@@ -798,6 +847,7 @@ func TestRouteWithoutPathPrefixCompetesWithSlash(t *testing.T) {
 // TestForwardedHeadersAreKeptOnlyFromTrustedProxies: a client cannot pose
 // as another address or host unless it is a trusted proxy.
 func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
+	t.Parallel()
 	const posed = "GET /v1/models HTTP/1.1\r\nHost: client.example\r\nX-Forwarded-For: 1.2.3.4\r\n" +
 		"X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\nX-Forwarded-For: 5.6.7.8\r\n" +
 		"X-Forwarded-Host: evil2.example\r\nX-Forwarded-Proto: https\r\n\r\n"
@@ -811,6 +861,7 @@ func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
 		{"trusted: kept and appended", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "1.2.3.4, 5.6.7.8, 127.0.0.1", "evil2.example", "https"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 			h := startProxy(t, up.URL, func(o *Options) { o.TrustedProxies = tt.trusted })
 			h.raw(posed)
@@ -833,6 +884,7 @@ func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
 // access log name the upstream's URL and why it could not be reached —
 // refused, or a certificate nobody vouches for — in fixed words.
 func TestAnUnreachableUpstreamIsNamedWithItsCause(t *testing.T) {
+	t.Parallel()
 	cert, key := upstreamtest.SelfSigned(t)
 	tlsUp := upstreamtest.StartTLS(t, cert, key, upstreamtest.Step{Body: "{}"})
 	for _, tt := range []struct{ name, url, why string }{
@@ -840,6 +892,7 @@ func TestAnUnreachableUpstreamIsNamedWithItsCause(t *testing.T) {
 		{"unknown CA", tlsUp.URL, "TLS: certificate signed by unknown authority (set tls.ca_file)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			h := startProxy(t, tt.url, func(o *Options) { o.Routes[0].Retry.MaxAttempts = 1 })
 			resp, body := h.chat("")
 			if resp.StatusCode != 502 || !strings.Contains(string(body), "at "+tt.url+" ("+tt.why) {

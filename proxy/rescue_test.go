@@ -53,6 +53,7 @@ func startRescue(t *testing.T, primary, fallback *upstreamtest.Server, c Continu
 // stream from a fallback that continues the partial answer: the text
 // byte-exact, one finish_reason, one [DONE].
 func TestACutStreamIsContinuedOnAFallback(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name  string
 		first upstreamtest.Step
@@ -63,6 +64,7 @@ func TestACutStreamIsContinuedOnAFallback(t *testing.T) {
 		{"in-band error", sseStep(append(upstreamtest.SSE("Hel", "lo")[:2], vllmError)...), ContinuePrefill},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			primary := upstreamtest.Start(t, tt.first)
 			cont := continuationOf(" wor", "ld")
 			fallback := upstreamtest.Start(t, cont)
@@ -104,6 +106,7 @@ const toolCallChunk = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk"
 // JSON schema, ends with the interruption event; nothing is sent to the
 // fallback.
 func TestNoContinuationWhereItWouldCorrupt(t *testing.T) {
+	t.Parallel()
 	hel := upstreamtest.SSE("Hel")[0]
 	reasoning := `data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"reasoning_content":"Let me think"},"finish_reason":null}]}` + "\n\n"
 	for _, tt := range []struct {
@@ -117,6 +120,7 @@ func TestNoContinuationWhereItWouldCorrupt(t *testing.T) {
 		{"a JSON schema", `{"model":"m","stream":true,"response_format":{"type":"json_schema","json_schema":{"name":"x"}},"messages":[]}`, sseStep(hel)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			tt.first.Fault = upstreamtest.Cut
 			primary, fallback := upstreamtest.Start(t, tt.first), upstreamtest.Start(t, continuationOf(" world"))
 			h := startRescue(t, primary, fallback, ContinuePrefill, nil)
@@ -139,6 +143,7 @@ func TestNoContinuationWhereItWouldCorrupt(t *testing.T) {
 // continuation: none is passed over (never sent a partial answer); the
 // next one, which continues, takes over.
 func TestAContinuationGoesOnlyToATargetThatContinues(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel"))
 	refuser := upstreamtest.Start(t, sseStep(upstreamtest.SSE("restarted")...))
 	cont := continuationOf("lo")
@@ -162,6 +167,7 @@ func TestAContinuationGoesOnlyToATargetThatContinues(t *testing.T) {
 // is asked again while max_rescues allows, each time with all the text
 // so far; past it the stream ends with the interruption event.
 func TestMaxRescuesBoundsContinuations(t *testing.T) {
+	t.Parallel()
 	second, third := continuationOf("B"), continuationOf("C")
 	second.Chunks, third.Chunks = second.Chunks[:2], third.Chunks[:2] // role chunk and one word, then cut
 	second.Fault, third.Fault = upstreamtest.Cut, upstreamtest.Cut
@@ -193,6 +199,7 @@ func TestMaxRescuesBoundsContinuations(t *testing.T) {
 // refuses the partial answer (400) does not become the client's answer:
 // the stream ends with the interruption event.
 func TestAContinuationThatFailsEndsTheStreamHonestly(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel"))
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Status: 400, Header: [][2]string{upstreamtest.JSONHeader},
 		Body: `{"error":{"message":"assistant prefill is not supported","type":"invalid_request_error"}}`})
@@ -212,6 +219,7 @@ func TestAContinuationThatFailsEndsTheStreamHonestly(t *testing.T) {
 // output items and sequence numbers a continuation cannot splice; a cut
 // one ends with its error event as ever.
 func TestAResponsesStreamIsNotContinued(t *testing.T) {
+	t.Parallel()
 	primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: []string{created, respDelta}, Fault: upstreamtest.Cut})
 	fallback := upstreamtest.Start(t, sseStep(created, respDelta, respDone))
@@ -227,6 +235,7 @@ func TestAResponsesStreamIsNotContinued(t *testing.T) {
 // hands that fragment to the client, glued to the continuation or not:
 // the continuation starts after the last whole event.
 func TestACutMidEventLeavesNoFragmentAtTheSeam(t *testing.T) {
+	t.Parallel()
 	for _, cut := range []int{40, len(upstreamtest.SSE("lo")[0]) - 1} {
 		ch := upstreamtest.SSE("Hel", "lo")
 		first := sseStep(ch[0], ch[1][:cut])
@@ -267,6 +276,7 @@ func TestNothingIsRelayedAfterTheTerminator(t *testing.T) {
 		{"ollama", "/api/chat", ollama, [2]string{"Content-Type", "application/x-ndjson"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			after := append(append([]string{}, tt.stream...), chunkOf("chatcmpl-1", "junk"), "data: [DONE]\n\n")
 			primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{tt.header}, Chunks: after, Fault: upstreamtest.Cut})
 			fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))

@@ -68,6 +68,7 @@ func scriptedUpstream(t *testing.T, reply string) (addr string, conns *atomic.In
 // streams, and its connection is pooled only when it was read to its end
 // on a keep-alive connection.
 func TestUpstreamTransportReadsBodies(t *testing.T) {
+	t.Parallel()
 	big, fits := strings.Repeat("x", headSize+1), strings.Repeat("y", headSize)
 	for _, tt := range []struct {
 		name, reply, method string
@@ -105,6 +106,7 @@ func TestUpstreamTransportReadsBodies(t *testing.T) {
 			stream: true, wantErr: errAny},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			addr, conns := scriptedUpstream(t, tt.reply)
 			hc := transportClient(addr)
 			for i := range 2 {
@@ -169,6 +171,7 @@ var errAny = errors.New("any error")
 // takes every chunk already received (and the body's end) without waiting
 // for more, so a burst of stream events leaves in one write.
 func TestChunksThatArriveTogetherAreReadTogether(t *testing.T) {
+	t.Parallel()
 	addr, _ := scriptedUpstream(t, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"+
 		"7\r\ndata: a\r\n7\r\ndata: b\r\n7\r\ndata: c\r\n0\r\n\r\n")
 	hc := transportClient(addr)
@@ -194,6 +197,7 @@ func TestChunksThatArriveTogetherAreReadTogether(t *testing.T) {
 // while a Read waits for bytes unblocks that Read (its error is the
 // connection's, not a closed body's) and drops the connection.
 func TestClosingABodyMidReadInterruptsIt(t *testing.T) {
+	t.Parallel()
 	addr, conns := scriptedUpstream(t, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
 	hc := transportClient(addr)
 	resp, err := send(t, hc, "", 2*time.Second)
@@ -235,6 +239,7 @@ func TestClosingABodyMidReadInterruptsIt(t *testing.T) {
 // TestAnUpstreamThatNeverAnswersTimesOut: the request's timeout bounds
 // the wait for the head.
 func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +266,7 @@ func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
 // only connection is busy for 120 ms and the upstream answers 150 ms after
 // each request: 270 ms in all, past the 200 ms timeout.
 func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
+	t.Parallel()
 	big := strings.Repeat("z", headSize+1)
 	addr, _ := scriptedUpstream(t, strings.Repeat("<pause>", 5)+"HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(big))+"\r\n\r\n"+big)
 	hc := transportClient(addr)
@@ -289,6 +295,7 @@ func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
 // then cannot close it under another request); one it was given to
 // earlier, now using another, keeps that one.
 func TestAPooledConnectionIsLetGoFirst(t *testing.T) {
+	t.Parallel()
 	ex := new(exchange)
 	c1, c2 := new(upstreamConn), new(upstreamConn)
 	ex.using(c1)

@@ -16,6 +16,7 @@ func chatModel(model string) string {
 // TestA429ForOneModelDoesNotBlockAnother: providers rate-limit per key and
 // per model, so cooldowns are keyed by (upstream, credential, model).
 func TestA429ForOneModelDoesNotBlockAnother(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "30"}}, Body: "a is spent"},
 		upstreamtest.Step{Body: "b answered"})
 	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].Retry.MaxRetryAfter = time.Second })
@@ -33,6 +34,7 @@ func TestA429ForOneModelDoesNotBlockAnother(t *testing.T) {
 // TestTokenQuotaHeadersStartACooldown: x-ratelimit-remaining-tokens: 0 is
 // learned like the requests quota.
 func TestTokenQuotaHeadersStartACooldown(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"X-Ratelimit-Remaining-Tokens", "0"},
 		{"X-Ratelimit-Reset-Tokens", "20s"}}, Body: "last one"}, upstreamtest.Step{Body: "too soon"})
 	h := startProxy(t, up.URL, nil)
@@ -46,6 +48,7 @@ func TestTokenQuotaHeadersStartACooldown(t *testing.T) {
 // many" without saying for how long gets a short cooldown that doubles on
 // repeats and ends with a success.
 func TestA429WithoutAWaitStartsADoublingCooldown(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Body: "slow down"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Cooldown.WithoutHeader = 200 * time.Millisecond
@@ -73,6 +76,7 @@ func TestA429WithoutAWaitStartsADoublingCooldown(t *testing.T) {
 }
 
 func TestCooldownsOffLearnNothing(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "30"}}}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Cooldown.Off = true
@@ -88,6 +92,7 @@ func TestCooldownsOffLearnNothing(t *testing.T) {
 // (upstream, model); another model on the same upstream — a fallback
 // included — goes on, and /readyz follows the connection breakers only.
 func TestAFailingModelOpensOnlyItsOwnBreaker(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Body: "big is down"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 2, MinRequests: 1000, OpenFor: time.Minute}
@@ -120,6 +125,7 @@ func TestAFailingModelOpensOnlyItsOwnBreaker(t *testing.T) {
 // TestInsufficientQuotaFailsOver: billing spent on one provider passes
 // through, unless the route has somewhere else to go.
 func TestInsufficientQuotaFailsOver(t *testing.T) {
+	t.Parallel()
 	spent := `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{upstreamtest.JSONHeader}, Body: spent})
 	other := upstreamtest.Start(t, upstreamtest.Step{Body: "paid for"})
@@ -130,6 +136,7 @@ func TestInsufficientQuotaFailsOver(t *testing.T) {
 }
 
 func TestModelLabelsComeFromTheConfig(t *testing.T) {
+	t.Parallel()
 	tbl := &table{models: []string{"llama3.1", "gpt-4o*"}}
 	for model, want := range map[string]string{"llama3.1": "llama3.1", "gpt-4o-mini": "gpt-4o*", "anything else": "other", "": "other"} {
 		if got := tbl.modelLabel(model); got != want {

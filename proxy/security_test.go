@@ -19,6 +19,7 @@ import (
 )
 
 func TestClientAuthentication(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.AuthKeys = []string{"sturdy-key-aaaaaaaaaaaa", "sturdy-key-bbbbbbbbbbbb"}
@@ -48,6 +49,7 @@ func TestClientAuthentication(t *testing.T) {
 }
 
 func TestClientKeyNeverGoesUpstreamWithoutAnUpstreamKey(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) { o.AuthKeys = []string{"sturdy-key-aaaaaaaaaaaa"} })
 	h.chat("", "Authorization", "Bearer sturdy-key-aaaaaaaaaaaa")
@@ -57,6 +59,7 @@ func TestClientKeyNeverGoesUpstreamWithoutAnUpstreamKey(t *testing.T) {
 }
 
 func TestUpstreamTLSVerification(t *testing.T) {
+	t.Parallel()
 	cert, key := upstreamtest.SelfSigned(t)
 	up := upstreamtest.StartTLS(t, cert, key, upstreamtest.Step{Body: "over tls"})
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
@@ -86,6 +89,7 @@ func TestUpstreamTLSVerification(t *testing.T) {
 // TestRefusalOverTLSIsAnHTTPAnswer: past server.max_connections a TLS
 // client still gets the polite 503, over TLS.
 func TestRefusalOverTLSIsAnHTTPAnswer(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	certPEM, keyPEM := upstreamtest.SelfSigned(t)
 	dir := t.TempDir()

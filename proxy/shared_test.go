@@ -60,6 +60,7 @@ func countingUpstream(t *testing.T, first int, status int, header ...string) (ur
 // credential's and model's requests upstream, within 100 ms; another
 // credential is not held.
 func TestACooldownOneReplicaLearnsHoldsForTheFleet(t *testing.T) {
+	t.Parallel()
 	r := redistest.Start(t)
 	url, served := countingUpstream(t, 1, 429, "Retry-After", "5")
 	hs := fleetOf(t, 3, url, r.URL, func(o *Options) { o.Routes[0].Retry.MaxRetryAfter = time.Second })
@@ -84,6 +85,7 @@ func TestACooldownOneReplicaLearnsHoldsForTheFleet(t *testing.T) {
 // TestASharedPaceHoldsForTheFleet: three Sturdys with rate_limit 20/s,
 // each offered 20/s, send the upstream at most 20/s (+ burst) together.
 func TestASharedPaceHoldsForTheFleet(t *testing.T) {
+	t.Parallel()
 	r := redistest.Start(t)
 	url, served := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 3, url, r.URL, func(o *Options) {
@@ -121,6 +123,7 @@ func TestASharedPaceHoldsForTheFleet(t *testing.T) {
 // TestAClientLimitHoldsForTheFleet: one client's 5/s across three
 // Sturdys is 5/s, not 15.
 func TestAClientLimitHoldsForTheFleet(t *testing.T) {
+	t.Parallel()
 	r := redistest.Start(t)
 	url, _ := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 3, url, r.URL, func(o *Options) {
@@ -144,6 +147,9 @@ func TestAClientLimitHoldsForTheFleet(t *testing.T) {
 // TestRedisDownIsNeverInTheWay: with Redis killed, requests flow (this
 // replica's own limits) and none waits on it; the outage is reported,
 // and once Redis is back the fleet shares again, without a restart.
+//
+// Not parallel: the Redis is restarted on its port, free meanwhile, and
+// a server another test started on port 0 could take it.
 func TestRedisDownIsNeverInTheWay(t *testing.T) {
 	r := redistest.Start(t)
 	url, _ := countingUpstream(t, 0, 200)
@@ -183,6 +189,9 @@ func TestRedisDownIsNeverInTheWay(t *testing.T) {
 // message saying what Redis did (refused, then known down), without
 // x-should-retry: false — its Retry-After is real, an SDK may retry it.
 // Before, it said "did not answer within 50ms" of a refused connection.
+//
+// Not parallel: the first request, with Redis up, is refused if Redis
+// takes more than the 50 ms timeout, as it can under other tests' load.
 func TestOnFailureRefuse(t *testing.T) {
 	r := redistest.Start(t)
 	url, served := countingUpstream(t, 0, 200)
@@ -210,6 +219,7 @@ func TestOnFailureRefuse(t *testing.T) {
 // TestASlowRedisCostsAtMostTheTimeout: 200 ms added between Sturdy and
 // Redis (Toxiproxy); no request waits longer than the timeout for it.
 func TestASlowRedisCostsAtMostTheTimeout(t *testing.T) {
+	t.Parallel()
 	r := redistest.Start(t)
 	tp, tpURL := throughToxiproxy(t, r.Addr)
 	url, _ := countingUpstream(t, 0, 200)
@@ -235,6 +245,7 @@ func TestASlowRedisCostsAtMostTheTimeout(t *testing.T) {
 // one replica's breaker took out is left alone by the others until that
 // replica's probe, though their own breakers never saw it fail.
 func TestABreakerOpeningIsAHintToTheFleet(t *testing.T) {
+	t.Parallel()
 	r := redistest.Start(t)
 	live := startReplica(t, "")
 	dead := "http://" + freePort(t)
@@ -267,6 +278,7 @@ func TestABreakerOpeningIsAHintToTheFleet(t *testing.T) {
 // reload that adds it joins the fleet (its cooldowns held here), one that
 // drops it leaves.
 func TestAReloadTurnsSharedStateOnAndOff(t *testing.T) {
+	t.Parallel()
 	r := redistest.Start(t)
 	url, served := countingUpstream(t, 1, 429, "Retry-After", "5")
 	var o Options
@@ -298,6 +310,12 @@ func TestAReloadTurnsSharedStateOnAndOff(t *testing.T) {
 // and shortened in Redis for the rest of the fleet; one this replica
 // learns from a year-long Retry-After is published with a TTL within the
 // cap. Before, the key lived 375 days and every restart adopted it.
+//
+// Not parallel: New starts following the fleet before it stores its
+// table, and the key already in Redis can be adopted in between, through
+// the nil table — a panic that ends the test binary. It happens alone
+// too (about once in some hundred runs), more often under load: the
+// parallel tests' load is kept from it until that is fixed.
 func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
 	r := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})

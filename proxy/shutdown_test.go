@@ -17,6 +17,7 @@ import (
 // shuts the proxy down: the wait ends at once, and the request gets its
 // last upstream reply if it had one, else 503 shutting_down.
 func TestShutdownEndsEveryWait(t *testing.T) {
+	t.Parallel()
 	long := 20 * time.Second
 	slowRetry := func(o *Options) {
 		o.Routes[0].Retry.Backoff = policy.Backoff{Base: long, Max: long}
@@ -62,6 +63,7 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			url := "http://" + freePort(t)
 			if !tt.noUp {
 				url = upstreamtest.Start(t, tt.steps...).URL
@@ -118,6 +120,7 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 // when Shutdown's grace ends gets a stream_interrupted event (no [DONE])
 // and an access-log line, not a bare cut.
 func TestStreamPastTheGraceEndsWithAnInterruptionEvent(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE(upstreamtest.Words(30, "tok")...), ChunkDelay: 100 * time.Millisecond})
 	h := startProxy(t, up.URL, nil)

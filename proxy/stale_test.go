@@ -20,6 +20,11 @@ func (h *harness) staleAttempts() float64 {
 	return m.GetCounter().GetValue()
 }
 
+// The three tests of a stale connection (not TestAConnectionThatDies…,
+// whose connection dies 300 ms late) are not parallel: a connection is
+// stale when it dies within two round trips and 10 ms of the request
+// being written, which the load of other tests can stretch.
+
 func TestStaleKeepAliveConnectionIsCountedButNotAFailure(t *testing.T) {
 	// The raw chunked reply closes its connection without saying so: the
 	// next request finds a dead pooled connection.
@@ -104,6 +109,7 @@ func TestAStaleResendTakesNoAttempt(t *testing.T) {
 // reset (backoff, breaker), so the upstream receives no more requests
 // than attempts allow.
 func TestAConnectionThatDiesAfterWorkIsAResetNotStale(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "first"}, upstreamtest.Step{Delay: 300 * time.Millisecond, Fault: upstreamtest.Reset},
 		upstreamtest.Step{Body: "second"})
 	h := startProxy(t, up.URL, nil)

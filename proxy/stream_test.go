@@ -19,6 +19,7 @@ const http10SSE = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
 // chunks ends only when its connection closes, so a cut looks like an
 // end; Sturdy tells them apart by the stream's terminator.
 func TestCloseDelimitedStreams(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, body  string
 		interrupted bool
@@ -31,6 +32,7 @@ func TestCloseDelimitedStreams(t *testing.T) {
 		{"responses cut", "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			h := startProxy(t, upstreamtest.StartRaw(t, http10SSE+tt.body), nil)
 			resp, body := h.chat(`{"stream":true}`)
 			if resp.StatusCode != 200 || resp.Proto != "HTTP/1.1" {
@@ -55,6 +57,7 @@ func TestCloseDelimitedStreams(t *testing.T) {
 }
 
 func TestChunkedStreamWithoutTerminatorPassesAndIsCounted(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{"data: {\"a\":1}\n\n"}})
 	h := startProxy(t, up.URL, nil)
 	resp, body := h.chat(`{"stream":true}`)
@@ -72,6 +75,7 @@ func TestChunkedStreamWithoutTerminatorPassesAndIsCounted(t *testing.T) {
 // chunks: a body of unknown length is read whole and reaches it with a
 // Content-Length — with its error event when the stream failed.
 func TestHTTP10ClientGetsAContentLength(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("a", "b")},
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("a")[:1], Fault: upstreamtest.Cut})
 	h := startProxy(t, up.URL, nil)

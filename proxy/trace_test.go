@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,9 +19,13 @@ import (
 )
 
 // withTracing points the proxy's tracing at rcv; the SDK exports every
-// 20ms (OTEL_BSP_SCHEDULE_DELAY, for tb's length).
+// 20ms (OTEL_BSP_SCHEDULE_DELAY, set for every test by TestMain rather
+// than with tb.Setenv, so that tests tracing this way run in parallel).
 func withTracing(tb testing.TB, o *Options, rcv *otlptest.Receiver, ratio float64) {
-	tb.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+	tb.Helper()
+	if os.Getenv("OTEL_BSP_SCHEDULE_DELAY") != traceExportEvery {
+		tb.Fatalf("OTEL_BSP_SCHEDULE_DELAY is %q, not TestMain's %s", os.Getenv("OTEL_BSP_SCHEDULE_DELAY"), traceExportEvery)
+	}
 	o.Tracing = &Tracing{Settings: tracing.Settings{URL: rcv.URL + "/v1/traces", Protocol: tracing.ProtocolHTTP,
 		SampleRatio: ratio, ServiceName: "sturdy-test"}, Version: "test"}
 }
@@ -55,6 +60,7 @@ func traceparentSpan(t *testing.T, tp string) (traceID, spanID, flags string) {
 }
 
 func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	primary := upstreamtest.Start(t,
 		upstreamtest.Step{Status: 503},
@@ -160,6 +166,7 @@ func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
 }
 
 func TestTraceOfAStreamEndsWithTheStream(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	chunks := upstreamtest.SSE("Hello", " there")
 	usage := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m-2","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}` + "\n\n"
@@ -201,6 +208,7 @@ func TestTraceOfAStreamEndsWithTheStream(t *testing.T) {
 }
 
 func TestTraceOfAClientThatLeaves(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503, Header: [][2]string{{"Retry-After", "5"}}})
 	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
@@ -228,6 +236,7 @@ func TestTraceOfAClientThatLeaves(t *testing.T) {
 }
 
 func TestTracingOffPassesTraceHeadersUntouched(t *testing.T) {
+	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	h := startProxy(t, up.URL, nil)
 	h.chat("", "traceparent", clientTraceparent, "tracestate", "a=b")
@@ -241,6 +250,7 @@ func TestTracingOffPassesTraceHeadersUntouched(t *testing.T) {
 }
 
 func TestSamplingFollowsASampledParent(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 0) })
@@ -270,6 +280,7 @@ func TestSamplingFollowsASampledParent(t *testing.T) {
 }
 
 func TestTracingHotReloads(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	var o Options
@@ -298,6 +309,7 @@ func TestTracingHotReloads(t *testing.T) {
 }
 
 func TestUsageOf(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, body string
 		want       usage
@@ -319,6 +331,7 @@ func TestUsageOf(t *testing.T) {
 }
 
 func TestKeepTailKeepsTheLastBytes(t *testing.T) {
+	t.Parallel()
 	ex := &exchange{tr: traceState{span: noop.Span{}, rec: true}}
 	var all []byte
 	for i := range 300 {
@@ -332,6 +345,7 @@ func TestKeepTailKeepsTheLastBytes(t *testing.T) {
 }
 
 func TestSplitHostPort(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in, scheme, host string
 		port             int
@@ -344,6 +358,7 @@ func TestSplitHostPort(t *testing.T) {
 }
 
 func TestTracingOverGRPC(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.StartGRPC(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
 	h := startProxy(t, up.URL, func(o *Options) {
@@ -362,6 +377,7 @@ func TestTracingOverGRPC(t *testing.T) {
 }
 
 func TestTraceOfARescuedStream(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
@@ -384,6 +400,7 @@ func TestTraceOfARescuedStream(t *testing.T) {
 }
 
 func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}", Delay: 150 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
@@ -438,6 +455,7 @@ func TestACollectorThatIsDownCostsRequestsNothing(t *testing.T) {
 }
 
 func TestAnAttemptSpanHasTheBreakersStateAfterIt(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	h := startProxy(t, up.URL, func(o *Options) {
@@ -453,6 +471,7 @@ func TestAnAttemptSpanHasTheBreakersStateAfterIt(t *testing.T) {
 }
 
 func TestUsageOfABodyReadWholeForAnHTTP10Client(t *testing.T) {
+	t.Parallel()
 	rcv := otlptest.Start(t)
 	chunks := upstreamtest.SSE("Hi")
 	usage := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m-3","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n"
