@@ -1,8 +1,14 @@
-// Package events reads streamed model replies incrementally — SSE
+// Package events is the stream grammar of streamed model replies — SSE
 // (text/event-stream: chat completions, the Responses API) and NDJSON
-// (Ollama) — as their bytes pass through, without allocating: it tells
-// where the stream stands (inside a line, inside an event) and whether
-// the stream's terminator went by. It imports nothing of Sturdy's.
+// (Ollama) — read incrementally as their bytes pass through, without
+// allocating. It knows framing, not meaning (what an event says is
+// policy.Judge's): it imports nothing of Sturdy's.
+//
+//	frame.go    KindOf (a media type's framing), Next and Event (one whole
+//	            event cut from held bytes, before the commit point)
+//	scanner.go  Scanner: where a relayed stream stands (inside a line,
+//	            inside an event) and whether its terminator went by;
+//	            LineEnd
 package events
 
 import "bytes"

@@ -44,23 +44,26 @@ func BenchmarkBudget(b *testing.B) {
 
 // judged are the events a stream's head is judged on, per API: framing,
 // content, usage.
+// event is a stream event as events.Next reads it.
+type event struct{ Name, Data []byte }
+
 var judged = []struct {
 	api API
-	ev  Event
+	ev  event
 }{
-	{APIChat, Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)}},
-	{APIChat, Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)}},
-	{APIChat, Event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]},"finish_reason":null}]}`)}},
-	{APIResponses, Event{Name: []byte("response.created"), Data: []byte(`{"type":"response.created","response":{"id":"r1","status":"in_progress"}}`)}},
-	{APIResponses, Event{Name: []byte("response.output_text.delta"), Data: []byte(`{"type":"response.output_text.delta","delta":"Hi"}`)}},
-	{APIOllama, Event{Data: []byte(`{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}`)}},
+	{APIChat, event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)}},
+	{APIChat, event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)}},
+	{APIChat, event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]},"finish_reason":null}]}`)}},
+	{APIResponses, event{Name: []byte("response.created"), Data: []byte(`{"type":"response.created","response":{"id":"r1","status":"in_progress"}}`)}},
+	{APIResponses, event{Name: []byte("response.output_text.delta"), Data: []byte(`{"type":"response.output_text.delta","delta":"Hi"}`)}},
+	{APIOllama, event{Data: []byte(`{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}`)}},
 }
 
 func BenchmarkJudge(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		j := judged[i%len(judged)]
-		_, _ = Judge(j.api, j.ev)
+		_, _ = Judge(j.api, j.ev.Name, j.ev.Data)
 	}
 }
 
@@ -98,7 +101,7 @@ func TestHotDecisionsDoNotAllocate(t *testing.T) {
 		"Decide":   func() { _ = r.Decide(a, maxRand) },
 		"Judge": func() {
 			for _, j := range judged {
-				_, _ = Judge(j.api, j.ev)
+				_, _ = Judge(j.api, j.ev.Name, j.ev.Data)
 			}
 		},
 		"PickLeastRequests": func() { _ = PickLeastRequests(pool, maxRand) },

@@ -20,31 +20,24 @@ const (
 	MarkFailure
 )
 
-// Event is one stream event as the proxy read it: its name (SSE
-// "event:", empty for NDJSON and unnamed events) and its data (the JSON
-// value).
-type Event struct {
-	Name []byte
-	Data []byte
-}
-
 // Judge says what an event before the commit point means for api: output
 // (commit), framing (hold it and read on) or a failure. On a failure it
 // also returns the error's code (or type) as the upstream wrote it, for
 // EventFailure and the access log.
 //
-// It reads the event in place and allocates nothing but the code of a
-// failure.
-func Judge(api API, ev Event) (mark Mark, code string) {
+// The event is its name (SSE "event:", empty for NDJSON and unnamed
+// events) and its data (the JSON value), as events.Next reads them. It
+// reads them in place and allocates nothing but the code of a failure.
+func Judge(api API, name, data []byte) (mark Mark, code string) {
 	// Read in place: no result outlives this call but the cloned code.
-	data := gjson.Parse(unsafe.String(unsafe.SliceData(ev.Data), len(ev.Data)))
+	doc := gjson.Parse(unsafe.String(unsafe.SliceData(data), len(data)))
 	switch api {
 	case APIChat, APICompletions:
 		// One pass over the top-level keys (each Get would scan from the
 		// start); the first of each key counts, as Get finds it.
 		// A value ForEach gives always Exists: that tells a key seen.
 		var e, usage, choices gjson.Result
-		data.ForEach(func(k, v gjson.Result) bool {
+		doc.ForEach(func(k, v gjson.Result) bool {
 			switch {
 			case k.Str == "error" && !e.Exists():
 				e = v
@@ -60,25 +53,25 @@ func Judge(api API, ev Event) (mark Mark, code string) {
 		}
 		return chunkMark(api, usage, choices), ""
 	case APIResponses:
-		typ := unsafe.String(unsafe.SliceData(ev.Name), len(ev.Name))
+		typ := unsafe.String(unsafe.SliceData(name), len(name))
 		if typ == "" {
-			typ = data.Get("type").String()
+			typ = doc.Get("type").String()
 		}
 		switch typ {
 		case "response.created", "response.in_progress", "response.queued", "":
 			return MarkFraming, ""
 		case "error":
-			return MarkFailure, strings.Clone(errorCode(data))
+			return MarkFailure, strings.Clone(errorCode(doc))
 		case "response.failed":
-			return MarkFailure, strings.Clone(errorCode(data.Get("response.error")))
+			return MarkFailure, strings.Clone(errorCode(doc.Get("response.error")))
 		}
 		return MarkContent, ""
 	case APIOllama:
-		if e := data.Get("error"); e.Exists() {
+		if e := doc.Get("error"); e.Exists() {
 			return MarkFailure, strings.Clone(e.String())
 		}
-		if data.Get("done").Bool() || data.Get("message.content").String() != "" || data.Get("response").String() != "" ||
-			data.Get("message.tool_calls").Exists() || data.Get("message.thinking").String() != "" {
+		if doc.Get("done").Bool() || doc.Get("message.content").String() != "" || doc.Get("response").String() != "" ||
+			doc.Get("message.tool_calls").Exists() || doc.Get("message.thinking").String() != "" {
 			return MarkContent, ""
 		}
 		return MarkFraming, ""

@@ -57,7 +57,7 @@ func TestJudge(t *testing.T) {
 		{"other", APIOther, "", `anything`, MarkContent, ""},
 	}
 	for _, tt := range tests {
-		mark, code := Judge(tt.api, Event{Name: []byte(tt.event), Data: []byte(tt.data)})
+		mark, code := Judge(tt.api, []byte(tt.event), []byte(tt.data))
 		if mark != tt.mark || code != tt.code {
 			t.Errorf("%s: %v %q, want %v %q", tt.name, mark, code, tt.mark, tt.code)
 		}

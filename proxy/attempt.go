@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"io"
 	"time"
 
@@ -88,7 +87,7 @@ func (ex *exchange) readHead(status int) policy.Fault {
 	}
 	cl := rp.msg.Header.ContentLength()
 	if api := ex.req.api; api != policy.APIOther && status < 300 && cl < 0 {
-		if kind := kindOf(rp.msg.Header.ContentType()); kind != 0 {
+		if kind := events.KindOf(rp.msg.Header.ContentType()); kind != 0 {
 			return ex.holdToCommit(kind, api)
 		}
 	}
@@ -188,7 +187,7 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 // output; MarkFraming when neither came.
 func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content bool) (int, policy.Mark) {
 	for {
-		ev, n := nextEvent(kind, rp.head[judged:])
+		ev, n := events.Next(kind, rp.head[judged:])
 		if n == 0 {
 			return judged, policy.MarkFraming
 		}
@@ -196,7 +195,7 @@ func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content
 		if ev.Data == nil {
 			continue // a comment or an empty event
 		}
-		switch mark, code := policy.Judge(api, ev); {
+		switch mark, code := policy.Judge(api, ev.Name, ev.Data); {
 		case mark == policy.MarkFailure:
 			rp.streamFailed, rp.streamError = true, code
 			return judged, mark
@@ -251,78 +250,6 @@ func readOnto(buf []byte, r io.Reader, limit int) ([]byte, error) {
 	}
 	n, err := r.Read(buf[len(buf):min(cap(buf), limit)])
 	return buf[:len(buf)+n], err
-}
-
-// nextEvent returns the first complete event in b — an SSE event up to
-// its blank line, or an NDJSON line — and the bytes it takes; n is 0 when
-// b holds no complete event yet. An SSE event's data lines are joined
-// with "\n" (a single one is not copied); Data is nil for an event with
-// none.
-func nextEvent(kind events.Kind, b []byte) (ev policy.Event, n int) {
-	if kind == events.NDJSON {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			return ev, 0
-		}
-		if line := bytes.TrimSpace(b[:i]); len(line) > 0 {
-			ev.Data = line
-		}
-		return ev, i + 1
-	}
-	end, next := eventEnd(b)
-	if end < 0 {
-		return ev, 0
-	}
-	for rest := b[:end]; len(rest) > 0; {
-		i := events.LineEnd(rest)
-		if i < 0 {
-			i = len(rest)
-		}
-		line := rest[:i]
-		rest = rest[min(i+1, len(rest)):]
-		if len(line) == 0 {
-			continue // the "\n" of a "\r\n", or a blank line
-		}
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		value, _ = bytes.CutPrefix(value, []byte(" "))
-		switch string(name) {
-		case "event":
-			ev.Name = value
-		case "data":
-			if ev.Data == nil {
-				ev.Data = value
-			} else {
-				ev.Data = append(append(append([]byte(nil), ev.Data...), '\n'), value...)
-			}
-		}
-	}
-	return ev, next
-}
-
-// eventEnd finds the blank line that ends b's first SSE event, in one
-// pass, with lines ended by "\r\n", "\n" or "\r" in any mix: end is where
-// the blank line starts, next where the following event does; end is -1
-// when b holds no complete event yet.
-func eventEnd(b []byte) (end, next int) {
-	lineStart := 0
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if c != '\n' && c != '\r' {
-			continue
-		}
-		j := i + 1
-		if c == '\r' && j < len(b) && b[j] == '\n' {
-			j++
-		}
-		if i == lineStart {
-			if c == '\r' && j == len(b) {
-				return -1, 0 // its "\n" may be on its way
-			}
-			return lineStart, j
-		}
-		lineStart, i = j, j-1
-	}
-	return -1, 0
 }
 
 // closeBody closes the upstream body stream: a fully read one returns its

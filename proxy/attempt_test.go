@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"io"
 	"strings"
 	"sync"
@@ -12,59 +11,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"sturdy/events"
 	"sturdy/internal/upstreamtest"
 )
-
-func TestNextEvent(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name, in   string
-		event      string
-		data       string
-		n          int
-		incomplete bool
-	}{
-		{name: "LF", in: "data: x\n\ndata: y\n\n", data: "x", n: 9},
-		{name: "CRLF", in: "data: x\r\n\r\ndata: y", data: "x", n: 11},
-		{name: "CR", in: "data: x\r\rdata: y", data: "x", n: 9},
-		{name: "LF then CRLF blank line", in: "data: x\n\r\ndata: y\n\n", data: "x", n: 10},
-		{name: "CRLF then LF blank line", in: "data: x\r\n\ndata: y\n\n", data: "x", n: 10},
-		{name: "two data lines", in: "data: a\ndata: b\n\n", data: "a\nb", n: 17},
-		{name: "named", in: "event: error\ndata: {}\n\n", event: "error", data: "{}", n: 23},
-		{name: "comment only", in: ": ping\n\n", n: 8},
-		{name: "no blank line yet", in: "data: x\n", incomplete: true},
-		{name: "a CR that may be half of CRLF", in: "data: x\r\n\r", incomplete: true},
-	}
-	for _, tt := range tests {
-		ev, n := nextEvent(events.SSE, []byte(tt.in))
-		if tt.incomplete {
-			if n != 0 {
-				t.Errorf("%s: took %d bytes of an incomplete event", tt.name, n)
-			}
-			continue
-		}
-		if n != tt.n || string(ev.Name) != tt.event || string(ev.Data) != tt.data {
-			t.Errorf("%s: %q %q %d, want %q %q %d", tt.name, ev.Name, ev.Data, n, tt.event, tt.data, tt.n)
-		}
-	}
-}
-
-// BenchmarkNextEventComments: a run of comments is taken event by event
-// in one pass each, not by searching the whole buffer every time.
-func BenchmarkNextEventComments(b *testing.B) {
-	buf := bytes.Repeat([]byte(": p\n\n"), 1<<16/5)
-	b.SetBytes(int64(len(buf)))
-	for b.Loop() {
-		for rest := buf; len(rest) > 0; {
-			_, n := nextEvent(events.SSE, rest)
-			if n == 0 {
-				break
-			}
-			rest = rest[n:]
-		}
-	}
-}
 
 // TestASmallReplyLetsItsConnectionGoBeforeTheAttemptReturns: a reply read
 // whole with its head comes back with its connection already pooled and

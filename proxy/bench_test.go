@@ -244,11 +244,11 @@ func BenchmarkCommitPoint(b *testing.B) {
 
 func judgeAll(head []byte) {
 	for rest := head; len(rest) > 0; {
-		ev, n := nextEvent(events.SSE, rest)
+		ev, n := events.Next(events.SSE, rest)
 		if n <= 0 {
 			return
 		}
-		if m, _ := policy.Judge(policy.APIChat, ev); m == policy.MarkContent {
+		if m, _ := policy.Judge(policy.APIChat, ev.Name, ev.Data); m == policy.MarkContent {
 			return
 		}
 		rest = rest[n:]

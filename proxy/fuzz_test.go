@@ -34,16 +34,3 @@ func FuzzBothFramings(f *testing.F) {
 		}
 	})
 }
-
-// FuzzKindOf checks stream-kind detection never panics and is
-// case-insensitive on the media type.
-func FuzzKindOf(f *testing.F) {
-	for _, s := range []string{"text/event-stream", "text/event-stream; charset=utf-8", "application/x-ndjson", "application/json", "", ";;"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, ct []byte) {
-		if kindOf(ct) != kindOf(bytes.ToUpper(ct)) {
-			t.Fatalf("kindOf(%q) depends on case", ct)
-		}
-	})
-}

@@ -154,7 +154,7 @@ func (ex *exchange) takeEvents() (failed bool) {
 	}
 	off := 0
 	for !failed && !rs.done {
-		ev, n := nextEvent(events.SSE, rs.pending[off:])
+		ev, n := events.Next(events.SSE, rs.pending[off:])
 		if n == 0 {
 			break
 		}
@@ -177,14 +177,14 @@ func (ex *exchange) takeEvents() (failed bool) {
 // continuation's events lose their role-only framing (the client had it)
 // and take the first stream's id. true means ev is an in-band error a
 // continuation may rescue, not relayed.
-func (ex *exchange) follow(ev policy.Event, raw []byte) (failed bool) {
+func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 	rs := &ex.out.rescue
 	if ev.Data == nil || string(ev.Data) == "[DONE]" {
 		rs.ready = append(rs.ready, raw...)
 		rs.done = ev.Data != nil
 		return false
 	}
-	mark, code := policy.Judge(policy.APIChat, ev)
+	mark, code := policy.Judge(policy.APIChat, ev.Name, ev.Data)
 	if mark == policy.MarkFailure {
 		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueRefusal() == "" {
 			return true
@@ -358,7 +358,7 @@ func (ex *exchange) continueOn(ti int) bool {
 		replay = out.Fault == policy.FaultStale && !lp.replaying
 		lp.replaying = replay
 	}
-	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || kindOf(rp.msg.Header.ContentType()) != events.SSE ||
+	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || events.KindOf(rp.msg.Header.ContentType()) != events.SSE ||
 		ex.out.cut.Load() || ex.isGone.Load() {
 		ex.closeBody()
 		return false

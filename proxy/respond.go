@@ -77,7 +77,7 @@ func (ex *exchange) commit(final bool) {
 		ex.out.bytesOut = int64(len(body))
 		return
 	}
-	ex.out.kind = kindOf(src.Header.ContentType())
+	ex.out.kind = events.KindOf(src.Header.ContentType())
 	if ex.out.kind != 0 {
 		ex.out.scan.Reset(ex.out.kind)
 	}
@@ -116,7 +116,7 @@ func (ex *exchange) serveBody(size int) {
 // terminator, when it is an SSE or NDJSON stream of a known API (what
 // follows [DONE] is not the stream's); any other body as it is.
 func (ex *exchange) untilTerminator(body []byte) []byte {
-	kind := kindOf(ex.reply.msg.Header.ContentType())
+	kind := events.KindOf(ex.reply.msg.Header.ContentType())
 	if kind == 0 || ex.req.api == policy.APIOther {
 		return body
 	}

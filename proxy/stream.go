@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,21 +10,6 @@ import (
 	"sturdy/events"
 	"sturdy/policy"
 )
-
-// kindOf tells a stream's framing from its media type: SSE, NDJSON, or
-// 0 for anything else (whose failure can only abort the connection).
-func kindOf(contentType []byte) events.Kind {
-	mt, _, _ := bytes.Cut(contentType, []byte(";"))
-	mt = bytes.TrimSpace(mt)
-	switch {
-	case bytes.EqualFold(mt, []byte("text/event-stream")):
-		return events.SSE
-	case bytes.EqualFold(mt, []byte("application/x-ndjson")), bytes.EqualFold(mt, []byte("application/ndjson")),
-		bytes.EqualFold(mt, []byte("application/jsonl")), bytes.EqualFold(mt, []byte("application/x-jsonlines")):
-		return events.NDJSON
-	}
-	return 0
-}
 
 // Read is the client's response body once a reply is committed as a
 // stream: first the bytes read before commit, then the upstream body as
