@@ -26,7 +26,7 @@
 //   - commit and the answer: respond; every error body: errorTable, written
 //     by apiError.write (errors.go);
 //   - which endpoint of a pool: policy.PickLeastRequests / PickRoundRobin /
-//     PickAffinity, in pick; a stream.s framing: events.KindOf, events.Next; what its events mean: policy.Judge,
+//     PickAffinity, in pick; a stream's framing: events.KindOf, events.Next; what its events mean: policy.Judge,
 //     policy.FollowChunk, policy.Continuable;
 //   - what is shared with a fleet: shared.go (package fleet does the
 //     Redis side).
