@@ -166,7 +166,7 @@ func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 	v := a.Verdict
 	maxTotal := r.TotalAttempts()
 	if v.Reason == ReasonStale {
-		if d, ok := decideStale(a); ok {
+		if d, ok := DecideStale(a); ok {
 			return d
 		}
 		v.Reason = ReasonReset
@@ -256,11 +256,13 @@ func (r Retry) maxStop() Stop {
 	return StopMaxAttempts
 }
 
-// decideStale resends a replayable request at once after a stale
+// DecideStale resends a replayable request at once after a stale
 // connection, once per attempt, within the deadline — uncounted by
 // max_total_attempts, so it never takes the attempt another target needs;
-// ok is false when the stale connection is to be taken as a reset.
-func decideStale(a Attempt) (d Decision, ok bool) {
+// ok is false when the stale connection is to be taken as a reset. Decide
+// applies it first; a rescue's continuation, which is not retried
+// otherwise, applies it alone.
+func DecideStale(a Attempt) (d Decision, ok bool) {
 	switch {
 	case !a.Replayable || a.AfterStale:
 		return d, false

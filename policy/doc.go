@@ -13,7 +13,7 @@
 // The files, and what each decides:
 //
 //	classify.go    Classify: an attempt's Outcome → Verdict (class, reason, what each breaker hears)
-//	decide.go      Retry.Decide after an attempt; Clear before one (an Obstacle at a Gate)
+//	decide.go      Retry.Decide after an attempt (DecideStale: a stale connection's replay); Clear before one (an Obstacle at a Gate)
 //	retry.go       Retry (a route's policy, WithDefaults), RetryOn, full-jitter Backoff
 //	stop.go        Stop: why the loop stopped, as logged and as said to the client
 //	retryafter.go  RetryAfter (retry-after-ms, Retry-After), InsufficientQuota
@@ -21,7 +21,8 @@
 //	               APIOf, Replayable: which requests may be sent twice
 //	budget.go      Budget: the retry budget per upstream
 //	commit.go      Judge: a stream event before the commit point; EventFailure
-//	rescue.go      Continuable, FollowChunk: whether a cut stream may be continued
+//	rescue.go      Continuable, FollowChunk: whether a cut stream may be continued; Rescue.Refusal,
+//	               RescueNext: whether it is continued now, and where next
 //	pick.go        PickLeastRequests, PickRoundRobin, PickAffinity; KeyHash
 //	match.go       GlobMatch, GlobSpecificity, ClientTimeout, RequestedRetries, RateLimitExhausted
 //	model.go       ModelKey: a client's model name, bounded, as Sturdy keys and shows it; RuneCut

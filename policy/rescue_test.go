@@ -1,6 +1,9 @@
 package policy
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestContinuable(t *testing.T) {
 	for _, tt := range []struct{ body, why string }{
@@ -39,5 +42,44 @@ func TestFollowChunk(t *testing.T) {
 		if text != tt.text || blocker != tt.blocker {
 			t.Errorf("%s: %q %q, want %q %q", tt.chunk, text, blocker, tt.text, tt.blocker)
 		}
+	}
+}
+
+func TestRescueRefusal(t *testing.T) {
+	t.Parallel()
+	ok := Rescue{HasTarget: true, MaxRescues: 1, MaxTotal: 3, Total: 1, Remaining: time.Minute, Elapsed: time.Second}
+	with := func(f func(*Rescue)) Rescue { r := ok; f(&r); return r }
+	for _, tt := range []struct {
+		name string
+		r    Rescue
+		want string
+	}{
+		{"continued", ok, ""},
+		{"text past max_rescue_bytes", with(func(r *Rescue) { r.Blocker = RescueTooLarge }), "too_large"},
+		{"no room in the buffers", with(func(r *Rescue) { r.Blocker = RescueBuffers }), "max_buffered_bytes"},
+		{"a tool call streamed", with(func(r *Rescue) { r.Blocker = "tool_calls" }), "unsafe"},
+		{"a bound beats no target", with(func(r *Rescue) { r.Blocker = RescueTooLarge; r.HasTarget = false }), "too_large"},
+		{"no target can continue", with(func(r *Rescue) { r.HasTarget = false }), "no_target"},
+		{"max_rescues used", with(func(r *Rescue) { r.Tries = 1 }), "exhausted"},
+		{"max_rescues 0", with(func(r *Rescue) { r.MaxRescues = 0 }), "exhausted"},
+		{"max_total_attempts used", with(func(r *Rescue) { r.Total = 3 }), "exhausted"},
+		{"deadline passed", with(func(r *Rescue) { r.Remaining = 0 }), "exhausted"},
+		{"max_duration passed", with(func(r *Rescue) { r.MaxDuration = time.Second }), "exhausted"},
+		{"max_duration not yet", with(func(r *Rescue) { r.MaxDuration = 2 * time.Second }), ""},
+		{"shut down or client left", with(func(r *Rescue) { r.Interrupted = true }), "interrupted"},
+		{"exhausted beats interrupted", with(func(r *Rescue) { r.Interrupted = true; r.Tries = 1 }), "exhausted"},
+		{"no retry left in the budget", with(func(r *Rescue) { r.BudgetSpent = true }), "budget"},
+		{"interrupted beats the budget", with(func(r *Rescue) { r.BudgetSpent = true; r.Interrupted = true }), "interrupted"},
+	} {
+		if got := tt.r.Refusal(); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestRescueNext(t *testing.T) {
+	t.Parallel()
+	if RescueNext(1, true) != 1 || RescueNext(1, false) != 2 {
+		t.Fatal("a retryable failure stays on its target, a refusal moves on")
 	}
 }

@@ -307,7 +307,7 @@ func TestRescueKeepsAtMostMaxRescueBytes(t *testing.T) {
 	if !strings.Contains(body, `"code":"stream_interrupted"`) || fallback.Count() != 0 {
 		t.Fatalf("the cut stream: %d continuations, ends %q", fallback.Count(), body[max(0, len(body)-300):])
 	}
-	if line := h.accessLines(1)[0]; line["rescue_refused"] != refusedTooLarge {
+	if line := h.accessLines(1)[0]; line["rescue_refused"] != policy.RescueTooLarge {
 		t.Fatalf("logged %v", line)
 	}
 }
@@ -327,7 +327,7 @@ func TestAContinuationIsNeverLargerThanMaxBody(t *testing.T) {
 	if !strings.Contains(string(body), `from upstream \"up\"`) {
 		t.Fatalf("the interruption names another upstream than the one that failed: %q", body[max(0, len(body)-300):])
 	}
-	if line := h.accessLines(1)[0]; line["rescue_refused"] != refusedTooLarge || line["upstream"] != "up" || len(line["targets"].([]any)) != 1 {
+	if line := h.accessLines(1)[0]; line["rescue_refused"] != policy.RescueTooLarge || line["upstream"] != "up" || len(line["targets"].([]any)) != 1 {
 		t.Fatalf("logged %v", line)
 	}
 }

@@ -2,7 +2,7 @@
 // rooms named for their phase, calls going one way:
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
-//	loop.go     targets, gates, waits   run → onTarget → gate / try → wait
+//	loop.go     targets, gates, waits   run → onTarget → attemptOn (gate, choose, send) → decide → wait
 //	pool.go     pick an endpoint        choose → pick (policy.Pick*) | rideThrough
 //	attempt.go  send, read the head     attempt → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond → commit | obstructed | noReply → fail
@@ -12,12 +12,16 @@
 // Who decides what:
 //   - classify an attempt: policy.Classify, on the Outcome attempt reports;
 //   - after an attempt, retry in place / fail over / stop, the wait and
-//     who set it, the stop reason: policy.Retry.Decide, called once in try;
+//     who set it, the stop reason: policy.Retry.Decide, called once in decide;
 //   - before an attempt, wait / fail over / refuse for a cooldown, pacing,
 //     an open breaker or a busy upstream: policy.Clear, called in clear;
-//   - retry budget: reserved in try before Decide (policy.Budget.Reserve),
-//     given back when the retry is not sent;
-//   - breaker outcome: policy.Classify's Health, reported by try (Ticket.Done);
+//   - retry budget: reserved in decide before Decide (policy.Budget.Reserve),
+//     given back when the retry is not sent; a rescue's continuation is
+//     paid for the same way (rescueStream);
+//   - whether a stream cut mid-answer is continued now: policy.Rescue's
+//     Refusal, in rescueStream; the continuation is sent through the
+//     loop's own step (attemptOn: gate, choose, send);
+//   - breaker outcome: policy.Classify's Health, reported by send (Ticket.Done);
 //   - waits end early on shutdown or when the client leaves: wait (and
 //     slots.acquire); a client's leaving is noticed by the watcher
 //     (watch_linux.go) and acted on by clientLeft (gone.go), which also

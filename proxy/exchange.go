@@ -106,6 +106,10 @@ type loopState struct {
 	// max_total_attempts counts neither (counted).
 	replaying, reriding bool
 	rides, replays      int
+	// continuing says the current target's attempts carry a rescue's
+	// continuation: paid for from the retry budget (rescueStream), so
+	// its first attempt is not one the budget counts.
+	continuing bool
 	// refused says the last attempt's connection was refused (nothing
 	// listened); own is the cooldown this request's own 429 started with
 	// the wait it asked for, which that request's retry is not held by.

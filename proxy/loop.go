@@ -37,14 +37,11 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		return a
 	}
 	for {
-		if a := ex.gate(t.up); a != policy.ActionAttempt {
-			return a
-		}
-		ep, tickets, a := ex.choose(t.up)
+		out, afterStale, a := ex.attemptOn(t)
 		if a != policy.ActionAttempt {
 			return a
 		}
-		d := ex.try(t, ep, tickets)
+		d := ex.decide(t, out, afterStale)
 		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
 			ex.allOut(t.up, "") // what the client is told: the breaker that is open
 		}
@@ -116,7 +113,7 @@ func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.
 func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.leaveTarget()
 	lp := &ex.loop
-	lp.up, lp.n, lp.replaying, lp.reriding = t.up, 0, false, false
+	lp.up, lp.n, lp.replaying, lp.reriding, lp.continuing = t.up, 0, false, false, false
 	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil, lp.ep = false, false, 0, nil, time.Time{}, nil
 	ex.note(t.up.name, t.model)
 	if t.up.slots != nil {
@@ -313,11 +310,27 @@ func (ex *exchange) block(o obstacle) {
 	}
 }
 
-// try makes one attempt on t's endpoint ep (send) and returns policy's
-// decision on what follows.
-func (ex *exchange) try(t *target, ep *endpoint, tk tickets) policy.Decision {
-	up, lp := t.up, &ex.loop
-	out, afterStale := ex.send(t, ep, tk)
+// attemptOn clears t's gates (gate), chooses an endpoint (choose) and
+// sends one attempt there (send): the loop's step, which a rescue's
+// continuation takes too. Its action is ActionAttempt when the attempt
+// was sent, else what stood in the way.
+func (ex *exchange) attemptOn(t *target) (out policy.Outcome, afterStale bool, a policy.Action) {
+	if a = ex.gate(t.up); a != policy.ActionAttempt {
+		return out, false, a
+	}
+	ep, tk, a := ex.choose(t.up)
+	if a != policy.ActionAttempt {
+		return out, false, a
+	}
+	out, afterStale = ex.send(t, ep, tk)
+	return out, afterStale, policy.ActionAttempt
+}
+
+// decide returns policy's decision on what follows an attempt on t that
+// ended in out (afterStale: it was a stale connection's replay), with
+// the retry budget reserved for a retry it chose.
+func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) policy.Decision {
+	up, lp, ep := t.up, &ex.loop, ex.loop.ep
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
 	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: ex.counted(), AfterStale: afterStale,
@@ -382,7 +395,7 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	lp.attempts++
 	lp.replaying, lp.reriding, lp.blocked = false, false, false
 	now := time.Now()
-	if lp.n == 1 && !afterStale {
+	if lp.n == 1 && !afterStale && !lp.continuing {
 		up.budget.FirstAttempt(now)
 	}
 	ex.aim(ep)

@@ -186,7 +186,7 @@ func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 	}
 	mark, code := policy.Judge(policy.APIChat, ev.Name, ev.Data)
 	if mark == policy.MarkFailure {
-		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueRefusal() == "" {
+		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueState(false).Refusal() == "" {
 			return true
 		}
 		rs.ready = append(rs.ready, raw...)
@@ -218,15 +218,6 @@ func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 	return false
 }
 
-// The refusals of a rescue that are not about what was streamed (those
-// are "unsafe"): the text so far passed the route's max_rescue_bytes (or
-// a continuation's body would pass its max_body), or the proxy's buffer
-// budget had no room for it.
-const (
-	refusedTooLarge = "too_large"
-	refusedBuffers  = "max_buffered_bytes"
-)
-
 // keepText adds streamed text to what a continuation would send, within
 // the route's max_rescue_bytes and the buffer budget; past either the
 // stream is relayed as ever but no longer rescuable — rescue_refused
@@ -235,11 +226,11 @@ func (ex *exchange) keepText(text string) {
 	rs, limit := &ex.out.rescue, ex.req.route.maxRescueBytes
 	switch {
 	case len(rs.text)+len(text) > limit:
-		rs.blocker = refusedTooLarge
+		rs.blocker = policy.RescueTooLarge
 	case cap(rs.text)-len(rs.text) < len(text):
 		more := min(max(len(text), cap(rs.text), 4<<10), limit-len(rs.text))
 		if !ex.hold(more, heldForRescue) {
-			rs.blocker = refusedBuffers
+			rs.blocker = policy.RescueBuffers
 			break
 		}
 		rs.text = slices.Grow(rs.text, more)
@@ -264,34 +255,34 @@ func (ex *exchange) rescueTarget() int {
 	return -1
 }
 
-// rescueRefusal says why the failed stream cannot be continued now, as
-// the rescues metric's result, or "" when it can.
-func (ex *exchange) rescueRefusal() string {
-	rs := &ex.out.rescue
-	r := ex.req.route
-	switch {
-	case rs.blocker == refusedTooLarge || rs.blocker == refusedBuffers:
-		return rs.blocker
-	case rs.blocker != "":
-		return "unsafe"
-	case ex.rescueTarget() < 0:
-		return "no_target"
-	case rs.tries >= r.maxRescues || ex.counted() >= ex.req.retry.TotalAttempts() || time.Until(ex.req.deadline) <= 0,
-		r.maxDuration > 0 && time.Since(ex.req.start) >= r.maxDuration:
-		return "exhausted"
-	case ex.out.cut.Load() || ex.isGone.Load() || ex.p.isStopping():
-		return "interrupted"
-	}
-	return ""
+// rescueState is where the failed stream stands, for policy.Rescue;
+// budgetSpent says the continuing upstream's retry budget had no retry
+// left (see rescueStream).
+func (ex *exchange) rescueState(budgetSpent bool) policy.Rescue {
+	rs, r := &ex.out.rescue, ex.req.route
+	return policy.Rescue{Blocker: rs.blocker, HasTarget: ex.rescueTarget() >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
+		Total: ex.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
+		Elapsed: time.Since(ex.req.start), MaxDuration: r.maxDuration,
+		Interrupted: ex.out.cut.Load() || ex.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
 }
 
-// rescueStream continues the failed stream on a target that can, within
-// max_rescues, max_total_attempts and the deadline, and reports whether
-// one took over.
+// rescueStream continues the failed stream on a target that can, as
+// policy.Rescue allows, and reports whether one took over. Each
+// continuation sent is paid for from its upstream's retry budget:
+// reserved before deciding, given back when it is not sent.
 func (ex *exchange) rescueStream() bool {
 	rs := &ex.out.rescue
 	for {
-		if why := ex.rescueRefusal(); why != "" {
+		ti := ex.rescueTarget()
+		now, budget := time.Now(), (*policy.Budget)(nil)
+		if ti >= 0 {
+			budget = ex.req.route.targets[ti].up.budget
+		}
+		reserved := budget != nil && budget.Reserve(now)
+		if why := ex.rescueState(ti >= 0 && !reserved).Refusal(); why != "" {
+			if reserved {
+				budget.Cancel(now)
+			}
 			if rs.refused == "" && why != "interrupted" {
 				rs.refused = why
 			}
@@ -302,30 +293,32 @@ func (ex *exchange) rescueStream() bool {
 			return false
 		}
 		rs.tries++
-		ti := ex.rescueTarget()
 		ex.attemptCut(rs.end)
-		if ex.continueOn(ti) {
+		took, sent := ex.continueOn(ti)
+		if !sent {
+			budget.Cancel(now)
+		}
+		if took {
 			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
 			ex.traceRescue("continued")
 			return true
 		}
-		if rs.blocker == refusedTooLarge { // its body would pass max_body: never sent
+		if rs.blocker == policy.RescueTooLarge { // its body would pass max_body: never sent
 			rs.tries--
 			continue
 		}
 		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
 		ex.traceRescue("failed")
 		ex.endAttempt() // the continuation's span: it said how it failed
-		if ex.loop.verdict.Class != policy.ClassRetryable {
-			rs.ti = ti + 1 // it refused: the next that can, if any
-		}
+		rs.ti = policy.RescueNext(ti, sent && ex.loop.verdict.Class == policy.ClassRetryable)
 	}
 }
 
 // continueOn sends the continuation request to target ti — the body as
 // the target gets it, the text so far as a trailing assistant message —
-// and, when it answers with a stream, makes it the one relayed.
-func (ex *exchange) continueOn(ti int) bool {
+// through the loop's step (attemptOn), and, when it answers with a
+// stream, makes it the one relayed (took). sent says an attempt was made.
+func (ex *exchange) continueOn(ti int) (took, sent bool) {
 	rs, lp, rp := &ex.out.rescue, &ex.loop, &ex.reply
 	t := &ex.req.route.targets[ti]
 	failedUp, failedEp := lp.up, lp.ep
@@ -335,33 +328,36 @@ func (ex *exchange) continueOn(ti int) bool {
 	rs.pending = rs.pending[:0]
 	body, ok := ex.continuation(t) // before the target is taken: a body too large leaves the loop as it was
 	if !ok {
-		return false
+		return false, false
 	}
 	lp.ti = ti
 	if ex.useTarget(t) != policy.ActionAttempt {
-		return false
+		return false, false
 	}
+	lp.continuing = true
 	ex.req.msg.SetBodyRaw(body)
 	if t.up == failedUp && failedEp != nil {
 		ex.failedOn(failedEp) // another replica, if one is in
 	}
-	if ex.gate(t.up) != policy.ActionAttempt {
-		return false
-	}
-	var out policy.Outcome
-	for replay := true; replay; { // a stale pooled connection is sent again at once, once
-		ep, tk, a := ex.choose(t.up)
+	for {
+		out, afterStale, a := ex.attemptOn(t)
 		if a != policy.ActionAttempt {
-			return false
+			return false, sent
 		}
-		out, _ = ex.send(t, ep, tk)
-		replay = out.Fault == policy.FaultStale && !lp.replaying
-		lp.replaying = replay
-	}
-	if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed || events.KindOf(rp.msg.Header.ContentType()) != events.SSE ||
-		ex.out.cut.Load() || ex.isGone.Load() {
-		ex.closeBody()
-		return false
+		sent = true
+		if out.Fault == policy.FaultStale {
+			d, _ := policy.DecideStale(policy.Attempt{Replayable: ex.req.replayable, AfterStale: afterStale,
+				Remaining: time.Until(ex.req.deadline)})
+			if lp.replaying = d.Replay; d.Replay {
+				continue
+			}
+		}
+		if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed ||
+			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || ex.out.cut.Load() || ex.isGone.Load() {
+			ex.closeBody()
+			return false, true
+		}
+		break
 	}
 	ex.out.closeDelimited = rp.msg.Header.ContentLength() == -2
 	if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
@@ -370,14 +366,14 @@ func (ex *exchange) continueOn(ti int) bool {
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.name
 	ex.enter(phaseStream)
-	return true
+	return true, true
 }
 
 // continuation returns the body of the continuation request to t: the
 // body as t gets it, the text so far appended as a trailing assistant
 // message, with vLLM's flags for continuing it (with no text yet, the
 // request as it was). false means it could not be built — it must not be
-// sent as it is — or would pass the route's max_body (refusedTooLarge).
+// sent as it is — or would pass the route's max_body (policy.RescueTooLarge).
 func (ex *exchange) continuation(t *target) ([]byte, bool) {
 	rs := &ex.out.rescue
 	if len(rs.text) == 0 {
@@ -397,7 +393,7 @@ func (ex *exchange) continuation(t *target) ([]byte, bool) {
 		return nil, false
 	}
 	if len(b) > ex.req.route.maxBody { // no continuation is larger than a request the route takes
-		rs.blocker, rs.refused = refusedTooLarge, refusedTooLarge
+		rs.blocker, rs.refused = policy.RescueTooLarge, policy.RescueTooLarge
 		return nil, false
 	}
 	return b, true

@@ -294,3 +294,35 @@ func TestNothingIsRelayedAfterTheTerminator(t *testing.T) {
 		})
 	}
 }
+
+// TestAContinuationIsPaidForFromTheRetryBudget: a continuation is a second
+// request for one answer, so it takes a retry from its upstream's budget
+// like any retry: with one retry in the fallback's budget, the first cut
+// stream is continued, the second is not (rescue_refused: budget) and
+// ends with the interruption event.
+func TestAContinuationIsPaidForFromTheRetryBudget(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
+	cont := continuationOf(" wor", "ld")
+	fallback := upstreamtest.Start(t, cont)
+	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) {
+		// One retry per 10 s window, whatever the first attempts.
+		o.Upstreams[1].RetryBudget = RetryBudget{Ratio: 1e-9, MinPerSecond: 0.1}
+	})
+	want := strings.Join(upstreamtest.SSE("Hel", "lo")[:2], "") + relabelled(cont)
+	if resp, body := h.chat(streamChat); resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("the first: %d:\n%s", resp.StatusCode, body)
+	}
+	resp, body := h.chat(streamChat)
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(body), upstreamtest.SSE("Hel")[0]) ||
+		!strings.Contains(string(body), "stream_interrupted") || strings.Contains(string(body), "wor") {
+		t.Fatalf("the second: %d:\n%s", resp.StatusCode, body)
+	}
+	if fallback.Count() != 1 {
+		t.Fatalf("the fallback saw %d requests, want 1", fallback.Count())
+	}
+	lines := h.accessLines(2)
+	if lines[0]["rescued"] != 1.0 || lines[1]["rescue_refused"] != "budget" || lines[1]["rescued"] != 0.0 {
+		t.Fatalf("access lines %v", lines)
+	}
+}
