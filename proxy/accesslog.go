@@ -97,67 +97,61 @@ func (t targetNote) MarshalZerologObject(e *zerolog.Event) {
 	}
 }
 
-// logAccess writes the request's one access line. It never logs header
-// values other than the request id, nor bodies, nor the query string.
-func (ex *exchange) logAccess() {
+// logAccess writes the request's one access line, from its summary. It
+// never logs header values other than the request id, nor bodies, nor
+// the query string.
+func (ex *exchange) logAccess(s *summary) {
 	ev := ex.p.log.Info()
 	if !ev.Enabled() {
 		return
 	}
-	ctx, lp, out, n := ex.ctx, &ex.loop, &ex.out, &ex.notes
-	ev.Bytes(fieldID, ex.req.id).
-		Bytes(fieldMethod, ctx.Method()).
-		Bytes(fieldPath, rawPath(ctx.Request.Header.RequestURI()))
-	if ex.req.route != nil {
-		ev.Str(fieldRoute, ex.req.route.name).Str(fieldUpstream, lp.up.name)
-		if lp.ep != nil {
-			ev.Str(fieldEndpoint, lp.ep.addr).Str(fieldBreaker, lp.ep.breaker.State().String()).
-				Str(fieldModelBreaker, lp.ep.modelBreakerState(lp.model))
+	ev.Bytes(fieldID, s.id).Bytes(fieldMethod, s.method).Bytes(fieldPath, s.path)
+	if s.routed {
+		ev.Str(fieldRoute, s.route).Str(fieldUpstream, s.upstream)
+		if s.endpoint != "" {
+			ev.Str(fieldEndpoint, s.endpoint).Str(fieldBreaker, s.breaker).Str(fieldModelBreaker, s.modelBreaker)
 		} else {
-			ev.Str(fieldBreaker, lp.up.state().String())
+			ev.Str(fieldBreaker, s.breaker)
 		}
 	}
-	ev.Int(fieldStatus, out.status).Int(fieldAttempts, lp.attempts)
-	if n.nTried > 0 {
-		ev.Array(fieldTargets, targetList(n.tried[:n.nTried]))
+	ev.Int(fieldStatus, s.status).Int(fieldAttempts, s.attempts)
+	if len(s.targets) > 0 {
+		ev.Array(fieldTargets, targetList(s.targets))
 	}
-	if n.nRetries > 0 {
-		ev.Array(fieldRetries, retryList(n.retries[:n.nRetries]))
+	if len(s.retries) > 0 {
+		ev.Array(fieldRetries, retryList(s.retries))
 	}
-	if lp.stop.Ended() {
-		ev.Str(fieldStop, lp.stop.String())
+	if s.stop.Ended() {
+		ev.Str(fieldStop, s.stop.String())
 	}
-	if out.errCode != "" {
-		ev.Str(fieldError, out.errCode)
+	if s.errCode != "" {
+		ev.Str(fieldError, s.errCode)
 	}
-	switch {
-	case lp.why != "" && out.outcome == outcomeUpstreamError:
-		ev.Str(fieldCause, lp.why)
-	case lp.obstacle.cause != "" && out.outcome == outcomeCircuitOpen:
-		ev.Str(fieldCause, lp.obstacle.cause)
+	if s.cause != "" {
+		ev.Str(fieldCause, s.cause)
 	}
-	if out.outcome == outcomeClientGone {
-		ev.Str(fieldPhase, phase(ex.gonePhase.Load()).String())
+	if s.outcome == outcomeClientGone {
+		ev.Str(fieldPhase, s.gonePhase.String())
 	}
-	if rs := &out.rescue; rs.tries > 0 || rs.refused != "" {
-		ev.Int(fieldRescued, rs.rescued)
-		if rs.rescued > 0 {
+	if s.rescueTries > 0 || s.refused != "" {
+		ev.Int(fieldRescued, s.rescued)
+		if s.rescued > 0 {
 			// The cut call never sent its usage: the continuation's is all
 			// the client got.
-			ev.Str(fieldRescuedBy, rs.by).Int64(fieldSeam, rs.seam).Str(fieldFirstUsage, "unknown")
+			ev.Str(fieldRescuedBy, s.rescuedBy).Int64(fieldSeam, s.seam).Str(fieldFirstUsage, "unknown")
 		}
-		if rs.refused != "" {
-			ev.Str(fieldRescueRefused, rs.refused)
+		if s.refused != "" {
+			ev.Str(fieldRescueRefused, s.refused)
 		}
 	}
 	if id, ok := ex.traceID(); ok {
 		ev.Str(fieldTraceID, id.String())
 	}
-	ev.Bool(fieldStream, out.streaming).
-		Int64(fieldBytesOut, out.bytesOut).
-		Float64(fieldTTFB, float64(out.ttfb)/float64(time.Millisecond)).
-		Float64(fieldTTFT, float64(out.ttft)/float64(time.Millisecond)).
-		Float64(fieldDuration, float64(time.Since(ex.req.start))/float64(time.Millisecond)).
-		Str(fieldOutcome, out.outcome).
+	ev.Bool(fieldStream, s.streaming).
+		Int64(fieldBytesOut, s.bytesOut).
+		Float64(fieldTTFB, float64(s.ttfb)/float64(time.Millisecond)).
+		Float64(fieldTTFT, float64(s.ttft)/float64(time.Millisecond)).
+		Float64(fieldDuration, float64(s.dur)/float64(time.Millisecond)).
+		Str(fieldOutcome, s.outcome).
 		Msg("request")
 }

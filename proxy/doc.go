@@ -51,6 +51,9 @@
 //	shared.go      the fleet (package fleet) as the proxy uses it
 //	status.go      /debug/upstreams, readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and how an error is written
+//	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
+//	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
+//	               and the metrics (measure) are formatters of them
 //	accesslog.go   the access line; trace.go the spans
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)

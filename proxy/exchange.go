@@ -286,9 +286,11 @@ func (ex *exchange) finish() {
 		ex.cc.serving(nil)
 	}
 	ex.leaveTarget()
-	ex.logAccess()
-	ex.endTrace()
-	ex.measure()
+	var s summary
+	ex.summarize(&s)
+	ex.logAccess(&s)
+	ex.endTrace(&s)
+	ex.measure(&s)
 	ex.closeBody()
 	ex.p.held.give(ex.held)
 	ex.req.msg.Reset()
@@ -307,32 +309,29 @@ func (ex *exchange) finish() {
 	exchangePool.Put(ex)
 }
 
-// measure records the finished request in the metrics.
-func (ex *exchange) measure() {
+// measure records the finished request in the metrics, from its
+// summary (and the route's series, bound once per configuration).
+func (ex *exchange) measure(s *summary) {
 	m := ex.p.m
-	route, up := "", ""
-	if ex.req.route != nil {
-		route, up = ex.req.route.name, ex.loop.up.name
-	}
-	if r := ex.req.route; r != nil && ex.out.outcome == outcomeOK && ex.out.status/100 == 2 && ex.reply.up == ex.loop.up {
+	if r := ex.req.route; r != nil && s.outcome == outcomeOK && s.status/100 == 2 && ex.reply.up == ex.loop.up {
 		r.targets[ex.reply.ti].answered.Inc() // the common series, without hashing its labels
 	} else {
-		m.Requests.WithLabelValues(route, up, metrics.StatusClass(ex.out.status), ex.out.outcome).Inc()
+		m.Requests.WithLabelValues(s.route, s.upstream, metrics.StatusClass(s.status), s.outcome).Inc()
 	}
-	if ex.out.outcome == outcomeClientGone {
-		m.ClientGone.WithLabelValues(phase(ex.gonePhase.Load()).String()).Inc()
+	if s.outcome == outcomeClientGone {
+		m.ClientGone.WithLabelValues(s.gonePhase.String()).Inc()
 	}
-	if ex.loop.stop.Ended() {
-		m.GiveUps.WithLabelValues(up, ex.loop.stop.String()).Inc()
+	if s.stop.Ended() {
+		m.GiveUps.WithLabelValues(s.upstream, s.stop.String()).Inc()
 	}
 	if r := ex.req.route; r != nil {
-		r.ttfb.Observe(ex.out.ttft.Seconds())
+		r.ttfb.Observe(s.ttft.Seconds())
 		dur := r.durPlain
-		if ex.out.streaming {
+		if s.streaming {
 			dur = r.durStream
 			m.OpenStreams.Dec()
 		}
-		dur.Observe(time.Since(ex.req.start).Seconds())
+		dur.Observe(s.dur.Seconds())
 	}
 	m.InFlight.Dec()
 }

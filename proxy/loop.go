@@ -408,7 +408,6 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	}
 	tk.conn.DoneWith(breakerResult(lp.verdict.Conn), cause)
 	tk.model.DoneWith(breakerResult(lp.verdict.Health), cause)
-	ex.attemptDone(ep, out) // the breakers' states after it
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
 	}
@@ -418,18 +417,10 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
 		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
 	}
-	result := resultLabel(lp.verdict)
-	ep.countAttempt(ex.p, up.name, result)
 	if lp.verdict.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && lp.verdict.Reason != policy.Reason429 {
 		ep.outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
-	ex.noteResult(result, true)
-	if n := &ex.notes; n.nTried > 0 {
-		n.tried[n.nTried-1].endpoint = ep.addr
-		if afterStale {
-			n.tried[n.nTried-1].replays++
-		}
-	}
+	ex.attemptEnded(up, ep, out, afterStale)
 	return out, afterStale
 }
 

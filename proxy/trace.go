@@ -515,8 +515,8 @@ func (ex *exchange) keepTail(b []byte) {
 	ex.tr.tail = t
 }
 
-// endTrace ends the request's spans with how it went.
-func (ex *exchange) endTrace() {
+// endTrace ends the request's spans with how it went, from its summary.
+func (ex *exchange) endTrace(sm *summary) {
 	s := ex.tr.span
 	if s == nil {
 		return
@@ -526,47 +526,42 @@ func (ex *exchange) endTrace() {
 		s.End()
 		return
 	}
-	out, lp := &ex.out, &ex.loop
-	if out.broken != nil {
-		ex.attemptCut(out.broken)
+	if ex.out.broken != nil {
+		ex.attemptCut(ex.out.broken)
 	}
 	ex.endAttempt()
-	if out.outcome == outcomeClientGone {
-		s.AddEvent("client_gone", trace.WithAttributes(attrPhase.String(phase(ex.gonePhase.Load()).String())))
+	if sm.outcome == outcomeClientGone {
+		s.AddEvent("client_gone", trace.WithAttributes(attrPhase.String(sm.gonePhase.String())))
 	}
 	attrs := append(ex.tr.attrs,
-		attrStatus.Int(out.status),
-		attrOutcome.String(out.outcome),
-		attrAttempts.Int(lp.attempts),
-		attrBodySize.Int64(out.bytesOut),
-		attrStream.Bool(out.streaming),
+		attrStatus.Int(sm.status),
+		attrOutcome.String(sm.outcome),
+		attrAttempts.Int(sm.attempts),
+		attrBodySize.Int64(sm.bytesOut),
+		attrStream.Bool(sm.streaming),
 	)
-	if ex.req.route != nil {
-		attrs = append(attrs, attrUpstream.String(lp.up.name))
-		if lp.ep != nil {
-			attrs = append(attrs, attrEndpoint.String(lp.ep.addr))
+	if sm.routed {
+		attrs = append(attrs, attrUpstream.String(sm.upstream))
+		if sm.endpoint != "" {
+			attrs = append(attrs, attrEndpoint.String(sm.endpoint))
 		}
 	}
-	if lp.stop.Ended() {
-		attrs = append(attrs, attrStop.String(lp.stop.String()))
+	if sm.stop.Ended() {
+		attrs = append(attrs, attrStop.String(sm.stop.String()))
 	}
-	if out.errCode != "" {
-		attrs = append(attrs, attrErrorCode.String(out.errCode))
+	if sm.errCode != "" {
+		attrs = append(attrs, attrErrorCode.String(sm.errCode))
 	}
-	if out.ttfb > 0 {
-		attrs = append(attrs, attrTTFB.Float64(float64(out.ttfb)/float64(time.Millisecond)))
+	if sm.ttfb > 0 {
+		attrs = append(attrs, attrTTFB.Float64(float64(sm.ttfb)/float64(time.Millisecond)))
 	}
-	if out.ttft > 0 {
-		attrs = append(attrs, attrTTFT.Float64(float64(out.ttft)/float64(time.Millisecond)))
+	if sm.ttft > 0 {
+		attrs = append(attrs, attrTTFT.Float64(float64(sm.ttft)/float64(time.Millisecond)))
 	}
-	if out.rescue.rescued > 0 {
-		attrs = append(attrs, attrRescued.Int(out.rescue.rescued))
+	if sm.rescued > 0 {
+		attrs = append(attrs, attrRescued.Int(sm.rescued))
 	}
-	body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
-	if len(body) == 0 && ex.reply.has {
-		body = ex.reply.head // a reply set whole
-	}
-	if u := usageOf(body); u.model != "" || u.known {
+	if u := sm.usage; u.model != "" || u.known {
 		if u.model != "" {
 			// A copy of its key alone: gjson's string shares the body's copy.
 			attrs = append(attrs, attrResponseModel.String(strings.Clone(policy.ModelKey(u.model))))
@@ -575,13 +570,13 @@ func (ex *exchange) endTrace() {
 			attrs = append(attrs, attrInputTokens.Int64(u.input), attrOutputTokens.Int64(u.output))
 		}
 	}
-	if out.status >= 500 || out.outcome == outcomeStreamInterrupted {
-		t := out.errCode
+	if sm.status >= 500 || sm.outcome == outcomeStreamInterrupted {
+		t := sm.errCode
 		if t == "" {
-			t = out.outcome
+			t = sm.outcome
 		}
 		attrs = append(attrs, attrErrorType.String(t))
-		s.SetStatus(codes.Error, out.outcome)
+		s.SetStatus(codes.Error, sm.outcome)
 	}
 	s.SetAttributes(attrs...)
 	s.End()

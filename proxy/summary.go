@@ -1,0 +1,103 @@
+package proxy
+
+import (
+	"time"
+
+	"sturdy/policy"
+)
+
+// summary is what a finished request was, read off the exchange once as
+// it ends (summarize): the access line, the trace's server span and the
+// metrics are formatters of it (logAccess, endTrace, measure), none of
+// them reading the exchange's state again. It lives on finish's stack;
+// its strings and slices alias the exchange's, valid until the exchange
+// is reset.
+type summary struct {
+	// id, method and path are the request's own (path without its
+	// query); api the API its path speaks.
+	id, method, path []byte
+	api              policy.API
+	// route, upstream and endpoint name where it went ("" for a request
+	// refused before routing; endpoint "" when no attempt was made);
+	// breaker and modelBreaker are their states as it ends.
+	route, upstream, endpoint string
+	breaker, modelBreaker     string
+	routed                    bool
+	// status and outcome are what the client got, errCode Sturdy's own
+	// error code (if it answered itself), stop why the loop stopped,
+	// cause what a breaker or a connection failure said (for
+	// upstream_error and circuit_open).
+	status          int
+	outcome         string
+	errCode         string
+	stop            policy.Stop
+	cause           string
+	gonePhase       phase
+	attempts        int
+	streaming       bool
+	bytesOut        int64
+	ttfb, ttft, dur time.Duration
+	// targets and retries are the notes: each target with its attempts,
+	// each retry with its reason.
+	targets []targetNote
+	retries []retryNote
+	// rescue is what became of a stream cut mid-answer.
+	rescueTries, rescued int
+	rescuedBy, refused   string
+	seam                 int64
+	// usage is the answer's model and tokens, read from what was relayed
+	// when it was kept (a traced request: keepTail) or from a reply set
+	// whole; its known says whether the reply told them.
+	usage usage
+}
+
+// summarize reads the finished request into s.
+func (ex *exchange) summarize(s *summary) {
+	lp, out, n, rs := &ex.loop, &ex.out, &ex.notes, &ex.out.rescue
+	*s = summary{id: ex.req.id, method: ex.ctx.Method(), path: rawPath(ex.ctx.Request.Header.RequestURI()), api: ex.req.api,
+		status: out.status, outcome: out.outcome, errCode: out.errCode, stop: lp.stop, attempts: lp.attempts,
+		streaming: out.streaming, bytesOut: out.bytesOut, ttfb: out.ttfb, ttft: out.ttft, dur: time.Since(ex.req.start),
+		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries],
+		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
+	if ex.req.route != nil {
+		s.routed, s.route, s.upstream = true, ex.req.route.name, lp.up.name
+		if ep := lp.ep; ep != nil {
+			s.endpoint, s.breaker, s.modelBreaker = ep.addr, ep.breaker.State().String(), ep.modelBreakerState(lp.model)
+		} else {
+			s.breaker = lp.up.state().String()
+		}
+	}
+	switch {
+	case lp.why != "" && out.outcome == outcomeUpstreamError:
+		s.cause = lp.why
+	case lp.obstacle.cause != "" && out.outcome == outcomeCircuitOpen:
+		s.cause = lp.obstacle.cause
+	}
+	if out.outcome == outcomeClientGone {
+		s.gonePhase = phase(ex.gonePhase.Load())
+	}
+	if ex.tr.rec {
+		body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
+		if len(body) == 0 && ex.reply.has {
+			body = ex.reply.head // a reply set whole
+		}
+		s.usage = usageOf(body)
+	}
+}
+
+// attemptEnded reports an attempt once, as it ends (its breakers told):
+// the attempts metric, the access line's note of its target, and its
+// span's result (attemptDone). afterStale says it was a stale
+// connection's replay.
+func (ex *exchange) attemptEnded(up *upstream, ep *endpoint, out policy.Outcome, afterStale bool) {
+	result := resultLabel(ex.loop.verdict)
+	ep.countAttempt(ex.p, up.name, result)
+	ex.noteResult(result, true)
+	if n := &ex.notes; n.nTried > 0 {
+		n.tried[n.nTried-1].endpoint = ep.addr
+		if afterStale {
+			n.tried[n.nTried-1].replays++
+		}
+	}
+	ex.attemptDone(ep, out)
+}
