@@ -50,7 +50,7 @@
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes)
 //	shared.go      the fleet (package fleet) as the proxy uses it
 //	status.go      /debug/upstreams, readiness, gauges refreshed on scrape
-//	errors.go      the error vocabulary (errorTable) and how an error is written
+//	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
 //	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
 //	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them

@@ -164,8 +164,38 @@ type errorBody struct {
 	} `json:"error"`
 }
 
-// body renders the OpenAI-shaped error body.
-func (e *apiError) body() []byte {
+// errorShape is how one API's clients read an error Sturdy writes: the
+// body of an error response, and the event that ends an SSE stream
+// failed mid-answer. errorShapes holds one per API: every error body
+// Sturdy writes is rendered from it (a new API adds its row).
+type errorShape struct {
+	// body renders an error response's body.
+	body func(e *apiError) []byte
+	// event appends to b the SSE event that ends a failed stream, its
+	// events so far numbering seq.
+	event func(b []byte, e *apiError, seq int) []byte
+}
+
+// errorShapes are the error shapes by API: OpenAI's error object
+// everywhere, and for the Responses API its own stream error event.
+var errorShapes = [...]errorShape{
+	policy.APIOther:       {body: openAIBody, event: openAIEvent},
+	policy.APIChat:        {body: openAIBody, event: openAIEvent},
+	policy.APICompletions: {body: openAIBody, event: openAIEvent},
+	policy.APIResponses:   {body: openAIBody, event: responsesEvent},
+	policy.APIOllama:      {body: openAIBody, event: openAIEvent},
+}
+
+// shapeOf returns api's error shape.
+func shapeOf(api policy.API) errorShape {
+	if int(api) < len(errorShapes) && errorShapes[api].body != nil {
+		return errorShapes[api]
+	}
+	return errorShapes[policy.APIOther]
+}
+
+// openAIBody renders the OpenAI-shaped error body.
+func openAIBody(e *apiError) []byte {
 	var b errorBody
 	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Sturdy = e.msg, ErrorType, e.spec.code, e.details
 	if e.retryAfter > 0 {
@@ -175,10 +205,18 @@ func (e *apiError) body() []byte {
 	return out
 }
 
-// responsesEvent renders the error as a Responses API error event (type
-// "error", code, message, param, sequence_number), with the error object
-// of body() beside them.
-func (e *apiError) responsesEvent(sequence int) []byte {
+// openAIEvent is the error body as an unnamed SSE event (data: only), as
+// OpenAI's chat completions streams tell an error.
+func openAIEvent(b []byte, e *apiError, _ int) []byte {
+	b = append(b, "data: "...)
+	return append(append(b, openAIBody(e)...), "\n\n"...)
+}
+
+// responsesEvent is the Responses API's error event (type "error", code,
+// message, param, sequence_number), with the error object of openAIBody
+// beside them: openai-go raises on that, the Node SDK on the event's
+// type.
+func responsesEvent(b []byte, e *apiError, sequence int) []byte {
 	var ev struct {
 		Type     string  `json:"type"`
 		Code     string  `json:"code"`
@@ -190,19 +228,21 @@ func (e *apiError) responsesEvent(sequence int) []byte {
 	ev.Type, ev.Code, ev.Message, ev.Sequence = "error", e.spec.code, e.msg, sequence
 	ev.Error.Message, ev.Error.Type, ev.Error.Code, ev.Error.Sturdy = e.msg, ErrorType, e.spec.code, e.details
 	out, _ := json.Marshal(&ev)
-	return out
+	b = append(b, "event: error\ndata: "...)
+	return append(append(b, out...), "\n\n"...)
 }
 
-// write answers the client with the error: its status, an OpenAI-shaped
-// body, x-should-retry: false so SDKs do not multiply our retries (unless
-// the row says they may), and Retry-After/retry-after-ms when a wait is
-// known. Every error response Sturdy writes goes through here.
-func (e *apiError) write(ctx *fasthttp.RequestCtx, requestID []byte) {
-	e.writeTo(&ctx.Response, requestID)
+// write answers the client of api with the error: its status, a body of
+// the API's shape, x-should-retry: false so SDKs do not multiply our
+// retries (unless the row says they may), and Retry-After/retry-after-ms
+// when a wait is known. Every error response Sturdy writes goes through
+// here.
+func (e *apiError) write(ctx *fasthttp.RequestCtx, requestID []byte, api policy.API) {
+	e.writeTo(&ctx.Response, requestID, api)
 }
 
 // writeTo renders the error into r (see write).
-func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte) {
+func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte, api policy.API) {
 	r.Reset()
 	r.SetStatusCode(e.spec.status)
 	r.Header.SetContentType("application/json")
@@ -215,7 +255,7 @@ func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte) {
 		r.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(nil, max(secs, 1), 10))
 		r.Header.SetBytesKV(hdrRetryAfterMS, strconv.AppendInt(nil, e.retryAfter.Milliseconds(), 10))
 	}
-	r.SetBody(e.body())
+	r.SetBody(shapeOf(api).body(e))
 }
 
 // dialError marks a failure to open a connection: the request provably

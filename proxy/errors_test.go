@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"sturdy/policy"
+
+	"github.com/tidwall/gjson"
 )
 
 // TestREADMEErrorTableIsTheVocabulary checks the README's table of error
@@ -103,5 +105,31 @@ func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
 		if line == "" || !strings.Contains(line, row.says) {
 			t.Errorf("Limits row %q does not say %q: %q", row.limit, row.says, line)
 		}
+	}
+}
+
+// TestEveryAPIHasAnErrorShape: every API's row renders a body an SDK of
+// that API parses (error.code, error.type) and an SSE error event.
+func TestEveryAPIHasAnErrorShape(t *testing.T) {
+	t.Parallel()
+	e := newError(CodeRetriesExhausted, 3, "up", "503")
+	for _, tt := range []struct {
+		api   policy.API
+		event string // the SSE event's first line
+	}{
+		{policy.APIOther, "data: {"}, {policy.APIChat, "data: {"}, {policy.APICompletions, "data: {"},
+		{policy.APIResponses, "event: error"}, {policy.APIOllama, "data: {"},
+	} {
+		sh := shapeOf(tt.api)
+		if b := gjson.ParseBytes(sh.body(e)); b.Get("error.code").Str != CodeRetriesExhausted || b.Get("error.type").Str != ErrorType {
+			t.Errorf("%v: body %s", tt.api, sh.body(e))
+		}
+		ev := string(sh.event(nil, e, 7))
+		if !strings.HasPrefix(ev, tt.event) || !strings.HasSuffix(ev, "\n\n") || !strings.Contains(ev, CodeRetriesExhausted) {
+			t.Errorf("%v: event %q", tt.api, ev)
+		}
+	}
+	if got := string(shapeOf(policy.APIResponses).event(nil, e, 7)); !strings.Contains(got, `"sequence_number":7`) {
+		t.Errorf("the Responses event lacks its sequence number: %s", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sturdy/policy"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -165,7 +166,7 @@ func (p *Proxy) refuse(c net.Conn, tlsConfig *tls.Config) {
 	var resp fasthttp.Response
 	e := newError(CodeTooManyConnections, p.limits.MaxConnections)
 	e.retryAfter = time.Second
-	e.writeTo(&resp, p.appendRequestID(nil))
+	e.writeTo(&resp, p.appendRequestID(nil), policy.APIOther) // before any request: no API known
 	resp.SetConnectionClose()
 	w := bufio.NewWriter(c)
 	if resp.Write(w) == nil {

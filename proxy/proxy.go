@@ -21,6 +21,7 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/metrics"
+	"sturdy/policy"
 )
 
 // Proxy is the resilient reverse proxy. Create it with New and serve
@@ -404,7 +405,7 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 		e = newError(CodeHeadersTooLarge, sizeText(p.limits.MaxHeaderBytes))
 	}
 	id := p.appendRequestID(nil)
-	e.write(ctx, id)
+	e.write(ctx, id, policy.CallOf(rawPath(ctx.Request.Header.RequestURI())).API)
 	ctx.SetConnectionClose()
 	p.log.Info().Bytes(fieldID, id).Str(fieldOutcome, outcomeRejected).Int(fieldStatus, e.spec.status).
 		Str(fieldError, e.spec.code).Msg("request")

@@ -219,7 +219,7 @@ func (ex *exchange) fail(e *apiError) {
 	if ex.reply.has {
 		e.details.LastStatus = ex.reply.msg.StatusCode()
 	}
-	e.write(ex.ctx, ex.req.id)
+	e.write(ex.ctx, ex.req.id, ex.req.api)
 	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
 	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
 	if ex.loop.attempts > 0 {

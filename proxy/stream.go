@@ -192,17 +192,7 @@ func (ex *exchange) interruptionTail() []byte {
 			b = append(b, '\n')
 		}
 		e.details = errorDetails{Upstream: up.name, Attempts: ex.loop.attempts, LastStatus: out.status}
-		if ex.req.api == policy.APIResponses {
-			// The Responses API's own error event, with a top-level error
-			// object too: openai-go raises on that, the Node SDK on the
-			// event's type.
-			b = append(b, "event: error\ndata: "...)
-			b = append(b, e.responsesEvent(out.scan.Events())...)
-		} else {
-			b = append(b, "data: "...)
-			b = append(b, e.body()...)
-		}
-		b = append(b, "\n\n"...)
+		b = shapeOf(ex.req.api).event(b, e, out.scan.Events())
 	default:
 		if out.scan.InLine() {
 			b = append(b, '\n')
