@@ -51,6 +51,8 @@
 //	shared.go      the fleet (package fleet) as the proxy uses it
 //	status.go      /debug/upstreams, readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
+//	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
+//	               (table.hooks; the clients: limits are the first)
 //	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
 //	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them

@@ -54,6 +54,8 @@ type exchange struct {
 	// (server.max_buffered_bytes), given back when it ends; headHeld is
 	// the part of it covering the reply head's capacity past headSize.
 	held, headHeld int
+	// hooked counts the table's hooks whose reserve passed (settleHooks).
+	hooked int
 
 	req   outbound
 	loop  loopState
@@ -291,6 +293,7 @@ func (ex *exchange) finish() {
 	ex.logAccess(&s)
 	ex.endTrace(&s)
 	ex.measure(&s)
+	ex.settleHooks(&s)
 	ex.closeBody()
 	ex.p.held.give(ex.held)
 	ex.req.msg.Reset()

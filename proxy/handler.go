@@ -106,19 +106,8 @@ func (ex *exchange) admit() *apiError {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}
-	now := time.Now()
-	for _, cl := range ex.tbl.clients {
-		if wait, ok, e := ex.takeClient(cl, now); e != nil {
-			ex.out.outcome = outcomeSharedState
-			return e
-		} else if !ok {
-			ex.p.m.RateLimited.WithLabelValues("client").Inc()
-			ex.out.outcome = outcomeRateLimited
-			e := newError(CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s)",
-				cl.opts.RequestsPerSecond, cl.opts.KeyHeader))
-			e.retryAfter = wait
-			return e
-		}
+	if e := ex.reserveHooks(time.Now()); e != nil {
+		return e
 	}
 	model, stream := bodyFields(ctx.Request.Body())
 	ex.req.api = policy.APIOf(rawPath(uri))

@@ -25,6 +25,9 @@ type table struct {
 	routes    []*route // longest prefix first
 	upstreams []*upstream
 	clients   []*clientLimiter
+	// hooks run around every request's attempt loop (hooks.go): the
+	// client limits first.
+	hooks []hook
 	authKeys  [][sha256.Size]byte // hashes of the accepted client keys
 	maxBody   int
 	// trusted are the peers whose X-Forwarded-* headers are kept.
@@ -137,6 +140,9 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 			continue
 		}
 		t.clients = append(t.clients, newClientLimiter(co, p.evicted(mapClients)))
+	}
+	if len(t.clients) > 0 {
+		t.hooks = append(t.hooks, clientLimits(t.clients))
 	}
 	var dropped []*upstream
 	if prev != nil {

@@ -1,0 +1,62 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+)
+
+// hook is a request-level step around the attempt loop: reserve runs at
+// admission, before the loop (an error refuses the request: it is the
+// client's answer), and settle once the request has ended, with its
+// summary — the answer's status, outcome and usage, or a failure that
+// owes nothing (a refund). Only a hook whose reserve passed is settled.
+// The clients: limits are the first; a token budget or an admission
+// queue is another row of table.hooks, not another step in the loop.
+type hook interface {
+	reserve(ex *exchange, now time.Time) *apiError
+	settle(ex *exchange, s *summary)
+}
+
+// clientLimits is the clients: limits as a hook: each request takes one
+// from every limit whose key it carries; a request once admitted is not
+// given back (a limit of requests, not of their cost).
+type clientLimits []*clientLimiter
+
+func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
+	for _, cl := range cls {
+		if wait, ok, e := ex.takeClient(cl, now); e != nil {
+			ex.out.outcome = outcomeSharedState
+			return e
+		} else if !ok {
+			ex.p.m.RateLimited.WithLabelValues("client").Inc()
+			ex.out.outcome = outcomeRateLimited
+			e := newError(CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s)",
+				cl.opts.RequestsPerSecond, cl.opts.KeyHeader))
+			e.retryAfter = wait
+			return e
+		}
+	}
+	return nil
+}
+
+func (clientLimits) settle(*exchange, *summary) {}
+
+// reserveHooks runs the table's hooks' reserve in order, stopping at the
+// first refusal; ex.hooked counts those that passed, to be settled.
+func (ex *exchange) reserveHooks(now time.Time) *apiError {
+	for _, h := range ex.tbl.hooks {
+		if e := h.reserve(ex, now); e != nil {
+			return e
+		}
+		ex.hooked++
+	}
+	return nil
+}
+
+// settleHooks settles the hooks whose reserve passed, last first.
+func (ex *exchange) settleHooks(s *summary) {
+	for i := ex.hooked - 1; i >= 0; i-- {
+		ex.tbl.hooks[i].settle(ex, s)
+	}
+	ex.hooked = 0
+}
