@@ -27,9 +27,9 @@ type table struct {
 	clients   []*clientLimiter
 	// hooks run around every request's attempt loop (hooks.go): the
 	// client limits first.
-	hooks []hook
-	authKeys  [][sha256.Size]byte // hashes of the accepted client keys
-	maxBody   int
+	hooks    []hook
+	authKeys [][sha256.Size]byte // hashes of the accepted client keys
+	maxBody  int
 	// trusted are the peers whose X-Forwarded-* headers are kept.
 	trusted []netip.Prefix
 	// models are the model names and globs the config mentions: the only
