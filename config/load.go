@@ -209,8 +209,9 @@ func (c *Config) applyImplicitRoute() {
 	}
 }
 
-// readSecretFiles loads api_key_file and auth.keys_file, so secrets can
-// live outside the YAML.
+// readSecretFiles loads api_key_file, admin.token_file,
+// shared_state.password_file and auth.keys_file, so secrets can live
+// outside the YAML.
 func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 	var ps []Problem
 	bad := func(key, format string, args ...any) {
@@ -218,46 +219,11 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 	}
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
-		if u.APIKeyFile == "" {
-			continue
-		}
-		k := fmt.Sprintf("upstreams[%d].api_key_file", i)
-		if u.APIKey != "" {
-			bad(k, "set api_key or api_key_file, not both")
-			continue
-		}
-		b, err := os.ReadFile(u.APIKeyFile)
-		if err != nil {
-			bad(k, "cannot read %q: %v", u.APIKeyFile, errors.Unwrap(err))
-			continue
-		}
-		if u.APIKey = strings.TrimSpace(string(b)); u.APIKey == "" {
-			bad(k, "%q is empty", u.APIKeyFile)
-		}
+		readSecret(bad, fmt.Sprintf("upstreams[%d].api_key_file", i), "api_key", u.APIKeyFile, &u.APIKey, false)
 	}
-	if f := c.Admin.TokenFile; f != "" {
-		b, err := os.ReadFile(f)
-		switch {
-		case c.Admin.Token != "":
-			bad("admin.token_file", "set token or token_file, not both")
-		case err != nil:
-			bad("admin.token_file", "cannot read %q: %v", f, errors.Unwrap(err))
-		default:
-			if c.Admin.Token = strings.TrimSpace(string(b)); c.Admin.Token == "" {
-				bad("admin.token_file", "%q is empty", f)
-			}
-		}
-	}
-	if s := c.SharedState; s != nil && s.PasswordFile != "" {
-		b, err := os.ReadFile(s.PasswordFile)
-		switch {
-		case s.Password != "":
-			bad("shared_state.password_file", "set password or password_file, not both")
-		case err != nil:
-			bad("shared_state.password_file", "cannot read %q: %v", s.PasswordFile, errors.Unwrap(err))
-		default:
-			s.Password = strings.TrimSpace(string(b))
-		}
+	readSecret(bad, "admin.token_file", "token", c.Admin.TokenFile, &c.Admin.Token, false)
+	if s := c.SharedState; s != nil {
+		readSecret(bad, "shared_state.password_file", "password", s.PasswordFile, &s.Password, true)
 	}
 	if f := c.Auth.KeysFile; f != "" {
 		b, err := os.ReadFile(f)
@@ -271,6 +237,27 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 		}
 	}
 	return ps
+}
+
+// readSecret sets *value from file (key names the file's setting, inline
+// the setting it stands for): one of the two, the file readable, its
+// trimmed content not empty unless mayBeEmpty. No file: nothing to do.
+func readSecret(bad func(key, format string, args ...any), key, inline, file string, value *string, mayBeEmpty bool) {
+	if file == "" {
+		return
+	}
+	if *value != "" {
+		bad(key, "set %s or %s, not both", inline, key[strings.LastIndexByte(key, '.')+1:])
+		return
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		bad(key, "cannot read %q: %v", file, errors.Unwrap(err))
+		return
+	}
+	if *value = strings.TrimSpace(string(b)); *value == "" && !mayBeEmpty {
+		bad(key, "%q is empty", file)
+	}
 }
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)

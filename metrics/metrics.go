@@ -132,6 +132,8 @@ var waitBuckets = []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2, 4, 8, 15, 3
 
 // New creates the metrics in a fresh registry that also carries the Go
 // runtime and process collectors.
+//
+// shape:long a flat registration list, one entry per metric.
 func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),

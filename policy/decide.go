@@ -162,6 +162,8 @@ type Attempt struct {
 // target refused every connection with no fallback left rides through
 // (ride_through), as one that found its breaker open: its probes are
 // uncounted. A retry that goes to another replica goes at once.
+//
+// shape:long the decision table, read top to bottom as the rules above.
 func (r Retry) Decide(a Attempt, rnd func(int64) int64) Decision {
 	v := a.Verdict
 	maxTotal := r.TotalAttempts()

@@ -533,7 +533,25 @@ func (ex *exchange) endTrace(sm *summary) {
 	if sm.outcome == outcomeClientGone {
 		s.AddEvent("client_gone", trace.WithAttributes(attrPhase.String(sm.gonePhase.String())))
 	}
-	attrs := append(ex.tr.attrs,
+	attrs := sm.spanAttrs(ex.tr.attrs)
+	if sm.status >= 500 || sm.outcome == outcomeStreamInterrupted {
+		t := sm.errCode
+		if t == "" {
+			t = sm.outcome
+		}
+		attrs = append(attrs, attrErrorType.String(t))
+		s.SetStatus(codes.Error, sm.outcome)
+	}
+	s.SetAttributes(attrs...)
+	s.End()
+	ex.tr.attrs = attrs
+}
+
+// spanAttrs appends the server span's attributes of the request's end to
+// attrs: status, outcome, where it went, its stop and error, its timings,
+// its rescue and the answer's usage.
+func (sm *summary) spanAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
+	attrs = append(attrs,
 		attrStatus.Int(sm.status),
 		attrOutcome.String(sm.outcome),
 		attrAttempts.Int(sm.attempts),
@@ -570,17 +588,7 @@ func (ex *exchange) endTrace(sm *summary) {
 			attrs = append(attrs, attrInputTokens.Int64(u.input), attrOutputTokens.Int64(u.output))
 		}
 	}
-	if sm.status >= 500 || sm.outcome == outcomeStreamInterrupted {
-		t := sm.errCode
-		if t == "" {
-			t = sm.outcome
-		}
-		attrs = append(attrs, attrErrorType.String(t))
-		s.SetStatus(codes.Error, sm.outcome)
-	}
-	s.SetAttributes(attrs...)
-	s.End()
-	ex.tr.attrs = attrs
+	return attrs
 }
 
 // traceID is the request's trace id, for the access line; false: not
