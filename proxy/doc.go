@@ -1,5 +1,6 @@
 // Package proxy is Sturdy's fasthttp handler. A request goes through
-// rooms named for their phase, calls going one way:
+// files named for their phase (calls do not yet go one way between them:
+// `go run ./tools/shape -why` lists the file-level cycles):
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
 //	loop.go     targets, gates, waits   run → onTarget → attemptOn (gate, choose, send) → decide → wait
