@@ -8,13 +8,13 @@ import (
 // hook is a request-level step around the attempt loop: reserve runs at
 // admission, before the loop (an error refuses the request: it is the
 // client's answer), and settle once the request has ended, with its
-// summary — the answer's status, outcome and usage, or a failure that
+// summary (a copy) — the answer's status, outcome and usage, or a failure that
 // owes nothing (a refund). Only a hook whose reserve passed is settled.
 // The clients: limits are the first; a token budget or an admission
 // queue is another row of table.hooks, not another step in the loop.
 type hook interface {
 	reserve(ex *exchange, now time.Time) *apiError
-	settle(ex *exchange, s *summary)
+	settle(ex *exchange, s summary)
 }
 
 // clientLimits is the clients: limits as a hook: each request takes one
@@ -39,7 +39,7 @@ func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
 	return nil
 }
 
-func (clientLimits) settle(*exchange, *summary) {}
+func (clientLimits) settle(*exchange, summary) {}
 
 // reserveHooks runs the table's hooks' reserve in order, stopping at the
 // first refusal; ex.hooked counts those that passed, to be settled.
@@ -53,10 +53,12 @@ func (ex *exchange) reserveHooks(now time.Time) *apiError {
 	return nil
 }
 
-// settleHooks settles the hooks whose reserve passed, last first.
+// settleHooks settles the hooks whose reserve passed, last first. Each
+// gets the summary by value: a pointer through the interface would move
+// every request's summary to the heap.
 func (ex *exchange) settleHooks(s *summary) {
 	for i := ex.hooked - 1; i >= 0; i-- {
-		ex.tbl.hooks[i].settle(ex, s)
+		ex.tbl.hooks[i].settle(ex, *s)
 	}
 	ex.hooked = 0
 }

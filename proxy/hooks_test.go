@@ -28,7 +28,7 @@ func (h *recordingHook) reserve(ex *exchange, _ time.Time) *apiError {
 	return nil
 }
 
-func (h *recordingHook) settle(_ *exchange, s *summary) {
+func (h *recordingHook) settle(_ *exchange, s summary) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.settled = append(h.settled, s.outcome)
