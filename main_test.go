@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -12,8 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,17 +23,10 @@ import (
 	"sturdy/internal/upstreamtest"
 )
 
-// TestMain runs at least 8 parallel tests at once (GOMAXPROCS, the
-// default, where that is more) unless -parallel says otherwise: these
-// tests mostly wait on the binaries and servers they start, so
-// GOMAXPROCS alone would leave a small machine idle.
+// TestMain runs at least 8 parallel tests at once: they mostly wait on
+// the binaries and servers they start (upstreamtest.RaiseParallel).
 func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
-	}
+	upstreamtest.RaiseParallel(8)
 	os.Exit(m.Run())
 }
 

@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -257,19 +255,11 @@ const traceExportEvery = "20"
 
 // TestMain sets the trace export delay for the whole run, once (a test
 // that needs another sets it with t.Setenv and is not parallel), and
-// runs at least 8 parallel tests at once (GOMAXPROCS, the default, where
-// that is more) unless -parallel says otherwise: these tests mostly wait
-// — on the timeouts, backoffs and paced streams they are about — rather
-// than compute, so GOMAXPROCS alone would leave a small machine idle.
+// runs at least 8 parallel tests at once (upstreamtest.RaiseParallel).
 func TestMain(m *testing.M) {
 	if err := os.Setenv("OTEL_BSP_SCHEDULE_DELAY", traceExportEvery); err != nil {
 		panic(err)
 	}
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(8, runtime.GOMAXPROCS(0))))
-	}
+	upstreamtest.RaiseParallel(8)
 	os.Exit(m.Run())
 }

@@ -13,11 +13,14 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"flag"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
+	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -441,4 +444,18 @@ func StartRaw(t testing.TB, replies ...string) string {
 		}
 	}()
 	return "http://" + ln.Addr().String()
+}
+
+// RaiseParallel parses the test flags and, unless -parallel was given,
+// runs at least atLeast parallel tests at once (GOMAXPROCS, the default,
+// where that is more): for a TestMain whose tests mostly wait — on the
+// servers, binaries, timeouts and paced streams they are about — rather
+// than compute, so GOMAXPROCS alone would leave a small machine idle.
+func RaiseParallel(atLeast int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(atLeast, runtime.GOMAXPROCS(0))))
+	}
 }
