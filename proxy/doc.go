@@ -28,11 +28,13 @@
 //     (watch_linux.go) and acted on by clientLeft (gone.go), which also
 //     closes the upstream connection an attempt holds (upstream.send's
 //     claim tells which);
-//   - commit and the answer: respond; every error body: errorTable, written
-//     by apiError.write (errors.go);
+//   - commit and the answer: respond; every error body: errorTable, in the
+//     shape of the request's API (errorShapes), written by apiError.write
+//     (errors.go);
 //   - which endpoint of a pool: policy.PickLeastRequests / PickRoundRobin /
-//     PickAffinity, in pick; a stream's framing: events.KindOf, events.Next; what its events mean: policy.Judge,
-//     policy.FollowChunk, policy.Continuable;
+//     PickAffinity, in pick; a stream's framing: events.KindOf,
+//     events.Next; what its events mean: policy.Judge, policy.FollowChunk,
+//     policy.Continuable;
 //   - what is shared with a fleet: shared.go (package fleet does the
 //     Redis side).
 //

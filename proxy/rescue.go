@@ -186,7 +186,7 @@ func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 	}
 	mark, code := policy.Judge(policy.APIChat, ev.Name, ev.Data)
 	if mark == policy.MarkFailure {
-		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueState(false).Refusal() == "" {
+		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueState(ex.rescueTarget(), false).Refusal() == "" {
 			return true
 		}
 		rs.ready = append(rs.ready, raw...)
@@ -255,12 +255,13 @@ func (ex *exchange) rescueTarget() int {
 	return -1
 }
 
-// rescueState is where the failed stream stands, for policy.Rescue;
-// budgetSpent says the continuing upstream's retry budget had no retry
-// left (see rescueStream).
-func (ex *exchange) rescueState(budgetSpent bool) policy.Rescue {
+// rescueState is where the failed stream stands, for policy.Rescue: ti
+// is the target that would continue it (rescueTarget, -1: none),
+// budgetSpent says its upstream's retry budget had no retry left (see
+// rescueStream).
+func (ex *exchange) rescueState(ti int, budgetSpent bool) policy.Rescue {
 	rs, r := &ex.out.rescue, ex.req.route
-	return policy.Rescue{Blocker: rs.blocker, HasTarget: ex.rescueTarget() >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
+	return policy.Rescue{Blocker: rs.blocker, HasTarget: ti >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
 		Total: ex.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
 		Elapsed: time.Since(ex.req.start), MaxDuration: r.maxDuration,
 		Interrupted: ex.out.cut.Load() || ex.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
@@ -273,13 +274,13 @@ func (ex *exchange) rescueState(budgetSpent bool) policy.Rescue {
 func (ex *exchange) rescueStream() bool {
 	rs := &ex.out.rescue
 	for {
-		ti := ex.rescueTarget()
-		now, budget := time.Now(), (*policy.Budget)(nil)
+		ti, now, reserved := ex.rescueTarget(), time.Now(), false
+		var budget *policy.Budget
 		if ti >= 0 {
 			budget = ex.req.route.targets[ti].up.budget
+			reserved = budget.Reserve(now)
 		}
-		reserved := budget != nil && budget.Reserve(now)
-		if why := ex.rescueState(ti >= 0 && !reserved).Refusal(); why != "" {
+		if why := ex.rescueState(ti, ti >= 0 && !reserved).Refusal(); why != "" {
 			if reserved {
 				budget.Cancel(now)
 			}

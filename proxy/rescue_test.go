@@ -326,3 +326,30 @@ func TestAContinuationIsPaidForFromTheRetryBudget(t *testing.T) {
 		t.Fatalf("access lines %v", lines)
 	}
 }
+
+// TestAContinuationNotSentGivesItsRetryBack: a continuation whose body
+// would pass max_body is never sent, and the retry reserved for it goes
+// back to the budget: with one retry in the fallback's budget, the next
+// cut stream is still continued.
+func TestAContinuationNotSentGivesItsRetryBack(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 400) // the continuation's body would pass max_body
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", long), cutAfter(upstreamtest.Cut, "Hel", "lo"))
+	cont := continuationOf(" wor", "ld")
+	fallback := upstreamtest.Start(t, cont)
+	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) {
+		o.Upstreams[1].RetryBudget = RetryBudget{Ratio: 1e-9, MinPerSecond: 0.1} // one retry per 10 s
+		o.Routes[0].MaxBody = 300
+	})
+	if resp, body := h.chat(streamChat); resp.StatusCode != 200 || !strings.Contains(string(body), "stream_interrupted") {
+		t.Fatalf("the first: %d:\n%s", resp.StatusCode, body)
+	}
+	want := strings.Join(upstreamtest.SSE("Hel", "lo")[:2], "") + relabelled(cont)
+	if resp, body := h.chat(streamChat); resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("the second: %d:\n%s", resp.StatusCode, body)
+	}
+	lines := h.accessLines(2)
+	if lines[0]["rescue_refused"] != "too_large" || lines[1]["rescued"] != 1.0 || fallback.Count() != 1 {
+		t.Fatalf("fallback saw %d; access lines %v", fallback.Count(), lines)
+	}
+}
