@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # Sturdy: static binary on distroless, running as non-root.
 #   docker build --build-arg VERSION=$(git describe --tags --always) --build-arg COMMIT=$(git rev-parse HEAD) -t sturdy .
-#   docker run -p 8080:8080 -e STURDY_UPSTREAM=http://host.docker.internal:11434 sturdy
+#   docker run -p 127.0.0.1:8080:8080 --add-host=host.docker.internal:host-gateway \
+#     -e STURDY_UPSTREAM=http://host.docker.internal:11434 sturdy
 
 FROM golang:1.26 AS build
 WORKDIR /src
@@ -26,6 +27,10 @@ COPY config.example.yaml /etc/sturdy/config.example.yaml
 ENV STURDY_DEFAULT_LISTEN=:8080 \
     STURDY_DEFAULT_ADMIN_LISTEN=:9090
 EXPOSE 8080 9090
-USER nonroot:nonroot
+# distroless's nonroot user, by number: a kubelet verifies runAsNonRoot only
+# against a numeric user (deploy/kubernetes.yaml sets the same 65532).
+USER 65532:65532
+# -healthcheck without -config probes the admin listener of PID 1 (this
+# Sturdy) as its own command line configured it.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 CMD ["/sturdy", "-healthcheck"]
 ENTRYPOINT ["/sturdy"]

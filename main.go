@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -67,26 +68,61 @@ type settings struct {
 	demo bool
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// cli is the command line: the settings and what to do with them.
+type cli struct {
+	settings
+	check, healthcheck, version, demo bool
+	fs                                *flag.FlagSet
+}
+
+// parseFlags reads args (environment variables give the defaults).
+func parseFlags(args []string, stderr io.Writer) (cli, error) {
+	var c cli
 	fs := flag.NewFlagSet("sturdy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var s settings
-	fs.StringVar(&s.configPath, "config", os.Getenv("STURDY_CONFIG"), "config file (YAML) [env STURDY_CONFIG]; without it Sturdy forwards everything to -upstream")
-	fs.StringVar(&s.upstream, "upstream", os.Getenv("STURDY_UPSTREAM"), "upstream URL [env STURDY_UPSTREAM] (default "+config.DefaultUpstreamURL+"); with a config file, replaces the url of its only upstream")
-	fs.StringVar(&s.listen, "listen", os.Getenv("STURDY_LISTEN"), "listen address [env STURDY_LISTEN], overriding the config's (default :8080)")
-	fs.StringVar(&s.adminListen, "admin-listen", os.Getenv("STURDY_ADMIN_LISTEN"), "admin listener address [env STURDY_ADMIN_LISTEN], overriding the config's (default "+config.DefaultAdminListen+")")
-	check := fs.Bool("check", false, "validate the config, print what is wrong, exit 0 (valid) or 2 (invalid)")
-	healthcheck := fs.Bool("healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks)")
-	showVersion := fs.Bool("version", false, "print version, commit and Go version")
-	demo := fs.Bool("demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
+	fs.StringVar(&c.configPath, "config", os.Getenv("STURDY_CONFIG"), "config file (YAML) [env STURDY_CONFIG]; without it Sturdy forwards everything to -upstream")
+	fs.StringVar(&c.upstream, "upstream", os.Getenv("STURDY_UPSTREAM"), "upstream URL [env STURDY_UPSTREAM] (default "+config.DefaultUpstreamURL+"); with a config file, replaces the url of its only upstream")
+	fs.StringVar(&c.listen, "listen", os.Getenv("STURDY_LISTEN"), "listen address [env STURDY_LISTEN], overriding the config's (default :8080)")
+	fs.StringVar(&c.adminListen, "admin-listen", os.Getenv("STURDY_ADMIN_LISTEN"), "admin listener address [env STURDY_ADMIN_LISTEN], overriding the config's (default "+config.DefaultAdminListen+")")
+	fs.BoolVar(&c.check, "check", false, "validate the config, print what is wrong, exit 0 (valid) or 2 (invalid)")
+	fs.BoolVar(&c.healthcheck, "healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks); without -config it probes the admin listener of the Sturdy that is PID 1 (a container's), flags included")
+	fs.BoolVar(&c.version, "version", false, "print version, commit and Go version")
+	fs.BoolVar(&c.demo, "demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
+	fs.Usage = func() {} // -h is answered by run, on stdout; a bad flag gets one hint
+	c.fs = fs
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		// Flags stop at the first argument that is not one: `sturdy x.yaml
+		// -check` would otherwise serve the embedded default, -check unseen.
+		return c, fmt.Errorf("sturdy: unexpected argument %q: Sturdy takes flags only (a config file is -config FILE)", fs.Arg(0))
+	}
+	return c, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	c, err := parseFlags(args, stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage(c.fs, stdout)
+		return 0
+	case err != nil:
+		if c.fs.NArg() > 0 {
+			fmt.Fprintln(stderr, err)
+		}
+		fmt.Fprintln(stderr, "sturdy -h lists the flags")
 		return 2
 	}
-	if *showVersion {
+	s := c.settings
+	if c.healthcheck {
+		s = servingSettings(c, "/proc")
+	}
+	if c.version {
 		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commitID(), runtime.Version())
 		return 0
 	}
-	if *demo {
+	if c.demo {
 		fake, err := startDemoUpstream()
 		if err != nil {
 			fmt.Fprintln(stderr, "demo:", err)
@@ -100,13 +136,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		config.WriteProblems(stderr, err)
 		return 2
 	}
-	if *demo {
+	if c.demo {
 		demoConfig(cfg)
 	}
 	switch {
-	case *healthcheck:
+	case c.healthcheck:
 		return probeHealth(cfg.AdminListen, stderr)
-	case *check:
+	case c.check:
 		for _, w := range cfg.Warnings() {
 			fmt.Fprintln(stdout, "warning:", describeProblem(s, w))
 		}
@@ -117,6 +153,52 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	return serve(s, cfg, stderr)
+}
+
+// usage is -h's answer: what Sturdy is in a line, then the flag table.
+func usage(fs *flag.FlagSet, w io.Writer) {
+	fmt.Fprintln(w, "sturdy: a resilient reverse proxy for OpenAI-compatible model servers (retries, breakers, fallbacks).")
+	fmt.Fprintln(w, "Usage: sturdy [flags]   (no config: forwards everything to -upstream, default "+config.DefaultUpstreamURL+")")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// servingSettings are the settings -healthcheck probes with: its own, or,
+// when it was given neither -config nor -admin-listen and PID 1 is this same
+// program (a container's Sturdy, whose HEALTHCHECK cannot repeat the flags
+// it was started with), those of PID 1's command line.
+func servingSettings(c cli, proc string) settings {
+	own := false
+	c.fs.Visit(func(f *flag.Flag) { own = own || f.Name == "config" || f.Name == "admin-listen" })
+	if own {
+		return c.settings
+	}
+	b, err := os.ReadFile(filepath.Join(proc, "1", "cmdline"))
+	if err != nil || len(b) == 0 {
+		return c.settings
+	}
+	argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	if !sameProgram(filepath.Join(proc, "1", "exe"), argv[0]) {
+		return c.settings
+	}
+	served, err := parseFlags(argv[1:], io.Discard)
+	if err != nil || served.healthcheck {
+		return c.settings
+	}
+	return served.settings
+}
+
+// sameProgram says whether exe (a /proc/<pid>/exe link), or else the
+// process's argv[0], is this executable.
+func sameProgram(exe, argv0 string) bool {
+	self, err := os.Executable()
+	if err != nil {
+		return false
+	}
+	if target, err := os.Readlink(exe); err == nil {
+		return target == self
+	}
+	return filepath.Base(argv0) == filepath.Base(self)
 }
 
 // serve runs Sturdy until SIGINT/SIGTERM and returns the exit code.
