@@ -3,7 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"os"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"sturdy/config"
+	"sturdy/internal/fakellm"
+	"sturdy/internal/testdeps"
 	"sturdy/internal/upstreamtest"
 	"sturdy/proxy"
 )
@@ -275,23 +278,13 @@ routes:
 	}
 }
 
-// nodeSDK makes sure the openai npm SDK is installed (npm ci, once) and
-// returns node's path; the test is skipped where node or npm is missing.
+// nodeSDK returns node's path once the openai npm SDK of e2e/node is
+// installed (.ci/run runs npm ci; a test never installs it): without
+// either a test fails when CI is set and skips otherwise (testdeps).
 func nodeSDK(t *testing.T) string {
 	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed")
-	}
-	if _, err := os.Stat("e2e/node/node_modules/openai"); err != nil {
-		npm, err := exec.LookPath("npm")
-		if err != nil {
-			t.Skip("npm is not installed")
-		}
-		if out, err := exec.Command(npm, "ci", "--prefix", "e2e/node", "--no-audit", "--no-fund").CombinedOutput(); err != nil {
-			t.Fatalf("npm ci: %v\n%s", err, out)
-		}
-	}
+	node := testdeps.Binary(t, "node", "apt-get install -y nodejs npm")
+	testdeps.File(t, "e2e/node/node_modules/openai", "the openai npm SDK", "npm ci --prefix e2e/node")
 	return node
 }
 
@@ -315,5 +308,69 @@ func TestNodeClientRaisesOnAResponsesStreamCut(t *testing.T) {
 	t.Logf("node said:\n%s", out)
 	if !strings.Contains(string(out), "TEXT Hel\n") || !strings.Contains(string(out), "ERROR") || !strings.Contains(string(out), "output so far is incomplete") {
 		t.Fatalf("the Node SDK did not raise on the interrupted stream:\n%s", out)
+	}
+}
+
+// nodeResponsesFinal runs the Node SDK's Responses stream helper
+// (responses.stream(...).finalResponse()) against Sturdy at url.
+func nodeResponsesFinal(t *testing.T, node, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, node, "e2e/node/responses_final.mjs", url).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// TestNodeStreamHelperFinishesOnTheFakeServer: the fake model server's
+// Responses stream announces its output item and content part, so the
+// Node SDK's stream helper (which fails "missing output at index 0"
+// without them) builds the final response through Sturdy.
+func TestNodeStreamHelperFinishesOnTheFakeServer(t *testing.T) {
+	t.Parallel()
+	node := nodeSDK(t)
+	fake, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	out := nodeResponsesFinal(t, node, startSturdy(t, e2eConfig, fake.URL))
+	if want := "DELTAS Sturdy keeps agents running\nTEXT Sturdy keeps agents running\n"; out != want {
+		t.Fatalf("the Node SDK's stream helper said:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// TestAResponsesStreamCutAfterItsAnnouncementsIsRetried: an empty output
+// item and content part announced are not output, so a stream cut right
+// after them is retried whole, and the client sees one clean answer.
+func TestAResponsesStreamCutAfterItsAnnouncementsIsRetried(t *testing.T) {
+	t.Parallel()
+	node := nodeSDK(t)
+	fake, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	resp, err := http.Post(fake.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"demo","input":"hi","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := strings.SplitAfter(string(whole), "\n\n")
+	if len(events) < 5 || !strings.Contains(events[3], "response.content_part.added") {
+		t.Fatalf("the fake stream does not announce its item and part first:\n%s", whole)
+	}
+	up := upstreamtest.Start(t,
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: events[:4], Fault: upstreamtest.Cut},
+		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{string(whole)}})
+	out := nodeResponsesFinal(t, node, startSturdy(t, e2eConfig, up.URL))
+	if want := "DELTAS Sturdy keeps agents\nTEXT Sturdy keeps agents\n"; out != want || up.Count() != 2 {
+		t.Fatalf("upstream saw %d requests; the Node SDK said:\n%s\nwant:\n%s", up.Count(), out, want)
 	}
 }

@@ -95,7 +95,7 @@ routes:
 		model := strings.Repeat("m", hostileModelBytes)
 		codes := map[int]int{}
 		for i := 0; i < tries; i++ {
-			body := fmt.Sprintf(`{"model":"%d%s","messages":[]}`, i, model)
+			body := fmt.Sprintf(`{"model":"%d%s","messages":[{"role":"user","content":"hi"}]}`, i, model)
 			if resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
@@ -188,7 +188,7 @@ func startOtherClient(url string) (p99 func() time.Duration) {
 				return
 			case <-t.C:
 			}
-			req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+			req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
 			req.Header.Set("Authorization", "Bearer the-other-client")
 			start := time.Now()
 			if resp, err := client.Do(req); err == nil {
@@ -250,7 +250,7 @@ func distinctKeys(url string, n int) [2]float64 {
 				if i >= n {
 					return
 				}
-				req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+				req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
 				req.Header.Set("Authorization", fmt.Sprintf("Bearer key-%d", i))
 				if resp, err := client.Do(req); err == nil {
 					_, _ = io.Copy(io.Discard, resp.Body)

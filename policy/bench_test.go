@@ -55,6 +55,8 @@ var judged = []struct {
 	{APIChat, event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)}},
 	{APIChat, event{Data: []byte(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","function":{"name":"f","arguments":""}}]},"finish_reason":null}]}`)}},
 	{APIResponses, event{Name: []byte("response.created"), Data: []byte(`{"type":"response.created","response":{"id":"r1","status":"in_progress"}}`)}},
+	{APIResponses, event{Name: []byte("response.output_item.added"), Data: []byte(`{"type":"response.output_item.added","item":{"type":"message","content":[]}}`)}},
+	{APIResponses, event{Name: []byte("response.content_part.added"), Data: []byte(`{"type":"response.content_part.added","part":{"type":"output_text","text":""}}`)}},
 	{APIResponses, event{Name: []byte("response.output_text.delta"), Data: []byte(`{"type":"response.output_text.delta","delta":"Hi"}`)}},
 	{APIOllama, event{Data: []byte(`{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}`)}},
 }

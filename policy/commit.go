@@ -64,6 +64,18 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 			return MarkFailure, strings.Clone(errorCode(doc))
 		case "response.failed":
 			return MarkFailure, strings.Clone(errorCode(doc.Get("response.error")))
+		case "response.output_item.added":
+			// An empty message or reasoning item announced holds no output
+			// yet (a function call's announcement names the tool: output).
+			item := doc.Get("item")
+			if t := item.Get("type").String(); (t == "message" && isEmpty(item.Get("content"))) ||
+				(t == "reasoning" && isEmpty(item.Get("summary")) && isEmpty(item.Get("content"))) {
+				return MarkFraming, ""
+			}
+		case "response.content_part.added":
+			if p := doc.Get("part"); p.Get("text").String() == "" && p.Get("refusal").String() == "" {
+				return MarkFraming, ""
+			}
 		}
 		return MarkContent, ""
 	case APIOllama:
@@ -77,6 +89,17 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 		return MarkFraming, ""
 	}
 	return MarkContent, ""
+}
+
+// isEmpty says whether a JSON array is absent, null or has no element
+// (read without allocating, as Judge must).
+func isEmpty(a gjson.Result) bool {
+	if !a.Exists() || a.Type == gjson.Null {
+		return true
+	}
+	empty := a.IsArray()
+	a.ForEach(func(_, _ gjson.Result) bool { empty = false; return false })
+	return empty
 }
 
 // chunkMark finds output in a chat (or legacy completions) chunk, given

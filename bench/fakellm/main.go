@@ -6,7 +6,8 @@
 //
 // The profile YAML has the keys of fakellm.Profile (seed, status: {429: 0.1},
 // retry_after, reset, hang, cut, cut_after, stall, ttft: {base, jitter},
-// inter_token, tokens, outage: {from, to}); flags set on top of it win.
+// inter_token, tokens, outage: {from, to}, models: [demo]); flags set on top
+// of it win.
 package main
 
 import (

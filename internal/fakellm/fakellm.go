@@ -2,12 +2,21 @@
 // server with a seeded, deterministic fault profile. The bench harness,
 // `sturdy -demo` and Sturdy's own tests use it.
 //
-// Endpoints: POST /v1/chat/completions (JSON, or SSE chat.completion.chunk
-// events with usage and [DONE] when "stream": true), POST /v1/embeddings,
-// GET /v1/models, POST /api/chat (Ollama NDJSON), GET /_stats (counters).
+// Endpoints, as the servers it stands for answer them: POST
+// /v1/chat/completions (JSON, or SSE chat.completion.chunk events with
+// usage and [DONE] when "stream": true), /v1/completions, /v1/responses
+// (its stream with the output item and content part announced before the
+// deltas, as OpenAI sends it), /v1/embeddings (one vector per input), GET
+// /v1/models (Profile.Models), POST /api/chat and /api/generate (Ollama
+// NDJSON, or one JSON object with "stream": false), the health paths GET
+// /health (vLLM, llama.cpp) and /api/version (Ollama), and GET /_stats
+// (counters). A request a real server refuses is refused the same way
+// (refuse), before any fault.
 //
-// Each request draws its fate from the profile in arrival order from one
-// seeded generator: the nth request always meets the same fault.
+// Each inference request draws its fate from the profile in arrival order
+// from one seeded generator: the nth request always meets the same fault.
+// Health paths draw none: they answer 200, and during the outage window
+// what the outage answers.
 package fakellm
 
 import (
@@ -77,6 +86,9 @@ type Profile struct {
 	Tokens     int     `yaml:"tokens"`
 	// Outage takes the server down for a window.
 	Outage Outage `yaml:"outage"`
+	// Models are the names GET /v1/models lists (default "demo", the
+	// name the README's examples use).
+	Models []string `yaml:"models"`
 }
 
 // Fates a request can meet.
@@ -128,6 +140,9 @@ func Start(addr string, p Profile) (*Server, error) {
 	}
 	if p.HangFor <= 0 {
 		p.HangFor = 60 * time.Second
+	}
+	if len(p.Models) == 0 {
+		p.Models = []string{"demo"}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -257,6 +272,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	now := time.Now()
+	if path == "/health" || path == "/api/version" {
+		s.health(ctx, path, now)
+		return
+	}
 	s.requests.Add(1)
 	if refuse(ctx, path) { // a client's mistake is answered as a real server would, before any fault
 		return
@@ -284,12 +303,21 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	switch path {
 	case "/v1/models":
 		ctx.SetContentType("application/json")
-		fmt.Fprintf(ctx, `{"object":"list","data":[{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}]}`, model)
+		ctx.WriteString(`{"object":"list","data":[`)
+		for i, m := range p.Models {
+			if i > 0 {
+				ctx.WriteString(",")
+			}
+			fmt.Fprintf(ctx, `{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}`, m)
+		}
+		ctx.WriteString("]}")
 	case "/v1/embeddings":
 		s.sleep(ttft)
-		writeEmbedding(ctx, model, gjson.GetBytes(body, "encoding_format").String() == "base64")
-	case "/api/chat", "/api/generate":
-		s.stream(ctx, fate, model, ttft, itl, formatOllama)
+		writeEmbeddings(ctx, model, inputs(gjson.GetBytes(body, "input")), gjson.GetBytes(body, "encoding_format").String() == "base64")
+	case "/api/chat":
+		s.ollama(ctx, body, fate, model, ttft, itl, formatOllama)
+	case "/api/generate":
+		s.ollama(ctx, body, fate, model, ttft, itl, formatOllamaGenerate)
 	case "/v1/responses":
 		s.generate(ctx, body, fate, model, ttft, itl, formatResponses)
 	default: // /v1/chat/completions and anything else chat-like
@@ -320,12 +348,86 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, body []byte, fate, model str
 		model, content(p.Tokens), p.Tokens, 12+p.Tokens)
 }
 
-// writeEmbedding answers an embeddings request with a fixed 64-dimension
-// vector: floats, or with encoding_format base64 (what the Node SDK asks
-// for) the little-endian float32s in base64, as OpenAI sends them.
-func writeEmbedding(ctx *fasthttp.RequestCtx, model string, b64 bool) {
+// health answers /health (vLLM, llama.cpp: 200 when serving) and
+// /api/version (Ollama) without drawing a fate; in the outage window it
+// answers what the outage does (503, or a reset), as a down server would.
+func (s *Server) health(ctx *fasthttp.RequestCtx, path string, now time.Time) {
+	p := &s.profile
+	s.mu.Lock()
+	since := now.Sub(s.start)
+	s.mu.Unlock()
+	if p.Outage.To > p.Outage.From && since >= p.Outage.From && since < p.Outage.To {
+		if p.Outage.Reset {
+			ResetBeforeResponse(ctx)
+			return
+		}
+		ctx.SetStatusCode(503)
+		ctx.SetContentType("application/json")
+		ctx.WriteString(`{"error":"fakellm: in its outage"}`)
+		return
+	}
 	ctx.SetContentType("application/json")
-	fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":`)
+	if path == "/api/version" {
+		ctx.WriteString(`{"version":"0.14.0"}`)
+		return
+	}
+	ctx.WriteString(`{"status":"ok"}`)
+}
+
+// ollama answers /api/chat and /api/generate: NDJSON unless the body says
+// "stream": false (Ollama streams by default), then one JSON object.
+func (s *Server) ollama(ctx *fasthttp.RequestCtx, body []byte, fate, model string, ttft, itl time.Duration, f format) {
+	if st := gjson.GetBytes(body, "stream"); !st.Exists() || st.Bool() {
+		s.stream(ctx, fate, model, ttft, itl, f)
+		return
+	}
+	p := &s.profile
+	if !s.sleep(ttft + time.Duration(p.Tokens-1)*itl) {
+		return
+	}
+	ctx.SetContentType("application/json")
+	field := `"message":{"role":"assistant","content":%q}`
+	if f == formatOllamaGenerate {
+		field = `"response":%q`
+	}
+	fmt.Fprintf(ctx, `{"model":%q,"created_at":"2026-11-30T00:00:00Z",`+field+`,"done":true,"done_reason":"stop","prompt_eval_count":12,"eval_count":%d}`,
+		model, content(p.Tokens), p.Tokens)
+}
+
+// inputs is how many inputs an embeddings request has: a string or an
+// array of tokens is one, an array of strings or of token arrays is one
+// each.
+func inputs(in gjson.Result) int {
+	if !in.IsArray() {
+		return 1
+	}
+	arr := in.Array()
+	if len(arr) == 0 || arr[0].Type == gjson.Number {
+		return 1
+	}
+	return len(arr)
+}
+
+// writeEmbeddings answers an embeddings request of n inputs with a fixed
+// 64-dimension vector each: floats, or with encoding_format base64 (what
+// the Node SDK asks for) the little-endian float32s in base64, as OpenAI
+// sends them.
+func writeEmbeddings(ctx *fasthttp.RequestCtx, model string, n int, b64 bool) {
+	ctx.SetContentType("application/json")
+	ctx.WriteString(`{"object":"list","data":[`)
+	for i := range n {
+		if i > 0 {
+			ctx.WriteString(",")
+		}
+		fmt.Fprintf(ctx, `{"object":"embedding","index":%d,"embedding":`, i)
+		writeVector(ctx, b64)
+		ctx.WriteString("}")
+	}
+	fmt.Fprintf(ctx, `],"model":%q,"usage":{"prompt_tokens":%d,"total_tokens":%d}}`, model, 8*n, 8*n)
+}
+
+// writeVector writes the fixed vector, as floats or base64.
+func writeVector(ctx *fasthttp.RequestCtx, b64 bool) {
 	vec := make([]float32, 64)
 	for i := range vec {
 		vec[i] = float32(i%7)/7 - 0.5
@@ -346,7 +448,6 @@ func writeEmbedding(ctx *fasthttp.RequestCtx, model string, b64 bool) {
 		}
 		ctx.WriteString("]")
 	}
-	fmt.Fprintf(ctx, `}],"model":%q,"usage":{"prompt_tokens":8,"total_tokens":8}}`, model)
 }
 
 // endpoints are the paths the fake server serves, with the method and
@@ -376,7 +477,7 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 	body := ctx.Request.Body()
 	switch {
 	case !ok:
-		status, msg = 404, fmt.Sprintf("unknown path %s (this fake server serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, /api/chat, /api/generate)", path)
+		status, msg = 404, fmt.Sprintf("unknown path %s (this fake server serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, /api/chat, /api/generate, /health, /api/version)", path)
 	case string(ctx.Method()) != ep.method:
 		status, msg = 405, fmt.Sprintf("%s takes %s, not %s", path, ep.method, ctx.Method())
 	case ep.method == "POST" && !gjson.ValidBytes(body):
@@ -390,6 +491,10 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 				break
 			}
 		}
+		if m := gjson.GetBytes(body, "messages"); status == 0 && !ep.ollama && m.IsArray() && len(m.Array()) == 0 {
+			status, param = 400, "messages"
+			msg = "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."
+		}
 	}
 	if status == 0 {
 		return false
@@ -401,8 +506,11 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 		return true
 	}
 	typ, code := "invalid_request_error", "null"
-	if status == 404 {
+	switch {
+	case status == 404:
 		code = `"not_found"`
+	case param == "messages":
+		code = `"empty_array"`
 	}
 	p := "null"
 	if param != "" {
@@ -480,7 +588,7 @@ func (s *Server) stream(ctx *fasthttp.RequestCtx, fate, model string, ttft, itl 
 		return
 	}
 	ctx.SetContentType(f.contentType())
-	if f != formatOllama {
+	if f.contentType() == "text/event-stream" {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -516,27 +624,38 @@ type format uint8
 
 // The stream formats the fake server speaks.
 const (
-	formatChat      format = iota // chat completions SSE
-	formatOllama                  // Ollama NDJSON
-	formatResponses               // Responses API SSE
+	formatChat           format = iota // chat completions SSE
+	formatOllama                       // Ollama /api/chat NDJSON
+	formatOllamaGenerate               // Ollama /api/generate NDJSON
+	formatResponses                    // Responses API SSE
 )
 
 func (f format) contentType() string {
-	if f == formatOllama {
+	if f == formatOllama || f == formatOllamaGenerate {
 		return "application/x-ndjson"
 	}
 	return "text/event-stream"
 }
 
+// responsesPrelude is how many events a Responses stream sends before its
+// first delta.
+const responsesPrelude = 4
+
 // prelude is what a stream sends before its first token: the Responses
-// API's response.created and response.in_progress.
+// API's response.created and response.in_progress, then the message item
+// and its text part announced (empty), as OpenAI sends them — the SDKs'
+// stream helpers put each delta into the item and part announced.
 func (f format) prelude(model string) string {
 	if f != formatResponses {
 		return ""
 	}
 	resp := fmt.Sprintf(`{"id":"resp_fake","object":"response","created_at":1700000000,"status":"in_progress","model":%q,"output":[]}`, model)
 	return fmt.Sprintf("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":%s}\n\n", resp) +
-		fmt.Sprintf("event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":%s}\n\n", resp)
+		fmt.Sprintf("event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":%s}\n\n", resp) +
+		"event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0," +
+		"\"item\":{\"type\":\"message\",\"id\":\"msg_fake\",\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}\n\n" +
+		"event: response.content_part.added\ndata: {\"type\":\"response.content_part.added\",\"sequence_number\":3,\"item_id\":\"msg_fake\"," +
+		"\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}}\n\n"
 }
 
 // event is the stream's i-th token.
@@ -545,8 +664,10 @@ func (f format) event(model string, i int) string {
 	switch f {
 	case formatOllama:
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":%q},"done":false}`+"\n", model, tok)
+	case formatOllamaGenerate:
+		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","response":%q,"done":false}`+"\n", model, tok)
 	case formatResponses:
-		return fmt.Sprintf("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"delta\":%q,\"sequence_number\":%d}\n\n", tok, 2+i)
+		return fmt.Sprintf("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"delta\":%q,\"sequence_number\":%d}\n\n", tok, responsesPrelude+i)
 	}
 	return fmt.Sprintf(`data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`+"\n\n", model, tok)
 }
@@ -556,8 +677,14 @@ func (f format) end(model string, n int) string {
 	switch f {
 	case formatOllama:
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, n)
+	case formatOllamaGenerate:
+		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","response":"","done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, n)
 	case formatResponses:
-		return fmt.Sprintf("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":%d,\"response\":%s}\n\n", 2+n, responseJSON(model, n))
+		seq, text := responsesPrelude+n, content(n)
+		return fmt.Sprintf("event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"sequence_number\":%d,\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"text\":%q}\n\n", seq, text) +
+			fmt.Sprintf("event: response.content_part.done\ndata: {\"type\":\"response.content_part.done\",\"sequence_number\":%d,\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"output_text\",\"text\":%q,\"annotations\":[]}}\n\n", seq+1, text) +
+			fmt.Sprintf("event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"sequence_number\":%d,\"output_index\":0,\"item\":%s}\n\n", seq+2, messageJSON(n)) +
+			fmt.Sprintf("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":%d,\"response\":%s}\n\n", seq+3, responseJSON(model, n))
 	}
 	return fmt.Sprintf(`data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`+"\n\ndata: [DONE]\n\n", model, n, 12+n)
 }
@@ -565,8 +692,12 @@ func (f format) end(model string, n int) string {
 // responseJSON is a completed Responses API response of n tokens.
 func responseJSON(model string, n int) string {
 	return fmt.Sprintf(`{"id":"resp_fake","object":"response","created_at":1700000000,"status":"completed","model":%q,`+
-		`"output":[{"type":"message","id":"msg_fake","status":"completed","role":"assistant","content":[{"type":"output_text","text":%q,"annotations":[]}]}],`+
-		`"usage":{"input_tokens":12,"output_tokens":%d,"total_tokens":%d}}`, model, content(n), n, 12+n)
+		`"output":[%s],"usage":{"input_tokens":12,"output_tokens":%d,"total_tokens":%d}}`, model, messageJSON(n), n, 12+n)
+}
+
+// messageJSON is the completed message item of n tokens.
+func messageJSON(n int) string {
+	return fmt.Sprintf(`{"type":"message","id":"msg_fake","status":"completed","role":"assistant","content":[{"type":"output_text","text":%q,"annotations":[]}]}`, content(n))
 }
 
 var words = []string{"Sturdy", " keeps", " agents", " running", " when", " model", " servers", " stumble", "."}

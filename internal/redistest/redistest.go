@@ -1,7 +1,8 @@
 // Package redistest runs a real redis-server for tests: on 127.0.0.1, a
-// free port, no persistence, stopped when the test ends. A test that
-// needs it fails when redis-server is not installed (.ci/run installs
-// it); it never skips.
+// free port, no persistence, stopped when the test ends. Without
+// redis-server installed a test that needs it fails when CI is set and
+// skips otherwise, naming the install command (package testdeps; .ci/run
+// installs it).
 package redistest
 
 import (
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"sturdy/internal/testdeps"
 )
 
 // Server is a running redis-server.
@@ -25,10 +28,7 @@ type Server struct {
 // Start runs a redis-server until the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatal("redis-server is not installed (apt-get install -y redis-server; .ci/run does it)")
-	}
+	bin := testdeps.Binary(t, "redis-server", "apt-get install -y redis-server")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
