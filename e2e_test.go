@@ -374,3 +374,46 @@ func TestAResponsesStreamCutAfterItsAnnouncementsIsRetried(t *testing.T) {
 		t.Fatalf("upstream saw %d requests; the Node SDK said:\n%s\nwant:\n%s", up.Count(), out, want)
 	}
 }
+
+// TestAPoolOfFakeReplicasIsHealthChecked: the fake server answers the
+// health path the README recommends (it used to 404, taking a whole pool
+// of fake replicas out), and in its outage fails it, so the health checks
+// take that replica out and every request goes to the other.
+func TestAPoolOfFakeReplicasIsHealthChecked(t *testing.T) {
+	t.Parallel()
+	up, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.Close)
+	down, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 2, Outage: fakellm.Outage{From: 0, To: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(down.Close)
+	url := startSturdy(t, `
+upstreams:
+  - name: fakes
+    endpoints: [`+up.URL+`, `+down.URL+`]
+    health_check: {path: /health, every: 50ms, timeout: 1s, healthy: 1, unhealthy: 1}
+routes:
+  - name: default
+    upstream: fakes
+    retry: {max_attempts: 1}
+`, "")
+	time.Sleep(time.Second) // twenty health rounds: the replica in its outage is out after the first
+	for i := range 10 {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"demo","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if n := down.Stats().Requests; n != 0 {
+		t.Fatalf("the replica failing its health checks received %d requests", n)
+	}
+}
