@@ -238,7 +238,19 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:4: upstreams[0].max_ejected: must be in (0%, 100%]"}},
 		{"max_ejected not a share", "upstreams:\n  - name: a\n    url: http://h\n    max_ejected: half\n",
 			[]string{`t.yaml:4: upstreams[0].max_ejected: invalid share "half"`}},
-		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:1: did not find expected"}},
+		{"syntax error", "upstreams:\n  - name: a\n   url: x\n", []string{"t.yaml:2: upstreams[0].name: did not find expected"}},
+		{"syntax error in a flow mapping", "upstreams:\n  - name: a\n    url: http://h\n    timeouts: {connect: 1s\nroutes: []\n",
+			[]string{"t.yaml:4: upstreams[0].timeouts: did not find expected ',' or '}'"}},
+		{"syntax error, an unterminated string", "upstreams:\n  - name: a\n    url: \"http://h\n",
+			[]string{"t.yaml:3: upstreams[0].url: found unexpected end of stream"}},
+		{"syntax error, a misindented key", "upstreams:\n  - name: a\n    url: http://h\nserver:\n  read_timeout: 1s\n idle_timeout: 2s\n",
+			[]string{"t.yaml:6: server.idle_timeout: did not find expected key"}},
+		{"a key written twice", "listen: :8080\nupstreams: [{name: a, url: 'http://h'}]\nlisten: :8081\n",
+			[]string{"t.yaml:3: listen: written twice (first at line 1): keep one"}},
+		{"a nested key written twice", "upstreams:\n  - name: a\n    url: http://h\n    timeouts: {connect: 1s, connect: 2s}\n",
+			[]string{"t.yaml:4: upstreams[0].timeouts.connect: written twice (first at line 4)"}},
+		{"two routes matching the same", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - {name: r1, upstream: a, model: 'gpt-*'}\n  - {name: r2, upstream: a, path_prefix: /, model: 'gpt-*'}\n",
+			[]string{`t.yaml:4: routes[1].path_prefix: matches what routes[0] (r1) matches, the same path_prefix "/" and model "gpt-*"`}},
 		{"tracing keys", "upstreams: [{name: a, url: 'http://h'}]\ntracing:\n  endpoint: 127.0.0.1:4318\n  protocol: http/json\n  sample_ratio: 1.5\n",
 			[]string{"t.yaml:3: tracing.endpoint: no scheme: write it as http://host:port", "t.yaml:4: tracing.protocol: must be http/protobuf or grpc",
 				"t.yaml:5: tracing.sample_ratio: must be a ratio from 0 to 1 (got 1.5)"}},
@@ -423,5 +435,26 @@ func TestAWarningNamesAMaxTotalThatLeavesNoAttemptForAFallback(t *testing.T) {
 		if got := len(ws) == 1 && ws[0].Key == "routes[0].retry.max_total_attempts" && ws[0].Line == 6; got != warned {
 			t.Errorf("%q: warnings %+v, want one: %v", doc, ws, warned)
 		}
+	}
+}
+
+// TestAKeyWrittenTwiceIsOneProblem: yaml stops decoding at a duplicated
+// key, which used to report what was never missing ("at least one
+// upstream is required") beside it.
+func TestAKeyWrittenTwiceIsOneProblem(t *testing.T) {
+	for _, doc := range []string{
+		"listen: :8080\nupstreams:\n  - name: a\n    url: http://h\nlisten: :8081\n",
+		"upstreams:\n  - name: a\n    url: http://h\n    url: http://h2\nserver: {read_timeout: 5s}\n",
+	} {
+		_, err := Parse("t.yaml", []byte(doc))
+		var ce *Error
+		if !errors.As(err, &ce) || len(ce.Problems) != 1 || !strings.Contains(ce.Problems[0].Msg, "written twice") {
+			t.Errorf("%q: %v, want one problem: written twice", doc, err)
+		}
+	}
+	// Routes that differ in path_prefix or model are not the same match.
+	ok := "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - {name: r1, upstream: a}\n  - {name: r2, upstream: a, model: 'gpt-*'}\n  - {name: r3, upstream: a, path_prefix: /v1}\n"
+	if _, err := Parse("t.yaml", []byte(ok)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -119,8 +119,11 @@ func Parse(name string, data []byte) (*Config, error) {
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, &Error{File: name, Problems: syntaxProblems(err, data)}
 	}
+	// A key written twice is one problem, at the second; the decode goes on
+	// without it, so the rest is validated as if it were not there.
+	problems := dropDuplicateKeys(&root, "")
 	idx := newKeyIndex(&root)
-	problems := unknownKeys(&root, reflect.TypeFor[Config]())
+	problems = append(problems, unknownKeys(&root, reflect.TypeFor[Config]())...)
 	c := defaultConfig()
 	if len(root.Content) > 0 {
 		if err := root.Content[0].Decode(c); err != nil {
@@ -297,9 +300,12 @@ var yamlLine = regexp.MustCompile(`^line (\d+)(?::(\d+))?: (.*)$`)
 
 // yamlProblems turns a yaml error into problems, naming the key found on
 // each reported line when idx knows it.
-// syntaxProblems reports a document YAML cannot parse. A tab in the
-// indentation is reported on the line that has it (yaml names the line
-// before).
+// syntaxProblems reports a document YAML cannot parse, with the key path
+// nearest to where it stopped (keyPathAt). A tab in the indentation is
+// reported on the line that has it (yaml names the line before). yaml's
+// parser errors ("did not find expected …") count lines from 0, where
+// its scanner's count from 1: those (zeroBased) are moved down one, to
+// the line of the construct left unfinished.
 func syntaxProblems(err error, data []byte) []Problem {
 	ps := yamlProblems(err, nil)
 	if len(ps) == 1 && strings.Contains(ps[0].Msg, "tab character") {
@@ -307,6 +313,106 @@ func syntaxProblems(err error, data []byte) []Problem {
 			if indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]; strings.Contains(indent, "\t") {
 				return []Problem{{Line: i + 1, Msg: "a tab in the indentation: YAML indents with spaces"}}
 			}
+		}
+	}
+	lines := strings.Count(string(data), "\n") + 1
+	for i := range ps {
+		if ps[i].Line > 0 && ps[i].Line < lines && zeroBased.MatchString(ps[i].Msg) {
+			ps[i].Line++
+		}
+		if ps[i].Line > 0 {
+			ps[i].Key = keyPathAt(data, ps[i].Line)
+		}
+	}
+	return ps
+}
+
+// zeroBased matches the parser errors whose line yaml counts from 0.
+var zeroBased = regexp.MustCompile(`^did not find expected (key|'-' indicator|',' or '[\]}]')`)
+
+// blockKey matches a block mapping's key at the start of a (trimmed) line.
+var blockKey = regexp.MustCompile(`^("[^"]*"|'[^']*'|[^\s:#'"\[\]{}][^:#]*?)\s*:(\s|$)`)
+
+// keyPathAt is the dotted path of the last key written at or before line
+// of a document YAML cannot parse, read from the indentation alone (the
+// way a reader finds it): upstreams[0].timeouts. Empty when no key
+// precedes it.
+func keyPathAt(data []byte, line int) string {
+	type level struct {
+		indent int
+		key    string // empty for a sequence item
+		item   int
+	}
+	var stack []level
+	for n, text := range strings.Split(string(data), "\n") {
+		if n >= line {
+			break
+		}
+		rest := strings.TrimLeft(text, " ")
+		indent := len(text) - len(rest)
+		if rest == "" || rest[0] == '#' {
+			continue
+		}
+		for strings.HasPrefix(rest, "- ") || rest == "-" {
+			for len(stack) > 0 && stack[len(stack)-1].indent > indent {
+				stack = stack[:len(stack)-1]
+			}
+			item := 0
+			if top := len(stack) - 1; top >= 0 && stack[top].key == "" && stack[top].indent == indent {
+				item = stack[top].item + 1
+				stack = stack[:top]
+			}
+			stack = append(stack, level{indent: indent, item: item})
+			rest = strings.TrimLeft(strings.TrimPrefix(rest, "-"), " ")
+			indent = len(text) - len(rest)
+		}
+		m := blockKey.FindStringSubmatch(rest)
+		if m == nil {
+			continue
+		}
+		for len(stack) > 0 && stack[len(stack)-1].indent >= indent && !(stack[len(stack)-1].key == "" && stack[len(stack)-1].indent < indent) {
+			stack = stack[:len(stack)-1]
+		}
+		stack = append(stack, level{indent: indent, key: strings.Trim(m[1], `"'`)})
+	}
+	path := ""
+	for _, l := range stack {
+		if l.key == "" {
+			path += "[" + strconv.Itoa(l.item) + "]"
+		} else {
+			path = joinKey(path, l.key)
+		}
+	}
+	return path
+}
+
+// dropDuplicateKeys removes every mapping key written a second time (and
+// its value) under n, reporting each once, at the line of the second.
+func dropDuplicateKeys(n *yaml.Node, path string) []Problem {
+	var ps []Problem
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			ps = append(ps, dropDuplicateKeys(c, path)...)
+		}
+	case yaml.MappingNode:
+		first := map[string]int{}
+		kept := n.Content[:0]
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			key := joinKey(path, k.Value)
+			if line, dup := first[k.Value]; dup {
+				ps = append(ps, Problem{Line: k.Line, Key: key, Msg: fmt.Sprintf("written twice (first at line %d): keep one", line)})
+				continue
+			}
+			first[k.Value] = k.Line
+			ps = append(ps, dropDuplicateKeys(v, key)...)
+			kept = append(kept, k, v)
+		}
+		n.Content = kept
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			ps = append(ps, dropDuplicateKeys(c, path+"["+strconv.Itoa(i)+"]")...)
 		}
 	}
 	return ps

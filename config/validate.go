@@ -76,6 +76,7 @@ func (c *Config) Validate() []Problem {
 	for i := range c.Routes {
 		c.validateRoute(p, i, names, routeNames)
 	}
+	c.validateRouteMatches(p)
 	return p.ps
 }
 
@@ -254,6 +255,33 @@ func (c *Config) validateBalance(p *problems, k string, u Upstream) {
 	}
 	if m := float64(u.MaxEjected); m < 0 || m > 1 || (m == 0 && c.isWritten(k+"max_ejected")) {
 		p.bad(k+"max_ejected", "must be in (0%%, 100%%] (at least one endpoint may always be ejected)")
+	}
+}
+
+// validateRouteMatches refuses two routes that match the same requests
+// (the same path_prefix and model): the second would never serve one.
+func (c *Config) validateRouteMatches(p *problems) {
+	first := map[[2]string]int{}
+	for i, r := range c.Routes {
+		prefix := r.PathPrefix
+		if prefix == "" {
+			prefix = "/"
+		}
+		m := [2]string{prefix, r.Model}
+		j, seen := first[m]
+		if !seen {
+			first[m] = i
+			continue
+		}
+		key := fmt.Sprintf("routes[%d]", i)
+		if c.isWritten(key + ".path_prefix") {
+			key += ".path_prefix"
+		}
+		what := fmt.Sprintf("path_prefix %q", prefix)
+		if r.Model != "" {
+			what += fmt.Sprintf(" and model %q", r.Model)
+		}
+		p.bad(key, "matches what routes[%d] (%s) matches, the same %s: this route would never serve a request", j, c.Routes[j].Name, what)
 	}
 }
 
