@@ -22,6 +22,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -269,6 +270,7 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 	for _, w := range cfg.Warnings() {
 		logger.Warn().Msg(describeProblem(s, w))
 	}
+	go warnUnanswered(logger, cfg)
 	go func() {
 		if cfg.TLS.CertFile != "" {
 			in.served <- p.ServeTLS(in.ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
@@ -317,12 +319,76 @@ func startupLine(logger zerolog.Logger, s settings, cfg *config.Config, in *inst
 	ev.Dict("upstreams", ups).Array("routes", routes).Str("version", version).Msg("sturdy started")
 	if s.demo {
 		logger.Info().Str("fake_server", s.upstream).Str("faults", demoFaults).
-			Msg("demo mode: Sturdy is in front of an embedded fake model server")
+			Str("outage_at", time.Now().Add(demoProfile.Outage.From).Format("15:04:05")).
+			Str("watch_it", demoWatch(in.ln.Addr().String())).
+			Msg("demo mode: Sturdy is in front of an embedded fake model server; its outage comes about a minute in")
 	}
 	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && len(cfg.Auth.Keys) == 0 && (host == "" || host == "0.0.0.0" || host == "::") {
 		logger.Warn().Str("listen", cfg.Listen).
 			Msg("listening on every interface with no client auth: anyone who reaches this port uses your upstreams (set auth.keys, or listen on 127.0.0.1)")
 	}
+}
+
+// startProbeTimeout bounds warnUnanswered's connect to each endpoint.
+const startProbeTimeout = 2 * time.Second
+
+// warnUnanswered connects once to each endpoint a config names (discovered
+// ones aside) and logs one warning for each that does not answer: at
+// start that is most often no model server running at all. It runs
+// beside serving, never delaying it.
+func warnUnanswered(logger zerolog.Logger, cfg *config.Config) {
+	for _, u := range cfg.Upstreams {
+		urls := u.Endpoints
+		if u.URL != "" {
+			urls = []string{u.URL}
+		}
+		for _, raw := range urls {
+			target, err := url.Parse(raw)
+			if err != nil || target.Host == "" {
+				continue
+			}
+			addr := target.Host
+			if target.Port() == "" {
+				port := "80"
+				if target.Scheme == "https" {
+					port = "443"
+				}
+				addr = net.JoinHostPort(target.Hostname(), port)
+			}
+			c, err := net.DialTimeout("tcp", addr, startProbeTimeout)
+			if err == nil {
+				c.Close()
+				continue
+			}
+			logger.Warn().Str("upstream", u.Name).Str("url", target.Scheme+"://"+target.Host).Str("error", describeDialError(err)).
+				Msg("the upstream does not answer at start; requests to it fail until it does (no model server? try -demo)")
+		}
+	}
+}
+
+// describeDialError is a dial error as the OS says it: "connection
+// refused", "no such host", "i/o timeout".
+func describeDialError(err error) string {
+	var dns *net.DNSError
+	var sys *os.SyscallError
+	switch {
+	case errors.As(err, &dns):
+		return dns.Err
+	case errors.As(err, &sys):
+		return sys.Err.Error()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "i/o timeout"
+	}
+	return err.Error()
+}
+
+// demoWatch is a curl loop that shows the demo's requests as they go, one
+// status a second: the outage a minute in shows as Sturdy's 503s and then
+// its recovery.
+func demoWatch(listen string) string {
+	_, port, _ := net.SplitHostPort(listen)
+	return "while sleep 1; do curl -s -o /dev/null -w '%{http_code} ' localhost:" + port +
+		"/v1/chat/completions -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'; done"
 }
 
 // describeProblem is a config warning as "file:line: key: message".

@@ -557,3 +557,43 @@ func TestListeningEverywhereWithoutAuthIsWarned(t *testing.T) {
 		}
 	}
 }
+
+// TestAnUpstreamNotAnsweringAtStartIsWarnedOnce: with nothing listening at
+// the upstream, the log says so once, with the URL, the OS's words and the
+// hint to try -demo; and the demo's banner says when its outage comes and
+// how to watch it.
+func TestAnUpstreamNotAnsweringAtStartIsWarnedOnce(t *testing.T) {
+	t.Parallel()
+	dead := freeAddr(t) // nothing listens there
+	p := runBinary(t, func(listen, admin string) []string {
+		return []string{"-upstream", "http://" + dead, "-listen", listen, "-admin-listen", admin}
+	})
+	demo := runBinary(t, func(listen, admin string) []string {
+		return []string{"-demo", "-listen", listen, "-admin-listen", admin}
+	})
+	const warning = "the upstream does not answer at start"
+	logs := p.logs.String()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs, warning) && time.Now().Before(deadline); logs = p.logs.String() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, want := range []string{warning, "http://" + dead, "connection refused", "try -demo"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the log lacks %q:\n%s", want, logs)
+		}
+	}
+	if strings.Count(logs, warning) != 1 {
+		t.Errorf("want one warning:\n%s", logs)
+	}
+	banner := demo.logs.String()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(banner, "outage_at") && time.Now().Before(deadline); banner = demo.logs.String() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, want := range []string{"outage comes about a minute in", "outage_at", "while sleep 1; do curl"} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("the demo's banner lacks %q:\n%s", want, banner)
+		}
+	}
+	if strings.Contains(banner, warning) {
+		t.Errorf("the demo's fake server was reported not answering:\n%s", banner)
+	}
+}
