@@ -14,18 +14,7 @@ import (
 // number and the Kubernetes example runs as that same user and group.
 func TestTheImageAndTheManifestAgreeOnTheUser(t *testing.T) {
 	t.Parallel()
-	df, err := os.ReadFile("Dockerfile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^USER\s+(\S+)\s*$`).FindAllStringSubmatch(string(df), -1)
-	if len(m) != 1 {
-		t.Fatalf("want one USER line in the Dockerfile, found %d", len(m))
-	}
-	user, group, _ := strings.Cut(m[0][1], ":")
-	if !regexp.MustCompile(`^[0-9]+$`).MatchString(user) || !regexp.MustCompile(`^[0-9]+$`).MatchString(group) {
-		t.Fatalf("USER %s: not numeric, a kubelet refuses runAsNonRoot with it", m[0][1])
-	}
+	user, group := imageUser(t)
 	k8s, err := os.ReadFile("deploy/kubernetes.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -67,6 +56,25 @@ func TestTheImageAndTheManifestAgreeOnTheUser(t *testing.T) {
 	if checked == 0 {
 		t.Fatal("no sturdy container in deploy/kubernetes.yaml")
 	}
+}
+
+// imageUser is the Dockerfile's one USER, which must be numeric (user
+// and group).
+func imageUser(t *testing.T) (user, group string) {
+	t.Helper()
+	df, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^USER\s+(\S+)\s*$`).FindAllStringSubmatch(string(df), -1)
+	if len(m) != 1 {
+		t.Fatalf("want one USER line in the Dockerfile, found %d", len(m))
+	}
+	user, group, _ = strings.Cut(m[0][1], ":")
+	if !regexp.MustCompile(`^[0-9]+$`).MatchString(user) || !regexp.MustCompile(`^[0-9]+$`).MatchString(group) {
+		t.Fatalf("USER %s: not numeric, a kubelet refuses runAsNonRoot with it", m[0][1])
+	}
+	return user, group
 }
 
 // TestTheExampleConfigLeavesTheAddressesToWhereItRuns: a config copied

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"sturdy/config"
+	"sturdy/internal/testdeps"
+)
+
+// helmVersion is the helm .ci/run installs from its Go module (Debian has
+// no helm package).
+const helmVersion = "v4.3.2"
+
+const chart = "deploy/helm/sturdy"
+
+// helm runs the helm binary with args and returns its output.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	bin := testdeps.Binary(t, "helm", "go install helm.sh/helm/v4/cmd/helm@"+helmVersion+` && export PATH="$(go env GOPATH)/bin:$PATH"`)
+	var out bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// k8sObject is what the checks read of a rendered manifest.
+type k8sObject struct {
+	Kind     string            `yaml:"kind"`
+	Data     map[string]string `yaml:"data"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
+	Spec struct {
+		Ports []struct {
+			Name       string `yaml:"name"`
+			Port       int    `yaml:"port"`
+			TargetPort string `yaml:"targetPort"`
+		} `yaml:"ports"`
+		Endpoints []struct {
+			Port string `yaml:"port"`
+			Path string `yaml:"path"`
+		} `yaml:"endpoints"`
+		Template struct {
+			Spec struct {
+				Containers []k8sContainer `yaml:"containers"`
+				Volumes    []struct {
+					Name      string `yaml:"name"`
+					ConfigMap struct {
+						Name string `yaml:"name"`
+					} `yaml:"configMap"`
+				} `yaml:"volumes"`
+			} `yaml:"spec"`
+		} `yaml:"template"`
+	} `yaml:"spec"`
+}
+
+type k8sProbe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+}
+
+type k8sContainer struct {
+	Name string   `yaml:"name"`
+	Args []string `yaml:"args"`
+	Env  []struct {
+		Name  string `yaml:"name"`
+		Value string `yaml:"value"`
+	} `yaml:"env"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	Liveness        *k8sProbe `yaml:"livenessProbe"`
+	Readiness       *k8sProbe `yaml:"readinessProbe"`
+	SecurityContext struct {
+		RunAsNonRoot bool   `yaml:"runAsNonRoot"`
+		RunAsUser    string `yaml:"runAsUser"`
+		RunAsGroup   string `yaml:"runAsGroup"`
+	} `yaml:"securityContext"`
+	VolumeMounts []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+		SubPath   string `yaml:"subPath"`
+	} `yaml:"volumeMounts"`
+}
+
+func (c k8sContainer) port(name string) int {
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	return 0
+}
+
+// TestTheHelmChartRendersWhatSturdyRuns lints the chart and renders it in
+// both modes, with other ports and with the ServiceMonitor, and checks the
+// manifests as a cluster would meet them: the ConfigMap's config passes
+// -check, the probes and the Service reach the ports the config binds, the
+// config is mounted as a directory (so a changed ConfigMap reaches the
+// file and Sturdy reloads it), and the container runs as the image's user.
+func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
+	t.Parallel()
+	if out, err := helm(t, "lint", "--strict", chart); err != nil {
+		t.Fatalf("helm lint: %v\n%s", err, out)
+	}
+	if out, err := helm(t, "lint", "--strict", chart, "--set", "mode=sidecar,agent.image=agent:1"); err != nil {
+		t.Fatalf("helm lint (sidecar): %v\n%s", err, out)
+	}
+	user, group := imageUser(t)
+	for _, tc := range []struct {
+		name    string
+		set     string
+		sidecar bool
+		monitor bool
+	}{
+		{"standalone", "", false, false},
+		{"sidecar", "mode=sidecar,agent.image=agent:1", true, false},
+		{"other ports, a ServiceMonitor", "ports.proxy=8181,ports.admin=9191,serviceMonitor.enabled=true", false, true},
+	} {
+		args := []string{"template", "r", chart}
+		if tc.set != "" {
+			args = append(args, "--set", tc.set)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("%s: helm template: %v\n%s", tc.name, err, out)
+		}
+		objs := map[string]k8sObject{}
+		dec := yaml.NewDecoder(strings.NewReader(out))
+		for {
+			var o k8sObject
+			if err := dec.Decode(&o); err != nil {
+				break
+			}
+			if o.Kind != "" {
+				objs[o.Kind] = o
+			}
+		}
+		cfg, err := config.Parse(tc.name+" ConfigMap", []byte(objs["ConfigMap"].Data["sturdy.yaml"]))
+		if err != nil {
+			t.Fatalf("%s: the rendered config fails -check: %v", tc.name, err)
+		}
+		dep := objs["Deployment"].Spec.Template.Spec
+		var sturdy, agent *k8sContainer
+		for i, c := range dep.Containers {
+			switch c.Name {
+			case "sturdy":
+				sturdy = &dep.Containers[i]
+			case "agent":
+				agent = &dep.Containers[i]
+			}
+		}
+		if sturdy == nil {
+			t.Fatalf("%s: no sturdy container", tc.name)
+		}
+		_, adminPort, _ := net.SplitHostPort(cfg.AdminListen)
+		_, proxyPort, _ := net.SplitHostPort(cfg.Listen)
+		if strconv.Itoa(sturdy.port("admin")) != adminPort || strconv.Itoa(sturdy.port("proxy")) != proxyPort {
+			t.Errorf("%s: container ports admin %d, proxy %d; the config binds %s and %s", tc.name, sturdy.port("admin"), sturdy.port("proxy"), cfg.AdminListen, cfg.Listen)
+		}
+		for what, p := range map[string]*k8sProbe{"liveness": sturdy.Liveness, "readiness": sturdy.Readiness} {
+			if p == nil || p.HTTPGet.Port != "admin" {
+				t.Errorf("%s: the %s probe is not on the admin port: %+v", tc.name, what, p)
+			}
+		}
+		if sc := sturdy.SecurityContext; !sc.RunAsNonRoot || sc.RunAsUser != user || sc.RunAsGroup != group {
+			t.Errorf("%s: securityContext %+v; the image runs as %s:%s", tc.name, sc, user, group)
+		}
+		if len(sturdy.VolumeMounts) != 1 || sturdy.VolumeMounts[0].SubPath != "" || len(sturdy.Args) != 2 ||
+			!strings.HasPrefix(sturdy.Args[1], sturdy.VolumeMounts[0].MountPath+"/") || dep.Volumes[0].ConfigMap.Name != objs["ConfigMap"].Metadata.Name {
+			t.Errorf("%s: the config is not read from the ConfigMap mounted as a directory: args %v, mounts %+v", tc.name, sturdy.Args, sturdy.VolumeMounts)
+		}
+		if tc.sidecar {
+			if agent == nil || len(agent.Env) == 0 || agent.Env[0].Value != "http://localhost:"+proxyPort+"/v1" {
+				t.Errorf("sidecar: the agent does not call Sturdy on localhost: %+v", agent)
+			}
+		} else if agent != nil {
+			t.Errorf("%s: an agent container in standalone mode", tc.name)
+		}
+		svc := map[string]int{}
+		for _, p := range objs["Service"].Spec.Ports {
+			svc[p.TargetPort] = p.Port
+		}
+		if strconv.Itoa(svc["admin"]) != adminPort || (!tc.sidecar && strconv.Itoa(svc["proxy"]) != proxyPort) {
+			t.Errorf("%s: Service ports %v", tc.name, svc)
+		}
+		if sm, ok := objs["ServiceMonitor"]; ok != tc.monitor || (ok && (len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "admin" || sm.Spec.Endpoints[0].Path != "/metrics")) {
+			t.Errorf("%s: ServiceMonitor present %v (want %v): %+v", tc.name, ok, tc.monitor, sm)
+		}
+	}
+	// What would not run is refused at render time, with the reason.
+	for set, want := range map[string]string{
+		"mode=sidecar":           "needs agent.image",
+		"mode=both":              "neither standalone nor sidecar",
+		"config.listen=:1":       "leave listen and admin_listen out",
+		"config.admin.listen=:1": "leave it out",
+	} {
+		if out, err := helm(t, "template", "r", chart, "--set", set); err == nil || !strings.Contains(out, want) {
+			t.Errorf("--set %s: err %v, output %q; want a failure saying %q", set, err, out, want)
+		}
+	}
+}
