@@ -1,16 +1,21 @@
 // Package admin serves Sturdy's operator endpoints on their own listener
 // (loopback by default, never the public port): Prometheus metrics,
-// liveness and readiness, upstream state, and — opt-in — Go's pprof.
+// liveness and readiness, upstream state and the last failed requests (as
+// JSON and as a live status page), and — opt-in — Go's pprof.
 // It is bounded like the client listener: a few connections at most
 // (MaxConnections, counted in the proxy's file-descriptor budget), read,
 // write and idle timeouts, a profile of at most a minute. With a token
 // set, everything but the probes needs it.
 //
-// One file: admin.go holds the mux (Handler), its bounds (Server, Limit)
-// and the settings that hot-reload (Settings).
+// admin.go holds the mux (Handler), its bounds (Server, Limit) and the
+// settings that hot-reload (Settings); status.html is the status page,
+// embedded (no external assets), which reads /debug/upstreams and
+// /debug/failures and renders them.
 package admin
 
 import (
+	_ "embed"
+
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -73,7 +78,9 @@ func Limit(ln net.Listener) net.Listener { return netutil.LimitListener(ln, MaxC
 //	/healthz          200 while the process serves
 //	/readyz           200 when every route has a target whose breaker is not open, else 503 (and while draining)
 //	/metrics          Prometheus exposition of reg                                      (token)
+//	/ and /status     the status page (static: its data comes from the two below)
 //	/debug/upstreams  JSON state of each upstream (breaker, counts, in-flight)          (token)
+//	/debug/failures   JSON: the last failed requests, their decision trails (at most 50) (token)
 //	/debug/pprof/     Go's profiler, when settings say so; seconds at most 60           (token)
 //
 // settings is asked on every request, so a reload applies at once.
@@ -108,6 +115,23 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(map[string]any{"upstreams": p.Upstreams()})
 	})
+	mux.HandleFunc("GET /debug/failures", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(map[string]any{"failures": p.Failures()})
+	})
+	page := func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		h.Set("Cache-Control", "no-store")
+		// Nothing but the page itself: no external script, style or frame.
+		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")
+		h.Set("Referrer-Policy", "no-referrer")
+		_, _ = w.Write(statusPage)
+	}
+	mux.HandleFunc("GET /{$}", page)
+	mux.HandleFunc("GET /status", page)
 	prof := http.NewServeMux()
 	prof.HandleFunc("/debug/pprof/", pprof.Index)
 	prof.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -124,8 +148,17 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 	return bounded(guarded(mux, settings))
 }
 
-// open are the paths served without the token: the probes.
-func open(path string) bool { return path == "/healthz" || path == "/readyz" }
+// statusPage is the status page (status.html).
+//
+//go:embed status.html
+var statusPage []byte
+
+// open are the paths served without the token: the probes, and the status
+// page, which holds no data (it asks for the token and reads the rest with
+// it).
+func open(path string) bool {
+	return path == "/healthz" || path == "/readyz" || path == "/" || path == "/status"
+}
 
 // guarded asks for the token, when one is set, on every path but the
 // probes. Tokens are compared as SHA-256 digests in constant time.

@@ -60,6 +60,7 @@
 //	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them
 //	accesslog.go   the access line; trace.go the spans
+//	failures.go    the last failed requests (a fixed ring, from the summary) for the status page
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)
 //	listener.go    the client listener: accept errors, max_connections, write deadlines

@@ -293,6 +293,7 @@ func (ex *exchange) finish() {
 	ex.logAccess(&s)
 	ex.endTrace(&s)
 	ex.measure(&s)
+	ex.p.failures.record(&s)
 	ex.settleHooks(&s)
 	ex.closeBody()
 	ex.p.held.give(ex.held)

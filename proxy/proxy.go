@@ -65,6 +65,8 @@ type Proxy struct {
 	// an interruption event once its grace is over.
 	streamsMu sync.Mutex
 	streams   map[*exchange]struct{}
+	// failures are the newest failed requests, for the status page.
+	failures failureRing
 }
 
 // New builds a Proxy. It fails on a route naming an unknown upstream or

@@ -1,0 +1,37 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestTheFailureRingKeepsTheNewestFailures: only failures Sturdy or an
+// upstream owns are listed, at most MaxListedFailures, newest first, with
+// their strings copied (a summary's alias the exchange, reused next) and
+// a long path cut.
+func TestTheFailureRingKeepsTheNewestFailures(t *testing.T) {
+	t.Parallel()
+	var p Proxy
+	for _, outcome := range []string{outcomeOK, outcomePassThrough, outcomeRejected, outcomeUnauthorized} {
+		p.failures.record(&summary{outcome: outcome, id: []byte("x")})
+	}
+	if n := len(p.Failures()); n != 0 {
+		t.Fatalf("%d requests that did not fail were listed", n)
+	}
+	id := []byte("req-0")
+	long := []byte("/" + strings.Repeat("p", 10_000))
+	for i := range MaxListedFailures + 7 {
+		id = strconv.AppendInt(id[:4], int64(i), 10)
+		p.failures.record(&summary{outcome: outcomeExhausted, id: id, path: long, status: 503,
+			targets: []targetNote{{upstream: "u", attempts: 2, result: "5xx"}}})
+	}
+	id[4] = 'X' // the exchange's memory, reused: what was listed must not change
+	got := p.Failures()
+	if len(got) != MaxListedFailures || got[0].ID != "req-"+strconv.Itoa(MaxListedFailures+6) || got[len(got)-1].ID != "req-7" {
+		t.Fatalf("listed %d, first %q, last %q", len(got), got[0].ID, got[len(got)-1].ID)
+	}
+	if len(got[0].Path) != maxFailurePath || len(got[0].Targets) != 1 || got[0].Targets[0].Result != "5xx" {
+		t.Fatalf("listed %+v", got[0])
+	}
+}
