@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 // closeRecorder is an upstream that reads each request, answers it with
@@ -192,7 +193,7 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 			if tried := line["targets"].([]any)[0].(map[string]any); tried["result"] == "reset" || tried["result"] == "timeout" {
 				t.Fatalf("the client's leaving counted as the upstream's %v", tried["result"])
 			}
-			if c := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.Counts(); c.TotalFailures != 0 {
+			if c := h.p.tbl.Load().upstreams[0].Endpoints()[0].Breaker().Counts(); c.TotalFailures != 0 {
 				t.Fatalf("the client's leaving counted against the breaker: %+v", c)
 			}
 		})
@@ -245,7 +246,7 @@ func TestClientThatLeavesOverTLS(t *testing.T) {
 		t.Fatal("writing the key pair")
 	}
 	logs := &upstreamtest.LogBuffer{}
-	o := Options{Upstreams: []Upstream{testUpstream("up", up.url)}, Routes: []Route{testRoute("up")}}
+	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.url)}, Routes: []Route{testRoute("up")}}
 	o.Upstreams[0].FirstByteTimeout = 10 * time.Second
 	o.Log = zerolog.New(logs)
 	p, err := New(o)

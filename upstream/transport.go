@@ -1,9 +1,12 @@
-package proxy
+package upstream
 
 import (
 	"crypto/tls"
+	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -14,20 +17,19 @@ import (
 // rarely sends a request on a connection the server is closing.
 const maxIdleConnDuration = 4 * time.Second
 
-// upstreamReadBuffer also caps the size of an upstream's response headers:
+// ReadBuffer also caps the size of an upstream's response headers:
 // hosted APIs send many.
-const upstreamReadBuffer = 64 << 10
+const ReadBuffer = 64 << 10
 
 // dial opens a connection within the connect timeout, TLS handshake
 // included, and wraps it so reads of a streamed body are bounded by the
 // idle timeout instead of one deadline for the whole stream.
-func (ep *endpoint) dial(addr string) (net.Conn, error) {
+func (ep *Endpoint) dial(addr string) (net.Conn, error) {
 	claimant := ep.takeClaim() // before the dial: others need not wait for it
-	d := net.Dialer{Timeout: ep.spec.connect}
 	start := time.Now()
-	c, err := d.Dial("tcp", addr)
+	c, err := ep.dialTCP(addr)
 	if err != nil {
-		return nil, &dialError{err}
+		return nil, &DialError{err}
 	}
 	uc := ep.wrap(c)
 	uc.rtt = time.Since(start) // the TCP handshake: one round trip
@@ -42,15 +44,24 @@ func (ep *endpoint) dial(addr string) (net.Conn, error) {
 	_ = tc.SetDeadline(time.Now().Add(ep.spec.connect))
 	if err := tc.Handshake(); err != nil {
 		_ = c.Close()
-		return nil, &dialError{err}
+		return nil, &DialError{err}
 	}
 	_ = tc.SetDeadline(time.Time{})
 	uc.requests.Store(0) // the handshake was not a request
 	return tc, nil
 }
 
+// dialTCP opens the TCP connection of a dial: Env.Dial's when set.
+func (ep *Endpoint) dialTCP(addr string) (net.Conn, error) {
+	if dial := ep.env.Dial; dial != nil {
+		return dial(addr)
+	}
+	d := net.Dialer{Timeout: ep.spec.connect}
+	return d.Dial("tcp", addr)
+}
+
 // wrap makes c an upstreamConn with ep's idle timeout.
-func (ep *endpoint) wrap(c net.Conn) *upstreamConn {
+func (ep *Endpoint) wrap(c net.Conn) *upstreamConn {
 	uc := &upstreamConn{Conn: c, idle: ep.spec.idle, ep: ep}
 	uc.local = connAddr{Addr: c.LocalAddr(), conn: uc}
 	return uc
@@ -65,7 +76,7 @@ func (ep *endpoint) wrap(c net.Conn) *upstreamConn {
 // connection, which resets the regime.
 type upstreamConn struct {
 	net.Conn
-	ep     *endpoint
+	ep     *Endpoint
 	idle   time.Duration
 	stream atomic.Bool
 	local  connAddr
@@ -86,17 +97,18 @@ type upstreamConn struct {
 	// connection, which must not take a claim: dial already gave it to
 	// its attempt, and the claim waiting now is another attempt's.
 	dialed atomic.Bool
-	// user is the exchange the connection was last given to (using).
-	user atomic.Pointer[exchange]
+	// user is the Hold the connection was last given to (using).
+	user atomic.Pointer[Hold]
 }
 
-// detach makes the exchange the connection was given to let go of it,
-// when it still holds it, as the connection is going back to the pool.
-// closed says that exchange's client left (or Shutdown cut it) while it
-// held the connection, which is closed or about to be: not for the pool.
+// detach makes the Hold the connection was given to let go of it, when
+// it still holds it, as the connection is going back to the pool. closed
+// says that Hold was severed (its client left, or Shutdown cut it) while
+// it held the connection, which is closed or about to be: not for the
+// pool.
 func (c *upstreamConn) detach() (closed bool) {
-	if ex := c.user.Swap(nil); ex != nil {
-		return ex.letGo(c)
+	if h := c.user.Swap(nil); h != nil {
+		return h.letGo(c)
 	}
 	return false
 }
@@ -121,8 +133,8 @@ func (c *upstreamConn) LocalAddr() net.Addr {
 	if c.dialed.Swap(false) {
 		return &c.local
 	}
-	if ex := c.ep.takeClaim(); ex != nil {
-		ex.using(c)
+	if h := c.ep.takeClaim(); h != nil {
+		h.using(c)
 	}
 	return &c.local
 }
@@ -158,14 +170,14 @@ func (c *upstreamConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// staleConnection reports whether a failed attempt died on a pooled
+// Stale reports whether a failed attempt died on a pooled
 // keep-alive connection that the upstream had closed: reused, not one byte
 // back for this request, and dead within two round trips (plus
 // staleSlack) of the request being written — before the server could
 // have worked on it. One that died later may have been processed (an
 // upstream that crashes on the request): that is a reset. Policy decides
 // whether a stale one is sent again (Retry.Decide).
-func staleConnection(resp *fasthttp.Response) bool {
+func Stale(resp *fasthttp.Response) bool {
 	a, ok := resp.LocalAddr().(*connAddr)
 	if !ok || a.conn.requests.Load() <= 1 || a.conn.received.Load() != 0 {
 		return false
@@ -173,17 +185,107 @@ func staleConnection(resp *fasthttp.Response) bool {
 	return time.Since(time.Unix(0, a.conn.wroteAt.Load())) <= 2*a.conn.rtt+staleSlack
 }
 
-// markStreaming switches the connection resp arrived on to the idle
+// MarkStreaming switches the connection resp arrived on to the idle
 // regime.
-func markStreaming(resp *fasthttp.Response) {
+func MarkStreaming(resp *fasthttp.Response) {
 	if a, ok := resp.LocalAddr().(*connAddr); ok {
 		a.conn.stream.Store(true)
 	}
 }
 
-// capReads makes no read on c wait past until (zero: no cap).
-func (c *upstreamConn) capReads(until time.Time) {
-	if !until.IsZero() {
-		c.until.Store(until.UnixNano())
+// CapReads makes no read on the connection resp arrived on wait past
+// until (zero: no cap).
+func CapReads(resp *fasthttp.Response, until time.Time) {
+	if a, ok := resp.LocalAddr().(*connAddr); ok && !until.IsZero() {
+		a.conn.until.Store(until.UnixNano())
 	}
+}
+
+// Hold is what an attempt, then its stream, holds of the upstream
+// connection it was given (Endpoint.Send hands it over), so that the
+// connection can be closed when the client leaves or Shutdown cuts the
+// stream (Sever) — which is what makes vLLM, Ollama and llama.cpp stop
+// generating — and never once it went back to the pool. The zero Hold
+// holds nothing; the request path keeps one per request.
+type Hold struct {
+	mu      sync.Mutex
+	conn    *upstreamConn
+	severed atomic.Bool
+}
+
+// Sever closes the connection held, if any, and any given to h from now
+// on: the client left, or Shutdown cut the stream.
+func (h *Hold) Sever() {
+	h.severed.Store(true)
+	h.mu.Lock()
+	if c := h.conn; c != nil {
+		_ = c.Close()
+	}
+	h.mu.Unlock()
+}
+
+// Severed reports whether Sever was called.
+func (h *Hold) Severed() bool { return h.severed.Load() }
+
+// using records the connection an attempt was given (see
+// Endpoint.claimMu); if h was severed already (the client left, or
+// Shutdown cut the stream a continuation is for), it is closed at once.
+func (h *Hold) using(c *upstreamConn) {
+	c.user.Store(h)
+	h.mu.Lock()
+	h.conn = c
+	severed := h.severed.Load()
+	h.mu.Unlock()
+	if severed {
+		_ = c.Close()
+	}
+}
+
+// Drop forgets the connection: from now on it may serve another
+// request, and must not be closed for this one. Only the request's own
+// goroutine gives h a connection or drops it, so it looks without the
+// lock first.
+func (h *Hold) Drop() {
+	if h.conn == nil {
+		return
+	}
+	h.mu.Lock()
+	h.conn = nil
+	h.mu.Unlock()
+}
+
+// letGo forgets c if it is still the connection held: the transport is
+// giving it back to the pool (upstreamConn.detach). It reports whether h
+// was severed while holding it: Sever closed it, or would have.
+func (h *Hold) letGo(c *upstreamConn) (closed bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn != c {
+		return false
+	}
+	h.conn = nil
+	return h.severed.Load()
+}
+
+// DialError marks a failure to open a connection: the request provably
+// never left Sturdy, so even a non-replayable write may be retried.
+type DialError struct{ err error }
+
+// LocalFault reports whether a dial failed on Sturdy's side (out of file
+// descriptors), not the upstream's.
+func (e *DialError) LocalFault() bool {
+	return errors.Is(e.err, syscall.EMFILE) || errors.Is(e.err, syscall.ENFILE)
+}
+
+func (e *DialError) Error() string { return "dial upstream: " + e.err.Error() }
+func (e *DialError) Unwrap() error { return e.err }
+
+// IsTimeout reports whether err is a timeout: fasthttp's, or a net
+// error's (a read deadline passing mid-body).
+func IsTimeout(err error) bool {
+	if errors.Is(err, fasthttp.ErrTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -17,7 +17,7 @@ import (
 // upstreamTransport is the round trip of every endpoint's HostClient:
 // fasthttp's own (DefaultTransport), except that it looks at the response
 // head before it decides how to read the body. A body whose
-// Content-Length fits the head Sturdy holds before committing (headSize)
+// Content-Length fits the head Sturdy holds before committing (HeadSize)
 // is read whole, under the attempt's deadline, and the connection goes
 // back to the pool at once — the attempt would read all of it before
 // committing anyway. Any other body (chunked, close-delimited, larger) is
@@ -31,11 +31,16 @@ import (
 // body read with its head).
 type upstreamTransport struct{}
 
-// maxInterimResponses bounds the 1xx responses read before the final one.
-const maxInterimResponses = 100
+// HeadSize is how much of a response body the request path holds before
+// committing: a whole small body (most JSON replies), or the first chunk
+// of a stream. A body of known length up to it is read with its head.
+const HeadSize = 32 << 10
+
+// MaxInterimResponses bounds the 1xx responses read before the final one.
+const MaxInterimResponses = 100
 
 // errTooManyInterim fails a response head preceded by more than
-// maxInterimResponses interim ones.
+// MaxInterimResponses interim ones.
 var errTooManyInterim = errors.New("upstream sent too many 1xx responses")
 
 // RoundTrip sends req on a connection of hc and reads the response head,
@@ -66,7 +71,7 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 	hc.ReleaseWriter(bw)
 	if err != nil {
 		hc.CloseConn(cc)
-		if isTimeout(err) {
+		if IsTimeout(err) {
 			err = fasthttp.ErrTimeout
 		}
 		return true, err
@@ -88,9 +93,9 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 	cl := resp.Header.ContentLength()
 	switch {
 	case skipsBody(resp):
-	case cl >= 0 && cl <= headSize:
+	case cl >= 0 && cl <= HeadSize:
 		resp.StreamBody = false
-		err = resp.ReadBody(br, headSize)
+		err = resp.ReadBody(br, HeadSize)
 		resp.StreamBody = true
 		if err != nil {
 			hc.ReleaseReader(br)
@@ -132,7 +137,7 @@ func readResponseHead(resp *fasthttp.Response, br *bufio.Reader) error {
 		if s := resp.StatusCode(); s < 100 || s > 199 || s == fasthttp.StatusSwitchingProtocols {
 			return nil
 		}
-		if n >= maxInterimResponses {
+		if n >= MaxInterimResponses {
 			return errTooManyInterim
 		}
 		if err := readHeader(&resp.Header, br); err != nil {
@@ -308,24 +313,24 @@ func (b *streamedBody) CloseWithError(err error) error {
 	return nil
 }
 
-// maxTrailerBytes bounds the trailer section read after a chunked body's
+// MaxTrailerBytes bounds the trailer section read after a chunked body's
 // last chunk.
-const maxTrailerBytes = 8 << 10
+const MaxTrailerBytes = 8 << 10
 
 // errTrailerTooLarge fails a chunked body whose trailer section passes
-// maxTrailerBytes.
+// MaxTrailerBytes.
 var errTrailerTooLarge = errors.New("upstream trailer section over 8 KiB")
 
 // discardTrailer reads the trailer section that ends a chunked body —
 // field lines up to an empty one — and drops it: Sturdy forwards no
 // trailers (fasthttp's own reader merged them into the response's
 // headers, and refused valid fields such as Set-Cookie, failing a good
-// reply). Past maxTrailerBytes, or cut before its end, it is an error.
+// reply). Past MaxTrailerBytes, or cut before its end, it is an error.
 func discardTrailer(br *bufio.Reader) error {
 	read, partial := 0, false
 	for {
 		line, err := br.ReadSlice('\n')
-		if read += len(line); read > maxTrailerBytes {
+		if read += len(line); read > MaxTrailerBytes {
 			return errTrailerTooLarge
 		}
 		switch {

@@ -1,7 +1,8 @@
-package proxy
+package upstream
 
 import (
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/metrics"
 )
 
 // TestASmallReplyLetsItsConnectionGoBeforeTheAttemptReturns: a reply read
@@ -20,20 +22,16 @@ import (
 func TestASmallReplyLetsItsConnectionGoBeforeTheAttemptReturns(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	p, err := New(Options{Upstreams: []Upstream{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := p.tbl.Load().upstreams[0].endpointsNow()[0]
+	ep := startUpstream(t, up.URL).Endpoints()[0]
 	for i := range 3 { // a fresh connection, then the pooled one
-		ex := &exchange{req: outbound{msg: new(fasthttp.Request)}}
-		ex.req.msg.SetRequestURI(up.URL + "/v1/models")
+		hold, req := new(Hold), new(fasthttp.Request)
+		req.SetRequestURI(up.URL + "/v1/models")
 		resp := new(fasthttp.Response)
-		if err := ep.send(ex, resp, 5*time.Second); err != nil {
+		if err := ep.Send(hold, req, resp, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if resp.BodyStream() != nil || string(resp.Body()) != "ok" || ex.upConn != nil {
-			t.Fatalf("send %d: streamed %v, body %q, still holding a connection %v", i, resp.BodyStream() != nil, resp.Body(), ex.upConn != nil)
+		if resp.BodyStream() != nil || string(resp.Body()) != "ok" || hold.conn != nil {
+			t.Fatalf("send %d: streamed %v, body %q, still holding a connection %v", i, resp.BodyStream() != nil, resp.Body(), hold.conn != nil)
 		}
 		if n := ep.client.ConnsCount(); n != 1 {
 			t.Fatalf("send %d: %d connections, want the one pooled", i, n)
@@ -49,12 +47,8 @@ func TestASmallReplyLetsItsConnectionGoBeforeTheAttemptReturns(t *testing.T) {
 // and let go of at once: TestAPooledConnectionIsLetGoFirst).
 func TestEachAttemptClaimsItsOwnConnection(t *testing.T) {
 	t.Parallel()
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: strings.Repeat("x", headSize+1)})
-	p, err := New(Options{Upstreams: []Upstream{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := p.tbl.Load().upstreams[0].endpointsNow()[0]
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: strings.Repeat("x", HeadSize+1)})
+	ep := startUpstream(t, up.URL).Endpoints()[0]
 	var wrong atomic.Int32
 	var wg sync.WaitGroup
 	for g := 0; g < 32; g++ {
@@ -62,14 +56,14 @@ func TestEachAttemptClaimsItsOwnConnection(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 50; i++ {
-				ex := &exchange{req: outbound{msg: new(fasthttp.Request)}}
-				ex.req.msg.SetRequestURI(up.URL + "/v1/models")
+				hold, req := new(Hold), new(fasthttp.Request)
+				req.SetRequestURI(up.URL + "/v1/models")
 				resp := new(fasthttp.Response)
-				if err := ep.send(ex, resp, 5*time.Second); err != nil {
+				if err := ep.Send(hold, req, resp, 5*time.Second); err != nil {
 					t.Error(err)
 					return
 				}
-				if a, ok := resp.LocalAddr().(*connAddr); !ok || a.conn != ex.upConn {
+				if a, ok := resp.LocalAddr().(*connAddr); !ok || a.conn != hold.conn {
 					wrong.Add(1)
 				}
 				_, _ = io.Copy(io.Discard, resp.BodyStream())
@@ -84,4 +78,29 @@ func TestEachAttemptClaimsItsOwnConnection(t *testing.T) {
 	if n := wrong.Load(); n != 0 {
 		t.Fatalf("%d of 1600 attempts recorded another attempt's connection", n)
 	}
+}
+
+// startUpstream builds an upstream of one endpoint at url, with
+// test-sized timeouts, in an environment of its own; it is closed when
+// the test ends.
+func startUpstream(t *testing.T, url string) *Upstream {
+	t.Helper()
+	o := Options{Name: "up", URL: url, ConnectTimeout: 500 * time.Millisecond, FirstByteTimeout: 2 * time.Second,
+		IdleTimeout: time.Second, MaxConnections: 64}
+	up, err := New(testEnv(), o.WithDefaults(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.Own()
+	t.Cleanup(up.Close)
+	return up
+}
+
+// testEnv is an environment that logs and announces nothing, with
+// metrics of its own.
+func testEnv() *Env {
+	return &Env{Log: zerolog.Nop(), Metrics: metrics.New(), Lookup: net.DefaultResolver.LookupHost,
+		IsSelf: func(string) bool { return false }, Stopping: make(chan struct{}),
+		Evicted: func(string) func() { return func() {} }, ModelLabel: func(string) string { return "other" },
+		Announcer: func() func(string, string, time.Time) { return nil }}
 }
