@@ -36,7 +36,7 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 			f = faultOf(err)
 			ex.loop.why, ex.loop.refused = whyUnreachable(err), refusedConnection(err)
 		}
-		ex.sampled(now, f)
+		ex.sampled(f)
 		ex.closeBody()
 		return policy.Outcome{Fault: f}
 	}
@@ -51,11 +51,11 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 		if ex.isGone.Load() { // the watcher closed the connection: no fault of the upstream's
 			f = policy.FaultClientGone
 		}
-		ex.sampled(now, f)
+		ex.sampled(f)
 		ex.closeBody()
 		return policy.Outcome{Fault: f}
 	}
-	ex.sampled(now, policy.FaultNone) // the first output is held: the attempt's ttft
+	ex.sampled(policy.FaultNone) // the first output is held: the attempt's ttft
 	if ex.reply.streamFailed {
 		// An error event before the stream's first output: what it means
 		// is policy's (EventFailure). A retryable one gives the stream up.
@@ -102,6 +102,7 @@ func (ex *exchange) readHead(status int) policy.Fault {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
 		rp.head = rp.head[:len(rp.head)+n]
 		if err == io.EOF {
+			ex.sampled(policy.FaultNone)
 			ex.closeBody() // fully read: the connection goes back to the pool
 			return policy.FaultNone
 		}
@@ -237,6 +238,7 @@ func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f poli
 				return false, policy.FaultReset
 			}
 		}
+		ex.sampled(policy.FaultNone)
 		ex.closeBody()
 		rp.heldToEnd = true
 		return true, policy.FaultNone
@@ -276,16 +278,16 @@ func (ex *exchange) closeBody() {
 	}
 }
 
-// sampled notes the attempt's sample, sent at now and ended in f (its
-// head read, or how it failed), for its lease's release (closeBody): its
-// time to first token, counted unless it is a stale connection's replay,
-// its client left, or it failed before it was sent (a failed dial, no
-// connection, a stale connection's).
-func (ex *exchange) sampled(now time.Time, f policy.Fault) {
+// sampled notes the attempt's sample as its head is read (f: none) or it
+// fails (f: how), for its lease's release (closeBody): its time to first
+// token from reply.sentAt, counted unless it is a stale connection's
+// replay, its client left, or it failed before it was sent (a failed
+// dial, no connection, a stale connection's).
+func (ex *exchange) sampled(f policy.Fault) {
 	counts := !ex.reply.replay && !ex.isGone.Load()
 	switch f {
 	case policy.FaultClientGone, policy.FaultStale, policy.FaultConnect, policy.FaultLocal:
 		counts = false
 	}
-	ex.reply.sample = upstream.Sample{TTFT: time.Since(now), Counts: counts}
+	ex.reply.sample = upstream.Sample{TTFT: time.Since(ex.reply.sentAt), Counts: counts}
 }

@@ -174,10 +174,12 @@ type reply struct {
 	msg *fasthttp.Response
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
-	// ttft, and whether that counts: not for a stale connection's replay,
-	// set by replay, nor for an attempt not sent or whose client left).
+	// ttft from sentAt, and whether that counts: not for a stale
+	// connection's replay, which replay says it is, nor for an attempt
+	// not sent or whose client left; see sampled).
 	lease  upstream.Lease
 	sample upstream.Sample
+	sentAt time.Time
 	replay bool
 	// has says the last attempt produced a status (no fault).
 	has bool

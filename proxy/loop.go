@@ -375,7 +375,7 @@ func (ex *exchange) send(t *target, ep *upstream.Endpoint, tk upstream.Tickets) 
 	// place), and the place taken for this attempt goes with the new one.
 	ex.closeBody()
 	ex.reply.lease, lp.place = lp.place, upstream.Lease{}
-	ex.reply.sample, ex.reply.replay = upstream.Sample{}, lp.replaying
+	ex.reply.sample, ex.reply.replay = upstream.Sample{}, lp.replaying // no sample counts until one is taken
 	afterStale = lp.replaying
 	switch {
 	case lp.reriding:
@@ -388,6 +388,7 @@ func (ex *exchange) send(t *target, ep *upstream.Endpoint, tk upstream.Tickets) 
 	lp.attempts++
 	lp.replaying, lp.reriding, lp.blocked = false, false, false
 	now := time.Now()
+	ex.reply.sentAt = now
 	if lp.n == 1 && !afterStale && !lp.continuing {
 		up.Budget().FirstAttempt(now)
 	}

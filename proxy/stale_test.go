@@ -50,6 +50,14 @@ func TestStaleKeepAliveConnectionIsCountedButNotAFailure(t *testing.T) {
 	if n := h.staleAttempts(); n != 2 {
 		t.Fatalf("attempts{result=stale} = %v, want 2", n)
 	}
+	// Of the five attempts only the first request's counts for an adaptive
+	// limit: a stale connection's attempt was not sent, its replay's time
+	// says nothing of the load.
+	ep := h.p.tbl.Load().upstreams[0].Endpoints()[0]
+	released(t, ep)
+	if n, _ := ep.Samples(); n != 1 {
+		t.Fatalf("%d samples count, want 1 (stale attempts and their replays do not)", n)
+	}
 	lines := h.accessLines(3)
 	if lines[2]["attempts"] != 2.0 || len(lines[2]["retries"].([]any)) != 1 {
 		t.Fatalf("access line does not show the resend: %v", lines[2])
