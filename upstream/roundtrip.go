@@ -44,7 +44,7 @@ const MaxInterimResponses = 100
 var errTooManyInterim = errors.New("upstream sent too many 1xx responses")
 
 // RoundTrip sends req on a connection of hc and reads the response head,
-// and the body too when it is small and of known length.
+// and the body too when it is small and of known length (readBody).
 func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
 	// One deadline from before the connection is taken: waiting for it,
 	// dialling it, the write and the head all count against the attempt.
@@ -59,24 +59,7 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 	}
 	conn := cc.Conn()
 	resp.ParseNetConn(conn)
-	if err := conn.SetWriteDeadline(deadline); err != nil {
-		hc.CloseConn(cc)
-		return true, err
-	}
-	bw := hc.AcquireWriter(conn)
-	err = req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	hc.ReleaseWriter(bw)
-	if err != nil {
-		hc.CloseConn(cc)
-		if IsTimeout(err) {
-			err = fasthttp.ErrTimeout
-		}
-		return true, err
-	}
-	if err := conn.SetReadDeadline(deadline); err != nil {
+	if err := writeRequest(hc, conn, req, deadline); err != nil {
 		hc.CloseConn(cc)
 		return true, err
 	}
@@ -89,18 +72,47 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 		hc.CloseConn(cc)
 		return true, err
 	}
+	return false, readBody(hc, cc, conn, br, req, resp)
+}
+
+// writeRequest writes req on conn by deadline (a write timeout is
+// fasthttp's ErrTimeout) and sets the same deadline for the response.
+func writeRequest(hc *fasthttp.HostClient, conn net.Conn, req *fasthttp.Request, deadline time.Time) error {
+	if err := conn.SetWriteDeadline(deadline); err != nil {
+		return err
+	}
+	bw := hc.AcquireWriter(conn)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	hc.ReleaseWriter(bw)
+	if err != nil {
+		if IsTimeout(err) {
+			err = fasthttp.ErrTimeout
+		}
+		return err
+	}
+	return conn.SetReadDeadline(deadline)
+}
+
+// readBody reads the body of the response whose head resp holds: none,
+// whole when its Content-Length fits HeadSize (the connection then goes
+// back to the pool, or is closed, at once), else as a streamedBody that
+// gives the connection (cc, fasthttp's) back when it is closed.
+func readBody(hc *fasthttp.HostClient, cc any, conn net.Conn, br *bufio.Reader, req *fasthttp.Request, resp *fasthttp.Response) error {
 	keep := !req.ConnectionClose() && !resp.ConnectionClose()
 	cl := resp.Header.ContentLength()
 	switch {
 	case skipsBody(resp):
 	case cl >= 0 && cl <= HeadSize:
 		resp.StreamBody = false
-		err = resp.ReadBody(br, HeadSize)
+		err := resp.ReadBody(br, HeadSize)
 		resp.StreamBody = true
 		if err != nil {
 			hc.ReleaseReader(br)
-			hc.CloseConn(cc)
-			return false, err
+			closeConn(hc, cc)
+			return err
 		}
 	default:
 		body := &streamedBody{br: br, conn: conn, hc: hc, cc: cc, resp: resp, left: int64(cl), keep: keep && cl != -2}
@@ -108,22 +120,21 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 			body.chunks = httputil.NewChunkedReader(br)
 		}
 		resp.SetBodyStream(body, cl)
-		return false, nil
+		return nil
 	}
 	hc.ReleaseReader(br)
-	// Done with before the attempt returns: the exchange using the
-	// connection lets go of it first, or a client leaving meanwhile would
-	// close it under the request it serves next; one closed already is
-	// not pooled.
+	// Done with before the attempt returns: the Hold of the connection
+	// lets go of it first, or a client leaving meanwhile would close it
+	// under the request it serves next; one closed already is not pooled.
 	if a, ok := resp.LocalAddr().(*connAddr); ok && a.conn.detach() {
 		keep = false
 	}
 	if keep {
-		hc.ReleaseConn(cc)
+		releaseConn(hc, cc)
 	} else {
-		hc.CloseConn(cc)
+		closeConn(hc, cc)
 	}
-	return false, nil
+	return nil
 }
 
 // readResponseHead reads the final response head from br, skipping
