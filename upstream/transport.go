@@ -68,10 +68,11 @@ func (ep *Endpoint) wrap(c net.Conn) *upstreamConn {
 }
 
 // upstreamConn is an upstream connection with two read regimes. Until the
-// proxy has the first body bytes it keeps fasthttp's absolute deadline
-// (first_byte, set by DoTimeout before reading the response). Once the
-// proxy calls streaming(), every Read gets a fresh deadline of idle, so a
-// long stream is never cut while it keeps flowing and a stalled one is.
+// request path has the first body bytes it keeps fasthttp's absolute
+// deadline (first_byte, set by DoTimeout before reading the response).
+// Once the request path marks it (MarkStreaming), every Read gets a fresh
+// deadline of idle, so a long stream is never cut while it keeps flowing
+// and a stalled one is.
 // fasthttp sets a new deadline before each request on a pooled
 // connection, which resets the regime.
 type upstreamConn struct {
@@ -82,7 +83,7 @@ type upstreamConn struct {
 	local  connAddr
 	// requests counts the requests written on the connection; received
 	// counts the bytes read since the current one was written. Together
-	// they tell a stale keep-alive connection (see staleConnection).
+	// they tell a stale keep-alive connection (see Stale).
 	requests atomic.Int32
 	received atomic.Int64
 	writing  atomic.Bool
