@@ -18,8 +18,8 @@ func (ex *exchange) choose(up *upstream.Upstream) (*upstream.Endpoint, upstream.
 	last := ""
 	for {
 		changed := up.Changes() // before looking: no change is missed
-		a := ex.ask(up, refused)
-		ep := up.Pick(&a)
+		ask := ex.ask(up, refused)
+		ep := up.Pick(&ask)
 		if ep == nil {
 			if again, a := ex.rideThrough(up, changed); again {
 				refused, last = refused[:0], ""
@@ -184,8 +184,7 @@ func (ex *exchange) release(up *upstream.Upstream, ep *upstream.Endpoint) bool {
 	if lp.rideUntil.IsZero() || lp.rideDraw == 0 {
 		return true
 	}
-	o := up.Options()
-	spread := min(max(o.SlowStart, 0), o.RideThrough) / 10
+	spread := min(up.SlowStart(), up.Options().RideThrough) / 10
 	delay := time.Duration(lp.rideDraw * float64(spread))
 	return ex.wait(min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
 }

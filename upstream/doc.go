@@ -1,11 +1,15 @@
 // Package upstream is Sturdy's upstream side: the model servers a
 // request may be sent to, each a pool of endpoints (replicas) with its
-// traffic policy. The request path (package proxy) talks to it through
-// three steps, and nothing else of it reaches an endpoint's connections:
+// traffic policy. The request path (package proxy) uses it in three
+// steps:
 //
-//	pick + lease  Upstream.Pick(Ask) → Endpoint.Allow (breaker Tickets) → Endpoint.Lease(LeaseRequest)
+//	pick + lease  Upstream.Pick(Ask) → Endpoint.Lease(LeaseRequest) → Endpoint.Allow (breaker Tickets)
 //	send          Endpoint.Send(Hold, request, response, timeout) → upstreamTransport.RoundTrip
 //	report        Tickets.Report, Endpoint.Outcome, Endpoint.CountAttempt; Lease.Release(Sample)
+//
+// and, of a response sent, asks whether its connection was stale (Stale)
+// and sets how its body is read (MarkStreaming, CapReads); an upstream's
+// max_in_flight slots (TakeSlot) take the same LeaseRequest.
 //
 // A LeaseRequest may wait in a queue (Wait) that shutdown (Cancel) or the
 // client leaving (Gone) ends; it names a Priority and a Tenant for a

@@ -309,6 +309,10 @@ func (up *Upstream) BareCooldown() time.Duration { return up.bareCooldown }
 // a request waits for its turn.
 func (up *Upstream) Pacing() (*rate.Limiter, time.Duration) { return up.limiter, up.maxWait }
 
+// SlowStart is how long a returning endpoint's share ramps up (0: no
+// ramp).
+func (up *Upstream) SlowStart() time.Duration { return up.slowStart }
+
 // Enter counts a request in the upstream's in-flight requests; Leave
 // counts it out.
 func (up *Upstream) Enter() { up.inFlight.Add(1) }
