@@ -40,7 +40,7 @@
 //
 //	options.go    Options of an upstream and their defaults; Env, what one proxy's upstreams share
 //	upstream.go   Upstream: New (a reload keeps unchanged endpoints), Own, Start, Close; breaker events logged and exported
-//	endpoint.go   Endpoint: its client, breakers and Tickets, load and failing share, Send and the claim of its connection
+//	endpoint.go   Endpoint: its client, breakers and Tickets, load and failing share, its leases and their samples, Send and the claim of its connection
 //	pick.go       Pick and the questions around it: Usable, Elsewhere, AnyUsable, AllOut, NextChange, AffinityKey
 //	health.go     health checks and DNS discovery (the background loop), draining
 //	transport.go  the dial and the upstream connection (idle deadlines, stale connections, Hold), DialError, IsTimeout

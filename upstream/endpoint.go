@@ -284,6 +284,23 @@ func (ep *Endpoint) takeClaim() *Hold {
 	return h
 }
 
+// Lease takes a connection place on ep for one attempt, waiting as r
+// allows; the Lease holds nothing unless the result is LeaseTaken or
+// LeaseWaited.
+func (ep *Endpoint) Lease(r LeaseRequest) (Lease, LeaseResult) {
+	res := ep.conns.Acquire(r)
+	if res == LeaseTimedOut || res == LeaseCancelled {
+		return Lease{}, res
+	}
+	return Lease{ep: ep}, res
+}
+
+// Samples returns how many samples that count ep's leases reported, and
+// the last one's TTFT.
+func (ep *Endpoint) Samples() (n int64, last time.Duration) {
+	return ep.samples.Load(), time.Duration(ep.lastTTFT.Load())
+}
+
 // close lets the endpoint's connections go.
 func (ep *Endpoint) close() {
 	ep.client.CloseIdleConnections()

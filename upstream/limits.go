@@ -326,17 +326,6 @@ type Sample struct {
 // held until its reply's body is closed; the zero Lease holds nothing.
 type Lease struct{ ep *Endpoint }
 
-// Lease takes a connection place on ep for one attempt, waiting as r
-// allows; the Lease holds nothing unless the result is LeaseTaken or
-// LeaseWaited.
-func (ep *Endpoint) Lease(r LeaseRequest) (Lease, LeaseResult) {
-	res := ep.conns.Acquire(r)
-	if res == LeaseTimedOut || res == LeaseCancelled {
-		return Lease{}, res
-	}
-	return Lease{ep: ep}, res
-}
-
 // Held reports whether l holds a place.
 func (l Lease) Held() bool { return l.ep != nil }
 
@@ -351,10 +340,4 @@ func (l Lease) Release(s Sample) {
 		l.ep.samples.Add(1)
 	}
 	l.ep.conns.Release()
-}
-
-// Samples returns how many samples that count ep's leases reported, and
-// the last one's TTFT.
-func (ep *Endpoint) Samples() (n int64, last time.Duration) {
-	return ep.samples.Load(), time.Duration(ep.lastTTFT.Load())
 }
