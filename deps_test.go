@@ -14,16 +14,18 @@ import (
 )
 
 // TestDependencyDirection keeps the layering (README, Layout) one way: policy and
-// breaker import nothing of ours, proxy does not know the config schema.
+// breaker import nothing of ours, proxy does not know the config schema, the
+// upstream side knows neither the request path nor the config.
 func TestDependencyDirection(t *testing.T) {
 	t.Parallel()
 	forbidden := map[string][]string{
-		"sturdy/policy":  {"sturdy/"},
-		"sturdy/breaker": {"sturdy/"},
-		"sturdy/events":  {"sturdy/"},
-		"sturdy/fleet":   {"sturdy/"},
-		"sturdy/proxy":   {"sturdy/config", "sturdy/internal/"},
-		"sturdy/config":  {"sturdy/proxy", "sturdy/breaker"},
+		"sturdy/policy":   {"sturdy/"},
+		"sturdy/breaker":  {"sturdy/"},
+		"sturdy/events":   {"sturdy/"},
+		"sturdy/fleet":    {"sturdy/"},
+		"sturdy/proxy":    {"sturdy/config", "sturdy/internal/"},
+		"sturdy/upstream": {"sturdy/proxy", "sturdy/config", "sturdy/internal/"},
+		"sturdy/config":   {"sturdy/proxy", "sturdy/breaker"},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()

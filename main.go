@@ -44,6 +44,7 @@ import (
 	"sturdy/policy"
 	"sturdy/proxy"
 	"sturdy/tracing"
+	"sturdy/upstream"
 )
 
 // version and commit are stamped at build time:
@@ -530,7 +531,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		Tracing: tracingOptions(cfg.Tracing)}
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
-		o.Upstreams = append(o.Upstreams, proxy.Upstream{
+		o.Upstreams = append(o.Upstreams, upstream.Options{
 			Name: u.Name, URL: u.URL, APIKey: u.APIKey,
 			ConnectTimeout:   u.Timeouts.Connect.Std(),
 			FirstByteTimeout: u.Timeouts.FirstByte.Std(),
@@ -544,12 +545,12 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 				OpenFor:             b.OpenFor.Std(),
 				HalfOpenRequests:    uint32(b.HalfOpenRequests),
 			},
-			RateLimit: proxy.RateLimit{RequestsPerSecond: u.RateLimit.RequestsPerSecond, Burst: u.RateLimit.Burst,
+			RateLimit: upstream.RateLimit{RequestsPerSecond: u.RateLimit.RequestsPerSecond, Burst: u.RateLimit.Burst,
 				MaxWait: u.RateLimit.MaxWait.Std()},
 			MaxInFlight:  u.MaxInFlight,
 			QueueTimeout: u.QueueTimeout.Std(),
-			RetryBudget:  proxy.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
-			Cooldown: proxy.Cooldown{Off: u.Cooldown.Enabled != nil && !*u.Cooldown.Enabled,
+			RetryBudget:  upstream.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
+			Cooldown: upstream.Cooldown{Off: u.Cooldown.Enabled != nil && !*u.Cooldown.Enabled,
 				WithoutHeader: u.Cooldown.WithoutHeader.Std(), Max: u.Cooldown.Max.Std()},
 			CAFile:             u.TLS.CAFile,
 			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
@@ -580,13 +581,13 @@ func isListener(listen string) func(addr string) bool {
 
 // poolOptions translates how upstream u finds and balances its
 // endpoints.
-func poolOptions(o *proxy.Upstream, u config.Upstream) {
+func poolOptions(o *upstream.Options, u config.Upstream) {
 	o.Endpoints = u.Endpoints
-	o.Discover = proxy.Discover{DNS: u.Discover.DNS, Scheme: u.Discover.Scheme, Every: u.Discover.Every.Std()}
-	o.Balance = map[string]proxy.Balance{"round_robin": proxy.BalanceRoundRobin, "affinity": proxy.BalanceAffinity}[u.Balance]
-	o.Affinity = proxy.Affinity{Header: u.Affinity.Header, Prefix: u.Affinity.Prefix}
+	o.Discover = upstream.Discover{DNS: u.Discover.DNS, Scheme: u.Discover.Scheme, Every: u.Discover.Every.Std()}
+	o.Balance = map[string]upstream.Balance{"round_robin": upstream.BalanceRoundRobin, "affinity": upstream.BalanceAffinity}[u.Balance]
+	o.Affinity = upstream.Affinity{Header: u.Affinity.Header, Prefix: u.Affinity.Prefix}
 	hc := u.HealthCheck
-	o.HealthCheck = proxy.HealthCheck{Path: hc.Path, Every: hc.Every.Std(), Timeout: hc.Timeout.Std(), Healthy: hc.Healthy,
+	o.HealthCheck = upstream.HealthCheck{Path: hc.Path, Every: hc.Every.Std(), Timeout: hc.Timeout.Std(), Healthy: hc.Healthy,
 		Unhealthy: hc.Unhealthy}
 	if u.SlowStart != nil {
 		o.SlowStart = u.SlowStart.Std()
@@ -596,7 +597,7 @@ func poolOptions(o *proxy.Upstream, u config.Upstream) {
 	}
 	o.MaxEjected = float64(u.MaxEjected)
 	o.RideThrough = u.RideThrough.Std()
-	o.Continuation = map[string]proxy.Continuation{"vllm": proxy.ContinueVLLM, "prefill": proxy.ContinuePrefill}[u.Continuation]
+	o.Continuation = map[string]upstream.Continuation{"vllm": upstream.ContinueVLLM, "prefill": upstream.ContinuePrefill}[u.Continuation]
 }
 
 // sharedOptions translates shared_state (nil: none).

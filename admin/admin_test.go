@@ -20,6 +20,7 @@ import (
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/proxy"
+	"sturdy/upstream"
 )
 
 // stack is Sturdy and its admin listener, both on loopback.
@@ -41,7 +42,7 @@ func startWith(t *testing.T, s Settings, openFor time.Duration, steps ...upstrea
 	up := upstreamtest.Start(t, steps...)
 	m := metrics.New()
 	p, err := proxy.New(proxy.Options{
-		Upstreams: []proxy.Upstream{{Name: "model", URL: up.URL, ConnectTimeout: time.Second, FirstByteTimeout: 2 * time.Second,
+		Upstreams: []upstream.Options{{Name: "model", URL: up.URL, ConnectTimeout: time.Second, FirstByteTimeout: 2 * time.Second,
 			IdleTimeout: time.Second, MaxConnections: 16,
 			Breaker: breaker.Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: openFor}}},
 		Routes: []proxy.Route{{Name: "chat", PathPrefix: "/", Upstream: "model", Deadline: 5 * time.Second, MaxBody: 1 << 20,
@@ -198,7 +199,7 @@ func TestDebugUpstreamsAndPprof(t *testing.T) {
 	s.chat(t)
 	code, body := get(t, s.adminURL+"/debug/upstreams")
 	var doc struct {
-		Upstreams []proxy.UpstreamStatus `json:"upstreams"`
+		Upstreams []upstream.Status `json:"upstreams"`
 	}
 	if err := json.Unmarshal([]byte(body), &doc); code != 200 || err != nil || len(doc.Upstreams) != 1 {
 		t.Fatalf("/debug/upstreams: %d %s", code, body)

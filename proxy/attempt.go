@@ -6,6 +6,7 @@ import (
 
 	"sturdy/events"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // attempt sends the request once and reads the response head: the status,
@@ -13,28 +14,31 @@ import (
 // the upstream's first_byte, or for a stream the route's first_token when
 // shorter, cut short by the deadline. It only reports what happened; the
 // loop asks policy what that means.
-func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outcome {
-	timeout := min(t.up.firstByte, ex.req.deadline.Sub(now))
+func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) policy.Outcome {
+	timeout := min(t.up.Options().FirstByteTimeout, ex.req.deadline.Sub(now))
 	if ex.req.firstToken > 0 {
 		timeout = min(timeout, ex.req.firstToken)
 	}
 	if timeout <= 0 {
-		return policy.Outcome{Fault: policy.FaultTimeout}
+		return policy.Outcome{Fault: policy.FaultTimeout} // not sent: its sample does not count
 	}
 	resp := ex.reply.msg
 	ex.reply.streamFailed, ex.reply.streamError, ex.reply.heldToEnd = false, "", false
 	ex.loop.why, ex.loop.refused = "", false // this attempt's, not an earlier one's
 	ex.enter(phaseHead)
-	if err := ep.send(ex, resp, timeout); err != nil || ex.isGone.Load() {
-		ex.closeBody()
+	if err := ep.Send(&ex.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
+		f := policy.FaultClientGone
 		switch {
 		case ex.isGone.Load():
-			return policy.Outcome{Fault: policy.FaultClientGone}
-		case !isTimeout(err) && staleConnection(resp):
-			return policy.Outcome{Fault: policy.FaultStale}
+		case !upstream.IsTimeout(err) && upstream.Stale(resp):
+			f = policy.FaultStale
+		default:
+			f = faultOf(err)
+			ex.loop.why, ex.loop.refused = whyUnreachable(err), refusedConnection(err)
 		}
-		ex.loop.why, ex.loop.refused = whyUnreachable(err), refusedConnection(err)
-		return policy.Outcome{Fault: faultOf(err)}
+		ex.sampled(f)
+		ex.closeBody()
+		return policy.Outcome{Fault: f}
 	}
 	// headAt: when the head arrived, or with a small body read whole
 	// with it (upstreamTransport), when that body did. Without a body
@@ -44,12 +48,14 @@ func (ex *exchange) attempt(t *target, ep *endpoint, now time.Time) policy.Outco
 	status := resp.StatusCode()
 	out := policy.Outcome{Status: status}
 	if f := ex.readHead(status); f != policy.FaultNone {
-		ex.closeBody()
 		if ex.isGone.Load() { // the watcher closed the connection: no fault of the upstream's
-			return policy.Outcome{Fault: policy.FaultClientGone}
+			f = policy.FaultClientGone
 		}
+		ex.sampled(f)
+		ex.closeBody()
 		return policy.Outcome{Fault: f}
 	}
+	ex.sampled(policy.FaultNone) // the first output is held: the attempt's ttft
 	if ex.reply.streamFailed {
 		// An error event before the stream's first output: what it means
 		// is policy's (EventFailure). A retryable one gives the stream up.
@@ -96,11 +102,12 @@ func (ex *exchange) readHead(status int) policy.Fault {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
 		rp.head = rp.head[:len(rp.head)+n]
 		if err == io.EOF {
+			ex.sampled(policy.FaultNone)
 			ex.closeBody() // fully read: the connection goes back to the pool
 			return policy.FaultNone
 		}
 		if err != nil {
-			if isTimeout(err) {
+			if upstream.IsTimeout(err) {
 				return policy.FaultTimeout
 			}
 			return policy.FaultReset
@@ -109,7 +116,7 @@ func (ex *exchange) readHead(status int) policy.Fault {
 			break
 		}
 	}
-	markStreaming(rp.msg)
+	upstream.MarkStreaming(rp.msg)
 	return policy.FaultNone
 }
 
@@ -132,10 +139,10 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 		judged, mark = rp.judgeHead(kind, api, judged, true)
 		switch {
 		case mark == policy.MarkContent && ex.req.route.streamHold.Max > 0 && !ex.out.streaming: // not a continuation's
-			markStreaming(rp.msg)
+			upstream.MarkStreaming(rp.msg)
 			return ex.holdWindow(kind, api, judged)
 		case mark != policy.MarkFraming, len(rp.head) >= maxHold:
-			markStreaming(rp.msg)
+			upstream.MarkStreaming(rp.msg)
 			return policy.FaultNone
 		}
 		// At the stream's end the whole stream was framing: it goes as it
@@ -216,7 +223,7 @@ func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f poli
 	rp := &ex.reply
 	before := len(rp.head)
 	if !ex.headRoom(limit) {
-		markStreaming(rp.msg)
+		upstream.MarkStreaming(rp.msg)
 		return true, policy.FaultNone
 	}
 	var err error
@@ -231,10 +238,11 @@ func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f poli
 				return false, policy.FaultReset
 			}
 		}
+		ex.sampled(policy.FaultNone)
 		ex.closeBody()
 		rp.heldToEnd = true
 		return true, policy.FaultNone
-	case err != nil && isTimeout(err):
+	case err != nil && upstream.IsTimeout(err):
 		return false, policy.FaultTimeout
 	case err != nil:
 		return false, policy.FaultReset
@@ -257,18 +265,29 @@ func readOnto(buf []byte, r io.Reader, limit int) ([]byte, error) {
 // also tells a model server to stop generating. Either way the
 // connection's place under max_connections is free again.
 func (ex *exchange) closeBody() {
-	if ex.upConn != nil {
-		// From here the connection may serve another request: it must not
-		// be closed for this one.
-		ex.released()
-	}
+	// From here the connection may serve another request: it must not be
+	// closed for this one.
+	ex.conn.Drop()
 	if ex.reply.body != nil {
 		_ = ex.reply.msg.CloseBodyStream()
 		ex.reply.body = nil
 	}
-
-	if ep := ex.reply.conn; ep != nil {
-		ep.conns.release()
-		ex.reply.conn = nil
+	if l := ex.reply.lease; l.Held() {
+		l.Release(ex.reply.sample)
+		ex.reply.lease = upstream.Lease{}
 	}
+}
+
+// sampled notes the attempt's sample as its head is read (f: none) or it
+// fails (f: how), for its lease's release (closeBody): its time to first
+// token from reply.sentAt, counted unless it is a stale connection's
+// replay, its client left, or it failed before it was sent (a failed
+// dial, no connection, a stale connection's).
+func (ex *exchange) sampled(f policy.Fault) {
+	counts := !ex.reply.replay && !ex.isGone.Load()
+	switch f {
+	case policy.FaultClientGone, policy.FaultStale, policy.FaultConnect, policy.FaultLocal:
+		counts = false
+	}
+	ex.reply.sample = upstream.Sample{TTFT: time.Since(ex.reply.sentAt), Counts: counts}
 }

@@ -15,6 +15,7 @@ import (
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // BenchmarkHeaderCopy measures building the upstream request's headers.
@@ -55,7 +56,7 @@ func BenchmarkProxiedRequestTraced(b *testing.B) {
 
 func benchProxied(b *testing.B, edit func(*Options)) {
 	upLn := benchUpstream(b)
-	o := Options{Upstreams: []Upstream{testUpstream("up", "http://inmemory")}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()}
+	o := Options{Upstreams: []upstream.Options{testUpstream("up", "http://inmemory")}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()}
 	if edit != nil {
 		edit(&o)
 	}
@@ -63,15 +64,8 @@ func benchProxied(b *testing.B, edit func(*Options)) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Dial the upstream over the in-memory listener.
-	up0 := p.tbl.Load().upstreams[0].endpointsNow()[0]
-	up0.client.Dial = func(string) (net.Conn, error) {
-		c, err := upLn.Dial()
-		if err != nil {
-			return nil, err
-		}
-		return up0.wrap(c), nil
-	}
+	// Dial the upstream over the in-memory listener (before any request).
+	p.env.Dial = func(string) (net.Conn, error) { return upLn.Dial() }
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = p.Serve(ln) }() // through the listener guard, as in production
 	defer func() { _ = p.Shutdown(context.Background()) }()
@@ -157,7 +151,7 @@ func BenchmarkProxiedRequestTCP(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			watchClients = watched
 			defer func() { watchClients = true }()
-			p, err := New(Options{Upstreams: []Upstream{testUpstream("up", "http://"+upLn.Addr().String())},
+			p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", "http://"+upLn.Addr().String())},
 				Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
 			if err != nil {
 				b.Fatal(err)
@@ -199,7 +193,7 @@ func BenchmarkProxiedRequestTCP(b *testing.B) {
 // cooldown in force, or one in force for another credential (the key is
 // hashed and looked up).
 func cooldownCase(tb testing.TB, inForce bool) (check func() time.Duration) {
-	p, err := New(Options{Upstreams: []Upstream{testUpstream("up", "http://127.0.0.1:1")}, Routes: []Route{testRoute("up")},
+	p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", "http://127.0.0.1:1")}, Routes: []Route{testRoute("up")},
 		Log: zerolog.Nop()})
 	if err != nil {
 		tb.Fatal(err)
@@ -207,7 +201,7 @@ func cooldownCase(tb testing.TB, inForce bool) (check func() time.Duration) {
 	up := p.tbl.Load().upstreams[0]
 	now := time.Now()
 	if inForce {
-		up.cooldowns.set(12345, now, now.Add(time.Hour))
+		up.Cooldowns().Set(12345, now, now.Add(time.Hour))
 	}
 	ctx := &fasthttp.RequestCtx{}
 	ctx.Request.Header.Set("Authorization", "Bearer sk-bench")

@@ -21,6 +21,7 @@ import (
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
 	"sturdy/tracing"
+	"sturdy/upstream"
 )
 
 // These tests hold Sturdy's bounds against hostile input: what a client
@@ -100,22 +101,6 @@ func TestHugeModelNamesAreKeptBounded(t *testing.T) {
 	}
 }
 
-// TestDebugUpstreamsListsAtMost256ModelBreakers: an endpoint's reply
-// breakers shown are bounded whatever the group holds.
-func TestDebugUpstreamsListsAtMost256ModelBreakers(t *testing.T) {
-	t.Parallel()
-	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
-	h := startProxy(t, up.URL, nil)
-	ep := h.p.tbl.Load().upstreams[0].endpointsNow()[0]
-	ep.models = breaker.NewGroup("up", breaker.GroupSettings{Max: 1000})
-	for i := 0; i < 600; i++ {
-		ep.models.Get(fmt.Sprint("model-", i), time.Now())
-	}
-	if n := len(h.p.Upstreams()[0].ModelBreakers); n != maxListedModelBreakers {
-		t.Fatalf("%d model breakers listed, want %d", n, maxListedModelBreakers)
-	}
-}
-
 // TestTracingKeepsNoCopyOfAHugeModel: with tracing on and the collector
 // down, spans wait in the export queue (2,048 of them); a 1 MiB model
 // (and a long path and user agent) must not ride on each. Before, the
@@ -184,26 +169,6 @@ func TestTrailersAreReadBoundedAndDropped(t *testing.T) {
 	r.Body.Close()
 	if err == nil && r.StatusCode == 200 {
 		t.Fatalf("a body whose trailer passes 8 KiB was presented as whole: %q", b)
-	}
-}
-
-func TestDiscardTrailer(t *testing.T) {
-	t.Parallel()
-	for _, tt := range []struct {
-		name, in string
-		want     error
-	}{
-		{"none", "\r\n", nil},
-		{"fields", "Set-Cookie: a=1\r\nX-Sum: 2\r\n\r\nnext", nil},
-		{"bare LF", "X: 1\n\n", nil},
-		{"cut", "X: 1\r\n", io.ErrUnexpectedEOF},
-		{"one long line", "X: " + strings.Repeat("x", 9<<10) + "\r\n\r\n", errTrailerTooLarge},
-		{"many lines", strings.Repeat("X: 12345678\r\n", 1000) + "\r\n", errTrailerTooLarge},
-	} {
-		br := bufio.NewReaderSize(strings.NewReader(tt.in), 16)
-		if err := discardTrailer(br); err != tt.want {
-			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
-		}
 	}
 }
 
@@ -294,7 +259,7 @@ func TestRescueKeepsAtMostMaxRescueBytes(t *testing.T) {
 	const n = 4096 // × 4 KiB = 16 MiB
 	primary := upstreamtest.Server{URL: gatedStream(t, "text/event-stream", words(n), gate)}
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-	h := startRescue(t, &primary, fallback, ContinuePrefill, func(o *Options) { o.Upstreams[0].IdleTimeout = 10 * time.Second })
+	h := startRescue(t, &primary, fallback, upstream.ContinuePrefill, func(o *Options) { o.Upstreams[0].IdleTimeout = 10 * time.Second })
 	before := heapInUse()
 	read, done := readStream(t, h, "/v1/chat/completions", streamChat)
 	waitFor(t, 10*time.Second, "16 MiB relayed", func() bool { return read.Load() >= n*4<<10 })
@@ -319,7 +284,7 @@ func TestAContinuationIsNeverLargerThanMaxBody(t *testing.T) {
 	t.Parallel()
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, upstreamtest.Words(4, strings.Repeat("w", 4<<10))...))
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) { o.Routes[0].MaxBody = 8 << 10 })
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) { o.Routes[0].MaxBody = 8 << 10 })
 	_, body := h.chat(streamChat)
 	if !strings.Contains(string(body), `"code":"stream_interrupted"`) || fallback.Count() != 0 {
 		t.Fatalf("%d continuations sent past max_body; body ends %q", fallback.Count(), body[max(0, len(body)-200):])
@@ -425,7 +390,7 @@ func TestARequestThatLoopsBackIs508AtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	self := "http://" + ln.Addr().String()
-	p, err := New(Options{Upstreams: []Upstream{testUpstream("self", self)}, Routes: []Route{testRoute("self")},
+	p, err := New(Options{Upstreams: []upstream.Options{testUpstream("self", self)}, Routes: []Route{testRoute("self")},
 		Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
@@ -465,13 +430,13 @@ func TestDiscoveryLeavesOutSturdysOwnListener(t *testing.T) {
 	h := startProxy(t, "", func(o *Options) {
 		u := &o.Upstreams[0]
 		u.URL = ""
-		u.Discover = Discover{DNS: "models.internal:" + port, Scheme: "http", Every: 20 * time.Millisecond}
+		u.Discover = upstream.Discover{DNS: "models.internal:" + port, Scheme: "http", Every: 20 * time.Millisecond}
 		o.LookupHost = func(context.Context, string) ([]string, error) { return []string{"127.0.0.1", "127.0.0.2"}, nil }
 		o.IsSelf = func(addr string) bool { return addr == self }
 	})
 	time.Sleep(100 * time.Millisecond) // a few resolutions
-	pool := h.p.tbl.Load().upstreams[0].endpointsNow()
-	if len(pool) != 1 || pool[0].addr != strings.TrimPrefix(v4.url, "http://") {
+	pool := h.p.tbl.Load().upstreams[0].Endpoints()
+	if len(pool) != 1 || pool[0].Addr() != strings.TrimPrefix(v4.url, "http://") {
 		t.Fatalf("the pool is %d endpoints: %v", len(pool), pool)
 	}
 	if n := strings.Count(h.logs.String(), "Sturdy's own listener"); n != 1 {

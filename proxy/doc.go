@@ -1,11 +1,11 @@
 // Package proxy is Sturdy's fasthttp handler. A request goes through
 // files named for their phase (calls do not yet go one way between them:
-// `go run ./tools/shape -why` lists the file-level cycles):
+// `go run ./tools/shape` lists the file-level cycles):
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
 //	loop.go     targets, gates, waits   run → onTarget → attemptOn (gate, choose, send) → decide → wait
-//	pool.go     pick an endpoint        choose → pick (policy.Pick*) | rideThrough
-//	attempt.go  send, read the head     attempt → readHead → holdToCommit → holdWindow
+//	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
+//	attempt.go  send, read the head     attempt → Endpoint.Send → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   Read → upstreamEnded → CloseWithError
 //	rescue.go   a stream cut mid-answer Read → readEvents → rescueStream → continueOn
@@ -22,17 +22,20 @@
 //   - whether a stream cut mid-answer is continued now: policy.Rescue's
 //     Refusal, in rescueStream; the continuation is sent through the
 //     loop's own step (attemptOn: gate, choose, send);
-//   - breaker outcome: policy.Classify's Health, reported by send (Ticket.Done);
+//   - breaker outcome: policy.Classify's Health, reported by send
+//     (upstream.Tickets.Report); the attempt's time to first token, and
+//     whether it counts, by closeBody as it gives the lease back
+//     (upstream.Lease.Release; sampled decides);
 //   - waits end early on shutdown or when the client leaves: wait (and
-//     slots.acquire); a client's leaving is noticed by the watcher
-//     (watch_linux.go) and acted on by clientLeft (gone.go), which also
-//     closes the upstream connection an attempt holds (upstream.send's
-//     claim tells which);
+//     the lease queues, through upstream.LeaseRequest); a client's leaving
+//     is noticed by the watcher (watch_linux.go) and acted on by
+//     clientLeft (gone.go), which also closes the upstream connection an
+//     attempt holds (upstream.Hold.Sever);
 //   - commit and the answer: respond; every error body: errorTable, in the
 //     shape of the request's API (errorShapes), written by apiError.write
 //     (errors.go);
-//   - which endpoint of a pool: policy.PickLeastRequests / PickRoundRobin /
-//     PickAffinity, in pick; a stream's framing: events.KindOf,
+//   - which endpoint of a pool: package upstream (Upstream.Pick), asked
+//     by choose with what the request knows (ask); a stream's framing: events.KindOf,
 //     events.Next; what its events mean: policy.Judge, policy.FollowChunk,
 //     policy.Continuable;
 //   - what is shared with a fleet: shared.go (package fleet does the
@@ -43,16 +46,12 @@
 // client's response and the access log's notes. The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
-//	options.go     Options and their defaults
+//	options.go     Options and their defaults (an upstream's are upstream.Options)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
-//	upstream.go    an upstream and its pool; endpoint.go one endpoint (its client, breakers, places)
-//	health.go      health checks and DNS discovery
-//	transport.go   the dial and the upstream connection (idle deadlines, stale connections)
-//	roundtrip.go   the round trip: head, small bodies read whole, streamed bodies, trailers
-//	limits.go      cooldowns, per-client buckets, slots: the per-key maps, bounded (MaxTrackedKeys)
+//	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes)
 //	shared.go      the fleet (package fleet) as the proxy uses it
-//	status.go      /debug/upstreams, readiness, gauges refreshed on scrape
+//	status.go      /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
 //	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
 //	               (table.hooks; the clients: limits are the first)

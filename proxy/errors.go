@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // Codes of the errors Sturdy writes itself (error.code in the body). Each
@@ -258,19 +259,6 @@ func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte, api policy.AP
 	r.SetBody(shapeOf(api).body(e))
 }
 
-// dialError marks a failure to open a connection: the request provably
-// never left Sturdy, so even a non-replayable write may be retried.
-type dialError struct{ err error }
-
-// localFault reports whether a dial failed on Sturdy's side (out of file
-// descriptors), not the upstream's.
-func (e *dialError) localFault() bool {
-	return errors.Is(e.err, syscall.EMFILE) || errors.Is(e.err, syscall.ENFILE)
-}
-
-func (e *dialError) Error() string { return "dial upstream: " + e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
-
 // errStreamAborted is what the client-side body reader returns to make
 // fasthttp cut the client connection: a stream that failed must never end
 // as if it had succeeded.
@@ -303,7 +291,7 @@ func whyUnreachable(err error) string {
 		return "no route to host"
 	case errors.Is(err, syscall.ECONNRESET):
 		return "connection reset"
-	case errors.Is(err, fasthttp.ErrDialTimeout), isTimeout(err):
+	case errors.Is(err, fasthttp.ErrDialTimeout), upstream.IsTimeout(err):
 		return "timeout"
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, fasthttp.ErrConnectionClosed):
 		return "connection closed"
@@ -314,30 +302,22 @@ func whyUnreachable(err error) string {
 // refusedConnection reports whether a connection was refused (or had no
 // route): nothing listens there — a server killed, or not up yet.
 func refusedConnection(err error) bool {
-	var de *dialError
+	var de *upstream.DialError
 	return errors.As(err, &de) && (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) ||
 		errors.Is(err, syscall.ENETUNREACH))
 }
 
 // faultOf maps a fasthttp client error to the attempt's fault.
 func faultOf(err error) policy.Fault {
-	var de *dialError
+	var de *upstream.DialError
 	switch {
-	case errors.As(err, &de) && de.localFault():
+	case errors.As(err, &de) && de.LocalFault():
 		return policy.FaultLocal
 	case errors.As(err, &de), errors.Is(err, fasthttp.ErrNoFreeConns), errors.Is(err, fasthttp.ErrDialTimeout):
 		return policy.FaultConnect
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		return policy.FaultTimeout
 	default:
 		return policy.FaultReset
 	}
-}
-
-func isTimeout(err error) bool {
-	if errors.Is(err, fasthttp.ErrTimeout) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

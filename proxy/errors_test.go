@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"sturdy/policy"
+	"sturdy/upstream"
 
 	"github.com/tidwall/gjson"
 )
@@ -82,19 +83,19 @@ func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
 		{"request body", sizeText(DefaultMaxBody)},
 		{"open client connections", fmt.Sprintf("less %d", reservedFDs)},
 		{"open client connections", fmt.Sprintf("at most %d answered", maxRefusing)},
-		{"riders waiting out an outage", fmt.Sprintf("%d,%03d", DefaultRideThroughQueue/1000, DefaultRideThroughQueue%1000)},
+		{"riders waiting out an outage", fmt.Sprintf("%d,%03d", upstream.DefaultRideThroughQueue/1000, upstream.DefaultRideThroughQueue%1000)},
 		{"framing held before a stream's commit point", sizeText(maxHold)},
 		{"rescue text", sizeText(DefaultMaxRescueBytes)},
 		{"a body read whole for an HTTP/1.0 client", sizeText(maxWholeBody)},
 		{"held stream heads, rescue text and HTTP/1.0 bodies", sizeText(DefaultMaxBufferedBytes)},
-		{"upstream response headers", sizeText(upstreamReadBuffer) + "; " + fmt.Sprint(maxInterimResponses) + "; " + sizeText(maxTrailerBytes)},
+		{"upstream response headers", sizeText(upstream.ReadBuffer) + "; " + fmt.Sprint(upstream.MaxInterimResponses) + "; " + sizeText(upstream.MaxTrailerBytes)},
 		{"a model name as kept and shown", fmt.Sprintf("%d bytes", policy.MaxModelBytes)},
-		{"reply breakers per endpoint", fmt.Sprint(maxListedModelBreakers)},
-		{"cooldowns per upstream", fmt.Sprintf("%d,%03d", MaxTrackedKeys/1000, MaxTrackedKeys%1000)},
+		{"reply breakers per endpoint", fmt.Sprint(upstream.MaxListedModelBreakers)},
+		{"cooldowns per upstream", fmt.Sprintf("%d,%03d", upstream.MaxTrackedKeys/1000, upstream.MaxTrackedKeys%1000)},
 		{"retries / targets listed", fmt.Sprintf("%d / %d; %d", maxLoggedRetries, maxLoggedTargets, maxTriedEndpoints)},
 		{"a span's value copied from a request", sizeText(maxSpanText)},
 		{"admin connections", fmt.Sprintf("%d;", AdminConnections)},
-		{"one learned cooldown", fmt.Sprintf("%d min", int(DefaultCooldownMax.Minutes()))},
+		{"one learned cooldown", fmt.Sprintf("%d min", int(upstream.DefaultCooldownMax.Minutes()))},
 	} {
 		line := ""
 		for _, l := range strings.Split(limits, "\n") {

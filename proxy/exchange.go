@@ -12,11 +12,12 @@ import (
 	"sturdy/fleet"
 	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // headSize is how much of a response body Sturdy holds before committing:
 // a whole small body (most JSON replies), or the first chunk of a stream.
-const headSize = 32 << 10
+const headSize = upstream.HeadSize
 
 // maxLoggedRetries bounds the retries listed on an access line.
 const maxLoggedRetries = 16
@@ -46,10 +47,10 @@ type exchange struct {
 	isGone    atomic.Bool
 	phase     atomic.Uint32
 	gonePhase atomic.Uint32
-	// upConn is the upstream connection in use (an attempt's, then the
-	// stream's), to close when the client leaves or Shutdown's grace ends.
-	connMu sync.Mutex
-	upConn *upstreamConn
+	// conn is what the request holds of the upstream connection in use
+	// (an attempt's, then the stream's), to close when the client leaves
+	// or Shutdown's grace ends (upstream.Hold.Sever).
+	conn upstream.Hold
 	// held is what the request holds of the proxy's buffer budget
 	// (server.max_buffered_bytes), given back when it ends; headHeld is
 	// the part of it covering the reply head's capacity past headSize.
@@ -98,10 +99,10 @@ type outbound struct {
 // loopState is where the attempt loop stands: the current target, the
 // attempts so far, what stood in the way, and why it stopped.
 type loopState struct {
-	ti       int       // index of the current target in route.targets
-	up       *upstream // the current target's upstream
-	n        int       // attempts on it, a stale replay sharing its attempt's number
-	attempts int       // across all targets, stale replays included
+	ti       int                // index of the current target in route.targets
+	up       *upstream.Upstream // the current target's upstream
+	n        int                // attempts on it, a stale replay sharing its attempt's number
+	attempts int                // across all targets, stale replays included
 	// replaying is set while the next attempt is a stale replay, and
 	// replays counts them; reriding while it follows a ride-through probe
 	// that could not connect, and rides counts those probes.
@@ -120,7 +121,7 @@ type loopState struct {
 	// reservedAt is when the retry budget was taken for the retry being
 	// waited for, to give it back if the wait ends early.
 	reservedAt time.Time
-	slot       *upstream // whose max_in_flight slot is held
+	slot       *upstream.Upstream // whose max_in_flight slot is held
 	// model is the model as sent to the current target (its breaker and
 	// cooldown scope); coolKey keys its cooldowns, once computed.
 	model      string
@@ -130,14 +131,14 @@ type loopState struct {
 	// sharedRefused says, when set, what Redis did instead of answering
 	// a shared limit, on_failure being refuse.
 	sharedRefused string
-	place         *endpoint // whose connection place is taken for the next attempt
-	entered       *upstream // whose in-flight count this request is in
+	place         upstream.Lease     // the connection place taken for the next attempt
+	entered       *upstream.Upstream // whose in-flight count this request is in
 	// ep is the endpoint of the current (or last) attempt; aimed the one
 	// the request's URI and Host are built for; tried the endpoints of
 	// this target a retryable attempt failed on (retries go elsewhere).
-	ep     *endpoint
-	aimed  *endpoint
-	tried  [maxTriedEndpoints]*endpoint
+	ep     *upstream.Endpoint
+	aimed  *upstream.Endpoint
+	tried  [maxTriedEndpoints]*upstream.Endpoint
 	nTried int
 	// affKey is the request's affinity key, once computed (affKnown);
 	// hasKey says it has one.
@@ -147,7 +148,7 @@ type loopState struct {
 	// (ride_through; zero: not riding); rider says a riders place is
 	// held; rideDraw spreads the riders' release.
 	rideUntil time.Time
-	rider     *upstream
+	rider     *upstream.Upstream
 	rideDraw  float64
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
@@ -163,7 +164,7 @@ type loopState struct {
 // wait: the request waits that wait and retries, past the extension the
 // jitter added for everyone else (see gate).
 type ownCooldown struct {
-	up    *upstream
+	up    *upstream.Upstream
 	until time.Time // the cooldown's end as set
 }
 
@@ -171,16 +172,22 @@ type ownCooldown struct {
 // read, and the body bytes read before commit.
 type reply struct {
 	msg *fasthttp.Response
-	// conn is the endpoint whose connection place (max_connections) the
-	// attempt holds until its body is closed.
-	conn *endpoint
+	// lease is the connection place (max_connections) the attempt holds
+	// until its body is closed; sample is what it reports then (its
+	// ttft from sentAt, and whether that counts: not for a stale
+	// connection's replay, which replay says it is, nor for an attempt
+	// not sent or whose client left; see sampled).
+	lease  upstream.Lease
+	sample upstream.Sample
+	sentAt time.Time
+	replay bool
 	// has says the last attempt produced a status (no fault).
 	has bool
 	// up is the upstream that sent it, ti its target's index in the
 	// route, ep its endpoint.
-	up *upstream
+	up *upstream.Upstream
 	ti int
-	ep *endpoint
+	ep *upstream.Endpoint
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader

@@ -11,6 +11,7 @@ import (
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // withFallbacks adds upstreams named b, c … for the given URLs as the
@@ -307,7 +308,7 @@ func TestPacingWaitsOrRefuses(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 100 * time.Millisecond}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 100 * time.Millisecond}
 	})
 	h.chat("")
 	resp, body := h.chat("") // would wait ~500ms > max_wait
@@ -316,7 +317,7 @@ func TestPacingWaitsOrRefuses(t *testing.T) {
 		t.Fatalf("over the pace: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
 	h2 := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 4, Burst: 1, MaxWait: 2 * time.Second}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 4, Burst: 1, MaxWait: 2 * time.Second}
 	})
 	start := time.Now()
 	for i := 0; i < 3; i++ {
@@ -399,7 +400,7 @@ func TestRetryBudgetBoundsAmplification(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].RetryBudget = RetryBudget{Ratio: 0.5, MinPerSecond: 1}
+		o.Upstreams[0].RetryBudget = upstream.RetryBudget{Ratio: 0.5, MinPerSecond: 1}
 		o.Routes[0].Retry.MaxAttempts = 4
 	})
 	const clients, each = 50, 4
@@ -464,7 +465,7 @@ func TestStatusShowsTrafficPolicyState(t *testing.T) {
 	primary := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "30"}}})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 5, Burst: 3, MaxWait: time.Second}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 5, Burst: 3, MaxWait: time.Second}
 		o.Upstreams[0].MaxInFlight = 7
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: time.Minute}
 		withFallbacks(o, []string{fallback.URL})

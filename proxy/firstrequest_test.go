@@ -12,6 +12,7 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 // These tests hold the first request after something broke to the
@@ -193,7 +194,7 @@ func TestAClientThatLeavesAfterDONEHasItsAnswer(t *testing.T) {
 	defer close(gate)
 	primary := upstreamtest.Server{URL: gatedStream(t, "text/event-stream", upstreamtest.SSE("Hel", "lo"), gate)}
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-	h := startRescue(t, &primary, fallback, ContinuePrefill, nil)
+	h := startRescue(t, &primary, fallback, upstream.ContinuePrefill, nil)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -233,14 +234,14 @@ func TestCircuitOpenNamesWhatOpenedTheBreaker(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name, says, result string
-		setup              func(t *testing.T, r *replica, o *Upstream)
+		setup              func(t *testing.T, r *replica, o *upstream.Options)
 	}{
-		{"5xx replies", "3 consecutive failures, the last: 500", "breaker_open", func(t *testing.T, r *replica, o *Upstream) {
+		{"5xx replies", "3 consecutive failures, the last: 500", "breaker_open", func(t *testing.T, r *replica, o *upstream.Options) {
 			r.status.Store(500)
 		}},
 		{"refused connections", "3 consecutive failures, the last: connection refused", "breaker_open", nil},
-		{"a health check", "health check: 503", "unhealthy", func(t *testing.T, r *replica, o *Upstream) {
-			o.HealthCheck = HealthCheck{Path: "/health", Every: 20 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
+		{"a health check", "health check: 503", "unhealthy", func(t *testing.T, r *replica, o *upstream.Options) {
+			o.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 20 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
 			r.health.Store(503)
 		}},
 	} {
@@ -311,7 +312,7 @@ func TestTheModelBreakerThatOpensIsVisible(t *testing.T) {
 	r.status.Store(200)
 	h.chat(`{"model":"gpt-mini","messages":[]}`)
 	h.p.RefreshBreakerGauges()
-	ep := h.p.tbl.Load().upstreams[0].endpointsNow()[0].addr
+	ep := h.p.tbl.Load().upstreams[0].Endpoints()[0].Addr()
 	var m dto.Metric
 	if err := h.p.m.ModelBreakerState.WithLabelValues("up", ep, "gpt-*").Write(&m); err != nil || m.GetGauge().GetValue() != 2 {
 		t.Fatalf("the route's model glob: %v (%v), want 2 (open: the worst of its models)", m.GetGauge().GetValue(), err)

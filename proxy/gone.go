@@ -43,50 +43,5 @@ func (ex *exchange) clientLeft() {
 	}
 	ex.gonePhase.Store(ex.phase.Load())
 	close(ex.goneCh)
-	ex.abortUpstream()
-}
-
-// abortUpstream closes the upstream connection the request uses, if any.
-func (ex *exchange) abortUpstream() {
-	ex.connMu.Lock()
-	if c := ex.upConn; c != nil {
-		_ = c.Close()
-	}
-	ex.connMu.Unlock()
-}
-
-// using records the upstream connection an attempt was given (see
-// upstream.claimMu); if the client already left, or Shutdown already
-// cut the stream (a continuation's connection), it is closed at once.
-func (ex *exchange) using(c *upstreamConn) {
-	c.user.Store(ex)
-	ex.connMu.Lock()
-	ex.upConn = c
-	gone := ex.isGone.Load() || ex.out.cut.Load()
-	ex.connMu.Unlock()
-	if gone {
-		_ = c.Close()
-	}
-}
-
-// released forgets the upstream connection: from now on it may serve
-// another request, and must not be closed for this one.
-func (ex *exchange) released() {
-	ex.connMu.Lock()
-	ex.upConn = nil
-	ex.connMu.Unlock()
-}
-
-// letGo forgets c if it is still the upstream connection in use: the
-// transport is giving it back to the pool (upstreamConn.detach). It
-// reports whether c was in use by a request whose client left or that
-// Shutdown cut: abortUpstream closed it, or would have.
-func (ex *exchange) letGo(c *upstreamConn) (closed bool) {
-	ex.connMu.Lock()
-	defer ex.connMu.Unlock()
-	if ex.upConn != c {
-		return false
-	}
-	ex.upConn = nil
-	return ex.isGone.Load() || ex.out.cut.Load()
+	ex.conn.Sever()
 }

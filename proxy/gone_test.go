@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 // closeRecorder is an upstream that reads each request, answers it with
@@ -160,16 +161,19 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 		leave   time.Duration
 		phase   string
 		request string
+		// samples is how many attempts report a time to first token that
+		// counts: not one its client left before its first output.
+		samples int64
 	}{
-		{"waiting for the response head", 0, []string{""}, 200 * time.Millisecond, "response_head", slowChat},
+		{"waiting for the response head", 0, []string{""}, 200 * time.Millisecond, "response_head", slowChat, 0},
 		{"waiting out a Retry-After", 0, []string{"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n", ""},
-			300 * time.Millisecond, "retry_after", slowChat},
-		{"streaming", 0, []string{sse}, 300 * time.Millisecond, "stream", slowChat},
+			300 * time.Millisecond, "retry_after", slowChat, 1},
+		{"streaming", 0, []string{sse}, 300 * time.Millisecond, "stream", slowChat, 1},
 		// The stream's framing came, its first output has not: the client
 		// leaving is no fault of the upstream's.
-		{"before the first output", 0, []string{roleOnly}, 300 * time.Millisecond, "response_head", slowChat},
+		{"before the first output", 0, []string{roleOnly}, 300 * time.Millisecond, "response_head", slowChat, 0},
 		{"streaming to an HTTP/1.0 client", 0, []string{sse}, 300 * time.Millisecond, "stream",
-			strings.Replace(slowChat, "HTTP/1.1", "HTTP/1.0", 1)},
+			strings.Replace(slowChat, "HTTP/1.1", "HTTP/1.0", 1), 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -192,8 +196,13 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 			if tried := line["targets"].([]any)[0].(map[string]any); tried["result"] == "reset" || tried["result"] == "timeout" {
 				t.Fatalf("the client's leaving counted as the upstream's %v", tried["result"])
 			}
-			if c := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.Counts(); c.TotalFailures != 0 {
+			ep := h.p.tbl.Load().upstreams[0].Endpoints()[0]
+			if c := ep.Breaker().Counts(); c.TotalFailures != 0 {
 				t.Fatalf("the client's leaving counted against the breaker: %+v", c)
+			}
+			released(t, ep)
+			if n, _ := ep.Samples(); n != tt.samples {
+				t.Fatalf("%d samples count, want %d", n, tt.samples)
 			}
 		})
 	}
@@ -245,7 +254,7 @@ func TestClientThatLeavesOverTLS(t *testing.T) {
 		t.Fatal("writing the key pair")
 	}
 	logs := &upstreamtest.LogBuffer{}
-	o := Options{Upstreams: []Upstream{testUpstream("up", up.url)}, Routes: []Route{testRoute("up")}}
+	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.url)}, Routes: []Route{testRoute("up")}}
 	o.Upstreams[0].FirstByteTimeout = 10 * time.Second
 	o.Log = zerolog.New(logs)
 	p, err := New(o)

@@ -21,6 +21,7 @@ import (
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // harness is a running Sturdy in front of test upstreams.
@@ -33,8 +34,8 @@ type harness struct {
 
 // testUpstream is an upstream with test-sized timeouts and a breaker that
 // does not trip unless a test asks for it.
-func testUpstream(name, url string) Upstream {
-	return Upstream{Name: name, URL: url, ConnectTimeout: 500 * time.Millisecond,
+func testUpstream(name, url string) upstream.Options {
+	return upstream.Options{Name: name, URL: url, ConnectTimeout: 500 * time.Millisecond,
 		FirstByteTimeout: 2 * time.Second, IdleTimeout: time.Second, MaxConnections: 64,
 		Breaker: breaker.Settings{ConsecutiveFailures: 1000, MinRequests: 1000}}
 }
@@ -52,7 +53,7 @@ func startProxy(t *testing.T, upstreamURL string, edit func(*Options)) *harness 
 	t.Helper()
 	logs := &upstreamtest.LogBuffer{}
 	o := Options{
-		Upstreams: []Upstream{testUpstream("up", upstreamURL)},
+		Upstreams: []upstream.Options{testUpstream("up", upstreamURL)},
 		Routes:    []Route{testRoute("up")},
 		Log:       zerolog.New(logs).With().Timestamp().Logger(),
 	}

@@ -327,7 +327,7 @@ func TestClientsThatNeverReadCannotOpenTheBreaker(t *testing.T) {
 	if code, _ := errorOf(t, body); resp.StatusCode != 503 || code != CodeUpstreamBusy || time.Since(start) > 2*time.Second {
 		t.Fatalf("while every connection is held: %d %s after %v", resp.StatusCode, body, time.Since(start))
 	}
-	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].Endpoints()[0].Breaker().State(); st != breaker.StateClosed {
 		t.Fatalf("waiting for a connection counted against the breaker: %v", st)
 	}
 	deadline := time.Now().Add(10 * time.Second)

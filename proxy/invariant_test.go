@@ -16,6 +16,7 @@ import (
 	"sturdy/breaker"
 	"sturdy/internal/chaos"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // The chaos property test: randomised fault schedules (internal/chaos) —
@@ -60,7 +61,7 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 	cont := server("cont", nil) // continues a cut stream: always answers
 	servers := []*chaos.Server{p1, p2, fb, st, cont}
 
-	upstream := func(name string, endpoints ...*chaos.Server) Upstream {
+	upstreamOf := func(name string, endpoints ...*chaos.Server) upstream.Options {
 		u := testUpstream(name, "")
 		for _, e := range endpoints {
 			u.Endpoints = append(u.Endpoints, e.URL())
@@ -82,12 +83,12 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 		}
 		return r
 	}
-	contUp := upstream("cont", cont)
-	contUp.Continuation = ContinuePrefill
+	contUp := upstreamOf("cont", cont)
+	contUp.Continuation = upstream.ContinuePrefill
 	hold := route("hold", "/hold/", "st", "fb")
 	hold.StreamHold = StreamHold{Max: 5 * time.Second, Bytes: 64 << 10}
 	h := startProxy(t, "", func(o *Options) {
-		o.Upstreams = []Upstream{upstream("prim", p1, p2), upstream("fb", fb), upstream("st", st), contUp}
+		o.Upstreams = []upstream.Options{upstreamOf("prim", p1, p2), upstreamOf("fb", fb), upstreamOf("st", st), contUp}
 		o.Routes = []Route{route("plain", "/", "prim", "fb"), hold, route("cont", "/cont/", "st", "cont")}
 		o.Rand = func(n int64) int64 { return int64(chaos.Rand(seed, "jitter", n) * float64(n)) }
 		o.Log = zerolog.Nop() // hundreds of access lines: not read here
@@ -145,9 +146,9 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 	}
 	stale := 0.0
 	for _, up := range h.p.tbl.Load().upstreams {
-		for _, ep := range up.endpointsNow() {
+		for _, ep := range up.Endpoints() {
 			var m dto.Metric
-			_ = h.p.m.Attempts.WithLabelValues(up.name, ep.addr, "stale").Write(&m)
+			_ = h.p.m.Attempts.WithLabelValues(up.Name(), ep.Addr(), "stale").Write(&m)
 			stale += m.GetCounter().GetValue()
 		}
 	}
@@ -155,7 +156,7 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 	// ratio × the first attempts plus min_per_second per second; a stale
 	// resend is free of it. Every client request is a first attempt on one
 	// target at least, a failover a first attempt on another.
-	bound := float64(chaosRequests)*(1+DefaultBudgetRatio)*2 + DefaultBudgetPerSecond*elapsed.Seconds()*4 + stale
+	bound := float64(chaosRequests)*(1+upstream.DefaultBudgetRatio)*2 + upstream.DefaultBudgetPerSecond*elapsed.Seconds()*4 + stale
 	t.Logf("seed %d: %d requests in %v, %d upstream requests (%.2f×), %v stale resends, bound %.0f",
 		seed, chaosRequests, elapsed.Round(time.Millisecond), upstreamRequests, float64(upstreamRequests)/chaosRequests, stale, bound)
 	if float64(upstreamRequests) > bound {

@@ -12,6 +12,7 @@ import (
 	"sturdy/breaker"
 	"sturdy/fleet"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // run is the attempt loop. It walks the route's targets in order and on
@@ -25,7 +26,7 @@ func (ex *exchange) run() {
 		if ex.onTarget(t) != policy.ActionFailover || !ex.hasFallback() {
 			break
 		}
-		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.name).Inc()
+		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
 	}
 	ex.respond()
 }
@@ -63,7 +64,7 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		}
 		if !ex.wait(d.Wait, source) {
 			if d.SpendsBudget() {
-				t.up.budget.Cancel(ex.loop.reservedAt) // never sent
+				t.up.Budget().Cancel(ex.loop.reservedAt) // never sent
 			}
 			return policy.ActionStop
 		}
@@ -71,32 +72,11 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 	}
 }
 
-// tickets are an attempt's passes from its endpoint's connection breaker
-// and from the endpoint's reply breaker of its model.
-type tickets struct{ conn, model breaker.Ticket }
-
-// allow asks both of ep's breakers for an attempt: the connection breaker
-// (connect refused, resets, TLS) and the reply breaker of the model as
-// sent (5xx, timeouts), so one failing model neither ejects the endpoint
-// for the others nor opens the breaker of a fallback to another model on
-// the same upstream. refused names the breaker that said no.
-func (ex *exchange) allow(ep *endpoint) (tk tickets, refused string) {
-	var ok bool
-	if tk.conn, ok = ep.breaker.Allow(); !ok {
-		return tk, "connection"
-	}
-	if tk.model, ok = ep.models.Get(ex.loop.model, time.Now()).Allow(); !ok {
-		tk.conn.Done(breaker.Excluded)
-		return tk, "model"
-	}
-	return tk, ""
-}
-
 // carry records what the loop needs of a decision (the stop reason, a
 // spent budget) and returns its action.
 func (ex *exchange) carry(d policy.Decision) policy.Action {
 	if d.Stop == policy.StopBudget {
-		ex.p.m.BudgetExhausted.WithLabelValues(ex.loop.up.name).Inc()
+		ex.p.m.BudgetExhausted.WithLabelValues(ex.loop.up.Name()).Inc()
 	}
 	if d.Action == policy.ActionStop {
 		ex.loop.stop = d.Stop
@@ -115,27 +95,27 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	lp := &ex.loop
 	lp.up, lp.n, lp.replaying, lp.reriding, lp.continuing = t.up, 0, false, false, false
 	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil, lp.ep = false, false, 0, nil, time.Time{}, nil
-	ex.note(t.up.name, t.model)
-	if t.up.slots != nil {
+	ex.note(t.up.Name(), t.model)
+	if t.up.Limited() {
 		ex.enter(phaseQueue)
 		start := ex.queueStart()
-		r := t.up.slots.acquire(min(t.up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone())
+		r := t.up.TakeSlot(ex.leaseRequest(t.up))
 		ex.traceQueued(start, r, sourceInFlight)
 		switch r {
-		case slotTimedOut:
+		case upstream.LeaseTimedOut:
 			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
-		case slotCancelled:
+		case upstream.LeaseCancelled:
 			return ex.interrupted()
 		}
 		lp.slot = t.up
 	}
-	t.up.inFlight.Add(1)
+	t.up.Enter()
 	lp.entered = t.up
 
 	q := &ex.req
 	q.msg.Header.DelBytes(hdrAuthorization)
-	if t.up.auth != nil {
-		q.msg.Header.SetBytesKV(hdrAuthorization, t.up.auth)
+	if auth := t.up.Auth(); auth != nil {
+		q.msg.Header.SetBytesKV(hdrAuthorization, auth)
 	} else if a := ex.ctx.Request.Header.PeekCanonical(hdrAuthorization); len(a) > 0 && len(ex.tbl.authKeys) == 0 {
 		// With auth on, the client's Authorization is Sturdy's own key:
 		// it never goes upstream.
@@ -164,17 +144,18 @@ func (ex *exchange) bodyFor(t *target) []byte {
 
 // aim points the request at ep: its URI (and, for an address found in
 // DNS, its Host), unless it already is.
-func (ex *exchange) aim(ep *endpoint) {
+func (ex *exchange) aim(ep *upstream.Endpoint) {
 	q := &ex.req
 	if ex.loop.aimed == ep {
 		return
 	}
 	ex.loop.aimed = ep
-	q.uri = append(append(q.uri[:0], ep.base...), ex.ctx.Request.Header.RequestURI()...)
+	q.uri = append(append(q.uri[:0], ep.Base()...), ex.ctx.Request.Header.RequestURI()...)
 	q.msg.SetRequestURIBytes(q.uri)
-	q.msg.UseHostHeader = ep.host != nil
-	if ep.host != nil {
-		q.msg.Header.SetHostBytes(ep.host)
+	host := ep.Host()
+	q.msg.UseHostHeader = host != nil
+	if host != nil {
+		q.msg.Header.SetHostBytes(host)
 	}
 }
 
@@ -183,11 +164,11 @@ func (ex *exchange) leaveTarget() {
 	ex.dropPlace()
 	ex.stopRiding()
 	if ex.loop.slot != nil {
-		ex.loop.slot.slots.release()
+		ex.loop.slot.FreeSlot()
 		ex.loop.slot = nil
 	}
 	if ex.loop.entered != nil {
-		ex.loop.entered.inFlight.Add(-1)
+		ex.loop.entered.Leave()
 		ex.loop.entered = nil
 	}
 }
@@ -195,7 +176,7 @@ func (ex *exchange) leaveTarget() {
 // gate clears the way for one attempt on up: a cooldown learned from a
 // 429 for this request's credential, then pacing. It waits where policy
 // says to; otherwise it returns the failover or stop policy chose.
-func (ex *exchange) gate(up *upstream) policy.Action {
+func (ex *exchange) gate(up *upstream.Upstream) policy.Action {
 	now := time.Now()
 	if left := ex.cooldownLeft(up, now); left > 0 && !ex.ownRetry(up) {
 		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter, "")
@@ -208,7 +189,7 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 		}
 		now = time.Now()
 	}
-	if up.limiter == nil {
+	if lim, _ := up.Pacing(); lim == nil {
 		return policy.ActionAttempt
 	}
 	return ex.pace(up, now)
@@ -218,14 +199,15 @@ func (ex *exchange) gate(up *upstream) policy.Action {
 // shared_state is set (one slot for the fleet, GCRA in Redis), else —
 // or when Redis does not answer and on_failure is local — this
 // replica's own limiter.
-func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
-	o := up.opts.RateLimit
-	switch sl := ex.p.reserveShared("pace:"+up.name, o.RequestsPerSecond, o.Burst, up.maxWait); {
+func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
+	o := up.Options().RateLimit
+	limiter, maxWait := up.Pacing()
+	switch sl := ex.p.reserveShared("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
 	case sl.refused:
 		ex.loop.sharedRefused = sl.why
 		return policy.ActionStop
 	case !sl.local:
-		d := ex.clear(policy.ObstaclePacing, up, sl.wait, up.maxWait, "")
+		d := ex.clear(policy.ObstaclePacing, up, sl.wait, maxWait, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -235,8 +217,8 @@ func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
 		}
 		return policy.ActionAttempt
 	}
-	r := up.limiter.ReserveN(now, 1)
-	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), up.maxWait, "")
+	r := limiter.ReserveN(now, 1)
+	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), maxWait, "")
 	if d.Action != policy.ActionAttempt {
 		r.CancelAt(now)
 		return ex.carry(d)
@@ -253,35 +235,44 @@ func (ex *exchange) pace(up *upstream, now time.Time) policy.Action {
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(up *upstream, ep *endpoint) policy.Action {
+func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint) policy.Action {
 	ex.enter(phaseQueue)
 	start := ex.queueStart()
-	r := ep.conns.acquire(min(up.queueTimeout, time.Until(ex.req.deadline)), ex.p.stopping, ex.gone())
+	lease, r := ep.Lease(ex.leaseRequest(up))
 	ex.traceQueued(start, r, sourceConnections)
 	switch r {
-	case slotTimedOut:
+	case upstream.LeaseTimedOut:
 		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
-	case slotCancelled:
+	case upstream.LeaseCancelled:
 		return ex.interrupted()
 	}
-	ex.loop.place = ep
+	ex.loop.place = lease
 	return policy.ActionAttempt
 }
 
+// leaseRequest is this request's ask for a place on up (a max_in_flight
+// slot, a connection place): waiting up to queue_timeout within the
+// deadline, ended by shutdown or the client leaving. It has the default
+// priority and no tenant: today's queues are first come, first served.
+func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
+	return upstream.LeaseRequest{Wait: min(up.Options().QueueTimeout, time.Until(ex.req.deadline)),
+		Cancel: ex.p.stopping, Gone: ex.gone()}
+}
+
 // dropPlace gives back a connection place taken for an attempt that was
-// not made.
+// not made: its sample does not count.
 func (ex *exchange) dropPlace() {
-	if ep := ex.loop.place; ep != nil {
-		ep.conns.release()
-		ex.loop.place = nil
+	if l := ex.loop.place; l.Held() {
+		l.Release(upstream.Sample{})
+		ex.loop.place = upstream.Lease{}
 	}
 }
 
 // clear asks policy what an obstacle before an attempt on up means — it
 // clears in wait and may be waited for up to maxWait — and records a
 // refusal (limit names the setting a busy target is at).
-func (ex *exchange) clear(kind policy.Obstacle, up *upstream, wait, maxWait time.Duration, limit string) policy.Decision {
-	return ex.clearWith(obstacle{kind: kind, upstream: up.name, wait: wait, limit: limit}, maxWait)
+func (ex *exchange) clear(kind policy.Obstacle, up *upstream.Upstream, wait, maxWait time.Duration, limit string) policy.Decision {
+	return ex.clearWith(obstacle{kind: kind, upstream: up.Name(), wait: wait, limit: limit}, maxWait)
 }
 
 // clearWith is clear of an obstacle told whole (with its cause).
@@ -335,11 +326,12 @@ func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) polic
 	failoverBy := "" // what of a pass-through reply the route fails over on
 	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: ex.counted(), AfterStale: afterStale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
-		Riding: now.Before(lp.rideUntil) && ep.out(), Elsewhere: lp.verdict.Class == policy.ClassRetryable && ex.elsewhere(up)}
+		Riding:    now.Before(lp.rideUntil) && ep.Out(),
+		Elsewhere: lp.verdict.Class == policy.ClassRetryable && up.Elsewhere(lp.model, lp.tried[:lp.nTried])}
 	if lp.verdict.Class == policy.ClassRetryable {
 		a.Refused = lp.refused && !a.Elsewhere
 		a.RideLeft = ex.rideLeft(up, now)
-		a.Out = !ex.anyUsable(up)
+		a.Out = !up.AnyUsable(lp.model)
 	}
 	if ex.reply.has {
 		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, now)
@@ -354,7 +346,7 @@ func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) polic
 	}
 	reserved := false
 	if lp.verdict.Class == policy.ClassRetryable {
-		reserved = up.budget.Reserve(now)
+		reserved = up.Budget().Reserve(now)
 		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
@@ -366,7 +358,7 @@ func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) polic
 	}
 	ex.attemptDecided(d)
 	if reserved && !d.SpendsBudget() {
-		up.budget.Cancel(now)
+		up.Budget().Cancel(now)
 	}
 	if d.SpendsBudget() {
 		ex.loop.reservedAt = now
@@ -377,12 +369,13 @@ func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) polic
 // send makes one attempt on t's endpoint ep, reports it to the breakers,
 // counts and notes it; lp.verdict says how it went. afterStale says it
 // was a stale connection's replay.
-func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcome, afterStale bool) {
+func (ex *exchange) send(t *target, ep *upstream.Endpoint, tk upstream.Tickets) (out policy.Outcome, afterStale bool) {
 	up, lp := t.up, &ex.loop
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
 	ex.closeBody()
-	ex.reply.conn, lp.place = lp.place, nil
+	ex.reply.lease, lp.place = lp.place, upstream.Lease{}
+	ex.reply.sample, ex.reply.replay = upstream.Sample{}, lp.replaying // no sample counts until one is taken
 	afterStale = lp.replaying
 	switch {
 	case lp.reriding:
@@ -395,8 +388,9 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	lp.attempts++
 	lp.replaying, lp.reriding, lp.blocked = false, false, false
 	now := time.Now()
+	ex.reply.sentAt = now
 	if lp.n == 1 && !afterStale && !lp.continuing {
-		up.budget.FirstAttempt(now)
+		up.Budget().FirstAttempt(now)
 	}
 	ex.aim(ep)
 	ex.startAttempt(t, ep)
@@ -406,19 +400,18 @@ func (ex *exchange) send(t *target, ep *endpoint, tk tickets) (out policy.Outcom
 	if lp.verdict.Class == policy.ClassRetryable {
 		cause = ex.failureCause(out) // for what a breaker this opens says tripped it
 	}
-	tk.conn.DoneWith(breakerResult(lp.verdict.Conn), cause)
-	tk.model.DoneWith(breakerResult(lp.verdict.Health), cause)
+	tk.Report(breakerResult(lp.verdict.Conn), breakerResult(lp.verdict.Health), cause)
 	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
 	}
-	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone && up.cooldowns.inStreak() {
-		up.cooldowns.succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
+	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
+		up.Cooldowns().Succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
 	}
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
 		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
 	}
 	if lp.verdict.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && lp.verdict.Reason != policy.Reason429 {
-		ep.outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
+		ep.Outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
 	ex.attemptEnded(up, ep, out, afterStale)
 	return out, afterStale
@@ -440,15 +433,15 @@ func (ex *exchange) failureCause(out policy.Outcome) string {
 }
 
 // retrying counts and notes a retry policy chose, once its wait is over.
-func (ex *exchange) retrying(up *upstream, d policy.Decision) {
+func (ex *exchange) retrying(up *upstream.Upstream, d policy.Decision) {
 	reason := ex.loop.verdict.Reason
 	ex.loop.replaying, ex.loop.reriding = d.Replay, d.Ride
 	if !d.Replay && !d.Ride {
-		ex.p.m.RetryWait.WithLabelValues(up.name, d.Source.String()).Observe(d.Wait.Seconds())
+		ex.p.m.RetryWait.WithLabelValues(up.Name(), d.Source.String()).Observe(d.Wait.Seconds())
 	}
-	ex.p.m.Retries.WithLabelValues(up.name, reason.String()).Inc()
+	ex.p.m.Retries.WithLabelValues(up.Name(), reason.String()).Inc()
 	if n := &ex.notes; n.nRetries < maxLoggedRetries {
-		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: ex.loop.ep.addr, wait: d.Wait}
+		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: ex.loop.ep.Addr(), wait: d.Wait}
 		n.nRetries++
 	}
 }
@@ -502,10 +495,10 @@ func (ex *exchange) interrupted() policy.Action {
 // 429 started up's cooldown with the wait it asked for, that wait now
 // waited: the cooldown (its end moved later by the jitter, for everyone
 // else) does not hold it — unless something has set a later end since.
-func (ex *exchange) ownRetry(up *upstream) bool {
+func (ex *exchange) ownRetry(up *upstream.Upstream) bool {
 	own := ex.loop.own
 	ex.loop.own = ownCooldown{}
-	return own.up == up && up.cooldowns.end(ex.cooldownKey(up)).Equal(own.until)
+	return own.up == up && up.Cooldowns().End(ex.cooldownKey(up)).Equal(own.until)
 }
 
 // counted is the attempts max_total_attempts counts: stale replays and
@@ -519,11 +512,11 @@ func (ex *exchange) counted() int {
 // upstream's own key when Sturdy injects one (all clients share it), else
 // the client's Authorization — and the model as sent, since providers
 // rate-limit per key and per model.
-func (ex *exchange) cooldownKey(up *upstream) uint64 {
+func (ex *exchange) cooldownKey(up *upstream.Upstream) uint64 {
 	lp := &ex.loop
 	if !lp.coolKnown {
 		var cred []byte
-		if up.auth == nil {
+		if up.Auth() == nil {
 			cred = ex.ctx.Request.Header.PeekCanonical(hdrAuthorization)
 		}
 		// The same in every replica, so the fleet shares it.
@@ -536,11 +529,12 @@ func (ex *exchange) cooldownKey(up *upstream) uint64 {
 // cooldownLeft returns how long up's cooldown for this request's key
 // lasts from now (0: none); with no cooldown in force it is one atomic
 // load.
-func (ex *exchange) cooldownLeft(up *upstream, now time.Time) time.Duration {
-	if !up.cooldowns.possible(now) {
+func (ex *exchange) cooldownLeft(up *upstream.Upstream, now time.Time) time.Duration {
+	cd := up.Cooldowns()
+	if !cd.Possible(now) {
 		return 0
 	}
-	return up.cooldowns.remaining(ex.cooldownKey(up), now)
+	return cd.Remaining(ex.cooldownKey(up), now)
 }
 
 // extend adds a random 0–10 % to a cooldown, so clients that learned the
@@ -560,13 +554,13 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
 // wait (lp.own): its retry is not held by the cooldown the wait started.
-func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+func (ex *exchange) learnRateLimits(up *upstream.Upstream, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
 	h := &ex.reply.msg.Header
 	is429 := ex.loop.verdict.Reason == policy.Reason429
 	if ex.loop.verdict.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
 	}
-	if up.bareCooldown <= 0 { // cooldown.enabled: false
+	if up.BareCooldown() <= 0 { // cooldown.enabled: false
 		return wait, ok, 0
 	}
 	until, fromWait := time.Time{}, false
@@ -582,19 +576,19 @@ func (ex *exchange) learnRateLimits(up *upstream, now time.Time) (wait time.Dura
 	}
 	switch {
 	case until.After(now):
-		until = up.cooldowns.set(ex.cooldownKey(up), now, until) // cooldown.max caps it
+		until = up.Cooldowns().Set(ex.cooldownKey(up), now, until) // cooldown.max caps it
 		ex.publishCooldown(up, until, 0)
 		if fromWait {
 			ex.loop.own = ownCooldown{up: up, until: until}
 		}
 	case is429 && !ok: // "too many", but not for how long
-		d, streak := up.cooldowns.bare(ex.cooldownKey(up), now, up.bareCooldown, ex.extend)
+		d, streak := up.Cooldowns().Bare(ex.cooldownKey(up), now, up.BareCooldown(), ex.extend)
 		ex.publishCooldown(up, now.Add(d), streak)
 		cooldown = d
 	default:
 		return wait, ok, 0
 	}
-	ex.p.m.Cooldowns.WithLabelValues(up.name).Inc()
+	ex.p.m.Cooldowns.WithLabelValues(up.Name()).Inc()
 	return wait, ok, cooldown
 }
 

@@ -7,22 +7,14 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"sturdy/breaker"
 	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // Defaults of the options. A zero field means its default; where zero has
 // a meaning of its own (no pacing, unlimited, off) its doc comment says so.
 const (
-	DefaultConnectTimeout   = 2 * time.Second
-	DefaultFirstByteTimeout = 60 * time.Second
-	DefaultIdleTimeout      = 30 * time.Second
-	DefaultMaxConnections   = 512
-	DefaultQueueTimeout     = 5 * time.Second
-	DefaultPacingMaxWait    = 2 * time.Second
-	DefaultBudgetRatio      = 0.5
-	DefaultBudgetPerSecond  = 10
 	DefaultDeadline         = 120 * time.Second
 	DefaultMaxBody          = 32 << 20
 	DefaultClientRetries    = 1
@@ -33,134 +25,8 @@ const (
 	DefaultWriteTimeout     = 60 * time.Second
 	DefaultMaxBufferedBytes = 256 << 20
 	DefaultMaxDuration      = 10 * time.Minute
-	DefaultBareCooldown     = time.Second
-	DefaultCooldownMax      = 10 * time.Minute
-	DefaultSlowStart        = 30 * time.Second
-	DefaultMaxEjected       = 0.5
 	DefaultMaxRescues       = 1
 	DefaultMaxRescueBytes   = 1 << 20
-	DefaultHealthEvery      = 5 * time.Second
-	DefaultHealthTimeout    = time.Second
-	DefaultHealthy          = 2
-	DefaultUnhealthy        = 3
-	DefaultDiscoverEvery    = 10 * time.Second
-	// DefaultRideThroughQueue bounds the requests riding through an
-	// outage when max_in_flight is unlimited.
-	DefaultRideThroughQueue = 1024
-)
-
-// Upstream configures one model server.
-type Upstream struct {
-	// Name identifies the upstream in routes, logs and error bodies.
-	Name string
-	// URL is scheme://host[:port][/prefix]; the request URI is appended.
-	// A pool of one: set URL, Endpoints or Discover.
-	URL string
-	// Endpoints are the replicas of a pool, each in URL's form.
-	Endpoints []string
-	// Discover finds the pool's endpoints in DNS instead.
-	Discover Discover
-	// Balance picks an endpoint for each attempt. Default least_requests.
-	Balance Balance
-	// Affinity keys requests for Balance affinity.
-	Affinity Affinity
-	// HealthCheck probes each endpoint; off when Path is empty.
-	HealthCheck HealthCheck
-	// SlowStart ramps a returning endpoint's share up over this long.
-	// Default 30 s; negative: no ramp.
-	SlowStart time.Duration
-	// MaxEjected is the share of the pool its breakers may take out at
-	// once (always at least one endpoint). Default 0.5.
-	MaxEjected float64
-	// RideThrough, when set, makes a request wait this long (within its
-	// deadline) for an endpoint to come back when every one is out,
-	// instead of failing at once; 0: off.
-	RideThrough time.Duration
-	// Continuation says how the upstream continues a partial assistant
-	// message, for rescuing a stream cut mid-answer (ContinueNone: it is
-	// never asked to).
-	Continuation Continuation
-	// APIKey, when set, replaces the client's Authorization header.
-	APIKey string
-	// ConnectTimeout bounds dialling and the TLS handshake. Default 2 s.
-	ConnectTimeout time.Duration
-	// FirstByteTimeout runs from sending the request to the first body
-	// byte. Default 60 s.
-	FirstByteTimeout time.Duration
-	// IdleTimeout bounds each gap between reads of a streamed body.
-	// Default 30 s.
-	IdleTimeout time.Duration
-	// MaxConnections caps open connections (one per in-flight request).
-	// Default 512.
-	MaxConnections int
-	// Breaker configures the upstream's circuit breaker; its zero fields
-	// take breaker's defaults.
-	Breaker breaker.Settings
-	// RateLimit paces requests to the upstream; zero RequestsPerSecond
-	// means no pacing.
-	RateLimit RateLimit
-	// MaxInFlight caps concurrent requests (streams included); 0 means
-	// unlimited.
-	MaxInFlight int
-	// QueueTimeout is how long a request waits for a slot under
-	// MaxInFlight. Default 5 s.
-	QueueTimeout time.Duration
-	// RetryBudget caps retries to the upstream.
-	RetryBudget RetryBudget
-	// Cooldown says how the upstream's 429s are learned.
-	Cooldown Cooldown
-	// CAFile adds PEM CAs to trust for an https upstream.
-	CAFile string
-	// InsecureSkipVerify turns off TLS verification of the upstream.
-	InsecureSkipVerify bool
-}
-
-// withDefaults returns u with its zero fields set to their defaults.
-func (u Upstream) withDefaults() Upstream {
-	orDefault(&u.ConnectTimeout, DefaultConnectTimeout)
-	orDefault(&u.FirstByteTimeout, DefaultFirstByteTimeout)
-	orDefault(&u.IdleTimeout, DefaultIdleTimeout)
-	orDefault(&u.MaxConnections, DefaultMaxConnections)
-	orDefault(&u.QueueTimeout, DefaultQueueTimeout)
-	if u.RateLimit.RequestsPerSecond > 0 {
-		orDefault(&u.RateLimit.MaxWait, DefaultPacingMaxWait)
-		orDefault(&u.RateLimit.Burst, burstFor(u.RateLimit.RequestsPerSecond))
-	}
-	orDefault(&u.RetryBudget.Ratio, DefaultBudgetRatio)
-	orDefault(&u.RetryBudget.MinPerSecond, DefaultBudgetPerSecond)
-	orDefault(&u.Cooldown.WithoutHeader, DefaultBareCooldown)
-	orDefault(&u.Cooldown.Max, DefaultCooldownMax)
-	if u.SlowStart == 0 {
-		u.SlowStart = DefaultSlowStart
-	}
-	orDefault(&u.MaxEjected, DefaultMaxEjected)
-	if u.HealthCheck.Path != "" {
-		orDefault(&u.HealthCheck.Every, DefaultHealthEvery)
-		orDefault(&u.HealthCheck.Timeout, DefaultHealthTimeout)
-		orDefault(&u.HealthCheck.Healthy, DefaultHealthy)
-		orDefault(&u.HealthCheck.Unhealthy, DefaultUnhealthy)
-	}
-	if u.Discover.DNS != "" {
-		orDefault(&u.Discover.Every, DefaultDiscoverEvery)
-		orDefault(&u.Discover.Scheme, "http")
-	}
-	return u
-}
-
-// Continuation is how an upstream continues a partial assistant message
-// sent as the conversation's last message.
-type Continuation uint8
-
-// The ways of continuing.
-const (
-	// ContinueNone: the upstream is never sent a partial answer.
-	ContinueNone Continuation = iota
-	// ContinueVLLM: vLLM's continue_final_message: true with
-	// add_generation_prompt: false.
-	ContinueVLLM
-	// ContinuePrefill: the trailing assistant message alone (llama.cpp,
-	// Ollama and Anthropic-style servers continue it).
-	ContinuePrefill
 )
 
 // StreamHold holds a committed stream's status and headers until the
@@ -210,11 +76,11 @@ type ServerLimits struct {
 }
 
 func (s ServerLimits) withDefaults() ServerLimits {
-	orDefault(&s.ReadTimeout, DefaultReadTimeout)
-	orDefault(&s.IdleTimeout, DefaultServerIdle)
-	orDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
-	orDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
-	orDefault(&s.WriteTimeout, DefaultWriteTimeout)
+	upstream.OrDefault(&s.ReadTimeout, DefaultReadTimeout)
+	upstream.OrDefault(&s.IdleTimeout, DefaultServerIdle)
+	upstream.OrDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	upstream.OrDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
+	upstream.OrDefault(&s.WriteTimeout, DefaultWriteTimeout)
 	if s.MaxBufferedBytes <= 0 {
 		s.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
@@ -241,83 +107,6 @@ func defaultMaxConnections(fdLimit uint64) int {
 // run out first.
 const maxDefaultConnections = 65536
 
-// RateLimit paces requests below a provider's quota.
-type RateLimit struct {
-	// RequestsPerSecond is the sustained rate; 0 means no pacing.
-	RequestsPerSecond float64
-	// Burst is how many requests may go at once. Default: the rate
-	// rounded up, at least 1.
-	Burst int
-	// MaxWait is the longest a request waits for its turn. Default 2 s.
-	MaxWait time.Duration
-}
-
-// Balance is how a pool picks an endpoint.
-type Balance uint8
-
-// The balancers.
-const (
-	// BalanceLeastRequests: the power of two choices by requests in flight
-	// (the default).
-	BalanceLeastRequests Balance = iota
-	// BalanceRoundRobin: each endpoint in turn.
-	BalanceRoundRobin
-	// BalanceAffinity: the same key to the same endpoint, with bounded
-	// load (policy.PickAffinity).
-	BalanceAffinity
-)
-
-// Affinity says what keys a request for BalanceAffinity: a header's
-// value, or the first Prefix bytes of the messages' roles and contents
-// in order (what a server's prefix cache keys on).
-type Affinity struct {
-	Header string
-	Prefix int
-}
-
-// HealthCheck probes every endpoint with a GET of Path: Unhealthy
-// failures in a row take it out, Healthy successes bring it back.
-// Defaults: every 5 s, timeout 1 s, healthy 2, unhealthy 3.
-type HealthCheck struct {
-	Path               string
-	Every, Timeout     time.Duration
-	Healthy, Unhealthy int
-}
-
-// Discover resolves DNS every Every (default 10 s) for the pool's
-// endpoints: DNS is host:port, Scheme http (default) or https (verified
-// against the DNS name, never the resolved address).
-type Discover struct {
-	DNS    string
-	Scheme string
-	Every  time.Duration
-}
-
-// Cooldown configures what an upstream's rate limits teach Sturdy: a 429
-// with Retry-After, x-ratelimit-remaining-*: 0, or a 429 without a wait
-// puts the (credential, model) in cooldown, so other requests do not
-// rediscover it.
-type Cooldown struct {
-	// Off learns nothing: for servers whose 429s are per request, not per
-	// quota. Default: on.
-	Off bool
-	// WithoutHeader is the first cooldown of a 429 that gives no wait; it
-	// doubles for each such 429 in a row (up to 60 s) and a success ends
-	// the run. Default 1 s.
-	WithoutHeader time.Duration
-	// Max caps every cooldown learned (from any header: Retry-After,
-	// x-ratelimit-reset-*) or adopted from the fleet, so one reply
-	// cannot lock a credential out for long. Default 10 minutes.
-	Max time.Duration
-}
-
-// RetryBudget caps retries: within 10 s they may add Ratio of the first
-// attempts plus MinPerSecond per second. Defaults 0.5 and 10.
-type RetryBudget struct {
-	Ratio        float64
-	MinPerSecond float64
-}
-
 // Target is a fallback: an upstream, with the body's "model" rewritten to
 // Model when set.
 type Target struct {
@@ -338,8 +127,8 @@ type ClientLimit struct {
 }
 
 func (c ClientLimit) withDefaults() ClientLimit {
-	orDefault(&c.KeyHeader, DefaultKeyHeader)
-	orDefault(&c.Burst, burstFor(c.RequestsPerSecond))
+	upstream.OrDefault(&c.KeyHeader, DefaultKeyHeader)
+	upstream.OrDefault(&c.Burst, upstream.BurstFor(c.RequestsPerSecond))
 	return c
 }
 
@@ -393,16 +182,16 @@ type Route struct {
 }
 
 func (r Route) withDefaults() Route {
-	orDefault(&r.PathPrefix, "/")
-	orDefault(&r.AttemptsOnClientRetry, DefaultClientRetries)
-	orDefault(&r.Deadline, DefaultDeadline)
-	orDefault(&r.MaxBody, DefaultMaxBody)
+	upstream.OrDefault(&r.PathPrefix, "/")
+	upstream.OrDefault(&r.AttemptsOnClientRetry, DefaultClientRetries)
+	upstream.OrDefault(&r.Deadline, DefaultDeadline)
+	upstream.OrDefault(&r.MaxBody, DefaultMaxBody)
 	r.Retry = r.Retry.WithDefaults(len(r.Fallbacks))
 	if r.StreamHold != (StreamHold{}) {
-		orDefault(&r.StreamHold.Max, DefaultStreamHoldMax)
-		orDefault(&r.StreamHold.Bytes, DefaultStreamHoldBytes)
+		upstream.OrDefault(&r.StreamHold.Max, DefaultStreamHoldMax)
+		upstream.OrDefault(&r.StreamHold.Bytes, DefaultStreamHoldBytes)
 	}
-	orDefault(&r.MaxRescueBytes, DefaultMaxRescueBytes)
+	upstream.OrDefault(&r.MaxRescueBytes, DefaultMaxRescueBytes)
 	switch {
 	case r.MaxRescues == 0:
 		r.MaxRescues = DefaultMaxRescues
@@ -418,8 +207,9 @@ type Options struct {
 	// with the fleet's other replicas through Redis.
 	SharedState *SharedState
 	// Tracing, when set, traces every request with OpenTelemetry.
-	Tracing   *Tracing
-	Upstreams []Upstream
+	Tracing *Tracing
+	// Upstreams are the model servers (package upstream); routes name them.
+	Upstreams []upstream.Options
 	Routes    []Route
 	// Clients are per-client rate limits every request must pass.
 	Clients []ClientLimit
@@ -449,21 +239,4 @@ type Options struct {
 	// of its pool, with a warning, since every request sent there would
 	// come back. nil: none is (fixed at New).
 	IsSelf func(addr string) bool
-}
-
-// orDefault sets *v to def when it is zero (or negative).
-func orDefault[T int | float64 | time.Duration | string](v *T, def T) {
-	var zero T
-	if *v == zero || (*v < zero) {
-		*v = def
-	}
-}
-
-// burstFor is the default burst of a rate: one second's worth, at least 1.
-func burstFor(rps float64) int {
-	b := int(rps)
-	if float64(b) < rps {
-		b++
-	}
-	return max(b, 1)
 }

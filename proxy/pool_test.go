@@ -15,6 +15,7 @@ import (
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // replica is a model server of a pool, for these tests: it counts the
@@ -71,7 +72,7 @@ func (r *replica) handle(ctx *fasthttp.RequestCtx) {
 }
 
 // startPool runs Sturdy over an upstream "up" of the replicas' URLs.
-func startPool(t *testing.T, edit func(*Upstream), rs ...*replica) *harness {
+func startPool(t *testing.T, edit func(*upstream.Options), rs ...*replica) *harness {
 	t.Helper()
 	var urls []string
 	for _, r := range rs {
@@ -112,9 +113,9 @@ func (h *harness) burst(n, workers int, header ...string) {
 }
 
 // endpoint returns the pool's endpoint for r.
-func (h *harness) endpoint(r *replica) *endpoint {
-	for _, ep := range h.p.tbl.Load().upstreams[0].endpointsNow() {
-		if "http://"+ep.addr == r.url {
+func (h *harness) endpoint(r *replica) *upstream.Endpoint {
+	for _, ep := range h.p.tbl.Load().upstreams[0].Endpoints() {
+		if "http://"+ep.Addr() == r.url {
 			return ep
 		}
 	}
@@ -144,7 +145,7 @@ func TestLeastRequestsSendsLessToASlowEndpoint(t *testing.T) {
 func TestRoundRobinTakesTurns(t *testing.T) {
 	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
-	h := startPool(t, func(u *Upstream) { u.Balance = BalanceRoundRobin }, a, b)
+	h := startPool(t, func(u *upstream.Options) { u.Balance = upstream.BalanceRoundRobin }, a, b)
 	h.burst(10, 1)
 	if a.served.Load() != 5 || b.served.Load() != 5 {
 		t.Fatalf("served %d and %d, want 5 each", a.served.Load(), b.served.Load())
@@ -157,8 +158,8 @@ func TestRoundRobinTakesTurns(t *testing.T) {
 func TestAffinityIsStickyAndBounded(t *testing.T) {
 	t.Parallel()
 	rs := []*replica{startReplica(t, ""), startReplica(t, ""), startReplica(t, "")}
-	h := startPool(t, func(u *Upstream) {
-		u.Balance, u.Affinity = BalanceAffinity, Affinity{Header: "X-Session-Id"}
+	h := startPool(t, func(u *upstream.Options) {
+		u.Balance, u.Affinity = upstream.BalanceAffinity, upstream.Affinity{Header: "X-Session-Id"}
 	}, rs...)
 	servedBy := func() map[*replica]int64 {
 		m := map[*replica]int64{}
@@ -206,7 +207,9 @@ func TestAffinityIsStickyAndBounded(t *testing.T) {
 func TestAffinityByPrefix(t *testing.T) {
 	t.Parallel()
 	rs := []*replica{startReplica(t, ""), startReplica(t, ""), startReplica(t, "")}
-	h := startPool(t, func(u *Upstream) { u.Balance, u.Affinity = BalanceAffinity, Affinity{Prefix: 64} }, rs...)
+	h := startPool(t, func(u *upstream.Options) {
+		u.Balance, u.Affinity = upstream.BalanceAffinity, upstream.Affinity{Prefix: 64}
+	}, rs...)
 	conv := `"messages":[{"role":"system","content":"You are a careful agent with a long shared prompt that every turn of this conversation repeats"},{"role":"user","content":"%d"}]`
 	spread := map[*replica]bool{}
 	for turn := 0; turn < 8; turn++ {
@@ -233,17 +236,17 @@ func TestDeadEndpointIsEjectedAndRetriedElsewhere(t *testing.T) {
 	t.Parallel()
 	live := startReplica(t, "")
 	dead := &replica{url: "http://" + freePort(t)}
-	h := startPool(t, func(u *Upstream) {
+	h := startPool(t, func(u *upstream.Options) {
 		u.Breaker = breaker.Settings{ConsecutiveFailures: 2, MinRequests: 1000, OpenFor: time.Minute}
 	}, live, dead)
 	h.burst(40, 4)
 	ep := h.endpoint(dead)
-	if ep.breaker.State() != breaker.StateOpen {
-		t.Fatalf("the dead endpoint's breaker is %v", ep.breaker.State())
+	if ep.Breaker().State() != breaker.StateOpen {
+		t.Fatalf("the dead endpoint's breaker is %v", ep.Breaker().State())
 	}
-	var st EndpointStatus
+	var st upstream.EndpointStatus
 	for _, e := range h.p.Upstreams()[0].Endpoints {
-		if e.Address == ep.addr {
+		if e.Address == ep.Addr() {
 			st = e
 		}
 	}
@@ -257,8 +260,8 @@ func TestDeadEndpointIsEjectedAndRetriedElsewhere(t *testing.T) {
 	found := false
 	for _, line := range h.accessLines(40) {
 		if rs, ok := line["retries"].([]any); ok {
-			found = found || rs[0].(map[string]any)["endpoint"] == ep.addr
-			if line["endpoint"] != h.endpoint(live).addr {
+			found = found || rs[0].(map[string]any)["endpoint"] == ep.Addr()
+			if line["endpoint"] != h.endpoint(live).Addr() {
 				t.Fatalf("a retried request ended on %v", line["endpoint"])
 			}
 		}
@@ -276,7 +279,7 @@ func TestMaxEjectedKeepsPartOfThePoolIn(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		dead = append(dead, &replica{url: "http://" + freePort(t)})
 	}
-	h := startPool(t, func(u *Upstream) {
+	h := startPool(t, func(u *upstream.Options) {
 		u.Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: time.Minute}
 		u.MaxEjected = 0.5
 	}, dead...)
@@ -285,7 +288,7 @@ func TestMaxEjectedKeepsPartOfThePoolIn(t *testing.T) {
 	}
 	open := 0
 	for _, r := range dead {
-		if h.endpoint(r).breaker.State() == breaker.StateOpen {
+		if h.endpoint(r).Breaker().State() == breaker.StateOpen {
 			open++
 		}
 	}
@@ -302,7 +305,7 @@ func TestAModelFailingOnOneReplicaDoesNotEjectIt(t *testing.T) {
 	a, b := startReplica(t, ""), startReplica(t, "")
 	bad := "broken"
 	a.failModel.Store(&bad)
-	h := startPool(t, func(u *Upstream) {
+	h := startPool(t, func(u *upstream.Options) {
 		u.Breaker = breaker.Settings{ConsecutiveFailures: 2, MinRequests: 1000, OpenFor: time.Minute}
 	}, a, b)
 	for i := 0; i < 20; i++ {
@@ -311,8 +314,8 @@ func TestAModelFailingOnOneReplicaDoesNotEjectIt(t *testing.T) {
 		}
 	}
 	ep := h.endpoint(a)
-	if ep.breaker.State() != breaker.StateClosed || ep.modelBreakerState("broken") != "open" {
-		t.Fatalf("replica a: connection breaker %v, model breaker %v", ep.breaker.State(), ep.modelBreakerState("broken"))
+	if ep.Breaker().State() != breaker.StateClosed || ep.ModelBreakerState("broken") != "open" {
+		t.Fatalf("replica a: connection breaker %v, model breaker %v", ep.Breaker().State(), ep.ModelBreakerState("broken"))
 	}
 	before := a.served.Load()
 	h.burst(20, 2)
@@ -337,13 +340,13 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func TestHealthCheckEjectsAndRestores(t *testing.T) {
 	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
-	h := startPool(t, func(u *Upstream) {
-		u.HealthCheck = HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 2, Unhealthy: 2}
+	h := startPool(t, func(u *upstream.Options) {
+		u.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 2, Unhealthy: 2}
 		u.SlowStart = 10 * time.Second
 	}, a, b)
 	ep := h.endpoint(a)
 	a.health.Store(503)
-	waitFor(t, 2*time.Second, "the unhealthy endpoint is still in", func() bool { return !ep.healthy.Load() })
+	waitFor(t, 2*time.Second, "the unhealthy endpoint is still in", func() bool { return !ep.Healthy() })
 	before := a.served.Load()
 	h.burst(20, 2)
 	if a.served.Load() != before {
@@ -353,7 +356,7 @@ func TestHealthCheckEjectsAndRestores(t *testing.T) {
 		t.Fatalf("/debug/upstreams: %+v", st)
 	}
 	a.health.Store(200)
-	waitFor(t, 2*time.Second, "the endpoint stayed out after its health came back", func() bool { return ep.healthy.Load() })
+	waitFor(t, 2*time.Second, "the endpoint stayed out after its health came back", func() bool { return ep.Healthy() })
 	before = a.served.Load()
 	h.burst(100, 1)
 	// At its weight's floor (0.1) its share is about 9 %: 25 is 5 sd off.
@@ -368,7 +371,7 @@ func TestARetryOnAnotherReplicaDoesNotWait(t *testing.T) {
 	t.Parallel()
 	failing, live := startReplica(t, ""), startReplica(t, "")
 	failing.status.Store(502)
-	h := startPool(t, func(u *Upstream) { u.Balance = BalanceRoundRobin }, failing, live)
+	h := startPool(t, func(u *upstream.Options) { u.Balance = upstream.BalanceRoundRobin }, failing, live)
 	h.p.tbl.Load().routes[0].retry.Backoff = policy.Backoff{Base: 5 * time.Second, Max: 5 * time.Second}
 	for i := 0; i < 4; i++ {
 		start := time.Now()
@@ -392,15 +395,15 @@ func TestHealthChecksOutlastAShortKeepAlive(t *testing.T) {
 	t.Parallel()
 	a := startReplica(t, "", func(s *fasthttp.Server) { s.IdleTimeout = 60 * time.Millisecond })
 	b := startReplica(t, "")
-	h := startPool(t, func(u *Upstream) {
-		u.HealthCheck = HealthCheck{Path: "/health", Every: 150 * time.Millisecond, Timeout: time.Second, Healthy: 3, Unhealthy: 2}
+	h := startPool(t, func(u *upstream.Options) {
+		u.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 150 * time.Millisecond, Timeout: time.Second, Healthy: 3, Unhealthy: 2}
 	}, a, b)
 	ep := h.endpoint(a)
 	a.health.Store(503)
-	waitFor(t, 3*time.Second, "the unhealthy endpoint is still in", func() bool { return !ep.healthy.Load() })
+	waitFor(t, 3*time.Second, "the unhealthy endpoint is still in", func() bool { return !ep.Healthy() })
 	a.health.Store(200)
 	waitFor(t, 3*time.Second, "the endpoint never came back: probes fail on closed keep-alive connections",
-		func() bool { return ep.healthy.Load() })
+		func() bool { return ep.Healthy() })
 }
 
 // TestAReloadWithoutHealthChecksBringsAnEndpointBack: an endpoint the
@@ -416,13 +419,13 @@ func TestAReloadWithoutHealthChecksBringsAnEndpointBack(t *testing.T) {
 	h := startProxy(t, "", func(opts *Options) {
 		u := &opts.Upstreams[0]
 		u.URL, u.Endpoints, u.SlowStart = "", []string{a.url, b.url}, -1
-		u.HealthCheck = HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
+		u.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
 		o = *opts
 	})
 	ep := h.endpoint(a)
 	a.health.Store(503)
-	waitFor(t, 2*time.Second, "the unhealthy endpoint is still in", func() bool { return !ep.healthy.Load() })
-	o.Upstreams[0].HealthCheck = HealthCheck{}
+	waitFor(t, 2*time.Second, "the unhealthy endpoint is still in", func() bool { return !ep.Healthy() })
+	o.Upstreams[0].HealthCheck = upstream.HealthCheck{}
 	if _, err := h.p.Reload(o); err != nil {
 		t.Fatal(err)
 	}
@@ -440,8 +443,8 @@ func TestAReloadWithoutHealthChecksBringsAnEndpointBack(t *testing.T) {
 func TestNoSlowStartSharesAtOnce(t *testing.T) {
 	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
-	h := startPool(t, func(u *Upstream) { u.SlowStart = -1 }, a, b)
-	h.endpoint(a).cameBack(time.Now())
+	h := startPool(t, func(u *upstream.Options) { u.SlowStart = -1 }, a, b)
+	h.endpoint(a).CameBack(time.Now())
 	h.burst(40, 1)
 	if n := a.served.Load(); n < 10 {
 		t.Fatalf("without slow start it served %d of 40", n)
@@ -464,7 +467,7 @@ func TestDNSDiscoveryAddsAndDrains(t *testing.T) {
 	h := startProxy(t, "", func(o *Options) {
 		u := &o.Upstreams[0]
 		u.URL = ""
-		u.Discover = Discover{DNS: "models.internal:" + port, Scheme: "http", Every: 50 * time.Millisecond}
+		u.Discover = upstream.Discover{DNS: "models.internal:" + port, Scheme: "http", Every: 50 * time.Millisecond}
 		o.LookupHost = func(_ context.Context, host string) ([]string, error) {
 			lookups.Add(1)
 			if host != "models.internal" {
@@ -494,7 +497,7 @@ func TestDNSDiscoveryAddsAndDrains(t *testing.T) {
 			}
 		}
 	}()
-	pool := func() int { return len(h.p.tbl.Load().upstreams[0].endpointsNow()) }
+	pool := func() int { return len(h.p.tbl.Load().upstreams[0].Endpoints()) }
 	set("127.0.0.1", "127.0.0.2")
 	waitFor(t, 2*time.Second, "the new address never joined", func() bool { return pool() == 2 })
 	waitFor(t, 2*time.Second, "the new endpoint got no request", func() bool { return v6.served.Load() > 0 })
@@ -513,7 +516,7 @@ func TestDNSDiscoveryAddsAndDrains(t *testing.T) {
 	if v4.served.Load() != n {
 		t.Fatal("the dropped address still got requests")
 	}
-	if h.endpoint(v6).host == nil || string(h.endpoint(v6).host) != "models.internal:"+port {
+	if h.endpoint(v6).Host() == nil || string(h.endpoint(v6).Host()) != "models.internal:"+port {
 		t.Fatal("a discovered endpoint does not send the DNS name as Host")
 	}
 }
@@ -527,13 +530,13 @@ func TestRideThroughWaitsForAnEndpoint(t *testing.T) {
 		t.Run(fmt.Sprint("ride_through ", ride), func(t *testing.T) {
 			t.Parallel()
 			a := startReplica(t, "")
-			h := startPool(t, func(u *Upstream) {
-				u.HealthCheck = HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
+			h := startPool(t, func(u *upstream.Options) {
+				u.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
 				u.RideThrough = ride
 			}, a)
 			ep := h.endpoint(a)
 			a.health.Store(503)
-			waitFor(t, 2*time.Second, "the endpoint stayed in", func() bool { return !ep.healthy.Load() })
+			waitFor(t, 2*time.Second, "the endpoint stayed in", func() bool { return !ep.Healthy() })
 			go func() {
 				time.Sleep(400 * time.Millisecond)
 				a.health.Store(200)
@@ -601,7 +604,7 @@ func TestReloadKeepsEndpointState(t *testing.T) {
 	})
 	h.burst(10, 1)
 	before := h.endpoint(dead)
-	if before.breaker.State() != breaker.StateOpen {
+	if before.Breaker().State() != breaker.StateOpen {
 		t.Fatal("the dead endpoint was not ejected")
 	}
 	third := startReplica(t, "")
@@ -610,7 +613,7 @@ func TestReloadKeepsEndpointState(t *testing.T) {
 	if _, err := h.p.Reload(o); err != nil {
 		t.Fatal(err)
 	}
-	if after := h.endpoint(dead); after != before || after.breaker.State() != breaker.StateOpen {
+	if after := h.endpoint(dead); after != before || after.Breaker().State() != breaker.StateOpen {
 		t.Fatal("the reload lost the dead endpoint's state")
 	}
 	h.burst(20, 2)
@@ -658,7 +661,7 @@ func TestAReplicaThatFailsFastDrawsLittleTraffic(t *testing.T) {
 	failing, live := startReplica(t, ""), startReplica(t, "")
 	failing.status.Store(502)
 	live.delay.Store(int64(5 * time.Millisecond))
-	h := startPool(t, func(u *Upstream) {
+	h := startPool(t, func(u *upstream.Options) {
 		u.Breaker = breaker.Settings{ConsecutiveFailures: 1000, MinRequests: 1000}
 	}, failing, live)
 	h.burst(200, 4)
@@ -666,7 +669,7 @@ func TestAReplicaThatFailsFastDrawsLittleTraffic(t *testing.T) {
 	if share := float64(f) / float64(f+l); share > 0.2 {
 		t.Fatalf("the failing replica got %.0f%% of the attempts (%d of %d)", 100*share, f, f+l)
 	}
-	if h.endpoint(failing).breaker.State() != breaker.StateClosed {
+	if h.endpoint(failing).Breaker().State() != breaker.StateClosed {
 		t.Fatal("the breaker tripped: the test proves nothing about picking")
 	}
 }

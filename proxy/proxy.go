@@ -15,13 +15,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"sturdy/breaker"
 	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // Proxy is the resilient reverse proxy. Create it with New and serve
@@ -38,10 +37,10 @@ type Proxy struct {
 	log            zerolog.Logger
 	rand           func(int64) int64
 	m              *metrics.Metrics
-	lookup         func(ctx context.Context, host string) ([]string, error)
-	isSelf         func(addr string) bool
-	maxBody        int // the server's body limit, fixed at New
-	limits         ServerLimits
+	// env is what its upstreams share (package upstream).
+	env     *upstream.Env
+	maxBody int // the server's body limit, fixed at New
+	limits  ServerLimits
 	// held is the budget of bytes held on behalf of clients
 	// (server.max_buffered_bytes).
 	held     heldBytes
@@ -80,11 +79,14 @@ func New(o Options) (*Proxy, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
-	if p.isSelf = o.IsSelf; p.isSelf == nil {
-		p.isSelf = func(string) bool { return false }
+	p.env = &upstream.Env{Log: p.log, Metrics: p.m, Lookup: o.LookupHost, IsSelf: o.IsSelf, Stopping: p.stopping,
+		Evicted: p.evicted, Announcer: p.breakerAnnouncer,
+		ModelLabel: func(model string) string { return p.tbl.Load().modelLabel(model) }}
+	if p.env.IsSelf == nil {
+		p.env.IsSelf = func(string) bool { return false }
 	}
-	if p.lookup = o.LookupHost; p.lookup == nil {
-		p.lookup = net.DefaultResolver.LookupHost
+	if p.env.Lookup == nil {
+		p.env.Lookup = net.DefaultResolver.LookupHost
 	}
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
@@ -137,59 +139,14 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 	return warnings, nil
 }
 
-// modelBreakerChanged logs a model's reply breaker transition on an
-// endpoint and exports it.
-func (p *Proxy) modelBreakerChanged(ep *endpoint, model string, from, to breaker.State) {
-	up := ep.owner.Load()
-	ev := p.log.Warn()
-	if to == breaker.StateClosed {
-		ev = p.log.Info()
-	}
-	ev.Str("upstream", up.name).Str("endpoint", ep.addr).Str("model", model).Str("from", from.String()).
-		Str("to", to.String()).Msg("model breaker state change")
-	p.m.ModelBreakerTransitions.WithLabelValues(up.name, ep.addr, p.tbl.Load().modelLabel(model), to.String()).Inc()
-	up.notify()
-}
-
 // The per-key maps, as sturdy_evictions_total names them.
-const (
-	mapClients       = "clients"
-	mapCooldowns     = "cooldowns"
-	mapModelBreakers = "model_breakers"
-)
+const mapClients = "clients" // the others are the upstream side's (upstream.Env.Evicted)
 
 // evicted returns the callback that counts an entry of the per-key map
 // name dropped to make room for a new key.
 func (p *Proxy) evicted(name string) func() {
 	c := p.m.Evictions.WithLabelValues(name)
 	return c.Inc
-}
-
-// endpointBreakerChanged logs an endpoint's connection breaker
-// transition (an ejection, a probe, a return) and exports it. A return
-// starts the endpoint's slow start and wakes requests riding through.
-func (p *Proxy) endpointBreakerChanged(ep *endpoint, from, to breaker.State) {
-	up := ep.owner.Load()
-	ev := p.log.Warn()
-	switch to {
-	case breaker.StateClosed:
-		ev = p.log.Info()
-		ep.ejected.Store(false)
-		ep.cameBack(time.Now())
-	case breaker.StateOpen:
-		if from == breaker.StateClosed {
-			ev = ev.Str("reason", "ejected")
-		}
-		if f := p.fleet.Load(); f != nil && f.opts.ShareBreakers {
-			// Not here: the breaker calls this with its lock held.
-			go func() { f.st.AnnounceBreaker(up.name, ep.addr, time.Now().Add(ep.breaker.ProbeIn(time.Now()))) }()
-		}
-	}
-	ev.Str("upstream", up.name).Str("endpoint", ep.addr).Str("from", from.String()).Str("to", to.String()).
-		Msg("breaker state change")
-	p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(to))
-	p.m.BreakerTransitions.WithLabelValues(up.name, ep.addr, to.String()).Inc()
-	up.notify()
 }
 
 // Server returns the proxy's fasthttp server (the same one on every
@@ -295,9 +252,7 @@ func (p *Proxy) streaming(ex *exchange, on bool) {
 // CloseIdleConnections closes pooled upstream connections.
 func (p *Proxy) CloseIdleConnections() {
 	for _, up := range p.tbl.Load().upstreams {
-		for _, ep := range up.endpointsNow() {
-			ep.close()
-		}
+		up.CloseIdleConnections()
 	}
 }
 
@@ -305,34 +260,22 @@ func (p *Proxy) CloseIdleConnections() {
 // kept from the last table already run theirs) and stops that of the
 // upstreams a reload left out, forgetting the series of endpoints no
 // upstream has any more.
-func (p *Proxy) startUpstreams(t *table, dropped []*upstream) {
+func (p *Proxy) startUpstreams(t *table, dropped []*upstream.Upstream) {
 	live := map[[2]string]bool{}
 	for _, up := range t.upstreams {
-		up.own()
-		up.start()
-		for _, ep := range up.endpointsNow() {
-			live[[2]string{up.name, ep.addr}] = true
+		up.Own()
+		up.Start()
+		for _, ep := range up.Endpoints() {
+			live[[2]string{up.Name(), ep.Addr()}] = true
 		}
 	}
 	for _, up := range dropped {
-		up.close()
-		for _, ep := range up.endpointsNow() {
-			if !live[[2]string{up.name, ep.addr}] {
-				p.forgetEndpoint(up.name, ep)
+		up.Close()
+		for _, ep := range up.Endpoints() {
+			if !live[[2]string{up.Name(), ep.Addr()}] {
+				p.env.Forget(up.Name(), ep)
 			}
 		}
-	}
-}
-
-// forgetEndpoint deletes the metric series of an endpoint gone from its
-// upstream.
-func (p *Proxy) forgetEndpoint(upstream string, ep *endpoint) {
-	labels := prometheus.Labels{"upstream": upstream, "endpoint": ep.addr}
-	for _, v := range []interface {
-		DeletePartialMatch(prometheus.Labels) int
-	}{p.m.BreakerState, p.m.BreakerTransitions, p.m.ModelBreakerTransitions, p.m.ModelBreakerState, p.m.EndpointInFlight,
-		p.m.EndpointUp, p.m.Attempts} {
-		v.DeletePartialMatch(labels)
 	}
 }
 
@@ -358,7 +301,7 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 // answered the client for (a request it could not read).
 func answered(err error) bool {
 	var small *fasthttp.ErrSmallBuffer
-	return !isTimeout(err) && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) &&
+	return !upstream.IsTimeout(err) && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) &&
 		!errors.Is(err, net.ErrClosed) || errors.As(err, &small) || errors.Is(err, fasthttp.ErrBodyTooLarge)
 }
 
@@ -378,7 +321,7 @@ func sizeText(n int) string {
 func describe(err error) string {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		return "timeout"
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return "connection closed by the client"
@@ -399,7 +342,7 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	e := newError(CodeBadRequest, "malformed HTTP request")
 	var small *fasthttp.ErrSmallBuffer
 	switch {
-	case isTimeout(err):
+	case upstream.IsTimeout(err):
 		e = newError(CodeRequestTimeout, p.limits.ReadTimeout)
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		e = newError(CodeRequestTooLarge, "Sturdy", p.maxBody)

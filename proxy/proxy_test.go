@@ -413,7 +413,7 @@ func TestBreakerOpensFastFailsAndRecovers(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != "back" {
 		t.Fatalf("after open_for: %d %q", resp.StatusCode, body)
 	}
-	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].models.Get("m", time.Now()).State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].Endpoints()[0].Models().Get("m", time.Now()).State(); st != breaker.StateClosed {
 		t.Fatalf("breaker %v after a good probe", st)
 	}
 }
@@ -435,7 +435,7 @@ func TestPassThrough4xxAnd429DoNotTripTheBreaker(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		h.chat("")
 	}
-	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].Endpoints()[0].Breaker().State(); st != breaker.StateClosed {
 		t.Fatalf("breaker %v after 4xx and 429s", st)
 	}
 }
@@ -623,7 +623,7 @@ func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
 	if l["status"] != 499.0 || l["outcome"] != "client_gone" {
 		t.Fatalf("access line %v", l)
 	}
-	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].Endpoints()[0].Breaker().State(); st != breaker.StateClosed {
 		t.Fatalf("client gone counted against the breaker: %v", st)
 	}
 }

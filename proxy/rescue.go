@@ -12,6 +12,7 @@ import (
 
 	"sturdy/events"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // rescue follows a committed chat completions stream that a target of
@@ -248,7 +249,7 @@ func (ex *exchange) keepText(text string) {
 func (ex *exchange) rescueTarget() int {
 	ts := ex.req.route.targets
 	for i := ex.out.rescue.ti; i < len(ts); i++ {
-		if ts[i].up.opts.Continuation != ContinueNone {
+		if ts[i].up.Options().Continuation != upstream.ContinueNone {
 			return i
 		}
 	}
@@ -277,7 +278,7 @@ func (ex *exchange) rescueStream() bool {
 		ti, now, reserved := ex.rescueTarget(), time.Now(), false
 		var budget *policy.Budget
 		if ti >= 0 {
-			budget = ex.req.route.targets[ti].up.budget
+			budget = ex.req.route.targets[ti].up.Budget()
 			reserved = budget.Reserve(now)
 		}
 		if why := ex.rescueState(ti, ti >= 0 && !reserved).Refusal(); why != "" {
@@ -361,11 +362,9 @@ func (ex *exchange) continueOn(ti int) (took, sent bool) {
 		break
 	}
 	ex.out.closeDelimited = rp.msg.Header.ContentLength() == -2
-	if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
-		a.conn.capReads(ex.responseCap())
-	}
+	upstream.CapReads(rp.msg, ex.responseCap())
 	rs.ti, rs.cont, rs.begun = ti, true, false
-	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.name
+	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()
 	ex.enter(phaseStream)
 	return true, true
 }
@@ -385,7 +384,7 @@ func (ex *exchange) continuation(t *target) ([]byte, bool) {
 		Content string `json:"content"`
 	}{"assistant", string(rs.text)})
 	b, err := sjson.SetRawBytes(slices.Clone(ex.bodyFor(t)), "messages.-1", msg)
-	if err == nil && t.up.opts.Continuation == ContinueVLLM {
+	if err == nil && t.up.Options().Continuation == upstream.ContinueVLLM {
 		if b, err = sjson.SetBytes(b, "continue_final_message", true); err == nil {
 			b, err = sjson.SetBytes(b, "add_generation_prompt", false)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 // chunkOf is a chat.completion.chunk event of stream id saying word.
@@ -35,7 +36,7 @@ func relabelled(st upstreamtest.Step) string {
 
 // startRescue runs Sturdy with a primary (no continuation) and a
 // fallback that continues as c.
-func startRescue(t *testing.T, primary, fallback *upstreamtest.Server, c Continuation, edit func(*Options)) *harness {
+func startRescue(t *testing.T, primary, fallback *upstreamtest.Server, c upstream.Continuation, edit func(*Options)) *harness {
 	return startProxy(t, primary.URL, func(o *Options) {
 		o.Upstreams[0].IdleTimeout = 300 * time.Millisecond
 		fb := testUpstream("fb", fallback.URL)
@@ -57,11 +58,11 @@ func TestACutStreamIsContinuedOnAFallback(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		first upstreamtest.Step
-		c     Continuation
+		c     upstream.Continuation
 	}{
-		{"cut, prefill", cutAfter(upstreamtest.Cut, "Hel", "lo"), ContinuePrefill},
-		{"stalled past idle, vllm", cutAfter(upstreamtest.Stall, "Hel", "lo"), ContinueVLLM},
-		{"in-band error", sseStep(append(upstreamtest.SSE("Hel", "lo")[:2], vllmError)...), ContinuePrefill},
+		{"cut, prefill", cutAfter(upstreamtest.Cut, "Hel", "lo"), upstream.ContinuePrefill},
+		{"stalled past idle, vllm", cutAfter(upstreamtest.Stall, "Hel", "lo"), upstream.ContinueVLLM},
+		{"in-band error", sseStep(append(upstreamtest.SSE("Hel", "lo")[:2], vllmError)...), upstream.ContinuePrefill},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -86,7 +87,7 @@ func TestACutStreamIsContinuedOnAFallback(t *testing.T) {
 			}
 			vllm := sent.Get("continue_final_message").Bool() && sent.Get("add_generation_prompt").Exists() &&
 				!sent.Get("add_generation_prompt").Bool()
-			if vllm != (tt.c == ContinueVLLM) || (tt.c == ContinuePrefill && sent.Get("continue_final_message").Exists()) {
+			if vllm != (tt.c == upstream.ContinueVLLM) || (tt.c == upstream.ContinuePrefill && sent.Get("continue_final_message").Exists()) {
 				t.Fatalf("continuation flags for %v: %s", tt.c, reqs[0].Body)
 			}
 			line := h.accessLines(1)[0]
@@ -123,7 +124,7 @@ func TestNoContinuationWhereItWouldCorrupt(t *testing.T) {
 			t.Parallel()
 			tt.first.Fault = upstreamtest.Cut
 			primary, fallback := upstreamtest.Start(t, tt.first), upstreamtest.Start(t, continuationOf(" world"))
-			h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+			h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
 			resp, body := h.chat(tt.body)
 			if s := string(body); resp.StatusCode != 200 || !strings.HasPrefix(s, strings.Join(tt.first.Chunks, "")) ||
 				!strings.Contains(s, `"code":"stream_interrupted"`) || strings.Contains(s, "world") {
@@ -148,9 +149,9 @@ func TestAContinuationGoesOnlyToATargetThatContinues(t *testing.T) {
 	refuser := upstreamtest.Start(t, sseStep(upstreamtest.SSE("restarted")...))
 	cont := continuationOf("lo")
 	continuer := upstreamtest.Start(t, cont)
-	h := startRescue(t, primary, refuser, ContinueNone, func(o *Options) {
+	h := startRescue(t, primary, refuser, upstream.ContinueNone, func(o *Options) {
 		c := testUpstream("c", continuer.URL)
-		c.Continuation = ContinueVLLM
+		c.Continuation = upstream.ContinueVLLM
 		o.Upstreams = append(o.Upstreams, c)
 		o.Routes[0].Fallbacks = append(o.Routes[0].Fallbacks, Target{Upstream: "c"})
 	})
@@ -173,7 +174,7 @@ func TestMaxRescuesBoundsContinuations(t *testing.T) {
 	second.Fault, third.Fault = upstreamtest.Cut, upstreamtest.Cut
 	up := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "A"), second, third, continuationOf("never"))
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].Continuation = ContinuePrefill
+		o.Upstreams[0].Continuation = upstream.ContinuePrefill
 		o.Routes[0].MaxRescues = 2
 	})
 	resp, body := h.chat(streamChat)
@@ -203,7 +204,7 @@ func TestAContinuationThatFailsEndsTheStreamHonestly(t *testing.T) {
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel"))
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Status: 400, Header: [][2]string{upstreamtest.JSONHeader},
 		Body: `{"error":{"message":"assistant prefill is not supported","type":"invalid_request_error"}}`})
-	h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
 	resp, body := h.chat(streamChat)
 	s := string(body)
 	if resp.StatusCode != 200 || !strings.HasPrefix(s, upstreamtest.SSE("Hel")[0]) || !strings.Contains(s, "continuing it failed") ||
@@ -223,7 +224,7 @@ func TestAResponsesStreamIsNotContinued(t *testing.T) {
 	primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: []string{created, respDelta}, Fault: upstreamtest.Cut})
 	fallback := upstreamtest.Start(t, sseStep(created, respDelta, respDone))
-	h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
 	resp, body := h.do("POST", "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`, "Content-Type", "application/json")
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"code":"stream_interrupted"`) || fallback.Count() != 0 {
 		t.Fatalf("%d, fallback saw %d: %q", resp.StatusCode, fallback.Count(), body)
@@ -244,7 +245,7 @@ func TestACutMidEventLeavesNoFragmentAtTheSeam(t *testing.T) {
 		cont := continuationOf("lo", " world")
 		cont.Chunks = cont.Chunks[1:] // a server that sends no role-only chunk
 		fallback := upstreamtest.Start(t, cont)
-		h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+		h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
 		resp, body := h.chat(streamChat)
 		want := ch[0] + strings.ReplaceAll(strings.Join(cont.Chunks, ""), `"id":"chatcmpl-2"`, `"id":"chatcmpl-1"`)
 		if resp.StatusCode != 200 || string(body) != want {
@@ -280,7 +281,7 @@ func TestNothingIsRelayedAfterTheTerminator(t *testing.T) {
 			after := append(append([]string{}, tt.stream...), chunkOf("chatcmpl-1", "junk"), "data: [DONE]\n\n")
 			primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{tt.header}, Chunks: after, Fault: upstreamtest.Cut})
 			fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-			h := startRescue(t, primary, fallback, ContinuePrefill, nil)
+			h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
 			resp, body := h.do("POST", tt.path, streamChat, "Content-Type", "application/json")
 			if want := strings.Join(tt.stream, ""); resp.StatusCode != 200 || string(body) != want {
 				t.Fatalf("%d:\n%q\nwant\n%q", resp.StatusCode, body, want)
@@ -305,9 +306,9 @@ func TestAContinuationIsPaidForFromTheRetryBudget(t *testing.T) {
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
 	cont := continuationOf(" wor", "ld")
 	fallback := upstreamtest.Start(t, cont)
-	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) {
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) {
 		// One retry per 10 s window, whatever the first attempts.
-		o.Upstreams[1].RetryBudget = RetryBudget{Ratio: 1e-9, MinPerSecond: 0.1}
+		o.Upstreams[1].RetryBudget = upstream.RetryBudget{Ratio: 1e-9, MinPerSecond: 0.1}
 	})
 	want := strings.Join(upstreamtest.SSE("Hel", "lo")[:2], "") + relabelled(cont)
 	if resp, body := h.chat(streamChat); resp.StatusCode != 200 || string(body) != want {
@@ -337,8 +338,8 @@ func TestAContinuationNotSentGivesItsRetryBack(t *testing.T) {
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", long), cutAfter(upstreamtest.Cut, "Hel", "lo"))
 	cont := continuationOf(" wor", "ld")
 	fallback := upstreamtest.Start(t, cont)
-	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) {
-		o.Upstreams[1].RetryBudget = RetryBudget{Ratio: 1e-9, MinPerSecond: 0.1} // one retry per 10 s
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) {
+		o.Upstreams[1].RetryBudget = upstream.RetryBudget{Ratio: 1e-9, MinPerSecond: 0.1} // one retry per 10 s
 		o.Routes[0].MaxBody = 300
 	})
 	if resp, body := h.chat(streamChat); resp.StatusCode != 200 || !strings.Contains(string(body), "stream_interrupted") {

@@ -10,6 +10,7 @@ import (
 
 	"sturdy/events"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // respond answers the client once the attempt loop has stopped: with the
@@ -37,7 +38,7 @@ func (ex *exchange) respond() {
 		ex.fail(sharedFailure(lp.sharedRefused))
 	case lp.stop == policy.StopShutdown:
 		ex.out.outcome = outcomeShuttingDown
-		ex.fail(newError(CodeShuttingDown, lp.up.name, ex.triedText()))
+		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.triedText()))
 	default:
 		ex.noReply()
 	}
@@ -55,7 +56,7 @@ func (ex *exchange) commit(final bool) {
 	passThrough := ex.loop.verdict.Class == policy.ClassPassThrough
 	if !passThrough {
 		rh.SetBytesKV(hdrRequestID, ex.req.id)
-		rh.SetBytesK(hdrUpstream, ex.loop.up.name)
+		rh.SetBytesK(hdrUpstream, ex.loop.up.Name())
 	}
 	if !passThrough || ex.loop.attempts > 1 {
 		ex.setAttemptsHeader()
@@ -83,9 +84,7 @@ func (ex *exchange) commit(final bool) {
 	}
 	cl := src.Header.ContentLength()
 	ex.out.chunked, ex.out.closeDelimited = cl < 0, cl == -2
-	if a, ok := src.LocalAddr().(*connAddr); ok {
-		a.conn.capReads(ex.responseCap())
-	}
+	upstream.CapReads(src, ex.responseCap())
 	ex.followForRescue()
 	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
@@ -166,15 +165,15 @@ func (ex *exchange) whole() {
 	switch {
 	case errors.Is(err, errWholeTooLarge):
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.name, sizeText(maxWholeBody)+" per response"))
+		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.Name(), sizeText(maxWholeBody)+" per response"))
 		return
 	case errors.Is(err, errBuffersFull):
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.name, "server.max_buffered_bytes, for all clients together, is in use"))
+		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.Name(), "server.max_buffered_bytes, for all clients together, is in use"))
 		return
 	case err != io.EOF:
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.name, "failed mid-body", ex.triedText()))
+		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.Name(), "failed mid-body", ex.triedText()))
 		return
 	}
 	// Written from where it was read, as a stream's last bytes are: the
@@ -214,7 +213,7 @@ func (ex *exchange) fail(e *apiError) {
 	ex.closeBody()
 	e.details.Attempts = ex.loop.attempts
 	if ex.loop.up != nil {
-		e.details.Upstream = ex.loop.up.name
+		e.details.Upstream = ex.loop.up.Name()
 	}
 	if ex.reply.has {
 		e.details.LastStatus = ex.reply.msg.StatusCode()
@@ -262,10 +261,10 @@ func (ex *exchange) obstructed() {
 
 // noReply answers when attempts were made but none produced a response.
 func (ex *exchange) noReply() {
-	up, tried := ex.loop.up.name, ex.triedText()
+	up, tried := ex.loop.up.Name(), ex.triedText()
 	at := ""
 	if ep := ex.loop.ep; ep != nil {
-		at = " at " + ep.public() // no credentials
+		at = " at " + ep.Public() // no credentials
 	}
 	failed := "could not be reached" + at
 	switch ex.loop.fault {

@@ -70,8 +70,8 @@ func TestA429WithoutAWaitStartsADoublingCooldown(t *testing.T) {
 	if resp, _ := h.chat(chatModel("m")); resp.StatusCode != 200 {
 		t.Fatalf("after the cooldown: %d", resp.StatusCode)
 	}
-	if n := h.p.tbl.Load().upstreams[0].cooldowns.streaks.Load(); n != 0 {
-		t.Fatalf("a success did not end the run of bare 429s (%d)", n)
+	if n := h.p.tbl.Load().upstreams[0].Cooldowns().InStreak(); n {
+		t.Fatalf("a success did not end the run of bare 429s (in a streak: %v)", n)
 	}
 }
 

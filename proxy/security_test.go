@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 func TestClientAuthentication(t *testing.T) {
@@ -72,16 +73,16 @@ func TestUpstreamTLSVerification(t *testing.T) {
 	if code, _ := errorOf(t, body); resp.StatusCode != 502 || code != CodeUpstreamUnreachable || up.Count() != 0 {
 		t.Fatalf("unverified upstream: %d %s", resp.StatusCode, body)
 	}
-	for name, edit := range map[string]func(*Upstream){
-		"ca_file":              func(u *Upstream) { u.CAFile = caFile },
-		"insecure_skip_verify": func(u *Upstream) { u.InsecureSkipVerify = true },
+	for name, edit := range map[string]func(*upstream.Options){
+		"ca_file":              func(u *upstream.Options) { u.CAFile = caFile },
+		"insecure_skip_verify": func(u *upstream.Options) { u.InsecureSkipVerify = true },
 	} {
 		h := startProxy(t, up.URL, func(o *Options) { edit(&o.Upstreams[0]) })
 		if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "over tls" {
 			t.Fatalf("%s: %d %q", name, resp.StatusCode, body)
 		}
 	}
-	if _, err := New(Options{Upstreams: []Upstream{{Name: "x", URL: up.URL, CAFile: "/nonexistent.pem"}}}); err == nil {
+	if _, err := New(Options{Upstreams: []upstream.Options{{Name: "x", URL: up.URL, CAFile: "/nonexistent.pem"}}}); err == nil {
 		t.Fatal("unreadable ca_file accepted")
 	}
 }
@@ -97,7 +98,7 @@ func TestRefusalOverTLSIsAnHTTPAnswer(t *testing.T) {
 	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
 		t.Fatal("writing the key pair")
 	}
-	o := Options{Upstreams: []Upstream{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")},
+	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")},
 		Server: ServerLimits{MaxConnections: 1}, Log: zerolog.Nop()}
 	p, err := New(o)
 	if err != nil {

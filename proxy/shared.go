@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"sturdy/fleet"
+	"sturdy/upstream"
 )
 
 // SharedState shares cooldowns, limits and breaker hints with the other
@@ -27,9 +28,9 @@ const (
 )
 
 func (s SharedState) withDefaults() SharedState {
-	orDefault(&s.Prefix, DefaultSharedPrefix)
-	orDefault(&s.Timeout, DefaultSharedTimeout)
-	orDefault(&s.MaxCooldowns, MaxTrackedKeys) // no more than the cooldown maps hold
+	upstream.OrDefault(&s.Prefix, DefaultSharedPrefix)
+	upstream.OrDefault(&s.Timeout, DefaultSharedTimeout)
+	upstream.OrDefault(&s.MaxCooldowns, upstream.MaxTrackedKeys) // no more than the cooldown maps hold
 	return s
 }
 
@@ -91,8 +92,8 @@ func boolGauge(b bool) float64 {
 // the upstream's cooldown.max, and returns the end adopted (the fleet
 // shortens a longer one in Redis).
 func (p *Proxy) sharedCooldown(c fleet.Cooldown) time.Time {
-	if up := p.tbl.Load().upstream(c.Upstream); up != nil && up.bareCooldown > 0 {
-		return up.cooldowns.adopt(localKey(c.Key), time.Now(), c.Until, c.Streak)
+	if up := p.tbl.Load().upstream(c.Upstream); up != nil && up.BareCooldown() > 0 {
+		return up.Cooldowns().Adopt(localKey(c.Key), time.Now(), c.Until, c.Streak)
 	}
 	return c.Until
 }
@@ -109,9 +110,9 @@ func (p *Proxy) hashKey() string {
 }
 
 // publishCooldown shares a cooldown this replica learned, if in a fleet.
-func (ex *exchange) publishCooldown(up *upstream, until time.Time, streak int) {
+func (ex *exchange) publishCooldown(up *upstream.Upstream, until time.Time, streak int) {
 	if f := ex.p.fleet.Load(); f != nil {
-		f.st.PublishCooldown(fleet.Cooldown{Upstream: up.name, Key: ex.loop.coolDigest, Until: until, Streak: streak})
+		f.st.PublishCooldown(fleet.Cooldown{Upstream: up.Name(), Key: ex.loop.coolDigest, Until: until, Streak: streak})
 	}
 }
 
@@ -168,15 +169,17 @@ func (p *Proxy) clientLimitName(cl *clientLimiter, key []byte) string {
 // breakerHint takes an endpoint another replica's breaker opened on out
 // of this replica's picks until that replica's probe (share_breakers);
 // this replica's own breaker is untouched and probes on its own.
-func (p *Proxy) breakerHint(upstream, endpoint string, until time.Time) {
-	up := p.tbl.Load().upstream(upstream)
-	if up == nil {
-		return
+func (p *Proxy) breakerHint(name, endpoint string, until time.Time) {
+	if up := p.tbl.Load().upstream(name); up != nil {
+		up.Hint(endpoint, until)
 	}
-	for _, ep := range up.endpointsNow() {
-		if ep.addr == endpoint {
-			ep.hintedUntil.Store(until.UnixNano())
-			up.notify()
-		}
+}
+
+// breakerAnnouncer is what tells the fleet that an endpoint's breaker
+// opened (share_breakers), nil when breakers are not shared.
+func (p *Proxy) breakerAnnouncer() func(upstream, endpoint string, until time.Time) {
+	if f := p.fleet.Load(); f != nil && f.opts.ShareBreakers {
+		return f.st.AnnounceBreaker
 	}
+	return nil
 }

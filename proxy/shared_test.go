@@ -18,6 +18,7 @@ import (
 	"sturdy/fleet"
 	"sturdy/internal/redistest"
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 // fleetOf starts n Sturdys in front of upstreamURL sharing state through
@@ -89,7 +90,7 @@ func TestASharedPaceHoldsForTheFleet(t *testing.T) {
 	r := redistest.Start(t)
 	url, served := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 3, url, r.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 20, Burst: 2, MaxWait: 20 * time.Millisecond}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 20, Burst: 2, MaxWait: 20 * time.Millisecond}
 	})
 	const window = 2 * time.Second
 	start := time.Now()
@@ -154,7 +155,7 @@ func TestRedisDownIsNeverInTheWay(t *testing.T) {
 	r := redistest.Start(t)
 	url, _ := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 1, url, r.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
 	})
 	h := hs[0]
 	r.Kill()
@@ -197,7 +198,7 @@ func TestOnFailureRefuse(t *testing.T) {
 	url, served := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 1, url, r.URL, func(o *Options) {
 		o.SharedState.Refuse = true
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 100, Burst: 10, MaxWait: time.Second}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 100, Burst: 10, MaxWait: time.Second}
 	})
 	if resp, _ := hs[0].chat(""); resp.StatusCode != 200 {
 		t.Fatalf("with Redis up: %d", resp.StatusCode)
@@ -224,7 +225,7 @@ func TestASlowRedisCostsAtMostTheTimeout(t *testing.T) {
 	tp, tpURL := throughToxiproxy(t, r.Addr)
 	url, _ := countingUpstream(t, 0, 200)
 	hs := fleetOf(t, 1, url, "redis"+strings.TrimPrefix(tpURL, "http")+"/0", func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 1000, Burst: 100, MaxWait: time.Second}
 	})
 	if resp, _ := hs[0].chat(""); resp.StatusCode != 200 {
 		t.Fatal(resp.Status)
@@ -255,16 +256,16 @@ func TestABreakerOpeningIsAHintToTheFleet(t *testing.T) {
 		u.URL, u.Endpoints, u.MaxEjected = "", []string{live.url, dead}, 1
 		u.Breaker.ConsecutiveFailures, u.Breaker.OpenFor = 1, time.Minute
 	})
-	for i := 0; i < 10 && hs[0].endpoint(&replica{url: dead}).breaker.State() != breaker.StateOpen; i++ {
+	for i := 0; i < 10 && hs[0].endpoint(&replica{url: dead}).Breaker().State() != breaker.StateOpen; i++ {
 		hs[0].chat("")
 	}
-	if hs[0].endpoint(&replica{url: dead}).breaker.State() != breaker.StateOpen {
+	if hs[0].endpoint(&replica{url: dead}).Breaker().State() != breaker.StateOpen {
 		t.Fatal("the dead endpoint's breaker never opened on the first replica")
 	}
 	time.Sleep(100 * time.Millisecond)
 	other := hs[1].endpoint(&replica{url: dead})
-	if !other.out() || other.breaker.State() != breaker.StateClosed {
-		t.Fatalf("the hint did not reach the other replica (out %v, its own breaker %v)", other.out(), other.breaker.State())
+	if !other.Out() || other.Breaker().State() != breaker.StateClosed {
+		t.Fatalf("the hint did not reach the other replica (out %v, its own breaker %v)", other.Out(), other.Breaker().State())
 	}
 	for i := 0; i < 10; i++ {
 		resp, _ := hs[1].chat("")
@@ -333,7 +334,7 @@ func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		ttl, err := rdb.PTTL(ctx, name).Result()
-		if err == nil && ttl > 0 && ttl <= DefaultCooldownMax+2*time.Second {
+		if err == nil && ttl > 0 && ttl <= upstream.DefaultCooldownMax+2*time.Second {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -342,8 +343,8 @@ func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	st := h.p.Upstreams()[0]
-	if st.CooldownUntil == nil || time.Until(*st.CooldownUntil) > DefaultCooldownMax+time.Second {
-		t.Fatalf("adopted until %v, want at most %v from now", st.CooldownUntil, DefaultCooldownMax)
+	if st.CooldownUntil == nil || time.Until(*st.CooldownUntil) > upstream.DefaultCooldownMax+time.Second {
+		t.Fatalf("adopted until %v, want at most %v from now", st.CooldownUntil, upstream.DefaultCooldownMax)
 	}
 	if resp, _ := h.chat("", "Authorization", "Bearer sk-new"); resp.StatusCode != 429 || served.Load() != 1 {
 		t.Fatalf("the upstream's year-long 429: %d (served %d)", resp.StatusCode, served.Load())
@@ -352,7 +353,7 @@ func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
 	for deadline = time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		ttl, err := rdb.PTTL(ctx, "t:cooldown:up:"+hex.EncodeToString(learned[:])).Result()
 		if err == nil && ttl > 0 {
-			if ttl > DefaultCooldownMax+2*time.Second {
+			if ttl > upstream.DefaultCooldownMax+2*time.Second {
 				t.Fatalf("a year-long Retry-After was published with a TTL of %v", ttl)
 			}
 			break

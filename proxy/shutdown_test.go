@@ -10,6 +10,7 @@ import (
 
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // TestShutdownEndsEveryWait puts a request into each kind of wait —
@@ -45,15 +46,15 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 			prime: func(h *harness) { h.chat("") }, status: 503, code: CodeShuttingDown},
 		{name: "pacing", steps: []upstreamtest.Step{{Body: "ok"}},
 			edit: func(o *Options) {
-				o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
+				o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
 				o.Routes[0].Deadline = time.Minute
 			},
 			prime: func(h *harness) { h.chat("") }, status: 503, code: CodeShuttingDown},
 		{name: "pacing on a fallback after a skipped primary", steps: []upstreamtest.Step{{Body: "ok"}},
 			edit: func(o *Options) {
 				withFallbacks(o, []string{o.Upstreams[0].URL})
-				o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Millisecond}
-				o.Upstreams[1].RateLimit = RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
+				o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Millisecond}
+				o.Upstreams[1].RateLimit = upstream.RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
 				o.Routes[0].Deadline = time.Minute
 			},
 			prime: func(h *harness) { h.chat(""); h.chat("") }, status: 503, code: CodeShuttingDown},

@@ -14,7 +14,7 @@ import (
 // staleAttempts is the attempts metric of up's stale connections.
 func (h *harness) staleAttempts() float64 {
 	var m dto.Metric
-	if err := h.p.m.Attempts.WithLabelValues("up", h.p.tbl.Load().upstreams[0].endpointsNow()[0].addr, "stale").Write(&m); err != nil {
+	if err := h.p.m.Attempts.WithLabelValues("up", h.p.tbl.Load().upstreams[0].Endpoints()[0].Addr(), "stale").Write(&m); err != nil {
 		h.t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
@@ -44,11 +44,19 @@ func TestStaleKeepAliveConnectionIsCountedButNotAFailure(t *testing.T) {
 			t.Fatalf("request %d: %d %q, x-sturdy-attempts %q, want %s", i, resp.StatusCode, body, resp.Header.Get("X-Sturdy-Attempts"), want)
 		}
 	}
-	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].Endpoints()[0].Breaker().State(); st != breaker.StateClosed {
 		t.Fatalf("stale connections counted against the breaker: %v", st)
 	}
 	if n := h.staleAttempts(); n != 2 {
 		t.Fatalf("attempts{result=stale} = %v, want 2", n)
+	}
+	// Of the five attempts only the first request's counts for an adaptive
+	// limit: a stale connection's attempt was not sent, its replay's time
+	// says nothing of the load.
+	ep := h.p.tbl.Load().upstreams[0].Endpoints()[0]
+	released(t, ep)
+	if n, _ := ep.Samples(); n != 1 {
+		t.Fatalf("%d samples count, want 1 (stale attempts and their replays do not)", n)
 	}
 	lines := h.accessLines(3)
 	if lines[2]["attempts"] != 2.0 || len(lines[2]["retries"].([]any)) != 1 {
@@ -98,7 +106,7 @@ func TestAStaleResendTakesNoAttempt(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != "ok" || resp.Header.Get("X-Sturdy-Attempts") != "2" || up.Count() != 2 {
 		t.Fatalf("%d %s, x-sturdy-attempts %q, upstream saw %d", resp.StatusCode, body, resp.Header.Get("X-Sturdy-Attempts"), up.Count())
 	}
-	if st := h.p.tbl.Load().upstreams[0].endpointsNow()[0].breaker.State(); st != breaker.StateClosed {
+	if st := h.p.tbl.Load().upstreams[0].Endpoints()[0].Breaker().State(); st != breaker.StateClosed {
 		t.Fatalf("a stale connection counted against the breaker: %v", st)
 	}
 }

@@ -3,191 +3,19 @@ package proxy
 import (
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"sturdy/breaker"
+	"sturdy/upstream"
 )
 
-// UpstreamStatus is what the admin listener's /debug/upstreams shows of
-// one upstream. It carries no secret: the URL has no credentials (config
-// refuses user info) and the API key is never included.
-type UpstreamStatus struct {
-	Name string `json:"name"`
-	// URL is the configured url ("" for a pool of endpoints or DNS).
-	URL string `json:"url"`
-	// Breaker is the pool's state as one breaker: open when every
-	// endpoint is out, else the best of the endpoints' connection
-	// breakers (connect refused, resets, TLS). ModelBreakers are the
-	// reply breakers per model (5xx, timeouts) of every endpoint, at most
-	// 256 per endpoint (the most recently used).
-	Breaker       string              `json:"breaker"`
-	ModelBreakers []ModelBreakerState `json:"model_breakers"`
-	// ProbeInMS is the time until an endpoint lets a probe through, when
-	// every one is out.
-	ProbeInMS int64 `json:"probe_in_ms"`
-	// Endpoints are the pool's replicas.
-	Endpoints []EndpointStatus `json:"endpoints"`
-	// Counts are the connection breakers' counts in their current
-	// windows, summed over the endpoints.
-	Counts struct {
-		Requests            uint32 `json:"requests"`
-		Successes           uint32 `json:"successes"`
-		Failures            uint32 `json:"failures"`
-		Exclusions          uint32 `json:"exclusions"`
-		ConsecutiveFailures uint32 `json:"consecutive_failures"`
-	} `json:"counts"`
-	// InFlight counts requests using the upstream, streams included.
-	InFlight int64 `json:"in_flight"`
-	// OpenConnections counts connections open to the endpoints.
-	OpenConnections int `json:"open_connections"`
-	// MaxInFlight is the configured cap (0: unlimited); SlotsInUse the
-	// slots taken under it.
-	MaxInFlight int `json:"max_in_flight"`
-	SlotsInUse  int `json:"slots_in_use"`
-	// Cooldowns counts credentials cooling down after a 429;
-	// CooldownUntil is the latest end among them.
-	Cooldowns     int        `json:"cooldowns"`
-	CooldownUntil *time.Time `json:"cooldown_until"`
-	// Limiter is the pacing state, absent without rate_limit.
-	Limiter *LimiterStatus `json:"limiter,omitempty"`
-}
-
-// EndpointStatus is one endpoint of an upstream's pool.
-type EndpointStatus struct {
-	// Address is host:port (the resolved address for DNS discovery).
-	Address string `json:"address"`
-	// State is in, or out with why: ejected (breaker open), probing
-	// (half-open), unhealthy (health check), draining (dropped by DNS).
-	State   string `json:"state"`
-	Breaker string `json:"breaker"`
-	// ProbeInMS is the time until its open breaker lets a probe through.
-	ProbeInMS int64 `json:"probe_in_ms"`
-	// InFlight counts its requests, streams included; Weight is its share
-	// while it ramps up after coming back (slow start), 1 otherwise.
-	InFlight        int     `json:"in_flight"`
-	Weight          float64 `json:"weight"`
-	OpenConnections int     `json:"open_connections"`
-	// Ejections counts its breaker opening.
-	Ejections int64 `json:"ejections"`
-	// Health is the last health check's result ("" without checks).
-	Health string `json:"health,omitempty"`
-	// TrippedOn is what opened its breaker last (the breaker's counts
-	// start over at every state change), while it is not closed; Cause
-	// says it in words, with the last failure ("5 consecutive failures,
-	// the last: connection refused").
-	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
-	Cause     string      `json:"cause,omitempty"`
-}
-
-// TripCounts are the breaker counts that opened a breaker.
-type TripCounts struct {
-	Requests            uint32 `json:"requests"`
-	Failures            uint32 `json:"failures"`
-	ConsecutiveFailures uint32 `json:"consecutive_failures"`
-}
-
-// ModelBreakerState is one model's reply breaker on an endpoint.
-type ModelBreakerState struct {
-	Endpoint  string `json:"endpoint"`
-	Model     string `json:"model"`
-	State     string `json:"state"`
-	ProbeInMS int64  `json:"probe_in_ms"`
-	// Failures counts the failures in the breaker's current window (its
-	// counts start over at every state change: 0 just after it opened);
-	// TrippedOn and Cause say what opened it, while it is not closed.
-	Failures  uint32      `json:"failures"`
-	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
-	Cause     string      `json:"cause,omitempty"`
-}
-
-// LimiterStatus is an upstream's pacing limiter.
-type LimiterStatus struct {
-	RequestsPerSecond float64 `json:"requests_per_second"`
-	Burst             int     `json:"burst"`
-	// Tokens available now (negative: requests are waiting).
-	Tokens float64 `json:"tokens"`
-}
-
-// maxListedModelBreakers bounds the model breakers /debug/upstreams lists
-// per endpoint (the most recently used; each model shown is at most
-// policy.MaxModelBytes).
-const maxListedModelBreakers = 256
-
-// Upstreams reports the state of every configured upstream.
-func (p *Proxy) Upstreams() []UpstreamStatus {
+// Upstreams reports the state of every configured upstream, for the
+// admin listener's /debug/upstreams (upstream.Status: no secret in it).
+func (p *Proxy) Upstreams() []upstream.Status {
 	now := time.Now()
-	var out []UpstreamStatus
+	var out []upstream.Status
 	for _, up := range p.tbl.Load().upstreams {
-		state := up.state()
-		s := UpstreamStatus{Name: up.name, URL: up.opts.URL, Breaker: state.String(), InFlight: up.inFlight.Load(),
-			ModelBreakers: []ModelBreakerState{}, Endpoints: []EndpointStatus{}}
-		s.MaxInFlight, s.SlotsInUse = cap(up.slots), len(up.slots)
-		if n, until := up.cooldowns.active(now); n > 0 {
-			s.Cooldowns, s.CooldownUntil = n, &until
-		}
-		if up.limiter != nil {
-			s.Limiter = &LimiterStatus{RequestsPerSecond: float64(up.limiter.Limit()), Burst: up.limiter.Burst(),
-				Tokens: up.limiter.TokensAt(now)}
-		}
-		probe := time.Duration(-1)
-		for _, ep := range up.endpointsNow() {
-			es := ep.status(now, up.slowStart)
-			s.Endpoints = append(s.Endpoints, es)
-			s.OpenConnections += es.OpenConnections
-			if in, _ := ep.probeIn(now, "", up); state == breaker.StateOpen && (probe < 0 || in < probe) {
-				probe = in
-			}
-			for _, m := range ep.models.Members(maxListedModelBreakers) {
-				st := m.State()
-				s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Endpoint: ep.addr, Model: m.Key,
-					State: st.String(), ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures,
-					TrippedOn: trippedOn(m.Breaker, st), Cause: m.Cause()})
-			}
-			c := ep.breaker.Counts()
-			s.Counts.Requests += c.Requests
-			s.Counts.Successes += c.TotalSuccesses
-			s.Counts.Failures += c.TotalFailures
-			s.Counts.Exclusions += c.TotalExclusions
-			s.Counts.ConsecutiveFailures = max(s.Counts.ConsecutiveFailures, c.ConsecutiveFailures)
-		}
-		for _, ep := range up.draining() { // DNS dropped them; their requests go on
-			s.Endpoints = append(s.Endpoints, ep.status(now, up.slowStart))
-		}
-		s.ProbeInMS = max(probe, 0).Milliseconds()
-		out = append(out, s)
+		out = append(out, up.Status(now))
 	}
 	return out
-}
-
-// status is what /debug/upstreams shows of ep.
-func (ep *endpoint) status(now time.Time, slowStart time.Duration) EndpointStatus {
-	b := ep.breaker.State()
-	s := EndpointStatus{Address: ep.addr, State: "in", Breaker: b.String(), ProbeInMS: ep.breaker.ProbeIn(now).Milliseconds(),
-		InFlight: ep.load(), Weight: ep.weight(now, slowStart), OpenConnections: ep.client.ConnsCount(),
-		Ejections: ep.ejections.Load()}
-	switch {
-	case ep.draining.Load():
-		s.State = "draining"
-	case !ep.healthy.Load():
-		s.State = "unhealthy"
-	case b == breaker.StateOpen:
-		s.State = "ejected"
-	case b == breaker.StateHalfOpen:
-		s.State = "probing"
-	}
-	if h := ep.health.Load(); h != nil {
-		s.Health = *h
-	}
-	s.TrippedOn, s.Cause = trippedOn(ep.breaker, b), ep.breaker.Cause()
-	return s
-}
-
-// trippedOn is what opened b (in state st) last, while it is not closed.
-func trippedOn(b *breaker.Breaker, st breaker.State) *TripCounts {
-	if c, ok := b.TrippedOn(); ok && st != breaker.StateClosed {
-		return &TripCounts{Requests: c.Requests, Failures: c.TotalFailures, ConsecutiveFailures: c.ConsecutiveFailures}
-	}
-	return nil
 }
 
 // Ready reports whether every route has a target with an endpoint that
@@ -200,7 +28,7 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 	for _, r := range p.tbl.Load().routes {
 		ready := false
 		for _, t := range r.targets {
-			if t.up.state() != breaker.StateOpen {
+			if t.up.State() != breaker.StateOpen {
 				ready = true
 				break
 			}
@@ -212,39 +40,12 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 	return len(notReady) == 0, notReady
 }
 
-// RefreshBreakerGauges brings the per-endpoint gauges up to date: an
-// open breaker turns half-open lazily, when someone looks, and in-flight
-// counts move with every request.
+// RefreshBreakerGauges brings the gauges read on scrape up to date: the
+// bytes held for clients, and every upstream's per-endpoint gauges
+// (upstream.RefreshGauges).
 func (p *Proxy) RefreshBreakerGauges() {
 	p.m.BufferedBytes.Set(float64(p.held.used.Load()))
 	for _, up := range p.tbl.Load().upstreams {
-		for _, ep := range up.endpointsNow() {
-			p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(ep.breaker.State()))
-			p.m.EndpointInFlight.WithLabelValues(up.name, ep.addr).Set(float64(ep.load()))
-			in := 1.0
-			if ep.out() {
-				in = 0
-			}
-			p.m.EndpointUp.WithLabelValues(up.name, ep.addr).Set(in)
-			p.refreshModelBreakers(up, ep)
-		}
-	}
-}
-
-// refreshModelBreakers sets ep's sturdy_model_breaker_state series: one
-// per model the config names that has a breaker there, and "other" for
-// the worst of the rest (open if any client-chosen model's is).
-func (p *Proxy) refreshModelBreakers(up *upstream, ep *endpoint) {
-	p.m.ModelBreakerState.DeletePartialMatch(prometheus.Labels{"upstream": up.name, "endpoint": ep.addr})
-	tbl := p.tbl.Load()
-	worst := map[string]breaker.State{}
-	for _, m := range ep.models.Members(0) {
-		label, st := tbl.modelLabel(m.Key), m.State()
-		if cur, ok := worst[label]; !ok || st > cur {
-			worst[label] = st
-		}
-	}
-	for label, st := range worst {
-		p.m.ModelBreakerState.WithLabelValues(up.name, ep.addr, label).Set(float64(st))
+		up.RefreshGauges()
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"sturdy/events"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // Read is the client's response body once a reply is committed as a
@@ -146,9 +147,7 @@ const (
 func (ex *exchange) endBody() {
 	rp := &ex.reply
 	if rp.body != nil && ex.out.pending == nil {
-		if a, ok := rp.msg.LocalAddr().(*connAddr); ok {
-			a.conn.capReads(time.Now().Add(drainWait))
-		}
+		upstream.CapReads(rp.msg, time.Now().Add(drainWait))
 		var buf [4 << 10]byte
 		for left := drainBytes; left > 0; {
 			n, err := rp.body.Read(buf[:min(len(buf), left)])
@@ -169,10 +168,10 @@ func (ex *exchange) interruptionTail() []byte {
 	switch {
 	case out.cut.Load():
 		what = "Sturdy is shutting down and its grace period ended before the stream"
-	case isTimeout(out.broken) && ex.req.route.maxDuration > 0 && time.Since(ex.req.start) >= ex.req.route.maxDuration:
+	case upstream.IsTimeout(out.broken) && ex.req.route.maxDuration > 0 && time.Since(ex.req.start) >= ex.req.route.maxDuration:
 		what = fmt.Sprintf("the response took longer than the route's max_duration (%s)", ex.req.route.maxDuration)
-	case isTimeout(out.broken):
-		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.idle)
+	case upstream.IsTimeout(out.broken):
+		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.Options().IdleTimeout)
 	case errors.Is(out.broken, errUnterminated):
 		what = "the upstream closed the connection before the stream's end ([DONE] or a final event)"
 	case errors.Is(out.broken, errInBand):
@@ -181,7 +180,7 @@ func (ex *exchange) interruptionTail() []byte {
 	if out.rescue.tries > 0 {
 		what += ", and continuing it failed"
 	}
-	e := newError(CodeStreamInterrupted, what, up.name)
+	e := newError(CodeStreamInterrupted, what, up.Name())
 	var b []byte
 	switch out.kind {
 	case events.SSE:
@@ -191,7 +190,7 @@ func (ex *exchange) interruptionTail() []byte {
 		case out.scan.InEvent():
 			b = append(b, '\n')
 		}
-		e.details = errorDetails{Upstream: up.name, Attempts: ex.loop.attempts, LastStatus: out.status}
+		e.details = errorDetails{Upstream: up.Name(), Attempts: ex.loop.attempts, LastStatus: out.status}
 		b = shapeOf(ex.req.api).event(b, e, out.scan.Events())
 	default:
 		if out.scan.InLine() {
@@ -230,5 +229,5 @@ func (ex *exchange) CloseWithError(err error) error {
 // meanwhile.
 func (ex *exchange) interrupt() {
 	ex.out.cut.Store(true)
-	ex.abortUpstream()
+	ex.conn.Sever()
 }

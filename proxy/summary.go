@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // summary is what a finished request was, read off the exchange once as
@@ -60,11 +61,11 @@ func (ex *exchange) summarize(s *summary) {
 		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries],
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
 	if ex.req.route != nil {
-		s.routed, s.route, s.upstream = true, ex.req.route.name, lp.up.name
+		s.routed, s.route, s.upstream = true, ex.req.route.name, lp.up.Name()
 		if ep := lp.ep; ep != nil {
-			s.endpoint, s.breaker, s.modelBreaker = ep.addr, ep.breaker.State().String(), ep.modelBreakerState(lp.model)
+			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(lp.model)
 		} else {
-			s.breaker = lp.up.state().String()
+			s.breaker = lp.up.State().String()
 		}
 	}
 	switch {
@@ -89,12 +90,12 @@ func (ex *exchange) summarize(s *summary) {
 // the attempts metric, the access line's note of its target, and its
 // span's result (attemptDone). afterStale says it was a stale
 // connection's replay.
-func (ex *exchange) attemptEnded(up *upstream, ep *endpoint, out policy.Outcome, afterStale bool) {
+func (ex *exchange) attemptEnded(up *upstream.Upstream, ep *upstream.Endpoint, out policy.Outcome, afterStale bool) {
 	result := resultLabel(ex.loop.verdict)
-	ep.countAttempt(ex.p, up.name, result)
+	ep.CountAttempt(up.Name(), result)
 	ex.noteResult(result, true)
 	if n := &ex.notes; n.nTried > 0 {
-		n.tried[n.nTried-1].endpoint = ep.addr
+		n.tried[n.nTried-1].endpoint = ep.Addr()
 		if afterStale {
 			n.tried[n.nTried-1].replays++
 		}

@@ -16,6 +16,7 @@ import (
 
 	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // table is one generation of configuration: the routes and the
@@ -23,7 +24,7 @@ import (
 // a reload never changes a request in flight.
 type table struct {
 	routes    []*route // longest prefix first
-	upstreams []*upstream
+	upstreams []*upstream.Upstream
 	clients   []*clientLimiter
 	// hooks run around every request's attempt loop (hooks.go): the
 	// client limits first.
@@ -83,7 +84,7 @@ type route struct {
 
 // target is one upstream a route may use, with its model rewrite.
 type target struct {
-	up    *upstream
+	up    *upstream.Upstream
 	model string
 	// answered counts this route's requests it answered 2xx ok, the
 	// common sturdy_requests_total series, resolved once.
@@ -91,9 +92,9 @@ type target struct {
 }
 
 // upstream returns the upstream named name, nil when there is none.
-func (t *table) upstream(name string) *upstream {
+func (t *table) upstream(name string) *upstream.Upstream {
 	for _, up := range t.upstreams {
-		if up.name == name {
+		if up.Name() == name {
 			return up
 		}
 	}
@@ -102,7 +103,7 @@ func (t *table) upstream(name string) *upstream {
 
 // buildTable builds a table from o, reusing the upstreams of prev whose
 // options are unchanged; it also returns prev's upstreams left out.
-func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) {
+func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream.Upstream, error) {
 	t := &table{}
 	byName, err := p.buildUpstreams(t, o.Upstreams, prev)
 	if err != nil {
@@ -144,10 +145,10 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 	if len(t.clients) > 0 {
 		t.hooks = append(t.hooks, clientLimits(t.clients))
 	}
-	var dropped []*upstream
+	var dropped []*upstream.Upstream
 	if prev != nil {
 		for _, up := range prev.upstreams {
-			if byName[up.name] != up {
+			if byName[up.Name()] != up {
 				dropped = append(dropped, up)
 			}
 		}
@@ -158,24 +159,24 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream, error) 
 // buildUpstreams adds o's upstreams to t, reusing those of prev whose
 // options are unchanged (their connections and breaker state survive);
 // a changed upstream keeps the endpoints whose definition did not change.
-func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[string]*upstream, error) {
-	reuse := map[string]*upstream{}
+func (p *Proxy) buildUpstreams(t *table, opts []upstream.Options, prev *table) (map[string]*upstream.Upstream, error) {
+	reuse := map[string]*upstream.Upstream{}
 	if prev != nil {
 		for _, up := range prev.upstreams {
-			reuse[up.name] = up
+			reuse[up.Name()] = up
 		}
 	}
-	byName := map[string]*upstream{}
+	byName := map[string]*upstream.Upstream{}
 	for _, uo := range opts {
-		uo = uo.withDefaults()
+		uo = uo.WithDefaults()
 		up := reuse[uo.Name]
-		if up == nil || !reflect.DeepEqual(up.opts, uo) {
+		if up == nil || !reflect.DeepEqual(*up.Options(), uo) {
 			var err error
-			if up, err = newUpstream(p, uo, up); err != nil {
+			if up, err = upstream.New(p.env, uo, up); err != nil {
 				return nil, err
 			}
-			for _, ep := range up.endpointsNow() {
-				p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(float64(ep.breaker.State()))
+			for _, ep := range up.Endpoints() {
+				p.m.BreakerState.WithLabelValues(up.Name(), ep.Addr()).Set(float64(ep.Breaker().State()))
 			}
 		}
 		byName[uo.Name] = up
@@ -185,7 +186,7 @@ func (p *Proxy) buildUpstreams(t *table, opts []Upstream, prev *table) (map[stri
 }
 
 // buildRoute builds one route (its defaults filled) over the upstreams.
-func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error) {
+func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*route, error) {
 	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
 		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, maxDuration: ro.MaxDuration,
@@ -202,7 +203,7 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream) (*route, error
 			return nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, tg.Upstream)
 		}
 		r.targets = append(r.targets, target{up: up, model: tg.Model,
-			answered: p.m.Requests.WithLabelValues(ro.Name, up.name, metrics.StatusClass(200), outcomeOK)})
+			answered: p.m.Requests.WithLabelValues(ro.Name, up.Name(), metrics.StatusClass(200), outcomeOK)})
 	}
 	return r, nil
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 
 	"sturdy/policy"
 	"sturdy/tracing"
+	"sturdy/upstream"
 )
 
 // Tracing traces every request with OpenTelemetry: a server span per
@@ -254,7 +254,7 @@ func (ex *exchange) startTrace() {
 	if ctx.IsTLS() {
 		scheme = "https"
 	}
-	host, port := splitHostPort(spanText(rh.Host()), scheme)
+	host, port := upstream.SplitHostPort(spanText(rh.Host()), scheme)
 	attrs := append(ex.tr.attrs[:0],
 		attrMethod.String(method),
 		attrURLPath.String(spanText(rawPath(rh.RequestURI()))),
@@ -280,22 +280,6 @@ func protoVersion(http11 bool) string {
 	return "1.0"
 }
 
-// splitHostPort splits a Host header or endpoint address; the port is
-// the scheme's when none is written.
-func splitHostPort(hostport, scheme string) (string, int) {
-	host, p, err := net.SplitHostPort(hostport)
-	if err != nil { // no port
-		host = strings.Trim(hostport, "[]")
-	}
-	if port, err := strconv.Atoi(p); err == nil {
-		return host, port
-	}
-	if scheme == "https" {
-		return host, 443
-	}
-	return host, 80
-}
-
 // traceRoute names the server span for the route the request took and
 // notes the model it asked for.
 func (ex *exchange) traceRoute() {
@@ -319,7 +303,7 @@ func (ex *exchange) traceRoute() {
 // startAttempt starts the attempt's client span under the request's and
 // puts its traceparent (and the client's tracestate) on the upstream
 // request, so the model server's spans hang under this attempt.
-func (ex *exchange) startAttempt(t *target, ep *endpoint) {
+func (ex *exchange) startAttempt(t *target, ep *upstream.Endpoint) {
 	if ex.tr.span == nil {
 		return
 	}
@@ -333,12 +317,13 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 		return
 	}
 	lp := &ex.loop
+	server, port := ep.Server()
 	attrs := append(ex.tr.attemptAttrs[:0],
 		attrMethod.String(spanText(ex.ctx.Method())),
-		ep.spanAddr[0], ep.spanAddr[1],
+		attrServerAddr.String(server), attrServerPort.Int(port),
 		// The URI aim wrote, without the query: no secret rides in a span.
 		attrURLFull.String(spanText(rawPath(ex.req.uri))),
-		attrUpstream.String(t.up.name),
+		attrUpstream.String(t.up.Name()),
 		attrAttempt.Int(lp.attempts),
 	)
 	switch m := lp.model; {
@@ -356,14 +341,14 @@ func (ex *exchange) startAttempt(t *target, ep *endpoint) {
 	if ex.out.rescue.tries > 0 {
 		attrs = append(attrs, attrContinuation.Bool(true))
 	}
-	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, spanText(ex.ctx.Method())+" "+t.up.name, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, spanText(ex.ctx.Method())+" "+t.up.Name(), trace.WithSpanKind(trace.SpanKindClient))
 	propagator.Inject(ctx, headerCarrier{h})
 	ex.tr.attempt, ex.tr.attemptAttrs = s, attrs
 }
 
 // attemptDone records how the attempt went: its status or fault, its
 // result and the breakers' states after it.
-func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
+func (ex *exchange) attemptDone(ep *upstream.Endpoint, out policy.Outcome) {
 	s := ex.tr.attempt
 	if s == nil || !ex.tr.rec {
 		return
@@ -372,8 +357,8 @@ func (ex *exchange) attemptDone(ep *endpoint, out policy.Outcome) {
 	v := lp.verdict
 	attrs := append(ex.tr.attemptAttrs,
 		attrResult.String(resultLabel(v)),
-		attrConnBreaker.String(ep.breaker.State().String()),
-		attrModelBreaker.String(ep.modelBreakerState(lp.model)),
+		attrConnBreaker.String(ep.Breaker().State().String()),
+		attrModelBreaker.String(ep.ModelBreakerState(lp.model)),
 	)
 	errType := ""
 	if out.Fault == policy.FaultNone {
@@ -459,8 +444,8 @@ func (ex *exchange) traceWait(d time.Duration, source string) {
 
 // traceQueued notes a queue wait that began at start, when it had to
 // wait (zero start: not traced).
-func (ex *exchange) traceQueued(start time.Time, r slotResult, source string) {
-	if !ex.tr.rec || r == slotTaken {
+func (ex *exchange) traceQueued(start time.Time, r upstream.LeaseResult, source string) {
+	if !ex.tr.rec || r == upstream.LeaseTaken {
 		return
 	}
 	ex.tr.span.AddEvent(phaseQueue.String(), trace.WithTimestamp(start), trace.WithAttributes(

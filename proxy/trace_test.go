@@ -16,6 +16,7 @@ import (
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
 	"sturdy/tracing"
+	"sturdy/upstream"
 )
 
 // withTracing points the proxy's tracing at rcv; the SDK exports every
@@ -351,7 +352,7 @@ func TestSplitHostPort(t *testing.T) {
 		port             int
 	}{{"127.0.0.1:8080", "http", "127.0.0.1", 8080}, {"example.com", "https", "example.com", 443}, {"example.com", "http", "example.com", 80},
 		{"[::1]:9", "http", "::1", 9}, {"[::1]", "https", "::1", 443}, {"h:", "http", "h", 80}} {
-		if h, p := splitHostPort(c.in, c.scheme); h != c.host || p != c.port {
+		if h, p := upstream.SplitHostPort(c.in, c.scheme); h != c.host || p != c.port {
 			t.Errorf("%q: %q %d", c.in, h, p)
 		}
 	}
@@ -381,7 +382,7 @@ func TestTraceOfARescuedStream(t *testing.T) {
 	rcv := otlptest.Start(t)
 	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-	h := startRescue(t, primary, fallback, ContinuePrefill, func(o *Options) { withTracing(t, o, rcv, 1) })
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) { withTracing(t, o, rcv, 1) })
 	if resp, body := h.chat(streamChat, "traceparent", clientTraceparent); resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
@@ -404,7 +405,7 @@ func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}", Delay: 150 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 2 * time.Second}
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 2 * time.Second}
 		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 2*time.Second
 		withTracing(t, o, rcv, 1)
 	})

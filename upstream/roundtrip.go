@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -17,7 +17,7 @@ import (
 // upstreamTransport is the round trip of every endpoint's HostClient:
 // fasthttp's own (DefaultTransport), except that it looks at the response
 // head before it decides how to read the body. A body whose
-// Content-Length fits the head Sturdy holds before committing (headSize)
+// Content-Length fits the head Sturdy holds before committing (HeadSize)
 // is read whole, under the attempt's deadline, and the connection goes
 // back to the pool at once — the attempt would read all of it before
 // committing anyway. Any other body (chunked, close-delimited, larger) is
@@ -31,15 +31,20 @@ import (
 // body read with its head).
 type upstreamTransport struct{}
 
-// maxInterimResponses bounds the 1xx responses read before the final one.
-const maxInterimResponses = 100
+// HeadSize is how much of a response body the request path holds before
+// committing: a whole small body (most JSON replies), or the first chunk
+// of a stream. A body of known length up to it is read with its head.
+const HeadSize = 32 << 10
+
+// MaxInterimResponses bounds the 1xx responses read before the final one.
+const MaxInterimResponses = 100
 
 // errTooManyInterim fails a response head preceded by more than
-// maxInterimResponses interim ones.
+// MaxInterimResponses interim ones.
 var errTooManyInterim = errors.New("upstream sent too many 1xx responses")
 
 // RoundTrip sends req on a connection of hc and reads the response head,
-// and the body too when it is small and of known length.
+// and the body too when it is small and of known length (readBody).
 func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response) (retry bool, err error) {
 	// One deadline from before the connection is taken: waiting for it,
 	// dialling it, the write and the head all count against the attempt.
@@ -54,24 +59,7 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 	}
 	conn := cc.Conn()
 	resp.ParseNetConn(conn)
-	if err := conn.SetWriteDeadline(deadline); err != nil {
-		hc.CloseConn(cc)
-		return true, err
-	}
-	bw := hc.AcquireWriter(conn)
-	err = req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	hc.ReleaseWriter(bw)
-	if err != nil {
-		hc.CloseConn(cc)
-		if isTimeout(err) {
-			err = fasthttp.ErrTimeout
-		}
-		return true, err
-	}
-	if err := conn.SetReadDeadline(deadline); err != nil {
+	if err := writeRequest(hc, conn, req, deadline); err != nil {
 		hc.CloseConn(cc)
 		return true, err
 	}
@@ -84,18 +72,47 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 		hc.CloseConn(cc)
 		return true, err
 	}
+	return false, readBody(hc, cc, conn, br, req, resp)
+}
+
+// writeRequest writes req on conn by deadline (a write timeout is
+// fasthttp's ErrTimeout) and sets the same deadline for the response.
+func writeRequest(hc *fasthttp.HostClient, conn net.Conn, req *fasthttp.Request, deadline time.Time) error {
+	if err := conn.SetWriteDeadline(deadline); err != nil {
+		return err
+	}
+	bw := hc.AcquireWriter(conn)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	hc.ReleaseWriter(bw)
+	if err != nil {
+		if IsTimeout(err) {
+			err = fasthttp.ErrTimeout
+		}
+		return err
+	}
+	return conn.SetReadDeadline(deadline)
+}
+
+// readBody reads the body of the response whose head resp holds: none,
+// whole when its Content-Length fits HeadSize (the connection then goes
+// back to the pool, or is closed, at once), else as a streamedBody that
+// gives the connection (cc, fasthttp's) back when it is closed.
+func readBody(hc *fasthttp.HostClient, cc any, conn net.Conn, br *bufio.Reader, req *fasthttp.Request, resp *fasthttp.Response) error {
 	keep := !req.ConnectionClose() && !resp.ConnectionClose()
 	cl := resp.Header.ContentLength()
 	switch {
 	case skipsBody(resp):
-	case cl >= 0 && cl <= headSize:
+	case cl >= 0 && cl <= HeadSize:
 		resp.StreamBody = false
-		err = resp.ReadBody(br, headSize)
+		err := resp.ReadBody(br, HeadSize)
 		resp.StreamBody = true
 		if err != nil {
 			hc.ReleaseReader(br)
-			hc.CloseConn(cc)
-			return false, err
+			closeConn(hc, cc)
+			return err
 		}
 	default:
 		body := &streamedBody{br: br, conn: conn, hc: hc, cc: cc, resp: resp, left: int64(cl), keep: keep && cl != -2}
@@ -103,22 +120,21 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 			body.chunks = httputil.NewChunkedReader(br)
 		}
 		resp.SetBodyStream(body, cl)
-		return false, nil
+		return nil
 	}
 	hc.ReleaseReader(br)
-	// Done with before the attempt returns: the exchange using the
-	// connection lets go of it first, or a client leaving meanwhile would
-	// close it under the request it serves next; one closed already is
-	// not pooled.
+	// Done with before the attempt returns: the Hold of the connection
+	// lets go of it first, or a client leaving meanwhile would close it
+	// under the request it serves next; one closed already is not pooled.
 	if a, ok := resp.LocalAddr().(*connAddr); ok && a.conn.detach() {
 		keep = false
 	}
 	if keep {
-		hc.ReleaseConn(cc)
+		releaseConn(hc, cc)
 	} else {
-		hc.CloseConn(cc)
+		closeConn(hc, cc)
 	}
-	return false, nil
+	return nil
 }
 
 // readResponseHead reads the final response head from br, skipping
@@ -132,7 +148,7 @@ func readResponseHead(resp *fasthttp.Response, br *bufio.Reader) error {
 		if s := resp.StatusCode(); s < 100 || s > 199 || s == fasthttp.StatusSwitchingProtocols {
 			return nil
 		}
-		if n >= maxInterimResponses {
+		if n >= MaxInterimResponses {
 			return errTooManyInterim
 		}
 		if err := readHeader(&resp.Header, br); err != nil {
@@ -308,24 +324,24 @@ func (b *streamedBody) CloseWithError(err error) error {
 	return nil
 }
 
-// maxTrailerBytes bounds the trailer section read after a chunked body's
+// MaxTrailerBytes bounds the trailer section read after a chunked body's
 // last chunk.
-const maxTrailerBytes = 8 << 10
+const MaxTrailerBytes = 8 << 10
 
 // errTrailerTooLarge fails a chunked body whose trailer section passes
-// maxTrailerBytes.
+// MaxTrailerBytes.
 var errTrailerTooLarge = errors.New("upstream trailer section over 8 KiB")
 
 // discardTrailer reads the trailer section that ends a chunked body —
 // field lines up to an empty one — and drops it: Sturdy forwards no
 // trailers (fasthttp's own reader merged them into the response's
 // headers, and refused valid fields such as Set-Cookie, failing a good
-// reply). Past maxTrailerBytes, or cut before its end, it is an error.
+// reply). Past MaxTrailerBytes, or cut before its end, it is an error.
 func discardTrailer(br *bufio.Reader) error {
 	read, partial := 0, false
 	for {
 		line, err := br.ReadSlice('\n')
-		if read += len(line); read > maxTrailerBytes {
+		if read += len(line); read > MaxTrailerBytes {
 			return errTrailerTooLarge
 		}
 		switch {

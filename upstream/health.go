@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 // background runs the upstream's health checks and DNS discovery until
 // the upstream is replaced or Sturdy shuts down.
-func (up *upstream) background() {
+func (up *Upstream) background() {
 	var health, discover <-chan time.Time
 	if hc := up.opts.HealthCheck; hc.Path != "" {
 		t := time.NewTicker(hc.Every)
@@ -38,7 +38,7 @@ func (up *upstream) background() {
 			up.rediscover()
 		case <-up.quit:
 			return
-		case <-up.p.stopping:
+		case <-up.env.Stopping:
 			return
 		}
 		up.sweepDrained()
@@ -46,9 +46,9 @@ func (up *upstream) background() {
 }
 
 // checkAll probes every endpoint at once and waits for the results.
-func (up *upstream) checkAll() {
+func (up *Upstream) checkAll() {
 	var wg sync.WaitGroup
-	for _, ep := range up.endpointsNow() {
+	for _, ep := range up.Endpoints() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -61,7 +61,7 @@ func (up *upstream) checkAll() {
 // check probes ep once with a GET of the health path (never an
 // inference call): unhealthy failures in a row take it out, healthy
 // successes in a row bring it back (with slow start).
-func (up *upstream) check(ep *endpoint) {
+func (up *Upstream) check(ep *Endpoint) {
 	hc := up.opts.HealthCheck
 	start := time.Now()
 	status, err := ep.probe(up, hc)
@@ -72,28 +72,28 @@ func (up *upstream) check(ep *endpoint) {
 	}
 	ep.health.Store(&result)
 	if ok {
-		up.p.m.HealthChecks.WithLabelValues(up.name, "ok").Inc()
+		up.env.Metrics.HealthChecks.WithLabelValues(up.name, "ok").Inc()
 		ep.fails.Store(0)
 		if n := ep.passes.Add(1); !ep.healthy.Load() && int(n) >= hc.Healthy {
 			ep.healthy.Store(true)
-			ep.cameBack(time.Now())
-			up.p.log.Info().Str("upstream", up.name).Str("endpoint", ep.addr).Str("health", result).Msg("endpoint healthy again")
-			up.notify()
+			ep.CameBack(time.Now())
+			up.env.Log.Info().Str("upstream", up.name).Str("endpoint", ep.addr).Str("health", result).Msg("endpoint healthy again")
+			up.Notify()
 		}
 		return
 	}
-	up.p.m.HealthChecks.WithLabelValues(up.name, "fail").Inc()
+	up.env.Metrics.HealthChecks.WithLabelValues(up.name, "fail").Inc()
 	ep.passes.Store(0)
 	if n := ep.fails.Add(1); ep.healthy.Load() && int(n) >= hc.Unhealthy {
 		ep.healthy.Store(false)
-		up.p.log.Warn().Str("upstream", up.name).Str("endpoint", ep.addr).Str("health", result).Msg("endpoint unhealthy: out")
-		up.notify()
+		up.env.Log.Warn().Str("upstream", up.name).Str("endpoint", ep.addr).Str("health", result).Msg("endpoint unhealthy: out")
+		up.Notify()
 	}
 }
 
 // probe sends one health check GET with its own client (a probe takes
 // no connection place and no claim) and returns the status.
-func (ep *endpoint) probe(up *upstream, hc HealthCheck) (int, error) {
+func (ep *Endpoint) probe(up *Upstream, hc HealthCheck) (int, error) {
 	c := ep.checker.Load()
 	if c == nil || c.hc != hc {
 		// Read and write timeouts bound a TLS handshake too: a server that
@@ -134,7 +134,7 @@ func (ep *endpoint) probe(up *upstream, hc HealthCheck) (int, error) {
 func describeProbeError(err error) string {
 	var de *net.OpError
 	switch {
-	case isTimeout(err):
+	case IsTimeout(err):
 		return "timeout"
 	case errors.As(err, &de) && de.Op == "dial":
 		return "connect failed"
@@ -145,7 +145,7 @@ func describeProbeError(err error) string {
 
 // resolve looks up the discovery name and returns the endpoint URLs it
 // names now, sorted. No address is a failure (the last good set stays).
-func (up *upstream) resolve() ([]string, error) {
+func (up *Upstream) resolve() ([]string, error) {
 	d := up.opts.Discover
 	host, port, err := net.SplitHostPort(d.DNS)
 	if err != nil {
@@ -153,7 +153,7 @@ func (up *upstream) resolve() ([]string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), up.opts.ConnectTimeout)
 	defer cancel()
-	addrs, err := up.p.lookup(ctx, host)
+	addrs, err := up.env.Lookup(ctx, host)
 	if err != nil {
 		return nil, err
 	}
@@ -163,9 +163,9 @@ func (up *upstream) resolve() ([]string, error) {
 	var urls []string
 	for _, a := range addrs {
 		addr := net.JoinHostPort(a, port)
-		if up.p.isSelf(addr) {
+		if up.env.IsSelf(addr) {
 			if !up.selfWarned.Swap(true) {
-				up.p.log.Warn().Str("upstream", up.name).Str("dns", d.DNS).Str("address", addr).
+				up.env.Log.Warn().Str("upstream", up.name).Str("dns", d.DNS).Str("address", addr).
 					Msg("discovery: an address is Sturdy's own listener; left out of the pool (requests sent there would come back)")
 			}
 			continue
@@ -182,28 +182,28 @@ func (up *upstream) resolve() ([]string, error) {
 // rediscover resolves the discovery name again: endpoints that appear
 // join with slow start, those that vanish are drained (their requests
 // finish) and removed. A failed resolution keeps the last good set.
-func (up *upstream) rediscover() {
+func (up *Upstream) rediscover() {
 	urls, err := up.resolve()
 	if err != nil {
-		up.p.log.Warn().Str("upstream", up.name).Str("dns", up.opts.Discover.DNS).Str("error", describeLookup(err)).
+		up.env.Log.Warn().Str("upstream", up.name).Str("dns", up.opts.Discover.DNS).Str("error", describeLookup(err)).
 			Msg("discovery failed: keeping the last good set")
 		return
 	}
-	old := up.endpointsNow()
+	old := up.Endpoints()
 	pool, err := up.endpoints(urls, old, true)
 	if err != nil {
-		up.p.log.Warn().Str("upstream", up.name).Str("error", err.Error()).Msg("discovery: invalid address")
+		up.env.Log.Warn().Str("upstream", up.name).Str("error", err.Error()).Msg("discovery: invalid address")
 		return
 	}
 	var added, removed []string
 	for _, ep := range pool {
-		if !contains(old, ep) {
+		if !Contains(old, ep) {
 			added = append(added, ep.addr)
-			up.p.m.BreakerState.WithLabelValues(up.name, ep.addr).Set(0)
+			up.env.Metrics.BreakerState.WithLabelValues(up.name, ep.addr).Set(0)
 		}
 	}
 	for _, ep := range old {
-		if !contains(pool, ep) {
+		if !Contains(pool, ep) {
 			ep.draining.Store(true)
 			up.drainedMu.Lock()
 			up.drained = append(up.drained, ep)
@@ -215,25 +215,25 @@ func (up *upstream) rediscover() {
 		return
 	}
 	up.pool.Store(&pool)
-	up.p.log.Info().Str("upstream", up.name).Strs("added", added).Strs("removed", removed).
+	up.env.Log.Info().Str("upstream", up.name).Strs("added", added).Strs("removed", removed).
 		Int("endpoints", len(pool)).Msg("discovery: pool changed")
-	up.notify()
+	up.Notify()
 }
 
 // sweepDrained lets go of the drained endpoints whose requests ended
 // (the metric series too, unless the address is back in the pool).
-func (up *upstream) sweepDrained() {
+func (up *Upstream) sweepDrained() {
 	up.drainedMu.Lock()
 	defer up.drainedMu.Unlock()
 	kept := up.drained[:0]
 	for _, ep := range up.drained {
-		if ep.load() > 0 {
+		if ep.Load() > 0 {
 			kept = append(kept, ep)
 			continue
 		}
 		ep.close()
-		if !slices.ContainsFunc(up.endpointsNow(), func(e *endpoint) bool { return e.addr == ep.addr }) {
-			up.p.forgetEndpoint(up.name, ep)
+		if !slices.ContainsFunc(up.Endpoints(), func(e *Endpoint) bool { return e.addr == ep.addr }) {
+			up.env.Forget(up.name, ep)
 		}
 	}
 	clear(up.drained[len(kept):])
@@ -241,7 +241,7 @@ func (up *upstream) sweepDrained() {
 }
 
 // draining returns the endpoints DNS dropped whose requests go on.
-func (up *upstream) draining() []*endpoint {
+func (up *Upstream) draining() []*Endpoint {
 	up.drainedMu.Lock()
 	defer up.drainedMu.Unlock()
 	return slices.Clone(up.drained)

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"crypto/tls"
@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/attribute"
 
 	"sturdy/breaker"
 	"sturdy/policy"
@@ -37,15 +37,18 @@ type endpointSpec struct {
 	insecure  bool
 }
 
-// endpoint is one replica of an upstream: its connection pool, its
+// Endpoint is one replica of an upstream: its connection pool, its
 // connection breaker and reply breakers per model, its connection places
 // (max_connections), its load and its health.
-type endpoint struct {
+type Endpoint struct {
 	spec endpointSpec
 	// addr names the endpoint in logs, metrics and /debug/upstreams.
 	addr string
-	// spanAddr is server.address and server.port for an attempt's span.
-	spanAddr [2]attribute.KeyValue
+	// server and port are server.address and server.port for an
+	// attempt's span.
+	server string
+	port   int
+	env    *Env
 	// base is scheme://host[:port][/prefix] without a trailing slash; the
 	// client's request URI is appended to it as received.
 	base []byte
@@ -62,20 +65,23 @@ type endpoint struct {
 	// attempt takes one before it is sent and gives it back when its body
 	// is closed, so fasthttp never waits for a connection itself. Places
 	// in use are the endpoint's load.
-	conns slots
+	conns Slots
+	// samples counts the samples that count its leases reported
+	// (Lease.Release); lastTTFT is the last one's (nanoseconds).
+	samples, lastTTFT atomic.Int64
 
 	// claimMu and claimant tell which connection fasthttp gives an
-	// attempt: send holds claimMu and names the attempt's exchange; the
+	// attempt: Send holds claimMu and names the attempt's Hold; the
 	// connection fasthttp then dials or takes from its pool (dial, or
 	// LocalAddr when fasthttp reads its addresses) takes the claim and
 	// unlocks. Every request on client goes through send.
 	claimMu  sync.Mutex
-	claimant atomic.Pointer[exchange]
+	claimant atomic.Pointer[Hold]
 
 	// owner is the upstream whose pool the endpoint is in now (a reload
 	// may move it to a new one); ejected is set while its connection
 	// breaker is not closed, counted against max_ejected.
-	owner   atomic.Pointer[upstream]
+	owner   atomic.Pointer[Upstream]
 	ejected atomic.Bool
 	// hintedUntil is when another replica's breaker expects to probe ep
 	// (UnixNano; 0: no hint), for share_breakers.
@@ -107,14 +113,14 @@ type endpoint struct {
 // newEndpoint builds an endpoint of upstream name from spec; the breaker
 // callbacks get the endpoint, onEvict hears of a model breaker dropped to
 // make room for another.
-func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker.State, breaker.State),
-	onModelState func(*endpoint, string, breaker.State, breaker.State), onEvict func()) (*endpoint, error) {
+func newEndpoint(env *Env, name string, spec endpointSpec, onState func(*Endpoint, breaker.State, breaker.State),
+	onModelState func(*Endpoint, string, breaker.State, breaker.State), onEvict func()) (*Endpoint, error) {
 	u, err := url.Parse(spec.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream %q: invalid url %q", name, spec.url)
 	}
-	ep := &endpoint{spec: spec, addr: u.Host, base: []byte(u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")),
-		conns: make(slots, spec.maxConns)}
+	ep := &Endpoint{spec: spec, addr: u.Host, base: []byte(u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")),
+		conns: make(Slots, spec.maxConns), env: env}
 	ep.healthy.Store(true)
 	id := policy.NewKeyHash()
 	id.WriteString(ep.addr)
@@ -147,39 +153,38 @@ func newEndpoint(name string, spec endpointSpec, onState func(*endpoint, breaker
 		// Sturdy owns every retry: fasthttp's own are off.
 		MaxIdemponentCallAttempts: 1,
 		RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-		ReadBufferSize:            upstreamReadBuffer,
+		ReadBufferSize:            ReadBuffer,
 		DisablePathNormalizing:    true,
 		NoDefaultUserAgentHeader:  true,
 		StreamResponseBody:        true,
 		SecureErrorLogMessage:     true,
 	}
-	host, port := splitHostPort(ep.client.Addr, u.Scheme)
-	ep.spanAddr = [2]attribute.KeyValue{attrServerAddr.String(host), attrServerPort.Int(port)}
+	ep.server, ep.port = SplitHostPort(ep.client.Addr, u.Scheme)
 	return ep, nil
 }
 
-// load is the endpoint's requests in flight (streams included).
-func (ep *endpoint) load() int { return len(ep.conns) }
+// Load is the endpoint's requests in flight (streams included).
+func (ep *Endpoint) Load() int { return len(ep.conns) }
 
-// full reports whether every connection place of the endpoint is taken.
-func (ep *endpoint) full() bool { return len(ep.conns) == cap(ep.conns) }
+// Full reports whether every connection place of the endpoint is taken.
+func (ep *Endpoint) Full() bool { return len(ep.conns) == cap(ep.conns) }
 
-// out reports whether the endpoint takes no requests: its connection
+// Out reports whether the endpoint takes no requests: its connection
 // breaker is open, a health check has it out, or DNS dropped it.
-func (ep *endpoint) out() bool {
+func (ep *Endpoint) Out() bool {
 	return ep.breaker.State() == breaker.StateOpen || !ep.healthy.Load() || ep.draining.Load() || ep.hinted()
 }
 
 // hinted reports whether another replica's breaker has ep out for now
 // (shared_state.share_breakers).
-func (ep *endpoint) hinted() bool {
+func (ep *Endpoint) hinted() bool {
 	h := ep.hintedUntil.Load()
 	return h != 0 && time.Now().UnixNano() < h
 }
 
 // weight is the endpoint's share while it ramps up after coming back
 // (slow start): from a tenth to all of it over slowStart.
-func (ep *endpoint) weight(now time.Time, slowStart time.Duration) float64 {
+func (ep *Endpoint) weight(now time.Time, slowStart time.Duration) float64 {
 	back := ep.back.Load()
 	if slowStart <= 0 || back == 0 {
 		return 1
@@ -191,9 +196,9 @@ func (ep *endpoint) weight(now time.Time, slowStart time.Duration) float64 {
 	return max(0.1, float64(since)/float64(slowStart))
 }
 
-// public is the endpoint's URL as an error message may show it: scheme,
+// Public is the endpoint's URL as an error message may show it: scheme,
 // host and path prefix, never userinfo.
-func (ep *endpoint) public() string {
+func (ep *Endpoint) Public() string {
 	if u, err := url.Parse(ep.spec.url); err == nil {
 		u.User = nil
 		return u.String()
@@ -205,8 +210,9 @@ func (ep *endpoint) public() string {
 // last ten attempts count).
 const failingAlpha = 0.1
 
-// outcome moves failing by one attempt's result.
-func (ep *endpoint) outcome(failed bool) {
+// Outcome moves the endpoint's share of failing attempts by one
+// attempt's result (failed: retryable).
+func (ep *Endpoint) Outcome(failed bool) {
 	x := 0.0
 	if failed {
 		x = 1
@@ -230,7 +236,7 @@ func (ep *endpoint) outcome(failed bool) {
 // soundness scales ep's share by its recent failures: (1 − failing)^8, at
 // least a twentieth so it still gets the requests that show it recovered
 // (30 % failing: about a twentieth; 2 %: 0.85).
-func (ep *endpoint) soundness() float64 {
+func (ep *Endpoint) soundness() float64 {
 	f := math.Float64frombits(ep.failing.Load())
 	if f == 0 {
 		return 1
@@ -242,26 +248,27 @@ func (ep *endpoint) soundness() float64 {
 	return max(h, 0.05)
 }
 
-// cameBack starts the endpoint's slow start.
-func (ep *endpoint) cameBack(now time.Time) { ep.back.Store(now.UnixNano()) }
+// CameBack starts the endpoint's slow start (as a breaker closing or a
+// health check passing again does).
+func (ep *Endpoint) CameBack(now time.Time) { ep.back.Store(now.UnixNano()) }
 
-// countAttempt counts an attempt's result on the endpoint.
-func (ep *endpoint) countAttempt(p *Proxy, upstream, result string) {
+// CountAttempt counts an attempt's result on the endpoint of upstream.
+func (ep *Endpoint) CountAttempt(upstream, result string) {
 	c, ok := ep.attempts.Load(result)
 	if !ok {
-		c, _ = ep.attempts.LoadOrStore(result, p.m.Attempts.WithLabelValues(upstream, ep.addr, result))
+		c, _ = ep.attempts.LoadOrStore(result, ep.env.Metrics.Attempts.WithLabelValues(upstream, ep.addr, result))
 	}
 	c.(prometheus.Counter).Inc()
 }
 
-// send sends ex's request and reads the response head within timeout,
-// with the connection it goes on known to ex (so it can be closed if the
-// client leaves).
-func (ep *endpoint) send(ex *exchange, resp *fasthttp.Response, timeout time.Duration) error {
+// Send sends req and reads the response head within timeout, with the
+// connection it goes on given to hold (so it can be closed if the client
+// leaves: Hold.Sever).
+func (ep *Endpoint) Send(hold *Hold, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration) error {
 	ep.claimMu.Lock()
-	ep.claimant.Store(ex)
-	err := ep.client.DoTimeout(ex.req.msg, resp, timeout)
-	if ep.claimant.CompareAndSwap(ex, nil) { // no connection was given
+	ep.claimant.Store(hold)
+	err := ep.client.DoTimeout(req, resp, timeout)
+	if ep.claimant.CompareAndSwap(hold, nil) { // no connection was given
 		ep.claimMu.Unlock()
 	}
 	return err
@@ -269,16 +276,33 @@ func (ep *endpoint) send(ex *exchange, resp *fasthttp.Response, timeout time.Dur
 
 // takeClaim hands the connection being given out to the attempt that
 // claimed it, if one waits.
-func (ep *endpoint) takeClaim() *exchange {
-	ex := ep.claimant.Swap(nil)
-	if ex != nil {
+func (ep *Endpoint) takeClaim() *Hold {
+	h := ep.claimant.Swap(nil)
+	if h != nil {
 		ep.claimMu.Unlock()
 	}
-	return ex
+	return h
+}
+
+// Lease takes a connection place on ep for one attempt, waiting as r
+// allows; the Lease holds nothing unless the result is LeaseTaken or
+// LeaseWaited.
+func (ep *Endpoint) Lease(r LeaseRequest) (Lease, LeaseResult) {
+	res := ep.conns.Acquire(r)
+	if res == LeaseTimedOut || res == LeaseCancelled {
+		return Lease{}, res
+	}
+	return Lease{ep: ep}, res
+}
+
+// Samples returns how many samples that count ep's leases reported, and
+// the last one's TTFT.
+func (ep *Endpoint) Samples() (n int64, last time.Duration) {
+	return ep.samples.Load(), time.Duration(ep.lastTTFT.Load())
 }
 
 // close lets the endpoint's connections go.
-func (ep *endpoint) close() {
+func (ep *Endpoint) close() {
 	ep.client.CloseIdleConnections()
 	if c := ep.checker.Load(); c != nil {
 		c.client.CloseIdleConnections()
@@ -293,7 +317,7 @@ type checker struct {
 
 // resetHealth forgets the health checks' verdict on ep: for a reload
 // that turns them off or changes them (a new setting judges afresh).
-func (ep *endpoint) resetHealth() {
+func (ep *Endpoint) resetHealth() {
 	ep.healthy.Store(true)
 	ep.passes.Store(0)
 	ep.fails.Store(0)
@@ -302,3 +326,72 @@ func (ep *endpoint) resetHealth() {
 		c.client.CloseIdleConnections()
 	}
 }
+
+// Addr names the endpoint (host:port) in logs, metrics and
+// /debug/upstreams.
+func (ep *Endpoint) Addr() string { return ep.addr }
+
+// Base is scheme://host[:port][/prefix] without a trailing slash: the
+// client's request URI is appended to it as received.
+func (ep *Endpoint) Base() []byte { return ep.base }
+
+// Host is the Host header to send instead of Base's (discovered
+// endpoints), or nil.
+func (ep *Endpoint) Host() []byte { return ep.host }
+
+// Server is server.address and server.port, for an attempt's span.
+func (ep *Endpoint) Server() (string, int) { return ep.server, ep.port }
+
+// Breaker is the endpoint's connection breaker.
+func (ep *Endpoint) Breaker() *breaker.Breaker { return ep.breaker }
+
+// Models are the endpoint's reply breakers, one per model.
+func (ep *Endpoint) Models() *breaker.Group { return ep.models }
+
+// SplitHostPort splits a Host header or endpoint address; the port is
+// the scheme's when none is written.
+func SplitHostPort(hostport, scheme string) (string, int) {
+	host, p, err := net.SplitHostPort(hostport)
+	if err != nil { // no port
+		host = strings.Trim(hostport, "[]")
+	}
+	if port, err := strconv.Atoi(p); err == nil {
+		return host, port
+	}
+	if scheme == "https" {
+		return host, 443
+	}
+	return host, 80
+}
+
+// Tickets are an attempt's passes from its endpoint's connection breaker
+// and from the endpoint's reply breaker of its model.
+type Tickets struct{ conn, model breaker.Ticket }
+
+// Allow asks both of ep's breakers for an attempt: the connection breaker
+// (connect refused, resets, TLS) and the reply breaker of the model as
+// sent (5xx, timeouts), so one failing model neither ejects the endpoint
+// for the others nor opens the breaker of a fallback to another model on
+// the same upstream. refused names the breaker that said no.
+func (ep *Endpoint) Allow(model string) (tk Tickets, refused string) {
+	var ok bool
+	if tk.conn, ok = ep.breaker.Allow(); !ok {
+		return tk, "connection"
+	}
+	if tk.model, ok = ep.models.Get(model, time.Now()).Allow(); !ok {
+		tk.conn.Done(breaker.Excluded)
+		return tk, "model"
+	}
+	return tk, ""
+}
+
+// Report reports the attempt's result to both breakers; cause is what a
+// breaker it opens says tripped it.
+func (tk Tickets) Report(conn, model breaker.Result, cause string) {
+	tk.conn.DoneWith(conn, cause)
+	tk.model.DoneWith(model, cause)
+}
+
+// Healthy reports whether the health checks have the endpoint in (true
+// without checks).
+func (ep *Endpoint) Healthy() bool { return ep.healthy.Load() }

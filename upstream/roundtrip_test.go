@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -69,7 +69,7 @@ func scriptedUpstream(t *testing.T, reply string) (addr string, conns *atomic.In
 // on a keep-alive connection.
 func TestUpstreamTransportReadsBodies(t *testing.T) {
 	t.Parallel()
-	big, fits := strings.Repeat("x", headSize+1), strings.Repeat("y", headSize)
+	big, fits := strings.Repeat("x", HeadSize+1), strings.Repeat("y", HeadSize)
 	for _, tt := range []struct {
 		name, reply, method string
 		want                string
@@ -256,7 +256,7 @@ func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
 	}()
 	start := time.Now()
 	_, err = send(t, transportClient(ln.Addr().String()), "", 100*time.Millisecond)
-	if took := time.Since(start); !isTimeout(err) || took > 2*time.Second {
+	if took := time.Since(start); !IsTimeout(err) || took > 2*time.Second {
 		t.Fatalf("%v after %v, want a timeout after about 100ms", err, took)
 	}
 }
@@ -267,7 +267,7 @@ func TestAnUpstreamThatNeverAnswersTimesOut(t *testing.T) {
 // each request: 270 ms in all, past the 200 ms timeout.
 func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
 	t.Parallel()
-	big := strings.Repeat("z", headSize+1)
+	big := strings.Repeat("z", HeadSize+1)
 	addr, _ := scriptedUpstream(t, strings.Repeat("<pause>", 5)+"HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(big))+"\r\n\r\n"+big)
 	hc := transportClient(addr)
 	hc.MaxConns, hc.MaxConnWaitTimeout = 1, time.Second
@@ -285,33 +285,53 @@ func TestTheWaitForAConnectionCountsAgainstTheTimeout(t *testing.T) {
 	}()
 	start := time.Now()
 	_, err = send(t, hc, "", 200*time.Millisecond)
-	if took := time.Since(start); !isTimeout(err) || took > 2*time.Second {
+	if took := time.Since(start); !IsTimeout(err) || took > 2*time.Second {
 		t.Fatalf("%v after %v, want a timeout: the wait counts", err, took)
 	}
 }
 
 // TestAPooledConnectionIsLetGoFirst: before the transport pools a
-// connection, the exchange it was given to forgets it (so a client leaving
+// connection, the Hold it was given to forgets it (so a client leaving
 // then cannot close it under another request); one it was given to
 // earlier, now using another, keeps that one.
 func TestAPooledConnectionIsLetGoFirst(t *testing.T) {
 	t.Parallel()
-	ex := new(exchange)
+	h := new(Hold)
 	c1, c2 := new(upstreamConn), new(upstreamConn)
-	ex.using(c1)
+	h.using(c1)
 	c1.detach()
-	if ex.upConn != nil {
-		t.Fatal("the exchange still holds the pooled connection")
+	if h.conn != nil {
+		t.Fatal("the hold still has the pooled connection")
 	}
-	ex.using(c2)
-	c1.user.Store(ex) // a stale pointer from an earlier use
-	if c1.detach() || ex.upConn != c2 {
+	h.using(c2)
+	c1.user.Store(h) // a stale pointer from an earlier use
+	if c1.detach() || h.conn != c2 {
 		t.Fatal("letting go of an earlier connection dropped the one in use")
 	}
 	// The client leaves while the connection is still the request's: it
-	// was closed (abortUpstream), so it must not be pooled.
-	ex.isGone.Store(true)
-	if !c2.detach() || ex.upConn != nil {
+	// was closed (Sever), so it must not be pooled.
+	h.severed.Store(true)
+	if !c2.detach() || h.conn != nil {
 		t.Fatal("a connection its gone client's request held was let go of as fit for the pool")
+	}
+}
+
+func TestDiscardTrailer(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, in string
+		want     error
+	}{
+		{"none", "\r\n", nil},
+		{"fields", "Set-Cookie: a=1\r\nX-Sum: 2\r\n\r\nnext", nil},
+		{"bare LF", "X: 1\n\n", nil},
+		{"cut", "X: 1\r\n", io.ErrUnexpectedEOF},
+		{"one long line", "X: " + strings.Repeat("x", 9<<10) + "\r\n\r\n", errTrailerTooLarge},
+		{"many lines", strings.Repeat("X: 12345678\r\n", 1000) + "\r\n", errTrailerTooLarge},
+	} {
+		br := bufio.NewReaderSize(strings.NewReader(tt.in), 16)
+		if err := discardTrailer(br); err != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
 	}
 }
