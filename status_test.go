@@ -21,7 +21,8 @@ import (
 // the page asks for the token once and keeps it in sessionStorage (never
 // in the URL); it shows the upstream, its endpoint and a model's breaker
 // opening within a second of it opening, the failed requests with their
-// decision trail, and neither the token nor the upstream's key.
+// decision trail, fits a phone's width, and shows neither the token nor
+// the upstream's key.
 func TestTheStatusPageShowsABreakerOpeningAndNoSecret(t *testing.T) {
 	t.Parallel()
 	chromium := testdeps.Binary(t, "chromium", "apt-get install -y chromium")
@@ -125,6 +126,12 @@ routes:
 	}
 
 	waitFor("a failed request", `document.querySelector("#failures tbody tr") !== null`)
+	// Readable on a phone: at 375 px wide the page does not scroll
+	// sideways (wide tables scroll inside their own box).
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(375, 740)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("itself within a phone's width", `document.documentElement.scrollWidth <= window.innerWidth`)
 	read := func(a chromedp.Action[string]) string {
 		t.Helper()
 		v, err := chromedp.Run(ctx, a)
