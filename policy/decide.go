@@ -145,9 +145,10 @@ type Attempt struct {
 }
 
 // Decide says what follows attempt a: a retry on the same target after a
-// wait, a failover to the next target, or a stop, with the reason. It is
-// the one place that decision is made; r should have its defaults filled
-// (WithDefaults).
+// wait, a failover to the next target, or a stop, with the reason. The
+// loop asks it once per attempt (proxy's decide); what follows a stream
+// cut after its commit is Rescue's and RescueNext's instead. r should
+// have its defaults filled (WithDefaults).
 //
 // A server-given wait is used exactly; otherwise the full-jitter backoff
 // draws one with rnd. A wait that would reach the deadline is never
