@@ -189,22 +189,24 @@ func field(line []byte) (name, value []byte) {
 	return name, value
 }
 
-// terminalEvent reports whether a Responses API event type ends the
-// stream: completed, incomplete, failed, or an error.
+// terminalEvent reports whether an event type ends the stream: the
+// Responses API's completed, incomplete or failed, the Messages API's
+// message_stop, or an error.
 func terminalEvent(name []byte) bool {
 	switch string(name) {
-	case "response.completed", "response.incomplete", "response.failed", "error":
+	case "response.completed", "response.incomplete", "response.failed", "message_stop", "error":
 		return true
 	}
 	return false
 }
 
 // mayEnd reports whether a data line could be a terminal event at all:
-// a "type" key, and "response.… or "error" somewhere — a search much
-// cheaper than jsonType's scan, which most lines (chat chunks) never need.
+// a "type" key, and "response.…, "message_stop" or "error" somewhere — a
+// search much cheaper than jsonType's scan, which most lines (chat
+// chunks) never need.
 func mayEnd(v []byte) bool {
 	return bytes.Contains(v, []byte(`"type"`)) &&
-		(bytes.Contains(v, []byte(`"response.`)) || bytes.Contains(v, []byte(`"error"`)))
+		(bytes.Contains(v, []byte(`"response.`)) || bytes.Contains(v, []byte(`"message_stop"`)) || bytes.Contains(v, []byte(`"error"`)))
 }
 
 // jsonType returns the string value of the top-level "type" key of a
@@ -278,9 +280,10 @@ func ndjsonFinal(line []byte) bool {
 }
 
 // Done reports whether the stream's terminator has gone by: SSE's
-// "data: [DONE]" (chat completions) or a terminal Responses API event
-// (response.completed, response.incomplete, response.failed, error), or
-// an NDJSON line with "done": true or an "error".
+// "data: [DONE]" (chat completions), a terminal Responses API event
+// (response.completed, response.incomplete, response.failed, error), the
+// Messages API's message_stop (or error), or an NDJSON line with "done":
+// true or an "error".
 func (s *Scanner) Done() bool { return s.done }
 
 // InLine reports whether the bytes so far end inside a line.

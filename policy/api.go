@@ -19,6 +19,9 @@ const (
 	APIResponses
 	// APIOllama: Ollama's NDJSON (/api/chat, /api/generate).
 	APIOllama
+	// APIAnthropic: Anthropic's Messages API SSE (…/v1/messages, and its
+	// …/v1/messages/count_tokens).
+	APIAnthropic
 )
 
 // Call is what a request's path says of it: its API, whether it only
@@ -32,7 +35,9 @@ type Call struct {
 
 // calls are the path endings Sturdy knows, the longest of a shared tail
 // first (…/chat/completions before …/completions). Ollama's legacy
-// /api/embeddings ends in /embeddings.
+// /api/embeddings ends in /embeddings. Anthropic's are matched with their
+// /v1, so that another API's …/messages (OpenAI's thread messages, a
+// write) is not taken for them; …/v1/messages/batches is a write.
 var calls = []struct {
 	suffix []byte
 	call   Call
@@ -45,6 +50,8 @@ var calls = []struct {
 	{[]byte("/api/chat"), Call{APIOllama, true, "chat"}},
 	{[]byte("/api/generate"), Call{APIOllama, true, "text_completion"}},
 	{[]byte("/api/embed"), Call{APIOther, true, "embeddings"}},
+	{[]byte("/v1/messages"), Call{APIAnthropic, true, "chat"}},
+	{[]byte("/v1/messages/count_tokens"), Call{APIAnthropic, true, ""}},
 }
 
 // CallOf tells what a request's path (without query; one trailing slash

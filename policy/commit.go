@@ -78,6 +78,8 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 			}
 		}
 		return MarkContent, ""
+	case APIAnthropic:
+		return anthropicMark(name, doc)
 	case APIOllama:
 		if e := doc.Get("error"); e.Exists() {
 			return MarkFailure, strings.Clone(e.String())
@@ -87,6 +89,44 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 			return MarkContent, ""
 		}
 		return MarkFraming, ""
+	}
+	return MarkContent, ""
+}
+
+// anthropicMark judges a Messages API event before the commit point.
+// Output has begun at the first content_block_delta, at a
+// content_block_start that carries content itself (a tool_use's name and
+// id, redacted_thinking, a server tool's result: they have no deltas), or
+// at a message_delta with a stop_reason (an empty answer); message_start,
+// ping, an empty text or thinking block's start and its stop are framing;
+// an error event is a failure, its code the error's type
+// (overloaded_error, api_error, rate_limit_error …).
+func anthropicMark(name []byte, doc gjson.Result) (Mark, string) {
+	typ := unsafe.String(unsafe.SliceData(name), len(name))
+	if typ == "" {
+		typ = doc.Get("type").String()
+	}
+	switch typ {
+	case "message_start", "ping", "content_block_stop":
+		return MarkFraming, ""
+	case "error":
+		return MarkFailure, strings.Clone(doc.Get("error.type").String())
+	case "content_block_start":
+		b := doc.Get("content_block")
+		switch b.Get("type").String() {
+		case "text":
+			if b.Get("text").String() == "" {
+				return MarkFraming, ""
+			}
+		case "thinking":
+			if b.Get("thinking").String() == "" {
+				return MarkFraming, ""
+			}
+		}
+	case "message_delta":
+		if sr := doc.Get("delta.stop_reason"); !sr.Exists() || sr.Type == gjson.Null {
+			return MarkFraming, ""
+		}
 	}
 	return MarkContent, ""
 }
@@ -201,6 +241,7 @@ var eventClass = map[string]Class{
 	"unsupported_image_media_type": ClassPassThrough, "empty_image_file": ClassPassThrough,
 	"failed_to_download_image": ClassPassThrough, "image_file_not_found": ClassPassThrough,
 	"authentication_error": ClassPassThrough, "permission_error": ClassPassThrough, "not_found_error": ClassPassThrough,
+	"request_too_large": ClassPassThrough, "billing_error": ClassPassThrough,
 	"400": ClassPassThrough, "401": ClassPassThrough, "403": ClassPassThrough, "404": ClassPassThrough,
 	"422": ClassPassThrough,
 }

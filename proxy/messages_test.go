@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+
+	"sturdy/internal/upstreamtest"
+)
+
+// Anthropic Messages API events, as a server streams them.
+const (
+	msgStart    = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n"
+	msgPing     = "event: ping\ndata: {\"type\":\"ping\"}\n\n"
+	msgBlock    = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+	msgDelta    = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n"
+	msgEnd      = "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	msgOverload = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	msgRequest  = `{"model":"claude-x","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+)
+
+// TestTheMessagesAPIIsRetriedAndCommittedOnContent: /v1/messages (with
+// Claude Code's ?beta=true) is an inference call, retried on every reason
+// — a 529 too — and its stream commits at its first content, so an
+// overloaded_error or a cut after message_start, ping and an empty text
+// block is retried whole: the client sees one clean stream.
+func TestTheMessagesAPIIsRetriedAndCommittedOnContent(t *testing.T) {
+	t.Parallel()
+	whole := sseStep(msgStart, msgBlock, msgDelta, msgEnd)
+	for _, tc := range []struct {
+		name  string
+		first upstreamtest.Step
+	}{
+		{"a 529", upstreamtest.Step{Status: 529, Header: [][2]string{upstreamtest.JSONHeader}, Body: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`}},
+		{"an overloaded_error after message_start", sseStep(msgStart, msgPing, msgOverload)},
+		{"a cut after the empty block's start", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{msgStart, msgPing, msgBlock}, Fault: upstreamtest.Cut}},
+		{"a reset before any reply", upstreamtest.Step{Fault: upstreamtest.Reset}},
+	} {
+		up := upstreamtest.Start(t, tc.first, whole)
+		h := startProxy(t, up.URL, nil)
+		resp, body := h.do("POST", "/v1/messages?beta=true", msgRequest, "Content-Type", "application/json", "anthropic-version", "2023-06-01")
+		if want := msgStart + msgBlock + msgDelta + msgEnd; resp.StatusCode != 200 || string(body) != want || up.Count() != 2 {
+			t.Errorf("%s: %d after %d attempts:\n%s", tc.name, resp.StatusCode, up.Count(), body)
+		}
+		if got := up.Requests()[1].Header["Anthropic-Version"]; got != "2023-06-01" {
+			t.Errorf("%s: anthropic-version %q upstream", tc.name, got)
+		}
+	}
+}
+
+// TestAMessagesStreamEndsCleanOnlyAtItsStop: a stream that ends with
+// message_stop is whole; one cut after its content is incomplete, and the
+// client is told so in-band, never given a clean end.
+func TestAMessagesStreamEndsCleanOnlyAtItsStop(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, sseStep(msgStart, msgBlock, msgDelta, msgEnd))
+	h := startProxy(t, up.URL, nil)
+	if _, body := h.do("POST", "/v1/messages", msgRequest); !strings.HasSuffix(string(body), "message_stop\"}\n\n") {
+		t.Fatalf("a whole stream:\n%s", body)
+	}
+	if l := h.accessLines(1); l[0]["outcome"] != "ok" {
+		t.Fatalf("a whole stream logged %v", l[0]["outcome"])
+	}
+	cut := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{msgStart, msgBlock, msgDelta}, Fault: upstreamtest.Cut})
+	h = startProxy(t, cut.URL, nil)
+	_, body := h.do("POST", "/v1/messages", msgRequest)
+	if !strings.HasPrefix(string(body), msgStart+msgBlock+msgDelta) || strings.Contains(string(body), "message_stop") || !strings.Contains(string(body), "incomplete") {
+		t.Fatalf("a cut stream:\n%s", body)
+	}
+	if l := h.accessLines(1); l[0]["outcome"] != "stream_interrupted" {
+		t.Fatalf("a cut stream logged %v", l[0]["outcome"])
+	}
+}
