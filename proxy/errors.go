@@ -57,66 +57,69 @@ type errorSpec struct {
 	// sdkRetries leaves x-should-retry out, so the client's SDK may retry
 	// (elsewhere): set only where no upstream was asked to answer.
 	sdkRetries bool
+	// anthropic is error.type in Anthropic's shape (the Messages API's
+	// paths): the type its SDKs know the case by.
+	anthropic string
 }
 
 // errorTable is every error Sturdy writes itself: code → status, message.
 // README's table of codes is checked against it by a test.
 var errorTable = []errorSpec{
-	{code: CodeBadRequest, status: 400,
+	{code: CodeBadRequest, anthropic: "invalid_request_error", status: 400,
 		message: "bad request: %s",
 		when:    "malformed HTTP, CONNECT or absolute-URI requests (Sturdy is not an open proxy), both `Content-Length` and `Transfer-Encoding`, a path whose dot-segments leave its route's `path_prefix`, a `#` (fragment) in the request target"},
-	{code: CodeHeadersTooLarge, status: 431,
+	{code: CodeHeadersTooLarge, anthropic: "request_too_large", status: 431,
 		message: "request headers exceed %s (server.max_header_bytes); send fewer or smaller headers",
 		when:    "request line and headers over `server.max_header_bytes`"},
-	{code: CodeRequestTimeout, status: 408,
+	{code: CodeRequestTimeout, anthropic: "invalid_request_error", status: 408,
 		message: "the request was not received within %s (server.read_timeout); send it whole, without pauses",
 		when:    "the request line, headers and body did not arrive within `server.read_timeout` (a slowloris, a body that never ends)"},
-	{code: CodeRequestTooLarge, status: 413,
+	{code: CodeRequestTooLarge, anthropic: "request_too_large", status: 413,
 		message: "request body is larger than %s accepts (%d bytes); send a smaller request",
 		when:    "body over the route's `max_body`"},
-	{code: CodeLoopDetected, status: 508,
+	{code: CodeLoopDetected, anthropic: "api_error", status: 508,
 		message: "the request came back to the Sturdy that sent it (its Via header names this process): an upstream's url or DNS name points at Sturdy itself; fix the upstream",
 		when:    "the request's `Via` names this Sturdy process: an upstream (or a DNS-discovered endpoint) is Sturdy's own listener"},
-	{code: CodeRouteNotFound, status: 404,
+	{code: CodeRouteNotFound, anthropic: "not_found_error", status: 404,
 		message: "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
 		when:    "no route's `path_prefix` (and `model`) matches the request"},
-	{code: CodeInvalidAPIKey, status: 401,
+	{code: CodeInvalidAPIKey, anthropic: "authentication_error", status: 401,
 		message: "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\"",
 		when:    "`auth` is on and the request has no accepted `Authorization: Bearer <key>`"},
-	{code: CodeRateLimited, status: 429,
+	{code: CodeRateLimited, anthropic: "rate_limit_error", status: 429,
 		message: "%s; retry after the Retry-After delay",
 		when:    "the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
-	{code: CodeCircuitOpen, status: 503,
+	{code: CodeCircuitOpen, anthropic: "overloaded_error", status: 503,
 		message: "%s is failing: %s%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
 		when:    "the upstream's connection breaker, or the model's reply breaker on it, is open; `Retry-After` = seconds until the next probe"},
-	{code: CodeUpstreamBusy, status: 503,
+	{code: CodeUpstreamBusy, anthropic: "overloaded_error", status: 503,
 		message: "upstream %q is running as many requests as it is allowed (%s)%s; retry after the Retry-After delay",
 		when:    "the upstream's `max_in_flight` slots, or its `max_connections`, stayed full for `queue_timeout`"},
-	{code: CodeUpstreamUnreachable, status: 502,
+	{code: CodeUpstreamUnreachable, anthropic: "api_error", status: 502,
 		message: "upstream %q %s (%s); retry later or check the upstream",
 		when:    "one attempt, no response (connect failure or reset)"},
-	{code: CodeRetriesExhausted, status: 502,
+	{code: CodeRetriesExhausted, anthropic: "api_error", status: 502,
 		message: "upstream %q %s (%s); retry later or check the upstream",
 		when:    "several attempts, none produced a response, the last failed to connect or was reset"},
-	{code: CodeUpstreamTimeout, status: 504,
+	{code: CodeUpstreamTimeout, anthropic: "timeout_error", status: 504,
 		message: "upstream %q sent no response in time (%s); retry later, or allow more time (timeouts.first_byte, the request's timeout)",
 		when:    "the last attempt (of one or several) sent no response within `first_byte` / `first_token`"},
-	{code: CodeDeadlineExceeded, status: 504,
+	{code: CodeDeadlineExceeded, anthropic: "timeout_error", status: 504,
 		message: "the request's deadline passed before any upstream answered; last: upstream %q (%s); retry later or check the upstream",
 		when:    "the request's deadline (route or client) passed before any upstream answered; the message names every target tried"},
-	{code: CodeShuttingDown, status: 503,
+	{code: CodeShuttingDown, anthropic: "overloaded_error", status: 503,
 		message: "Sturdy is shutting down and stopped waiting to try upstream %q again (%s); retry the request",
 		when:    "Sturdy began shutting down while the request waited (backoff, `Retry-After`, cooldown, pacing, a `max_in_flight` slot) and no upstream reply was at hand; sent without `x-should-retry`, so SDKs retry it (on another replica)", sdkRetries: true},
-	{code: CodeTooManyConnections, status: 503,
+	{code: CodeTooManyConnections, anthropic: "overloaded_error", status: 503,
 		message: "Sturdy is serving as many client connections as it allows (%d, server.max_connections); retry after the Retry-After delay",
 		when:    "a new client connection would pass `server.max_connections`: answered at once and closed"},
-	{code: CodeSharedState, status: 503,
+	{code: CodeSharedState, anthropic: "api_error", status: 503,
 		message: "the fleet's shared state (Redis) %s, and shared_state.on_failure is refuse; retry after the Retry-After delay",
 		when:    "with `shared_state.on_failure: refuse`, Redis did not answer a shared limit in time (or is down)", sdkRetries: true},
-	{code: CodeResponseTooLarge, status: 502,
+	{code: CodeResponseTooLarge, anthropic: "api_error", status: 502,
 		message: "upstream %q sent a reply of unknown length larger than Sturdy holds for an HTTP/1.0 client (%s); ask over HTTP/1.1, which gets it streamed",
 		when:    "an HTTP/1.0 client's reply of unknown length, read whole first, passed 64 MiB, or `server.max_buffered_bytes` (for all clients together) was in use"},
-	{code: CodeStreamInterrupted, status: 0,
+	{code: CodeStreamInterrupted, anthropic: "api_error", status: 0,
 		message: "%s from upstream %q; the output so far is incomplete: retry the request",
 		when:    "sent *inside* a stream that failed after it started (see below)"},
 }
@@ -170,21 +173,23 @@ type errorBody struct {
 // failed mid-answer. errorShapes holds one per API: every error body
 // Sturdy writes is rendered from it (a new API adds its row).
 type errorShape struct {
-	// body renders an error response's body.
-	body func(e *apiError) []byte
+	// body renders an error response's body (requestID: the request's id).
+	body func(e *apiError, requestID []byte) []byte
 	// event appends to b the SSE event that ends a failed stream, its
 	// events so far numbering seq.
 	event func(b []byte, e *apiError, seq int) []byte
 }
 
 // errorShapes are the error shapes by API: OpenAI's error object
-// everywhere, and for the Responses API its own stream error event.
+// everywhere, for the Responses API its own stream error event, and on
+// the Messages API's paths Anthropic's error object and event.
 var errorShapes = [...]errorShape{
 	policy.APIOther:       {body: openAIBody, event: openAIEvent},
 	policy.APIChat:        {body: openAIBody, event: openAIEvent},
 	policy.APICompletions: {body: openAIBody, event: openAIEvent},
 	policy.APIResponses:   {body: openAIBody, event: responsesEvent},
 	policy.APIOllama:      {body: openAIBody, event: openAIEvent},
+	policy.APIAnthropic:   {body: anthropicBody, event: anthropicEvent},
 }
 
 // shapeOf returns api's error shape.
@@ -196,7 +201,7 @@ func shapeOf(api policy.API) errorShape {
 }
 
 // openAIBody renders the OpenAI-shaped error body.
-func openAIBody(e *apiError) []byte {
+func openAIBody(e *apiError, _ []byte) []byte {
 	var b errorBody
 	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Sturdy = e.msg, ErrorType, e.spec.code, e.details
 	if e.retryAfter > 0 {
@@ -210,7 +215,42 @@ func openAIBody(e *apiError) []byte {
 // OpenAI's chat completions streams tell an error.
 func openAIEvent(b []byte, e *apiError, _ int) []byte {
 	b = append(b, "data: "...)
-	return append(append(b, openAIBody(e)...), "\n\n"...)
+	return append(append(b, openAIBody(e, nil)...), "\n\n"...)
+}
+
+// anthropicError is Anthropic's error object ({"type":"error","error":
+// {"type","message"},"request_id"}), with Sturdy's own facts under
+// "sturdy", a key its SDKs ignore.
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+	RequestID string `json:"request_id,omitempty"`
+	Sturdy    struct {
+		Code string `json:"code"`
+		errorDetails
+	} `json:"sturdy"`
+}
+
+// anthropicBody renders the Anthropic-shaped error body.
+func anthropicBody(e *apiError, requestID []byte) []byte {
+	var b anthropicError
+	b.Type, b.Error.Type, b.Error.Message, b.RequestID = "error", e.spec.anthropic, e.msg, string(requestID)
+	b.Sturdy.Code, b.Sturdy.errorDetails = e.spec.code, e.details
+	if e.retryAfter > 0 {
+		b.Sturdy.RetryAfterMS = e.retryAfter.Milliseconds()
+	}
+	out, _ := json.Marshal(&b) // cannot fail: plain strings and ints
+	return out
+}
+
+// anthropicEvent is the error as the Messages API's stream tells one
+// (event: error), which its SDKs raise.
+func anthropicEvent(b []byte, e *apiError, _ int) []byte {
+	b = append(b, "event: error\ndata: "...)
+	return append(append(b, anthropicBody(e, nil)...), "\n\n"...)
 }
 
 // responsesEvent is the Responses API's error event (type "error", code,
@@ -256,7 +296,7 @@ func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte, api policy.AP
 		r.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(nil, max(secs, 1), 10))
 		r.Header.SetBytesKV(hdrRetryAfterMS, strconv.AppendInt(nil, e.retryAfter.Milliseconds(), 10))
 	}
-	r.SetBody(shapeOf(api).body(e))
+	r.SetBody(shapeOf(api).body(e, requestID))
 }
 
 // errStreamAborted is what the client-side body reader returns to make

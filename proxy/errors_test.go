@@ -21,7 +21,7 @@ func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, ok := strings.Cut(string(readme), "| code | status | SDK may retry | when |\n|---|---|---|---|\n")
+	_, table, ok := strings.Cut(string(readme), "| code | status | Anthropic `error.type` | SDK may retry | when |\n|---|---|---|---|---|\n")
 	if !ok {
 		t.Fatal("README has no error-code table")
 	}
@@ -39,7 +39,7 @@ func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
 		case s.sdkRetries:
 			retry = "yes"
 		}
-		want = append(want, "| `"+s.code+"` | "+status+" | "+retry+" | "+s.when+" |")
+		want = append(want, "| `"+s.code+"` | "+status+" | `"+s.anthropic+"` | "+retry+" | "+s.when+" |")
 	}
 	got := strings.Split(strings.TrimSpace(table), "\n")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -117,13 +117,19 @@ func TestEveryAPIHasAnErrorShape(t *testing.T) {
 	for _, tt := range []struct {
 		api   policy.API
 		event string // the SSE event's first line
+		// code and typ are where the body says the code, and its type
+		code, typ, wantType string
 	}{
-		{policy.APIOther, "data: {"}, {policy.APIChat, "data: {"}, {policy.APICompletions, "data: {"},
-		{policy.APIResponses, "event: error"}, {policy.APIOllama, "data: {"},
+		{policy.APIOther, "data: {", "error.code", "error.type", ErrorType},
+		{policy.APIChat, "data: {", "error.code", "error.type", ErrorType},
+		{policy.APICompletions, "data: {", "error.code", "error.type", ErrorType},
+		{policy.APIResponses, "event: error", "error.code", "error.type", ErrorType},
+		{policy.APIOllama, "data: {", "error.code", "error.type", ErrorType},
+		{policy.APIAnthropic, "event: error", "sturdy.code", "error.type", "api_error"},
 	} {
 		sh := shapeOf(tt.api)
-		if b := gjson.ParseBytes(sh.body(e)); b.Get("error.code").Str != CodeRetriesExhausted || b.Get("error.type").Str != ErrorType {
-			t.Errorf("%v: body %s", tt.api, sh.body(e))
+		if b := gjson.ParseBytes(sh.body(e, []byte("req-1"))); b.Get(tt.code).Str != CodeRetriesExhausted || b.Get(tt.typ).Str != tt.wantType {
+			t.Errorf("%v: body %s", tt.api, sh.body(e, nil))
 		}
 		ev := string(sh.event(nil, e, 7))
 		if !strings.HasPrefix(ev, tt.event) || !strings.HasSuffix(ev, "\n\n") || !strings.Contains(ev, CodeRetriesExhausted) {
@@ -132,5 +138,14 @@ func TestEveryAPIHasAnErrorShape(t *testing.T) {
 	}
 	if got := string(shapeOf(policy.APIResponses).event(nil, e, 7)); !strings.Contains(got, `"sequence_number":7`) {
 		t.Errorf("the Responses event lacks its sequence number: %s", got)
+	}
+	a := gjson.ParseBytes(shapeOf(policy.APIAnthropic).body(e, []byte("req-1")))
+	if a.Get("type").Str != "error" || a.Get("request_id").Str != "req-1" || a.Get("error.message").Str != e.msg {
+		t.Errorf("the Anthropic body: %s", a.Raw)
+	}
+	for _, s := range errorTable {
+		if s.anthropic == "" {
+			t.Errorf("%s has no Anthropic error type", s.code)
+		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tidwall/gjson"
+
 	"sturdy/internal/upstreamtest"
 )
 
@@ -63,10 +65,32 @@ func TestAMessagesStreamEndsCleanOnlyAtItsStop(t *testing.T) {
 	cut := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{msgStart, msgBlock, msgDelta}, Fault: upstreamtest.Cut})
 	h = startProxy(t, cut.URL, nil)
 	_, body := h.do("POST", "/v1/messages", msgRequest)
-	if !strings.HasPrefix(string(body), msgStart+msgBlock+msgDelta) || strings.Contains(string(body), "message_stop") || !strings.Contains(string(body), "incomplete") {
-		t.Fatalf("a cut stream:\n%s", body)
+	tail, ok := strings.CutPrefix(string(body), msgStart+msgBlock+msgDelta)
+	if ev := gjson.Get(strings.TrimPrefix(tail, "event: error\ndata: "), "error"); !ok || !strings.HasPrefix(tail, "event: error\ndata: ") ||
+		ev.Get("type").Str != "api_error" || !strings.Contains(ev.Get("message").Str, "incomplete") || strings.Contains(tail, "message_stop") {
+		t.Fatalf("a cut stream, not ended with Anthropic's error event:\n%s", body)
 	}
 	if l := h.accessLines(1); l[0]["outcome"] != "stream_interrupted" {
 		t.Fatalf("a cut stream logged %v", l[0]["outcome"])
+	}
+}
+
+// TestSturdysOwnErrorsOnTheMessagesAPIAreAnthropics: what Sturdy answers
+// itself on a Messages API path has Anthropic's shape (type error, the
+// error's Anthropic type and message, request_id; Sturdy's code under
+// "sturdy"), with x-should-retry: false on giving up.
+func TestSturdysOwnErrorsOnTheMessagesAPIAreAnthropics(t *testing.T) {
+	t.Parallel()
+	h := startProxy(t, "http://127.0.0.1:1", func(o *Options) { o.Routes[0].Retry.MaxAttempts = 2 }) // nothing listens on port 1
+	resp, body := h.do("POST", "/v1/messages", msgRequest)
+	b := gjson.ParseBytes(body)
+	if resp.StatusCode != 502 || b.Get("type").Str != "error" || b.Get("error.type").Str != "api_error" ||
+		b.Get("sturdy.code").Str != CodeRetriesExhausted || b.Get("request_id").Str != resp.Header.Get("X-Request-Id") ||
+		resp.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// Chat completions keep OpenAI's shape.
+	if _, body := h.chat(""); gjson.GetBytes(body, "error.code").Str != CodeRetriesExhausted {
+		t.Fatalf("chat: %s", body)
 	}
 }

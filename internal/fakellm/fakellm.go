@@ -8,7 +8,10 @@
 // (its stream with the output item and content part announced before the
 // deltas, as OpenAI sends it), /v1/embeddings (one vector per input), GET
 // /v1/models (Profile.Models), POST /api/chat and /api/generate (Ollama
-// NDJSON, or one JSON object with "stream": false), the health paths GET
+// NDJSON, or one JSON object with "stream": false), Anthropic's POST
+// /v1/messages (JSON, or SSE in the Messages API's events) and
+// /v1/messages/count_tokens — its errors in Anthropic's shape, a 529
+// overloaded_error where the others get a 503 —, the health paths GET
 // /health (vLLM, llama.cpp) and /api/version (Ollama), and GET /_stats
 // (counters). A request a real server refuses is refused the same way
 // (refuse), before any fault.
@@ -29,6 +32,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -320,6 +324,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.ollama(ctx, body, fate, model, ttft, itl, formatOllamaGenerate)
 	case "/v1/responses":
 		s.generate(ctx, body, fate, model, ttft, itl, formatResponses)
+	case "/v1/messages":
+		s.generate(ctx, body, fate, model, ttft, itl, formatAnthropic)
+	case "/v1/messages/count_tokens":
+		ctx.SetContentType("application/json")
+		fmt.Fprintf(ctx, `{"input_tokens":%d}`, 1+len(gjson.GetBytes(body, "messages").Raw)/4)
 	default: // /v1/chat/completions and anything else chat-like
 		s.generate(ctx, body, fate, model, ttft, itl, formatChat)
 	}
@@ -338,8 +347,13 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, body []byte, fate, model str
 		return
 	}
 	ctx.SetContentType("application/json")
-	if f == formatResponses {
+	switch f {
+	case formatResponses:
 		ctx.WriteString(responseJSON(model, p.Tokens))
+		return
+	case formatAnthropic:
+		fmt.Fprintf(ctx, `{"id":"msg_fake","type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":%q}],`+
+			`"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":%d}}`, model, content(p.Tokens), p.Tokens)
 		return
 	}
 	fmt.Fprintf(ctx, `{"id":"chatcmpl-fake","object":"chat.completion","created":1700000000,"model":%q,`+
@@ -453,17 +467,20 @@ func writeVector(ctx *fasthttp.RequestCtx, b64 bool) {
 // endpoints are the paths the fake server serves, with the method and
 // the body fields each needs (what a real server rejects without them).
 var endpoints = map[string]struct {
-	method string
-	needs  []string
-	ollama bool
+	method    string
+	needs     []string
+	ollama    bool
+	anthropic bool
 }{
-	"/v1/chat/completions": {method: "POST", needs: []string{"model", "messages"}},
-	"/v1/completions":      {method: "POST", needs: []string{"model", "prompt"}},
-	"/v1/responses":        {method: "POST", needs: []string{"model", "input"}},
-	"/v1/embeddings":       {method: "POST", needs: []string{"model", "input"}},
-	"/v1/models":           {method: "GET"},
-	"/api/chat":            {method: "POST", needs: []string{"model", "messages"}, ollama: true},
-	"/api/generate":        {method: "POST", needs: []string{"model"}, ollama: true},
+	"/v1/chat/completions":      {method: "POST", needs: []string{"model", "messages"}},
+	"/v1/completions":           {method: "POST", needs: []string{"model", "prompt"}},
+	"/v1/responses":             {method: "POST", needs: []string{"model", "input"}},
+	"/v1/embeddings":            {method: "POST", needs: []string{"model", "input"}},
+	"/v1/models":                {method: "GET"},
+	"/api/chat":                 {method: "POST", needs: []string{"model", "messages"}, ollama: true},
+	"/api/generate":             {method: "POST", needs: []string{"model"}, ollama: true},
+	"/v1/messages":              {method: "POST", needs: []string{"model", "messages", "max_tokens"}, anthropic: true},
+	"/v1/messages/count_tokens": {method: "POST", needs: []string{"model", "messages"}, anthropic: true},
 }
 
 // refuse answers a request a real server would refuse — an unknown path
@@ -477,7 +494,7 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 	body := ctx.Request.Body()
 	switch {
 	case !ok:
-		status, msg = 404, fmt.Sprintf("unknown path %s (this fake server serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, /api/chat, /api/generate, /health, /api/version)", path)
+		status, msg = 404, fmt.Sprintf("unknown path %s (this fake server serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, /v1/messages, /v1/messages/count_tokens, /api/chat, /api/generate, /health, /api/version)", path)
 	case string(ctx.Method()) != ep.method:
 		status, msg = 405, fmt.Sprintf("%s takes %s, not %s", path, ep.method, ctx.Method())
 	case ep.method == "POST" && !gjson.ValidBytes(body):
@@ -501,8 +518,16 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 	}
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	if ep.ollama {
+	switch {
+	case ep.ollama:
 		fmt.Fprintf(ctx, `{"error":%q}`, msg)
+		return true
+	case ep.anthropic || (!ok && strings.HasPrefix(path, "/v1/messages")):
+		typ := map[int]string{404: "not_found_error", 405: "invalid_request_error"}[status]
+		if typ == "" {
+			typ = "invalid_request_error"
+		}
+		fmt.Fprintf(ctx, `{"type":"error","error":{"type":%q,"message":%q},"request_id":"req_fake"}`, typ, msg)
 		return true
 	}
 	typ, code := "invalid_request_error", "null"
@@ -553,8 +578,21 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, status int) {
 			s.mu.Unlock()
 		}
 	}
-	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
+	if strings.HasPrefix(string(ctx.Path()), "/v1/messages") {
+		// Anthropic's shape; its overload is a 529.
+		if status == 503 {
+			status = 529
+		}
+		typ := map[int]string{429: "rate_limit_error", 529: "overloaded_error"}[status]
+		if typ == "" {
+			typ = "api_error"
+		}
+		ctx.SetStatusCode(status)
+		fmt.Fprintf(ctx, `{"type":"error","error":{"type":%q,"message":"fakellm: injected %d"},"request_id":"req_fake"}`, typ, status)
+		return
+	}
+	ctx.SetStatusCode(status)
 	code := map[int]string{429: "rate_limit_exceeded", 503: "overloaded"}[status]
 	fmt.Fprintf(ctx, `{"error":{"message":"fakellm: injected %d","type":"server_error","param":null,"code":%q}}`, status, code)
 }
@@ -628,6 +666,7 @@ const (
 	formatOllama                       // Ollama /api/chat NDJSON
 	formatOllamaGenerate               // Ollama /api/generate NDJSON
 	formatResponses                    // Responses API SSE
+	formatAnthropic                    // Anthropic Messages API SSE
 )
 
 func (f format) contentType() string {
@@ -646,6 +685,13 @@ const responsesPrelude = 4
 // and its text part announced (empty), as OpenAI sends them — the SDKs'
 // stream helpers put each delta into the item and part announced.
 func (f format) prelude(model string) string {
+	if f == formatAnthropic {
+		return fmt.Sprintf("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_fake\",\"type\":\"message\","+
+			"\"role\":\"assistant\",\"model\":%q,\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"+
+			"\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n", model) +
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+			"event: ping\ndata: {\"type\":\"ping\"}\n\n"
+	}
 	if f != formatResponses {
 		return ""
 	}
@@ -666,6 +712,8 @@ func (f format) event(model string, i int) string {
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":%q},"done":false}`+"\n", model, tok)
 	case formatOllamaGenerate:
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","response":%q,"done":false}`+"\n", model, tok)
+	case formatAnthropic:
+		return fmt.Sprintf("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":%q}}\n\n", tok)
 	case formatResponses:
 		return fmt.Sprintf("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"delta\":%q,\"sequence_number\":%d}\n\n", tok, responsesPrelude+i)
 	}
@@ -679,6 +727,10 @@ func (f format) end(model string, n int) string {
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, n)
 	case formatOllamaGenerate:
 		return fmt.Sprintf(`{"model":%q,"created_at":"2026-11-30T00:00:00Z","response":"","done":true,"done_reason":"stop","eval_count":%d}`+"\n", model, n)
+	case formatAnthropic:
+		return "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+			fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":%d}}\n\n", n) +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
 	case formatResponses:
 		seq, text := responsesPrelude+n, content(n)
 		return fmt.Sprintf("event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"sequence_number\":%d,\"item_id\":\"msg_fake\",\"output_index\":0,\"content_index\":0,\"text\":%q}\n\n", seq, text) +

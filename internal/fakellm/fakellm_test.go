@@ -225,3 +225,37 @@ func TestHealthPathsAnswerAsTheServersDo(t *testing.T) {
 		t.Fatalf("health checks drew fates: %+v", st)
 	}
 }
+
+// TestTheMessagesAPI: Anthropic's /v1/messages whole and streamed in its
+// events, count_tokens, its errors in Anthropic's shape, and an injected
+// 503 answered as Anthropic's 529 overloaded_error.
+func TestTheMessagesAPI(t *testing.T) {
+	s := start(t, Profile{Tokens: 3})
+	const req = `{"model":"claude","max_tokens":16,"messages":[{"role":"user","content":"hi"}]`
+	resp, body := post(t, s.URL+"/v1/messages", req+`}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"type":"message"`) || !strings.Contains(body, `"text":"Sturdy keeps agents"`) {
+		t.Fatalf("messages: %d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, s.URL+"/v1/messages", req+`,"stream":true}`)
+	var types []string
+	for _, line := range strings.Split(body, "\n") {
+		if name, ok := strings.CutPrefix(line, "event: "); ok {
+			types = append(types, name)
+		}
+	}
+	want := "message_start content_block_start ping content_block_delta content_block_delta content_block_delta content_block_stop message_delta message_stop"
+	if resp.Header.Get("Content-Type") != "text/event-stream" || strings.Join(types, " ") != want {
+		t.Fatalf("messages stream: %v\n%s", types, body)
+	}
+	if _, body = post(t, s.URL+"/v1/messages/count_tokens", `{"model":"claude","messages":[{"role":"user","content":"hi"}]}`); !strings.Contains(body, `"input_tokens":`) {
+		t.Fatalf("count_tokens: %s", body)
+	}
+	if resp, body = post(t, s.URL+"/v1/messages", `{"model":"claude","messages":[]}`); resp.StatusCode != 400 ||
+		!strings.Contains(body, `{"type":"error","error":{"type":"invalid_request_error","message":"missing required parameter: 'max_tokens'"}`) {
+		t.Fatalf("no max_tokens: %d %s", resp.StatusCode, body)
+	}
+	busy := start(t, Profile{Status: map[int]float64{503: 1}})
+	if resp, body = post(t, busy.URL+"/v1/messages", req+`}`); resp.StatusCode != 529 || !strings.Contains(body, `"type":"overloaded_error"`) {
+		t.Fatalf("an injected 503: %d %s", resp.StatusCode, body)
+	}
+}
