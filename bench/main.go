@@ -391,7 +391,10 @@ func measureRun(sc *scenario, s settings, spec runSpec, t target, url string, fk
 // telling its progress under label.
 func runLoad(s settings, spec runSpec, url string, slices int, label string, stderr io.Writer) ([]record, time.Duration) {
 	body := chatBody
-	if spec.stream {
+	switch {
+	case spec.body != nil:
+		body = spec.body
+	case spec.stream:
 		body = streamBody
 	}
 	window := s.duration

@@ -29,6 +29,9 @@ type runSpec struct {
 	// window, when set, is how long an open-loop run starts requests
 	// (default: the run's duration).
 	window time.Duration
+	// body, when set, is the request body (default chatBody, or
+	// streamBody for a stream).
+	body []byte
 }
 
 // scenario is a named fault regime, the load to send through it, and the
@@ -108,6 +111,10 @@ var chatBody = []byte(`{"model":"fake-model","messages":[{"role":"system","conte
 
 var streamBody = []byte(`{"model":"fake-model","stream":true,"messages":[{"role":"user","content":"Tell me a story."}]}`)
 
+// messagesBody is an Anthropic Messages API request (max_tokens is
+// required there).
+var messagesBody = []byte(`{"model":"fake-model","max_tokens":256,"messages":[{"role":"user","content":"Summarise the state of the cluster in one line."}]}`)
+
 const flakyP = 0.20
 
 var scenarios = []*scenario{
@@ -154,14 +161,16 @@ var scenarios = []*scenario{
 	},
 	{
 		name:  "flaky",
-		about: "20 % transient faults (429 with retry-after-ms, 500, 502, 503, reset) at 300 req/s",
+		about: "20 % transient faults (429 with retry-after-ms, 500, 502, 503, reset) at 300 req/s, on chat completions and " +
+			"on Anthropic's Messages API (flaky/messages: the same faults in its shape, a 529 for the 503)",
 		profile: func(settings) fakellm.Profile {
 			q := flakyP / 5
 			return fakellm.Profile{Seed: 42, Status: map[int]float64{429: q, 500: q, 502: q, 503: q}, Reset: q,
 				RetryAfter: 5 * time.Millisecond, RetryAfterMS: true, Tokens: 8}
 		},
 		runs: func(s settings) []runSpec {
-			return []runSpec{{name: "flaky", path: "/v1/chat/completions", rate: 300, conns: 512}}
+			return []runSpec{{name: "flaky", path: "/v1/chat/completions", rate: 300, conns: 512},
+				{name: "flaky/messages", path: "/v1/messages", body: messagesBody, rate: 300, conns: 512}}
 		},
 		sturdy: `    breaker: {consecutive_failures: 50, failure_ratio: 0.9, min_requests: 1000}
 routes:
