@@ -39,12 +39,13 @@ func TestTheMessagesAPIIsRetriedAndCommittedOnContent(t *testing.T) {
 	} {
 		up := upstreamtest.Start(t, tc.first, whole)
 		h := startProxy(t, up.URL, nil)
-		resp, body := h.do("POST", "/v1/messages?beta=true", msgRequest, "Content-Type", "application/json", "anthropic-version", "2023-06-01")
+		resp, body := h.do("POST", "/v1/messages?beta=true", msgRequest, "Content-Type", "application/json", "anthropic-version", "2023-06-01",
+			"anthropic-beta", "fine-grained-tool-streaming-2025-05-14", "x-api-key", "sk-ant-client")
 		if want := msgStart + msgBlock + msgDelta + msgEnd; resp.StatusCode != 200 || string(body) != want || up.Count() != 2 {
 			t.Errorf("%s: %d after %d attempts:\n%s", tc.name, resp.StatusCode, up.Count(), body)
 		}
-		if got := up.Requests()[1].Header["Anthropic-Version"]; got != "2023-06-01" {
-			t.Errorf("%s: anthropic-version %q upstream", tc.name, got)
+		if hd := up.Requests()[1].Header; hd["Anthropic-Version"] != "2023-06-01" || hd["Anthropic-Beta"] != "fine-grained-tool-streaming-2025-05-14" || hd["X-Api-Key"] != "sk-ant-client" {
+			t.Errorf("%s: the Anthropic headers upstream: %v", tc.name, hd)
 		}
 	}
 }
