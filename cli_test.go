@@ -26,10 +26,12 @@ func TestTheCommandLineRefusesWhatItWouldIgnore(t *testing.T) {
 		{[]string{"-h"}, 0, "resilient reverse proxy", ""},
 		{[]string{"-help"}, 0, "-healthcheck", ""},
 		{[]string{"-nope"}, 2, "", "sturdy -h lists the flags"},
+		{[]string{"-nope", "x"}, 2, "", "flag provided but not defined: -nope\nsturdy -h lists the flags\n"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)
-		if code != tc.code || !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errb.String(), tc.stderr) {
+		if code != tc.code || !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errb.String(), tc.stderr) ||
+			strings.Count(errb.String(), "not defined") > 1 {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, %q, %q", tc.args, code, out.String(), errb.String(), tc.code, tc.stdout, tc.stderr)
 		}
 	}
@@ -92,5 +94,15 @@ func TestTheHealthcheckFindsTheAdminPortOfTheServingProcess(t *testing.T) {
 	var errb bytes.Buffer
 	if code := probeHealth(addr, &errb); code != 0 {
 		t.Fatalf("probe of the serving admin port: exit %d: %s", code, errb.String())
+	}
+	// A file edited into something invalid (the serving Sturdy refused
+	// to reload it) does not make the healthcheck fail: only its admin
+	// address is read.
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("admin: {listen: \""+addr+"\"}\nbogus_key: 1\nupstreams: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := run([]string{"-healthcheck", "-config", bad}, &bytes.Buffer{}, &errb); code != 0 {
+		t.Fatalf("-healthcheck with a file that does not validate: exit %d: %s", code, errb.String())
 	}
 }

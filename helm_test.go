@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,6 +120,10 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 		t.Fatalf("helm lint (sidecar): %v\n%s", err, out)
 	}
 	user, group := imageUser(t)
+	ownUpstream := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(ownUpstream, []byte("config:\n  upstreams:\n    - {name: vllm, url: \"http://vllm:8000\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		set     string
@@ -127,9 +133,14 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 		{"standalone", "", false, false},
 		{"sidecar", "mode=sidecar,agent.image=agent:1", true, false},
 		{"other ports, a ServiceMonitor", "ports.proxy=8181,ports.admin=9191,serviceMonitor.enabled=true", false, true},
+		// Helm replaces a list a values file sets: upstreams alone must
+		// still make a config that runs.
+		{"a values file's own upstream", "values:" + ownUpstream, false, false},
 	} {
 		args := []string{"template", "r", chart}
-		if tc.set != "" {
+		if file, ok := strings.CutPrefix(tc.set, "values:"); ok {
+			args = append(args, "-f", file)
+		} else if tc.set != "" {
 			args = append(args, "--set", tc.set)
 		}
 		out, err := helm(t, args...)

@@ -35,6 +35,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
+	"go.yaml.in/yaml/v3"
 
 	"sturdy/admin"
 	"sturdy/breaker"
@@ -73,8 +74,8 @@ type settings struct {
 // cli is the command line: the settings and what to do with them.
 type cli struct {
 	settings
-	check, healthcheck, version, demo bool
-	fs                                *flag.FlagSet
+	check, healthcheck, version, runDemo bool
+	fs                                   *flag.FlagSet
 }
 
 // parseFlags reads args (environment variables give the defaults).
@@ -87,9 +88,9 @@ func parseFlags(args []string, stderr io.Writer) (cli, error) {
 	fs.StringVar(&c.listen, "listen", os.Getenv("STURDY_LISTEN"), "listen address [env STURDY_LISTEN], overriding the config's (default :8080)")
 	fs.StringVar(&c.adminListen, "admin-listen", os.Getenv("STURDY_ADMIN_LISTEN"), "admin listener address [env STURDY_ADMIN_LISTEN], overriding the config's (default "+config.DefaultAdminListen+")")
 	fs.BoolVar(&c.check, "check", false, "validate the config, print what is wrong, exit 0 (valid) or 2 (invalid)")
-	fs.BoolVar(&c.healthcheck, "healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks); without -config it probes the admin listener of the Sturdy that is PID 1 (a container's), flags included")
+	fs.BoolVar(&c.healthcheck, "healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks); without -config or -admin-listen it probes the admin listener of the Sturdy that is PID 1 (a container's), flags included")
 	fs.BoolVar(&c.version, "version", false, "print version, commit and Go version")
-	fs.BoolVar(&c.demo, "demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
+	fs.BoolVar(&c.runDemo, "demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
 	fs.Usage = func() {} // -h is answered by run, on stdout; a bad flag gets one hint
 	c.fs = fs
 	if err := fs.Parse(args); err != nil {
@@ -98,10 +99,14 @@ func parseFlags(args []string, stderr io.Writer) (cli, error) {
 	if fs.NArg() > 0 {
 		// Flags stop at the first argument that is not one: `sturdy x.yaml
 		// -check` would otherwise serve the embedded default, -check unseen.
-		return c, fmt.Errorf("sturdy: unexpected argument %q: Sturdy takes flags only (a config file is -config FILE)", fs.Arg(0))
+		return c, fmt.Errorf("sturdy: unexpected argument %q: Sturdy takes flags only (a config file is -config FILE): %w", fs.Arg(0), errPositional)
 	}
 	return c, nil
 }
+
+// errPositional is parseFlags' error for an argument that is not a flag
+// (the flag package has printed its own errors already).
+var errPositional = errors.New("no positional arguments")
 
 func run(args []string, stdout, stderr io.Writer) int {
 	c, err := parseFlags(args, stderr)
@@ -110,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(c.fs, stdout)
 		return 0
 	case err != nil:
-		if c.fs.NArg() > 0 {
+		if errors.Is(err, errPositional) {
 			fmt.Fprintln(stderr, err)
 		}
 		fmt.Fprintln(stderr, "sturdy -h lists the flags")
@@ -118,13 +123,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	s := c.settings
 	if c.healthcheck {
-		s = servingSettings(c, "/proc")
+		return probeHealth(adminAddr(servingSettings(c, "/proc")), stderr)
 	}
 	if c.version {
 		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commitID(), runtime.Version())
 		return 0
 	}
-	if c.demo {
+	if c.runDemo {
 		fake, err := startDemoUpstream()
 		if err != nil {
 			fmt.Fprintln(stderr, "demo:", err)
@@ -138,12 +143,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		config.WriteProblems(stderr, err)
 		return 2
 	}
-	if c.demo {
+	if c.runDemo {
 		demoConfig(cfg)
 	}
 	switch {
-	case c.healthcheck:
-		return probeHealth(cfg.AdminListen, stderr)
 	case c.check:
 		for _, w := range cfg.Warnings() {
 			fmt.Fprintln(stdout, "warning:", describeProblem(s, w))
@@ -188,6 +191,37 @@ func servingSettings(c cli, proc string) settings {
 		return c.settings
 	}
 	return served.settings
+}
+
+// adminAddr is the admin address -healthcheck probes: -admin-listen, else
+// the file's admin.listen (or admin_listen), read for that key alone — a
+// file edited into something invalid, which the serving Sturdy refused to
+// reload, must not make it unhealthy —, else the container's default,
+// else the default.
+func adminAddr(s settings) string {
+	if s.adminListen != "" {
+		return s.adminListen
+	}
+	if b, err := os.ReadFile(s.configPath); s.configPath != "" && err == nil {
+		var f struct {
+			AdminListen string `yaml:"admin_listen"`
+			Admin       struct {
+				Listen string `yaml:"listen"`
+			} `yaml:"admin"`
+		}
+		if yaml.Unmarshal(b, &f) == nil {
+			if f.Admin.Listen != "" {
+				return f.Admin.Listen
+			}
+			if f.AdminListen != "" {
+				return f.AdminListen
+			}
+		}
+	}
+	if d := os.Getenv("STURDY_DEFAULT_ADMIN_LISTEN"); d != "" {
+		return d
+	}
+	return config.DefaultAdminListen
 }
 
 // sameProgram says whether exe (a /proc/<pid>/exe link), or else the
@@ -321,8 +355,10 @@ func startupLine(logger zerolog.Logger, s settings, cfg *config.Config, in *inst
 	if s.demo {
 		logger.Info().Str("fake_server", s.upstream).Str("faults", demoFaults).
 			Str("outage_at", time.Now().Add(demoProfile.Outage.From).Format("15:04:05")).
-			Str("watch_it", demoWatch(in.ln.Addr().String())).
 			Msg("demo mode: Sturdy is in front of an embedded fake model server; its outage comes about a minute in")
+		// The command is the message, not a field: a field's quotes are
+		// escaped, and a copied command would send backslashes.
+		logger.Info().Msg("watch it: " + demoWatch(in.ln.Addr().String()))
 	}
 	if host, _, err := net.SplitHostPort(cfg.Listen); err == nil && len(cfg.Auth.Keys) == 0 && (host == "" || host == "0.0.0.0" || host == "::") {
 		logger.Warn().Str("listen", cfg.Listen).

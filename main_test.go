@@ -588,10 +588,22 @@ func TestAnUpstreamNotAnsweringAtStartIsWarnedOnce(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(banner, "outage_at") && time.Now().Before(deadline); banner = demo.logs.String() {
 		time.Sleep(10 * time.Millisecond)
 	}
-	for _, want := range []string{"outage comes about a minute in", "outage_at", "while sleep 1; do curl"} {
+	for _, want := range []string{"outage comes about a minute in", "outage_at", "watch it: while sleep 1; do curl"} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("the demo's banner lacks %q:\n%s", want, banner)
 		}
+	}
+	// The command works as copied: its body is the JSON the demo answers.
+	_, cmd, _ := strings.Cut(banner, "watch it: ")
+	_, body, _ := strings.Cut(cmd, " -d '")
+	body, _, _ = strings.Cut(body, "'")
+	resp, err := http.Post("http://"+demo.addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 && resp.StatusCode != 429 && resp.StatusCode < 500 {
+		t.Errorf("the watch command's body %q: %d", body, resp.StatusCode)
 	}
 	if strings.Contains(banner, warning) {
 		t.Errorf("the demo's fake server was reported not answering:\n%s", banner)

@@ -109,29 +109,10 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 		p.RefreshBreakerGauges()
 		metrics.ServeHTTP(w, r)
 	}))
-	mux.HandleFunc("GET /debug/upstreams", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(map[string]any{"upstreams": p.Upstreams()})
-	})
-	mux.HandleFunc("GET /debug/failures", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(map[string]any{"failures": p.Failures()})
-	})
-	page := func(w http.ResponseWriter, _ *http.Request) {
-		h := w.Header()
-		h.Set("Content-Type", "text/html; charset=utf-8")
-		h.Set("Cache-Control", "no-store")
-		// Nothing but the page itself: no external script, style or frame.
-		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")
-		h.Set("Referrer-Policy", "no-referrer")
-		_, _ = w.Write(statusPage)
-	}
-	mux.HandleFunc("GET /{$}", page)
-	mux.HandleFunc("GET /status", page)
+	mux.Handle("GET /debug/upstreams", jsonOf("upstreams", func() any { return p.Upstreams() }))
+	mux.Handle("GET /debug/failures", jsonOf("failures", func() any { return p.Failures() }))
+	mux.HandleFunc("GET /{$}", servePage)
+	mux.HandleFunc("GET /status", servePage)
 	prof := http.NewServeMux()
 	prof.HandleFunc("/debug/pprof/", pprof.Index)
 	prof.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -146,6 +127,27 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 		prof.ServeHTTP(w, r)
 	}))
 	return bounded(guarded(mux, settings))
+}
+
+// jsonOf serves {"name": value()} as indented JSON.
+func jsonOf(name string, value func() any) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(map[string]any{name: value()})
+	})
+}
+
+// servePage serves the status page: nothing but the page itself (no
+// external script, style or frame), never cached.
+func servePage(w http.ResponseWriter, _ *http.Request) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")
+	h.Set("Referrer-Policy", "no-referrer")
+	_, _ = w.Write(statusPage)
 }
 
 // statusPage is the status page (status.html).

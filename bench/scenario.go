@@ -160,7 +160,7 @@ var scenarios = []*scenario{
 		variants: []variant{{name: "tracing", sturdy: "tracing: {endpoint: OTLP_URL, sample_ratio: 1.0}\n" + defaultSturdy}},
 	},
 	{
-		name:  "flaky",
+		name: "flaky",
 		about: "20 % transient faults (429 with retry-after-ms, 500, 502, 503, reset) at 300 req/s, on chat completions and " +
 			"on Anthropic's Messages API (flaky/messages: the same faults in its shape, a 529 for the 503)",
 		profile: func(settings) fakellm.Profile {

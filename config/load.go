@@ -29,6 +29,9 @@ type Problem struct {
 	Key string
 	// Msg says what is wrong.
 	Msg string
+	// syntax marks yaml's own words about a document it cannot parse:
+	// they quote YAML's tokens, never a value (redact leaves them be).
+	syntax bool
 }
 
 // Error is an invalid config: every problem found, in line order.
@@ -53,7 +56,7 @@ var secretLike = regexp.MustCompile(`sk-[A-Za-z0-9_\-.]+|(?i:bearer)\s+\S+|://[^
 // a secret-bearing key, and anything that looks like a credential.
 func redact(p Problem) string {
 	msg := p.Msg
-	if secretKeys.MatchString(p.Key) {
+	if secretKeys.MatchString(p.Key) && !p.syntax {
 		msg = quoted.ReplaceAllString(msg, `"[redacted]"`)
 	}
 	return secretLike.ReplaceAllStringFunc(msg, func(m string) string {
@@ -315,10 +318,14 @@ func syntaxProblems(err error, data []byte) []Problem {
 			}
 		}
 	}
-	lines := strings.Count(string(data), "\n") + 1
+	last := lastWrittenLine(data)
 	for i := range ps {
-		if ps[i].Line > 0 && ps[i].Line < lines && zeroBased.MatchString(ps[i].Msg) {
+		ps[i].syntax = true
+		if ps[i].Line > 0 && zeroBased.MatchString(ps[i].Msg) {
 			ps[i].Line++
+		}
+		if ps[i].Line > last {
+			ps[i].Line = last
 		}
 		if ps[i].Line > 0 {
 			ps[i].Key = keyPathAt(data, ps[i].Line)
@@ -327,8 +334,19 @@ func syntaxProblems(err error, data []byte) []Problem {
 	return ps
 }
 
+// lastWrittenLine is the number of the last line that is not blank.
+func lastWrittenLine(data []byte) int {
+	lines := strings.Split(string(data), "\n")
+	for n := len(lines); n > 0; n-- {
+		if strings.TrimSpace(lines[n-1]) != "" {
+			return n
+		}
+	}
+	return 0
+}
+
 // zeroBased matches the parser errors whose line yaml counts from 0.
-var zeroBased = regexp.MustCompile(`^did not find expected (key|'-' indicator|',' or '[\]}]')`)
+var zeroBased = regexp.MustCompile(`^did not find expected (key|node content|'-' indicator|',' or '[\]}]')`)
 
 // blockKey matches a block mapping's key at the start of a (trimmed) line.
 var blockKey = regexp.MustCompile(`^("[^"]*"|'[^']*'|[^\s:#'"\[\]{}][^:#]*?)\s*:(\s|$)`)
@@ -370,7 +388,7 @@ func keyPathAt(data []byte, line int) string {
 		if m == nil {
 			continue
 		}
-		for len(stack) > 0 && stack[len(stack)-1].indent >= indent && !(stack[len(stack)-1].key == "" && stack[len(stack)-1].indent < indent) {
+		for len(stack) > 0 && stack[len(stack)-1].indent >= indent {
 			stack = stack[:len(stack)-1]
 		}
 		stack = append(stack, level{indent: indent, key: strings.Trim(m[1], `"'`)})

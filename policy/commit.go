@@ -53,31 +53,7 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 		}
 		return chunkMark(api, usage, choices), ""
 	case APIResponses:
-		typ := unsafe.String(unsafe.SliceData(name), len(name))
-		if typ == "" {
-			typ = doc.Get("type").String()
-		}
-		switch typ {
-		case "response.created", "response.in_progress", "response.queued", "":
-			return MarkFraming, ""
-		case "error":
-			return MarkFailure, strings.Clone(errorCode(doc))
-		case "response.failed":
-			return MarkFailure, strings.Clone(errorCode(doc.Get("response.error")))
-		case "response.output_item.added":
-			// An empty message or reasoning item announced holds no output
-			// yet (a function call's announcement names the tool: output).
-			item := doc.Get("item")
-			if t := item.Get("type").String(); (t == "message" && isEmpty(item.Get("content"))) ||
-				(t == "reasoning" && isEmpty(item.Get("summary")) && isEmpty(item.Get("content"))) {
-				return MarkFraming, ""
-			}
-		case "response.content_part.added":
-			if p := doc.Get("part"); p.Get("text").String() == "" && p.Get("refusal").String() == "" {
-				return MarkFraming, ""
-			}
-		}
-		return MarkContent, ""
+		return responsesMark(name, doc)
 	case APIAnthropic:
 		return anthropicMark(name, doc)
 	case APIOllama:
@@ -93,6 +69,43 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 	return MarkContent, ""
 }
 
+// eventType is an event's type: its SSE name, else its data's "type"
+// (read in place).
+func eventType(name []byte, doc gjson.Result) string {
+	if len(name) > 0 {
+		return unsafe.String(unsafe.SliceData(name), len(name))
+	}
+	return doc.Get("type").String()
+}
+
+// responsesMark judges a Responses API event before the commit point:
+// the stream's framing (created, in progress, queued, an empty item or
+// part announced), a failure (error, response.failed) or output.
+func responsesMark(name []byte, doc gjson.Result) (Mark, string) {
+	typ := eventType(name, doc)
+	switch typ {
+	case "response.created", "response.in_progress", "response.queued", "":
+		return MarkFraming, ""
+	case "error":
+		return MarkFailure, strings.Clone(errorCode(doc))
+	case "response.failed":
+		return MarkFailure, strings.Clone(errorCode(doc.Get("response.error")))
+	case "response.output_item.added":
+		// An empty message or reasoning item announced holds no output
+		// yet (a function call's announcement names the tool: output).
+		item := doc.Get("item")
+		if t := item.Get("type").String(); (t == "message" && isEmpty(item.Get("content"))) ||
+			(t == "reasoning" && isEmpty(item.Get("summary")) && isEmpty(item.Get("content"))) {
+			return MarkFraming, ""
+		}
+	case "response.content_part.added":
+		if p := doc.Get("part"); p.Get("text").String() == "" && p.Get("refusal").String() == "" {
+			return MarkFraming, ""
+		}
+	}
+	return MarkContent, ""
+}
+
 // anthropicMark judges a Messages API event before the commit point.
 // Output has begun at the first content_block_delta, at a
 // content_block_start that carries content itself (a tool_use's name and
@@ -102,10 +115,7 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 // an error event is a failure, its code the error's type
 // (overloaded_error, api_error, rate_limit_error …).
 func anthropicMark(name []byte, doc gjson.Result) (Mark, string) {
-	typ := unsafe.String(unsafe.SliceData(name), len(name))
-	if typ == "" {
-		typ = doc.Get("type").String()
-	}
+	typ := eventType(name, doc)
 	switch typ {
 	case "message_start", "ping", "content_block_stop":
 		return MarkFraming, ""

@@ -15,8 +15,8 @@ const MaxListedFailures = 50
 const maxFailurePath = 256
 
 // FailedRequest is one request that failed for a reason Sturdy or its
-// upstreams own (every outcome but ok, pass_through, rejected and
-// unauthorized: a client's own mistakes do not push the others out), as
+// upstreams own (see failed: a client's own mistakes, its own limit and
+// its leaving do not push the others out), as
 // the status page and /debug/failures show it: the access line's fields
 // and nothing else — no header value but the request id, no body, no
 // query.
@@ -70,11 +70,17 @@ type failureRing struct {
 	n    int
 }
 
-// failed says whether a request of this outcome is listed.
-func failed(outcome string) bool {
-	switch outcome {
-	case outcomeOK, outcomePassThrough, outcomeRejected, outcomeUnauthorized:
+// failed says whether a finished request is listed: not a success, not
+// the client's own mistake (pass_through, rejected, unauthorized), not a
+// client that left, and not a client over its own clients: limit — a 429
+// Sturdy answered before trying any target (one every target's cooldown
+// or pacing refused names them).
+func failed(s *summary) bool {
+	switch s.outcome {
+	case outcomeOK, outcomePassThrough, outcomeRejected, outcomeUnauthorized, outcomeClientGone:
 		return false
+	case outcomeRateLimited:
+		return len(s.targets) > 0
 	}
 	return true
 }
@@ -82,7 +88,7 @@ func failed(outcome string) bool {
 // record lists a finished request when it failed. The summary's strings
 // alias the exchange, so everything kept is copied.
 func (r *failureRing) record(s *summary) {
-	if !failed(s.outcome) {
+	if !failed(s) {
 		return
 	}
 	path := s.path

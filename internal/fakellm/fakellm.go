@@ -4,7 +4,8 @@
 //
 // Endpoints, as the servers it stands for answer them: POST
 // /v1/chat/completions (JSON, or SSE chat.completion.chunk events with
-// usage and [DONE] when "stream": true), /v1/completions, /v1/responses
+// usage and [DONE] when "stream": true; /v1/completions is answered in
+// the same shape), /v1/responses
 // (its stream with the output item and content part announced before the
 // deltas, as OpenAI sends it), /v1/embeddings (one vector per input), GET
 // /v1/models (Profile.Models), POST /api/chat and /api/generate (Ollama
@@ -136,6 +137,9 @@ type Server struct {
 
 	requests, early, inOutage atomic.Int64
 }
+
+// maxRetryAt bounds the request ids remembered for EarlyRetries.
+const maxRetryAt = 100_000
 
 // Start serves profile on addr ("127.0.0.1:0" for any free port).
 func Start(addr string, p Profile) (*Server, error) {
@@ -306,15 +310,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	switch path {
 	case "/v1/models":
-		ctx.SetContentType("application/json")
-		ctx.WriteString(`{"object":"list","data":[`)
-		for i, m := range p.Models {
-			if i > 0 {
-				ctx.WriteString(",")
-			}
-			fmt.Fprintf(ctx, `{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}`, m)
-		}
-		ctx.WriteString("]}")
+		s.models(ctx)
 	case "/v1/embeddings":
 		s.sleep(ttft)
 		writeEmbeddings(ctx, model, inputs(gjson.GetBytes(body, "input")), gjson.GetBytes(body, "encoding_format").String() == "base64")
@@ -360,6 +356,19 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, body []byte, fate, model str
 		`"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],`+
 		`"usage":{"prompt_tokens":12,"completion_tokens":%d,"total_tokens":%d}}`,
 		model, content(p.Tokens), p.Tokens, 12+p.Tokens)
+}
+
+// models answers /v1/models with Profile.Models.
+func (s *Server) models(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	ctx.WriteString(`{"object":"list","data":[`)
+	for i, m := range s.profile.Models {
+		if i > 0 {
+			ctx.WriteString(",")
+		}
+		fmt.Fprintf(ctx, `{"id":%q,"object":"model","created":1700000000,"owned_by":"fakellm"}`, m)
+	}
+	ctx.WriteString("]}")
 }
 
 // health answers /health (vLLM, llama.cpp: 200 when serving) and
@@ -408,9 +417,13 @@ func (s *Server) ollama(ctx *fasthttp.RequestCtx, body []byte, fate, model strin
 		model, content(p.Tokens), p.Tokens)
 }
 
+// maxInputs is the most inputs one embeddings request is answered for
+// (OpenAI's own limit), so a reply stays a bounded multiple of a request.
+const maxInputs = 2048
+
 // inputs is how many inputs an embeddings request has: a string or an
 // array of tokens is one, an array of strings or of token arrays is one
-// each.
+// each (at most maxInputs).
 func inputs(in gjson.Result) int {
 	if !in.IsArray() {
 		return 1
@@ -419,7 +432,7 @@ func inputs(in gjson.Result) int {
 	if len(arr) == 0 || arr[0].Type == gjson.Number {
 		return 1
 	}
-	return len(arr)
+	return min(len(arr), maxInputs)
 }
 
 // writeEmbeddings answers an embeddings request of n inputs with a fixed
@@ -574,6 +587,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, status int) {
 				wait = (p.RetryAfter + time.Second - 1) / time.Second * time.Second
 			}
 			s.mu.Lock()
+			if len(s.retryAt) >= maxRetryAt { // ids that never came back: forget them all
+				clear(s.retryAt)
+			}
 			s.retryAt[id] = time.Now().Add(wait)
 			s.mu.Unlock()
 		}
