@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"strconv"
 	"time"
 
 	"sturdy/events"
@@ -9,12 +10,54 @@ import (
 	"sturdy/upstream"
 )
 
-// attempt sends the request once and reads the response head: the status,
-// headers and the first body bytes (all of a small body). Its timeout is
-// the upstream's first_byte, or for a stream the route's first_token when
-// shorter, cut short by the deadline. It only reports what happened; the
-// loop asks policy what that means.
-func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) policy.Outcome {
+// attempt is one try of the request on an endpoint: what the upstream
+// side readied for it (the endpoint, a connection place, both breakers'
+// tickets), how it went (its outcome; for one that reached nothing, why)
+// and what policy made of that (its verdict). The loop holds one per
+// request (run, and a rescue's continueOn its own): attemptOn fills it for
+// each try, decide judges it, and respond answers from the last. What it
+// read of the upstream's reply is the exchange's (reply): that outlives it
+// once committed.
+type attempt struct {
+	ep *upstream.Endpoint
+	// lease is the connection place taken for it, until it is sent (then
+	// the reply holds it); tk its breakers' tickets.
+	lease upstream.Lease
+	tk    upstream.Tickets
+	// stale says it is a stale connection's replay.
+	stale   bool
+	out     policy.Outcome
+	verdict policy.Verdict
+	// why says why a try without a response reached nothing
+	// (whyUnreachable); refused that its connection was refused (nothing
+	// listened). Both are set as it is sent (roundTrip): a try not sent
+	// keeps the last one's.
+	why     string
+	refused bool
+}
+
+// failureCause names a failed attempt in a few words, for a breaker it
+// may open: the reason a connection failed ("connection refused"), a
+// status ("503"), an in-band error's code, or the fault ("timeout").
+func (a *attempt) failureCause() string {
+	switch out := &a.out; {
+	case out.Fault != policy.FaultNone && a.why != "":
+		return a.why
+	case out.Fault != policy.FaultNone:
+		return out.Fault.String()
+	case out.StreamFailed:
+		return "an in-band " + strconv.Quote(out.StreamError)
+	default:
+		return strconv.Itoa(out.Status)
+	}
+}
+
+// roundTrip sends the request once, for a, and reads the response head:
+// the status, headers and the first body bytes (all of a small body). Its
+// timeout is the upstream's first_byte, or for a stream the route's
+// first_token when shorter, cut short by the deadline. It only reports
+// what happened; the loop asks policy what that means.
+func (ex *exchange) roundTrip(t *target, a *attempt, now time.Time) policy.Outcome {
 	timeout := min(t.up.Options().FirstByteTimeout, ex.req.deadline.Sub(now))
 	if ex.req.firstToken > 0 {
 		timeout = min(timeout, ex.req.firstToken)
@@ -24,9 +67,9 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 	}
 	resp := ex.reply.msg
 	ex.reply.streamFailed, ex.reply.streamError, ex.reply.heldToEnd = false, "", false
-	ex.loop.why, ex.loop.refused = "", false // this attempt's, not an earlier one's
+	a.why, a.refused = "", false // this attempt's, not an earlier one's
 	ex.enter(phaseHead)
-	if err := ep.Send(&ex.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
+	if err := a.ep.Send(&ex.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
 		f := policy.FaultClientGone
 		switch {
 		case ex.isGone.Load():
@@ -34,7 +77,7 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 			f = policy.FaultStale
 		default:
 			f = faultOf(err)
-			ex.loop.why, ex.loop.refused = whyUnreachable(err), refusedConnection(err)
+			a.why, a.refused = whyUnreachable(err), refusedConnection(err)
 		}
 		ex.sampled(f)
 		ex.closeBody()

@@ -5,13 +5,15 @@
 //	handler.go  admit, route, prepare   Handle → admit → prepare
 //	loop.go     targets, gates, waits   run → onTarget → attemptOn (gate, choose, send) → decide → wait
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
-//	attempt.go  send, read the head     attempt → Endpoint.Send → readHead → holdToCommit → holdWindow
-//	respond.go  commit, errors          respond → commit | obstructed | noReply → fail
+//	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
+//	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
+//	respond.go  commit, errors          respond(last attempt) → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   Read → upstreamEnded → CloseWithError
 //	rescue.go   a stream cut mid-answer Read → readEvents → rescueStream → continueOn
 //
 // Who decides what:
-//   - classify an attempt: policy.Classify, on the Outcome attempt reports;
+//   - classify an attempt: policy.Classify, on the Outcome roundTrip
+//     reports (send keeps it and the verdict on the attempt);
 //   - after an attempt, retry in place / fail over / stop, the wait and
 //     who set it, the stop reason: policy.Retry.Decide, called once in decide;
 //   - before an attempt, wait / fail over / refuse for a cooldown, pacing,

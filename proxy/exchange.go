@@ -113,11 +113,9 @@ type loopState struct {
 	// continuation: paid for from the retry budget (rescueStream), so
 	// its first attempt is not one the budget counts.
 	continuing bool
-	// refused says the last attempt's connection was refused (nothing
-	// listened); own is the cooldown this request's own 429 started with
-	// the wait it asked for, which that request's retry is not held by.
-	refused bool
-	own     ownCooldown
+	// own is the cooldown this request's own 429 started with the wait it
+	// asked for, which that request's retry is not held by.
+	own ownCooldown
 	// reservedAt is when the retry budget was taken for the retry being
 	// waited for, to give it back if the wait ends early.
 	reservedAt time.Time
@@ -131,7 +129,6 @@ type loopState struct {
 	// sharedRefused says, when set, what Redis did instead of answering
 	// a shared limit, on_failure being refuse.
 	sharedRefused string
-	place         upstream.Lease     // the connection place taken for the next attempt
 	entered       *upstream.Upstream // whose in-flight count this request is in
 	// ep is the endpoint of the current (or last) attempt; aimed the one
 	// the request's URI and Host are built for; tried the endpoints of
@@ -154,9 +151,6 @@ type loopState struct {
 	// blocked says the loop's last step was such a refusal.
 	obstacle obstacle
 	blocked  bool
-	fault    policy.Fault
-	why      string // the last attempt without a response: why (whyUnreachable)
-	verdict  policy.Verdict
 	stop     policy.Stop
 }
 
@@ -212,6 +206,9 @@ type response struct {
 	status  int
 	outcome string
 	errCode string
+	// cause is what a breaker or a connection failure said, for an
+	// upstream_error or circuit_open answer (the summary's).
+	cause string
 	// streaming says the reply streams (relayed as it comes); reader that
 	// the exchange is the client's body reader, ended by CloseWithError (a
 	// stream, or a body read whole for an HTTP/1.0 client).

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"slices"
-	"strconv"
 	"time"
 	"unsafe"
 
@@ -20,29 +19,29 @@ import (
 // then answers the client (respond). One deadline and max_total_attempts
 // span all targets.
 func (ex *exchange) run() {
+	var last attempt // the try in progress, then the last one made
 	targets := ex.req.route.targets
 	for ex.loop.ti = 0; ex.loop.ti < len(targets); ex.loop.ti++ {
 		t := &targets[ex.loop.ti]
-		if ex.onTarget(t) != policy.ActionFailover || !ex.hasFallback() {
+		if ex.onTarget(t, &last) != policy.ActionFailover || !ex.hasFallback() {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
 	}
-	ex.respond()
+	ex.respond(&last)
 }
 
-// onTarget runs attempts on t until policy says to fail over or to stop,
-// and returns which.
-func (ex *exchange) onTarget(t *target) policy.Action {
-	if a := ex.useTarget(t); a != policy.ActionAttempt {
-		return a
+// onTarget runs attempts on t, each in a, until policy says to fail over
+// or to stop, and returns which.
+func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
+	if act := ex.useTarget(t); act != policy.ActionAttempt {
+		return act
 	}
 	for {
-		out, afterStale, a := ex.attemptOn(t)
-		if a != policy.ActionAttempt {
-			return a
+		if act := ex.attemptOn(t, a); act != policy.ActionAttempt {
+			return act
 		}
-		d := ex.decide(t, out, afterStale)
+		d := ex.decide(t, a)
 		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
 			ex.allOut(t.up, "") // what the client is told: the breaker that is open
 		}
@@ -68,7 +67,7 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 			}
 			return policy.ActionStop
 		}
-		ex.retrying(t.up, d)
+		ex.retrying(t.up, a, d)
 	}
 }
 
@@ -161,7 +160,6 @@ func (ex *exchange) aim(ep *upstream.Endpoint) {
 
 // leaveTarget gives back what the current target holds.
 func (ex *exchange) leaveTarget() {
-	ex.dropPlace()
 	ex.stopRiding()
 	if ex.loop.slot != nil {
 		ex.loop.slot.FreeSlot()
@@ -235,19 +233,18 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint) policy.Action {
+func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
 	ex.enter(phaseQueue)
 	start := ex.queueStart()
 	lease, r := ep.Lease(ex.leaseRequest(up))
 	ex.traceQueued(start, r, sourceConnections)
 	switch r {
 	case upstream.LeaseTimedOut:
-		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
+		return lease, ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
 	case upstream.LeaseCancelled:
-		return ex.interrupted()
+		return lease, ex.interrupted()
 	}
-	ex.loop.place = lease
-	return policy.ActionAttempt
+	return lease, policy.ActionAttempt
 }
 
 // leaseRequest is this request's ask for a place on up (a max_in_flight
@@ -257,15 +254,6 @@ func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint)
 func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
 	return upstream.LeaseRequest{Wait: min(up.Options().QueueTimeout, time.Until(ex.req.deadline)),
 		Cancel: ex.p.stopping, Gone: ex.gone()}
-}
-
-// dropPlace gives back a connection place taken for an attempt that was
-// not made: its sample does not count.
-func (ex *exchange) dropPlace() {
-	if l := ex.loop.place; l.Held() {
-		l.Release(upstream.Sample{})
-		ex.loop.place = upstream.Lease{}
-	}
 }
 
 // clear asks policy what an obstacle before an attempt on up means — it
@@ -302,50 +290,50 @@ func (ex *exchange) block(o obstacle) {
 }
 
 // attemptOn clears t's gates (gate), chooses an endpoint (choose) and
-// sends one attempt there (send): the loop's step, which a rescue's
+// sends one attempt there (send), in a: the loop's step, which a rescue's
 // continuation takes too. Its action is ActionAttempt when the attempt
-// was sent, else what stood in the way.
-func (ex *exchange) attemptOn(t *target) (out policy.Outcome, afterStale bool, a policy.Action) {
-	if a = ex.gate(t.up); a != policy.ActionAttempt {
-		return out, false, a
+// was sent, else what stood in the way (and a is the last one made).
+func (ex *exchange) attemptOn(t *target, a *attempt) policy.Action {
+	if act := ex.gate(t.up); act != policy.ActionAttempt {
+		return act
 	}
-	ep, tk, a := ex.choose(t.up)
-	if a != policy.ActionAttempt {
-		return out, false, a
+	next := attempt{why: a.why, refused: a.refused} // until it is sent (roundTrip), the last one's
+	if act := ex.choose(t.up, &next); act != policy.ActionAttempt {
+		return act
 	}
-	out, afterStale = ex.send(t, ep, tk)
-	return out, afterStale, policy.ActionAttempt
+	*a = next
+	ex.send(t, a)
+	return policy.ActionAttempt
 }
 
-// decide returns policy's decision on what follows an attempt on t that
-// ended in out (afterStale: it was a stale connection's replay), with
+// decide returns policy's decision on what follows attempt a on t, with
 // the retry budget reserved for a retry it chose.
-func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) policy.Decision {
-	up, lp, ep := t.up, &ex.loop, ex.loop.ep
+func (ex *exchange) decide(t *target, at *attempt) policy.Decision {
+	up, lp, v := t.up, &ex.loop, at.verdict
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
-	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: ex.counted(), AfterStale: afterStale,
+	a := policy.Attempt{Verdict: v, N: lp.n, Total: ex.counted(), AfterStale: at.stale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
-		Riding:    now.Before(lp.rideUntil) && ep.Out(),
-		Elsewhere: lp.verdict.Class == policy.ClassRetryable && up.Elsewhere(lp.model, lp.tried[:lp.nTried])}
-	if lp.verdict.Class == policy.ClassRetryable {
-		a.Refused = lp.refused && !a.Elsewhere
+		Riding:    now.Before(lp.rideUntil) && at.ep.Out(),
+		Elsewhere: v.Class == policy.ClassRetryable && up.Elsewhere(lp.model, lp.tried[:lp.nTried])}
+	if v.Class == policy.ClassRetryable {
+		a.Refused = at.refused && !a.Elsewhere
 		a.RideLeft = ex.rideLeft(up, now)
 		a.Out = !up.AnyUsable(lp.model)
 	}
 	if ex.reply.has {
-		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, now)
+		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, v, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
-		if lp.verdict.Class == policy.ClassPassThrough {
-			if failoverBy = ex.failoverStatus(); out.InsufficientQuota {
+		if v.Class == policy.ClassPassThrough {
+			if failoverBy = ex.failoverStatus(); at.out.InsufficientQuota {
 				failoverBy = "insufficient_quota"
 			}
 			a.FailoverStatus = failoverBy != ""
 		}
 	}
 	reserved := false
-	if lp.verdict.Class == policy.ClassRetryable {
+	if v.Class == policy.ClassRetryable {
 		reserved = up.Budget().Reserve(now)
 		a.BudgetSpent = !reserved
 	}
@@ -366,21 +354,20 @@ func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) polic
 	return d
 }
 
-// send makes one attempt on t's endpoint ep, reports it to the breakers,
-// counts and notes it; lp.verdict says how it went. afterStale says it
-// was a stale connection's replay.
-func (ex *exchange) send(t *target, ep *upstream.Endpoint, tk upstream.Tickets) (out policy.Outcome, afterStale bool) {
-	up, lp := t.up, &ex.loop
+// send makes attempt a on t, reports it to the breakers, counts and
+// notes it; a's outcome and verdict say how it went.
+func (ex *exchange) send(t *target, a *attempt) {
+	up, lp, ep := t.up, &ex.loop, a.ep
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
 	ex.closeBody()
-	ex.reply.lease, lp.place = lp.place, upstream.Lease{}
+	ex.reply.lease, a.lease = a.lease, upstream.Lease{}
 	ex.reply.sample, ex.reply.replay = upstream.Sample{}, lp.replaying // no sample counts until one is taken
-	afterStale = lp.replaying
+	a.stale = lp.replaying
 	switch {
 	case lp.reriding:
 		lp.rides++
-	case afterStale:
+	case a.stale:
 		lp.replays++
 	default:
 		lp.n++
@@ -389,59 +376,44 @@ func (ex *exchange) send(t *target, ep *upstream.Endpoint, tk upstream.Tickets) 
 	lp.replaying, lp.reriding, lp.blocked = false, false, false
 	now := time.Now()
 	ex.reply.sentAt = now
-	if lp.n == 1 && !afterStale && !lp.continuing {
+	if lp.n == 1 && !a.stale && !lp.continuing {
 		up.Budget().FirstAttempt(now)
 	}
 	ex.aim(ep)
 	ex.startAttempt(t, ep)
-	out = ex.attempt(t, ep, now)
-	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	cause := ""
-	if lp.verdict.Class == policy.ClassRetryable {
-		cause = ex.failureCause(out) // for what a breaker this opens says tripped it
+	out := ex.roundTrip(t, a, now)
+	a.out, a.verdict = out, policy.Classify(out)
+	v, cause := a.verdict, ""
+	if v.Class == policy.ClassRetryable {
+		cause = a.failureCause() // for what a breaker this opens says tripped it
 	}
-	tk.Report(breakerResult(lp.verdict.Conn), breakerResult(lp.verdict.Health), cause)
-	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
+	a.tk.Report(breakerResult(v.Conn), breakerResult(v.Health), cause)
+	if v.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		ex.failedOn(ep)
 	}
-	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
+	if v.Class != policy.ClassRetryable && v.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
 		up.Cooldowns().Succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
 	}
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
 		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
 	}
-	if lp.verdict.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && lp.verdict.Reason != policy.Reason429 {
-		ep.Outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
+	if v.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && v.Reason != policy.Reason429 {
+		ep.Outcome(v.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
-	ex.attemptEnded(up, ep, out, afterStale)
-	return out, afterStale
+	ex.attemptEnded(up, a)
 }
 
-// failureCause names an attempt's failure in a few words, for a breaker
-// it may open: the reason a connection failed ("connection refused"), a
-// status ("503"), an in-band error's code, or the fault ("timeout").
-func (ex *exchange) failureCause(out policy.Outcome) string {
-	switch {
-	case out.Fault != policy.FaultNone && ex.loop.why != "":
-		return ex.loop.why
-	case out.Fault != policy.FaultNone:
-		return out.Fault.String()
-	case out.StreamFailed:
-		return "an in-band " + strconv.Quote(out.StreamError)
-	}
-	return strconv.Itoa(out.Status)
-}
-
-// retrying counts and notes a retry policy chose, once its wait is over.
-func (ex *exchange) retrying(up *upstream.Upstream, d policy.Decision) {
-	reason := ex.loop.verdict.Reason
+// retrying counts and notes a retry policy chose after attempt a, once
+// its wait is over.
+func (ex *exchange) retrying(up *upstream.Upstream, a *attempt, d policy.Decision) {
+	reason := a.verdict.Reason
 	ex.loop.replaying, ex.loop.reriding = d.Replay, d.Ride
 	if !d.Replay && !d.Ride {
 		ex.p.m.RetryWait.WithLabelValues(up.Name(), d.Source.String()).Observe(d.Wait.Seconds())
 	}
 	ex.p.m.Retries.WithLabelValues(up.Name(), reason.String()).Inc()
 	if n := &ex.notes; n.nRetries < maxLoggedRetries {
-		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: ex.loop.ep.Addr(), wait: d.Wait}
+		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: a.ep.Addr(), wait: d.Wait}
 		n.nRetries++
 	}
 }
@@ -554,10 +526,10 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
 // wait (lp.own): its retry is not held by the cooldown the wait started.
-func (ex *exchange) learnRateLimits(up *upstream.Upstream, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+func (ex *exchange) learnRateLimits(up *upstream.Upstream, v policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
 	h := &ex.reply.msg.Header
-	is429 := ex.loop.verdict.Reason == policy.Reason429
-	if ex.loop.verdict.Class == policy.ClassRetryable {
+	is429 := v.Reason == policy.Reason429
+	if v.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
 	}
 	if up.BareCooldown() <= 0 { // cooldown.enabled: false

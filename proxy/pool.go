@@ -7,12 +7,12 @@ import (
 	"sturdy/upstream"
 )
 
-// choose picks the endpoint for the next attempt on up and readies it: a
+// choose picks the endpoint for attempt a on up and readies it: a
 // connection place and both breakers' tickets. An endpoint whose breaker
 // refuses (a half-open one with its probe out) is left out and another
 // picked. With every endpoint out it rides through the outage when
 // configured, else returns what policy says of an open breaker.
-func (ex *exchange) choose(up *upstream.Upstream) (*upstream.Endpoint, upstream.Tickets, policy.Action) {
+func (ex *exchange) choose(up *upstream.Upstream, a *attempt) policy.Action {
 	var refusedBuf [upstream.MaxPick]*upstream.Endpoint
 	refused := refusedBuf[:0]
 	last := ""
@@ -21,28 +21,30 @@ func (ex *exchange) choose(up *upstream.Upstream) (*upstream.Endpoint, upstream.
 		ask := ex.ask(up, refused)
 		ep := up.Pick(&ask)
 		if ep == nil {
-			if again, a := ex.rideThrough(up, changed); again {
+			if again, act := ex.rideThrough(up, changed); again {
 				refused, last = refused[:0], ""
 				continue
-			} else if a != policy.ActionAttempt {
-				return nil, upstream.Tickets{}, a
+			} else if act != policy.ActionAttempt {
+				return act
 			}
-			return nil, upstream.Tickets{}, ex.carry(ex.allOut(up, last))
+			return ex.carry(ex.allOut(up, last))
 		}
 		if !ex.release(up, ep) {
-			return nil, upstream.Tickets{}, policy.ActionStop
+			return policy.ActionStop
 		}
-		if a := ex.takeConnection(up, ep); a != policy.ActionAttempt {
-			return nil, upstream.Tickets{}, a
+		lease, act := ex.takeConnection(up, ep)
+		if act != policy.ActionAttempt {
+			return act
 		}
 		tk, no := ep.Allow(ex.loop.model)
 		if no == "" {
 			ex.stopRiding() // its place in the queue, and its spread, go once it has its attempt
 			ex.loop.rideDraw = 0
 			ex.loop.ep = ep
-			return ep, tk, policy.ActionAttempt
+			a.ep, a.lease, a.tk = ep, lease, tk
+			return policy.ActionAttempt
 		}
-		ex.dropPlace()
+		lease.Release(upstream.Sample{}) // not used: its sample does not count
 		refused, last = append(refused, ep), no
 	}
 }

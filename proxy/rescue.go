@@ -61,7 +61,7 @@ var errInBand = errors.New("the upstream reported an error mid-stream")
 func (ex *exchange) followForRescue() {
 	rs := &ex.out.rescue
 	if ex.req.api != policy.APIChat || ex.out.kind != events.SSE || !ex.out.chunked || ex.req.route.maxRescues == 0 ||
-		ex.loop.verdict.Class != policy.ClassSuccess {
+		ex.out.outcome != outcomeOK {
 		return
 	}
 	rs.ti = ex.reply.ti
@@ -274,6 +274,7 @@ func (ex *exchange) rescueState(ti int, budgetSpent bool) policy.Rescue {
 // reserved before deciding, given back when it is not sent.
 func (ex *exchange) rescueStream() bool {
 	rs := &ex.out.rescue
+	var a attempt // a continuation's try, then the last one made
 	for {
 		ti, now, reserved := ex.rescueTarget(), time.Now(), false
 		var budget *policy.Budget
@@ -296,7 +297,7 @@ func (ex *exchange) rescueStream() bool {
 		}
 		rs.tries++
 		ex.attemptCut(rs.end)
-		took, sent := ex.continueOn(ti)
+		took, sent := ex.continueOn(ti, &a)
 		if !sent {
 			budget.Cancel(now)
 		}
@@ -312,15 +313,16 @@ func (ex *exchange) rescueStream() bool {
 		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
 		ex.traceRescue("failed")
 		ex.endAttempt() // the continuation's span: it said how it failed
-		rs.ti = policy.RescueNext(ti, sent && ex.loop.verdict.Class == policy.ClassRetryable)
+		rs.ti = policy.RescueNext(ti, sent && a.verdict.Class == policy.ClassRetryable)
 	}
 }
 
 // continueOn sends the continuation request to target ti — the body as
 // the target gets it, the text so far as a trailing assistant message —
 // through the loop's step (attemptOn), and, when it answers with a
-// stream, makes it the one relayed (took). sent says an attempt was made.
-func (ex *exchange) continueOn(ti int) (took, sent bool) {
+// stream, makes it the one relayed (took). sent says an attempt was made;
+// a is the last one.
+func (ex *exchange) continueOn(ti int, a *attempt) (took, sent bool) {
 	rs, lp, rp := &ex.out.rescue, &ex.loop, &ex.reply
 	t := &ex.req.route.targets[ti]
 	failedUp, failedEp := lp.up, lp.ep
@@ -342,19 +344,18 @@ func (ex *exchange) continueOn(ti int) (took, sent bool) {
 		ex.failedOn(failedEp) // another replica, if one is in
 	}
 	for {
-		out, afterStale, a := ex.attemptOn(t)
-		if a != policy.ActionAttempt {
+		if ex.attemptOn(t, a) != policy.ActionAttempt {
 			return false, sent
 		}
 		sent = true
-		if out.Fault == policy.FaultStale {
-			d, _ := policy.DecideStale(policy.Attempt{Replayable: ex.req.replayable, AfterStale: afterStale,
+		if a.out.Fault == policy.FaultStale {
+			d, _ := policy.DecideStale(policy.Attempt{Replayable: ex.req.replayable, AfterStale: a.stale,
 				Remaining: time.Until(ex.req.deadline)})
 			if lp.replaying = d.Replay; d.Replay {
 				continue
 			}
 		}
-		if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed ||
+		if !rp.has || a.verdict.Class != policy.ClassSuccess || a.out.StreamFailed ||
 			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || ex.out.cut.Load() || ex.isGone.Load() {
 			ex.closeBody()
 			return false, true

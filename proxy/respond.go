@@ -14,18 +14,18 @@ import (
 )
 
 // respond answers the client once the attempt loop has stopped: with the
-// last upstream reply when the last attempt produced one (as final when
-// it was a failure), else with what stood in the way of the last target,
-// else with why no attempt produced a reply.
-func (ex *exchange) respond() {
+// last upstream reply when the last attempt (last) produced one (as final
+// when it was a failure), else with what stood in the way of the last
+// target, else with why no attempt produced a reply.
+func (ex *exchange) respond(last *attempt) {
 	lp := &ex.loop
 	switch {
 	case lp.stop == policy.StopClientGone:
 		ex.leftUnanswered()
-	case ex.reply.has && lp.verdict.Class == policy.ClassSuccess:
+	case ex.reply.has && last.verdict.Class == policy.ClassSuccess:
 		ex.out.outcome = outcomeOK
 		ex.commit(false)
-	case ex.reply.has && lp.verdict.Class == policy.ClassPassThrough:
+	case ex.reply.has && last.verdict.Class == policy.ClassPassThrough:
 		ex.out.outcome = outcomePassThrough
 		ex.commit(false)
 	case ex.reply.has:
@@ -40,7 +40,7 @@ func (ex *exchange) respond() {
 		ex.out.outcome = outcomeShuttingDown
 		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.triedText()))
 	default:
-		ex.noReply()
+		ex.noReply(last)
 	}
 }
 
@@ -53,7 +53,7 @@ func (ex *exchange) commit(final bool) {
 	ex.loop.up, ex.loop.ep = ex.reply.up, ex.reply.ep
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
-	passThrough := ex.loop.verdict.Class == policy.ClassPassThrough
+	passThrough := ex.out.outcome == outcomePassThrough
 	if !passThrough {
 		rh.SetBytesKV(hdrRequestID, ex.req.id)
 		rh.SetBytesK(hdrUpstream, ex.loop.up.Name())
@@ -234,7 +234,7 @@ func (ex *exchange) obstructed() {
 	var e *apiError
 	switch o.kind {
 	case policy.ObstacleBreaker, policy.ObstacleUnhealthy:
-		ex.out.outcome = outcomeCircuitOpen
+		ex.out.outcome, ex.out.cause = outcomeCircuitOpen, o.cause
 		what := fmt.Sprintf("upstream %q", o.upstream)
 		if o.limit == "model" && o.kind == policy.ObstacleBreaker {
 			what = fmt.Sprintf("model %q on upstream %q", o.model, o.upstream)
@@ -259,35 +259,37 @@ func (ex *exchange) obstructed() {
 	ex.fail(e)
 }
 
-// noReply answers when attempts were made but none produced a response.
-func (ex *exchange) noReply() {
+// noReply answers when attempts were made but none produced a response;
+// last is the last one.
+func (ex *exchange) noReply(last *attempt) {
 	up, tried := ex.loop.up.Name(), ex.triedText()
 	at := ""
 	if ep := ex.loop.ep; ep != nil {
 		at = " at " + ep.Public() // no credentials
 	}
 	failed := "could not be reached" + at
-	switch ex.loop.fault {
+	fault := last.out.Fault
+	switch fault {
 	case policy.FaultReset, policy.FaultStale:
 		failed = "closed the connection before responding" + at
 	case policy.FaultLocal:
 		failed = "could not be reached: Sturdy is out of file descriptors"
 	}
-	if ex.loop.why != "" && ex.loop.fault != policy.FaultLocal {
-		failed += " (" + ex.loop.why + ")"
+	if last.why != "" && fault != policy.FaultLocal {
+		failed += " (" + last.why + ")"
 	}
 	var e *apiError
 	switch {
 	case ex.loop.stop == policy.StopDeadline || time.Until(ex.req.deadline) <= 0:
 		e = newError(CodeDeadlineExceeded, up, tried)
-	case ex.loop.fault == policy.FaultTimeout:
+	case fault == policy.FaultTimeout:
 		e = newError(CodeUpstreamTimeout, up, tried)
 	case ex.loop.attempts > 1:
 		e = newError(CodeRetriesExhausted, up, failed, tried)
 	default:
 		e = newError(CodeUpstreamUnreachable, up, failed, tried)
 	}
-	ex.out.outcome = outcomeUpstreamError
+	ex.out.outcome, ex.out.cause = outcomeUpstreamError, last.why
 	ex.fail(e)
 }
 

@@ -68,12 +68,7 @@ func (ex *exchange) summarize(s *summary) {
 			s.breaker = lp.up.State().String()
 		}
 	}
-	switch {
-	case lp.why != "" && out.outcome == outcomeUpstreamError:
-		s.cause = lp.why
-	case lp.obstacle.cause != "" && out.outcome == outcomeCircuitOpen:
-		s.cause = lp.obstacle.cause
-	}
+	s.cause = out.cause
 	if out.outcome == outcomeClientGone {
 		s.gonePhase = phase(ex.gonePhase.Load())
 	}
@@ -86,19 +81,18 @@ func (ex *exchange) summarize(s *summary) {
 	}
 }
 
-// attemptEnded reports an attempt once, as it ends (its breakers told):
-// the attempts metric, the access line's note of its target, and its
-// span's result (attemptDone). afterStale says it was a stale
-// connection's replay.
-func (ex *exchange) attemptEnded(up *upstream.Upstream, ep *upstream.Endpoint, out policy.Outcome, afterStale bool) {
-	result := resultLabel(ex.loop.verdict)
-	ep.CountAttempt(up.Name(), result)
+// attemptEnded reports attempt a on up once, as it ends (its breakers
+// told): the attempts metric, the access line's note of its target, and
+// its span's result (attemptDone).
+func (ex *exchange) attemptEnded(up *upstream.Upstream, a *attempt) {
+	result := resultLabel(a.verdict)
+	a.ep.CountAttempt(up.Name(), result)
 	ex.noteResult(result, true)
 	if n := &ex.notes; n.nTried > 0 {
-		n.tried[n.nTried-1].endpoint = ep.Addr()
-		if afterStale {
+		n.tried[n.nTried-1].endpoint = a.ep.Addr()
+		if a.stale {
 			n.tried[n.nTried-1].replays++
 		}
 	}
-	ex.attemptDone(ep, out)
+	ex.attemptDone(a)
 }

@@ -346,19 +346,18 @@ func (ex *exchange) startAttempt(t *target, ep *upstream.Endpoint) {
 	ex.tr.attempt, ex.tr.attemptAttrs = s, attrs
 }
 
-// attemptDone records how the attempt went: its status or fault, its
+// attemptDone records how attempt a went: its status or fault, its
 // result and the breakers' states after it.
-func (ex *exchange) attemptDone(ep *upstream.Endpoint, out policy.Outcome) {
+func (ex *exchange) attemptDone(a *attempt) {
 	s := ex.tr.attempt
 	if s == nil || !ex.tr.rec {
 		return
 	}
-	lp := &ex.loop
-	v := lp.verdict
+	v, out := a.verdict, &a.out
 	attrs := append(ex.tr.attemptAttrs,
 		attrResult.String(resultLabel(v)),
-		attrConnBreaker.String(ep.Breaker().State().String()),
-		attrModelBreaker.String(ep.ModelBreakerState(lp.model)),
+		attrConnBreaker.String(a.ep.Breaker().State().String()),
+		attrModelBreaker.String(a.ep.ModelBreakerState(ex.loop.model)),
 	)
 	errType := ""
 	if out.Fault == policy.FaultNone {
@@ -368,8 +367,8 @@ func (ex *exchange) attemptDone(ep *upstream.Endpoint, out policy.Outcome) {
 		}
 	} else {
 		errType = out.Fault.String()
-		if lp.why != "" && out.Fault == policy.FaultConnect {
-			attrs = append(attrs, attrCause.String(lp.why))
+		if a.why != "" && out.Fault == policy.FaultConnect {
+			attrs = append(attrs, attrCause.String(a.why))
 		}
 	}
 	if v.Class == policy.ClassRetryable {
