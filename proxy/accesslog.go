@@ -144,7 +144,7 @@ func (ex *exchange) logAccess(s *summary) {
 			ev.Str(fieldRescueRefused, s.refused)
 		}
 	}
-	if id, ok := ex.traceID(); ok {
+	if id, ok := ex.tr.traceID(); ok {
 		ev.Str(fieldTraceID, id.String())
 	}
 	ev.Bool(fieldStream, s.streaming).

@@ -24,7 +24,12 @@ type attempt struct {
 	// the reply holds it); tk its breakers' tickets.
 	lease upstream.Lease
 	tk    upstream.Tickets
-	// stale says it is a stale connection's replay.
+	// n is its number among the request's attempts (stale replays
+	// included), model the model as sent, cont says it carries a rescue's
+	// continuation, stale that it is a stale connection's replay.
+	n       int
+	model   string
+	cont    bool
 	stale   bool
 	out     policy.Outcome
 	verdict policy.Verdict

@@ -60,7 +60,8 @@
 //	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
 //	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them
-//	accesslog.go   the access line; trace.go the spans
+//	accesslog.go   the access line; trace.go the spans (traceState, the request's part in a trace,
+//	               told by the loop of each attempt, wait, commit and rescue)
 //	failures.go    the last failed requests (a fixed ring, from the summary) for the status page
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)

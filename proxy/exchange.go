@@ -295,7 +295,7 @@ func (ex *exchange) finish() {
 	var s summary
 	ex.summarize(&s)
 	ex.logAccess(&s)
-	ex.endTrace(&s)
+	ex.tr.end(&s, ex.out.broken)
 	ex.measure(&s)
 	ex.p.failures.record(&s)
 	ex.settleHooks(&s)

@@ -21,7 +21,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
-	ex.startTrace()
+	ex.tr.start(p.tracer.Load(), ctx, ex.req.id, ex.req.start)
 	if ex.cc = clientConnOf(ctx.Conn()); ex.cc != nil {
 		ex.cc.serving(ex)
 	}
@@ -31,7 +31,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ex.prepare()
-	ex.traceRoute()
+	ex.tr.route(ex.ctx, ex.req.route, ex.req.model)
 	ex.run()
 	if !ex.out.reader { // else the body's reader ends it (CloseWithError)
 		ex.finish()

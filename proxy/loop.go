@@ -97,9 +97,9 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 	ex.note(t.up.Name(), t.model)
 	if t.up.Limited() {
 		ex.enter(phaseQueue)
-		start := ex.queueStart()
+		start := ex.tr.queueStart()
 		r := t.up.TakeSlot(ex.leaseRequest(t.up))
-		ex.traceQueued(start, r, sourceInFlight)
+		ex.tr.queued(start, r, sourceInFlight)
 		switch r {
 		case upstream.LeaseTimedOut:
 			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
@@ -235,9 +235,9 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 // target is busy (fail over, or 503 upstream_busy).
 func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
 	ex.enter(phaseQueue)
-	start := ex.queueStart()
+	start := ex.tr.queueStart()
 	lease, r := ep.Lease(ex.leaseRequest(up))
-	ex.traceQueued(start, r, sourceConnections)
+	ex.tr.queued(start, r, sourceConnections)
 	switch r {
 	case upstream.LeaseTimedOut:
 		return lease, ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
@@ -344,7 +344,7 @@ func (ex *exchange) decide(t *target, at *attempt) policy.Decision {
 	if d.Source != policy.WaitServer {
 		lp.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
 	}
-	ex.attemptDecided(d)
+	ex.tr.attemptDecided(d)
 	if reserved && !d.SpendsBudget() {
 		up.Budget().Cancel(now)
 	}
@@ -379,8 +379,9 @@ func (ex *exchange) send(t *target, a *attempt) {
 	if lp.n == 1 && !a.stale && !lp.continuing {
 		up.Budget().FirstAttempt(now)
 	}
+	a.n, a.model, a.cont = lp.attempts, lp.model, ex.out.rescue.tries > 0
 	ex.aim(ep)
-	ex.startAttempt(t, ep)
+	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a, lp.replaying)
 	out := ex.roundTrip(t, a, now)
 	a.out, a.verdict = out, policy.Classify(out)
 	v, cause := a.verdict, ""
@@ -423,7 +424,7 @@ func (ex *exchange) retrying(up *upstream.Upstream, a *attempt, d policy.Decisio
 // begun, and ex.loop.stop says why. The timer is always stopped. source
 // says who set the wait (for a trace).
 func (ex *exchange) wait(d time.Duration, source string) bool {
-	ex.traceWait(d, source)
+	ex.tr.wait(phase(ex.phase.Load()), d, source)
 	if d <= 0 {
 		select {
 		case <-ex.p.stopping:

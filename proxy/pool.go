@@ -125,7 +125,7 @@ func (ex *exchange) rideThrough(up *upstream.Upstream, changed <-chan struct{}) 
 	}
 	wait := up.NextChange(lp.model, now, left)
 	ex.enter(phaseRideThrough)
-	ex.traceWait(wait, sourceRideThrough)
+	ex.tr.wait(phaseRideThrough, wait, sourceRideThrough)
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

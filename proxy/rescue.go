@@ -289,21 +289,21 @@ func (ex *exchange) rescueStream() bool {
 			if rs.refused == "" && why != "interrupted" {
 				rs.refused = why
 			}
-			ex.traceRescue(why)
+			ex.tr.rescueResult(why)
 			if rs.tries == 0 || why != "exhausted" {
 				ex.p.m.StreamRescues.WithLabelValues(why).Inc()
 			}
 			return false
 		}
 		rs.tries++
-		ex.attemptCut(rs.end)
+		ex.tr.attemptCut(rs.end)
 		took, sent := ex.continueOn(ti, &a)
 		if !sent {
 			budget.Cancel(now)
 		}
 		if took {
 			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
-			ex.traceRescue("continued")
+			ex.tr.rescueResult("continued")
 			return true
 		}
 		if rs.blocker == policy.RescueTooLarge { // its body would pass max_body: never sent
@@ -311,8 +311,8 @@ func (ex *exchange) rescueStream() bool {
 			continue
 		}
 		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
-		ex.traceRescue("failed")
-		ex.endAttempt() // the continuation's span: it said how it failed
+		ex.tr.rescueResult("failed")
+		ex.tr.endAttempt() // the continuation's span: it said how it failed
 		rs.ti = policy.RescueNext(ti, sent && a.verdict.Class == policy.ClassRetryable)
 	}
 }

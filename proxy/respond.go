@@ -67,7 +67,7 @@ func (ex *exchange) commit(final bool) {
 	}
 	ex.out.ttft = time.Since(ex.req.start)
 	ex.out.ttfb = ex.reply.headAt.Sub(ex.req.start)
-	defer ex.traceCommit()
+	defer func() { ex.tr.committed(ex.req.start.Add(ex.out.ttft), ex.out.streaming) }()
 	if ex.reply.body == nil && !ex.reply.heldToEnd {
 		if ctx.IsHead() {
 			ctx.Response.SkipBody = true

@@ -79,7 +79,7 @@ func (ex *exchange) relayed(b []byte) int {
 			_, _ = out.scan.Write(b)
 		}
 	}
-	ex.keepTail(b)
+	ex.tr.keepTail(b)
 	return ex.sent(b)
 }
 

@@ -94,5 +94,5 @@ func (ex *exchange) attemptEnded(up *upstream.Upstream, a *attempt) {
 			n.tried[n.nTried-1].replays++
 		}
 	}
-	ex.attemptDone(a)
+	ex.tr.attemptDone(a)
 }
