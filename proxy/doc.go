@@ -3,7 +3,7 @@
 // `go run ./tools/shape` lists the file-level cycles):
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
-//	loop.go     targets, gates, waits   run → onTarget → attemptOn (gate, choose, send) → decide → wait
+//	loop.go     targets, gates, waits   run → onTarget (a visit per target) → attemptOn (gate, choose, send) → decide → wait
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
 //	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
 //	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
@@ -43,9 +43,11 @@
 //   - what is shared with a fleet: shared.go (package fleet does the
 //     Redis side).
 //
-// The exchange's state is split into named parts (exchange.go): the
-// outbound request, the loop's state, the last upstream reply, the
-// client's response and the access log's notes. The other files:
+// The exchange's state is what outlives an attempt, split into named parts
+// (exchange.go): the outbound request, the loop's state, the last upstream
+// reply, the client's response and the access log's notes. What the loop
+// learns on one target (a visit) and of one try (an attempt) lives in the
+// steps that run them, passed to the steps that use it. The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
 //	options.go     Options and their defaults (an upstream's are upstream.Options)

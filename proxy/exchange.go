@@ -9,7 +9,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/events"
-	"sturdy/fleet"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/upstream"
@@ -98,55 +97,32 @@ type outbound struct {
 
 // loopState is where the attempt loop stands: the current target, the
 // attempts so far, what stood in the way, and why it stopped.
+//
+// What the loop learns on one target is not here: it lives in that
+// target's visit (loop.go), in the step that runs it.
 type loopState struct {
 	ti       int                // index of the current target in route.targets
 	up       *upstream.Upstream // the current target's upstream
-	n        int                // attempts on it, a stale replay sharing its attempt's number
 	attempts int                // across all targets, stale replays included
-	// replaying is set while the next attempt is a stale replay, and
-	// replays counts them; reriding while it follows a ride-through probe
-	// that could not connect, and rides counts those probes.
-	// max_total_attempts counts neither (counted).
-	replaying, reriding bool
-	rides, replays      int
-	// continuing says the current target's attempts carry a rescue's
-	// continuation: paid for from the retry budget (rescueStream), so
-	// its first attempt is not one the budget counts.
-	continuing bool
+	// replays counts the stale replays, rides the ride-through probes
+	// that could not connect: max_total_attempts counts neither
+	// (counted).
+	rides, replays int
 	// own is the cooldown this request's own 429 started with the wait it
 	// asked for, which that request's retry is not held by.
 	own ownCooldown
-	// reservedAt is when the retry budget was taken for the retry being
-	// waited for, to give it back if the wait ends early.
-	reservedAt time.Time
-	slot       *upstream.Upstream // whose max_in_flight slot is held
 	// model is the model as sent to the current target (its breaker and
-	// cooldown scope); coolKey keys its cooldowns, once computed.
-	model      string
-	coolKey    uint64
-	coolDigest fleet.Key
-	coolKnown  bool
+	// cooldown scope).
+	model string
 	// sharedRefused says, when set, what Redis did instead of answering
 	// a shared limit, on_failure being refuse.
 	sharedRefused string
-	entered       *upstream.Upstream // whose in-flight count this request is in
-	// ep is the endpoint of the current (or last) attempt; aimed the one
-	// the request's URI and Host are built for; tried the endpoints of
-	// this target a retryable attempt failed on (retries go elsewhere).
-	ep     *upstream.Endpoint
-	aimed  *upstream.Endpoint
-	tried  [maxTriedEndpoints]*upstream.Endpoint
-	nTried int
-	// affKey is the request's affinity key, once computed (affKnown);
-	// hasKey says it has one.
-	affKey           uint64
-	affKnown, hasKey bool
-	// rideUntil ends this target's wait for an endpoint to come back
-	// (ride_through; zero: not riding); rider says a riders place is
-	// held; rideDraw spreads the riders' release.
-	rideUntil time.Time
-	rider     *upstream.Upstream
-	rideDraw  float64
+	// slot, entered and rider are what the request holds of the current
+	// target until it leaves it (leaveTarget): whose max_in_flight slot,
+	// whose in-flight count, whose riders' place (ride_through).
+	slot, entered, rider *upstream.Upstream
+	// ep is the endpoint of the current (or last) attempt.
+	ep *upstream.Endpoint
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
 	obstacle obstacle

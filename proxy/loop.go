@@ -34,21 +34,22 @@ func (ex *exchange) run() {
 // onTarget runs attempts on t, each in a, until policy says to fail over
 // or to stop, and returns which.
 func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
-	if act := ex.useTarget(t); act != policy.ActionAttempt {
+	var v visit
+	if act := ex.useTarget(t, &v); act != policy.ActionAttempt {
 		return act
 	}
 	for {
-		if act := ex.attemptOn(t, a); act != policy.ActionAttempt {
+		if act := ex.attemptOn(&v, a); act != policy.ActionAttempt {
 			return act
 		}
-		d := ex.decide(t, a)
+		d := ex.decide(&v, a)
 		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
-			ex.allOut(t.up, "") // what the client is told: the breaker that is open
+			ex.allOut(&v, "") // what the client is told: the breaker that is open
 		}
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
-		if d.Ride && !ex.startRide(t.up) {
+		if d.Ride && !ex.startRide(&v) {
 			return ex.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
 		}
 		ex.enter(phaseBackoff)
@@ -63,12 +64,54 @@ func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
 		}
 		if !ex.wait(d.Wait, source) {
 			if d.SpendsBudget() {
-				t.up.Budget().Cancel(ex.loop.reservedAt) // never sent
+				t.up.Budget().Cancel(v.reservedAt) // never sent
 			}
 			return policy.ActionStop
 		}
-		ex.retrying(t.up, a, d)
+		ex.retrying(&v, a, d)
 	}
+}
+
+// visit is the loop's stay on one target, from useTarget to its failover
+// or stop: what it has learned there and is asked of again (the attempts
+// on it, its cooldown and affinity keys, the endpoints that failed, a
+// ride through its outage). It lives in the step that runs it (onTarget,
+// a rescue's continueOn); what the request holds of the target (its
+// slot, its in-flight count, a riders' place) is the exchange's, given
+// back by leaveTarget.
+type visit struct {
+	t *target
+	n int // attempts on it, a stale replay sharing its attempt's number
+	// replaying is set while the next attempt is a stale replay;
+	// reriding while it follows a ride-through probe that could not
+	// connect.
+	replaying, reriding bool
+	// continuing says its attempts carry a rescue's continuation: paid
+	// for from the retry budget (rescueStream), so its first attempt is
+	// not one the budget counts.
+	continuing bool
+	// reservedAt is when the retry budget was taken for the retry being
+	// waited for, to give it back if the wait ends early.
+	reservedAt time.Time
+	// coolKey keys its cooldowns (with the model as sent), once computed;
+	// coolDigest is the fleet's key for them.
+	coolKey    uint64
+	coolDigest fleet.Key
+	coolKnown  bool
+	// aimed is the endpoint the request's URI and Host are built for;
+	// tried the endpoints a retryable attempt failed on (retries go
+	// elsewhere).
+	aimed  *upstream.Endpoint
+	tried  [maxTriedEndpoints]*upstream.Endpoint
+	nTried int
+	// affKey is the request's affinity key, once computed (affKnown);
+	// hasKey says it has one.
+	affKey           uint64
+	affKnown, hasKey bool
+	// rideUntil ends the wait for an endpoint to come back (ride_through;
+	// zero: not riding); rideDraw spreads the riders' release.
+	rideUntil time.Time
+	rideDraw  float64
 }
 
 // carry records what the loop needs of a decision (the stop reason, a
@@ -86,14 +129,14 @@ func (ex *exchange) carry(d policy.Decision) policy.Action {
 // hasFallback reports whether a target follows the current one.
 func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.targets) }
 
-// useTarget makes t the current target: it takes a max_in_flight slot
-// (waiting up to queue_timeout) and rebuilds the request's target-specific
-// parts (URL, credentials, model).
-func (ex *exchange) useTarget(t *target) policy.Action {
+// useTarget makes t the current target, begun as visit v: it takes a
+// max_in_flight slot (waiting up to queue_timeout) and rebuilds the
+// request's target-specific parts (URL, credentials, model).
+func (ex *exchange) useTarget(t *target, v *visit) policy.Action {
 	ex.leaveTarget()
 	lp := &ex.loop
-	lp.up, lp.n, lp.replaying, lp.reriding, lp.continuing = t.up, 0, false, false, false
-	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil, lp.ep = false, false, 0, nil, time.Time{}, nil
+	*v = visit{t: t}
+	lp.up, lp.ep = t.up, nil
 	ex.note(t.up.Name(), t.model)
 	if t.up.Limited() {
 		ex.enter(phaseQueue)
@@ -102,7 +145,7 @@ func (ex *exchange) useTarget(t *target) policy.Action {
 		ex.tr.queued(start, r, sourceInFlight)
 		switch r {
 		case upstream.LeaseTimedOut:
-			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
+			return ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
 		case upstream.LeaseCancelled:
 			return ex.interrupted()
 		}
@@ -142,13 +185,13 @@ func (ex *exchange) bodyFor(t *target) []byte {
 }
 
 // aim points the request at ep: its URI (and, for an address found in
-// DNS, its Host), unless it already is.
-func (ex *exchange) aim(ep *upstream.Endpoint) {
+// DNS, its Host), unless it already is (on this visit).
+func (ex *exchange) aim(v *visit, ep *upstream.Endpoint) {
 	q := &ex.req
-	if ex.loop.aimed == ep {
+	if v.aimed == ep {
 		return
 	}
-	ex.loop.aimed = ep
+	v.aimed = ep
 	q.uri = append(append(q.uri[:0], ep.Base()...), ex.ctx.Request.Header.RequestURI()...)
 	q.msg.SetRequestURIBytes(q.uri)
 	host := ep.Host()
@@ -171,13 +214,13 @@ func (ex *exchange) leaveTarget() {
 	}
 }
 
-// gate clears the way for one attempt on up: a cooldown learned from a
-// 429 for this request's credential, then pacing. It waits where policy
-// says to; otherwise it returns the failover or stop policy chose.
-func (ex *exchange) gate(up *upstream.Upstream) policy.Action {
-	now := time.Now()
-	if left := ex.cooldownLeft(up, now); left > 0 && !ex.ownRetry(up) {
-		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter, "")
+// gate clears the way for one attempt on v's target: a cooldown learned
+// from a 429 for this request's credential, then pacing. It waits where
+// policy says to; otherwise it returns the failover or stop policy chose.
+func (ex *exchange) gate(v *visit) policy.Action {
+	up, now := v.t.up, time.Now()
+	if left := ex.cooldownLeft(v, now); left > 0 && !ex.ownRetry(v) {
+		d := ex.clear(v, policy.ObstacleCooldown, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -190,14 +233,15 @@ func (ex *exchange) gate(up *upstream.Upstream) policy.Action {
 	if lim, _ := up.Pacing(); lim == nil {
 		return policy.ActionAttempt
 	}
-	return ex.pace(up, now)
+	return ex.pace(v, now)
 }
 
 // pace waits for the upstream's rate_limit turn: the fleet's when
 // shared_state is set (one slot for the fleet, GCRA in Redis), else —
 // or when Redis does not answer and on_failure is local — this
 // replica's own limiter.
-func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
+func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
+	up := v.t.up
 	o := up.Options().RateLimit
 	limiter, maxWait := up.Pacing()
 	switch sl := ex.p.reserveShared("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
@@ -205,7 +249,7 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 		ex.loop.sharedRefused = sl.why
 		return policy.ActionStop
 	case !sl.local:
-		d := ex.clear(policy.ObstaclePacing, up, sl.wait, maxWait, "")
+		d := ex.clear(v, policy.ObstaclePacing, sl.wait, maxWait, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -216,7 +260,7 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 		return policy.ActionAttempt
 	}
 	r := limiter.ReserveN(now, 1)
-	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), maxWait, "")
+	d := ex.clear(v, policy.ObstaclePacing, r.DelayFrom(now), maxWait, "")
 	if d.Action != policy.ActionAttempt {
 		r.CancelAt(now)
 		return ex.carry(d)
@@ -233,14 +277,14 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
+func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
 	ex.enter(phaseQueue)
 	start := ex.tr.queueStart()
-	lease, r := ep.Lease(ex.leaseRequest(up))
+	lease, r := ep.Lease(ex.leaseRequest(v.t.up))
 	ex.tr.queued(start, r, sourceConnections)
 	switch r {
 	case upstream.LeaseTimedOut:
-		return lease, ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
+		return lease, ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_connections"))
 	case upstream.LeaseCancelled:
 		return lease, ex.interrupted()
 	}
@@ -256,17 +300,17 @@ func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
 		Cancel: ex.p.stopping, Gone: ex.gone()}
 }
 
-// clear asks policy what an obstacle before an attempt on up means — it
-// clears in wait and may be waited for up to maxWait — and records a
-// refusal (limit names the setting a busy target is at).
-func (ex *exchange) clear(kind policy.Obstacle, up *upstream.Upstream, wait, maxWait time.Duration, limit string) policy.Decision {
-	return ex.clearWith(obstacle{kind: kind, upstream: up.Name(), wait: wait, limit: limit}, maxWait)
+// clear asks policy what an obstacle before an attempt on v's target
+// means — it clears in wait and may be waited for up to maxWait — and
+// records a refusal (limit names the setting a busy target is at).
+func (ex *exchange) clear(v *visit, kind policy.Obstacle, wait, maxWait time.Duration, limit string) policy.Decision {
+	return ex.clearWith(v, obstacle{kind: kind, upstream: v.t.up.Name(), wait: wait, limit: limit}, maxWait)
 }
 
 // clearWith is clear of an obstacle told whole (with its cause).
-func (ex *exchange) clearWith(o obstacle, maxWait time.Duration) policy.Decision {
+func (ex *exchange) clearWith(v *visit, o obstacle, maxWait time.Duration) policy.Decision {
 	d := policy.Clear(policy.Gate{Obstacle: o.kind, Wait: o.wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
-		HasFallback: ex.hasFallback(), N: ex.loop.n, Total: ex.loop.attempts})
+		HasFallback: ex.hasFallback(), N: v.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
 		o.model = ex.loop.model
 		ex.block(o)
@@ -289,43 +333,44 @@ func (ex *exchange) block(o obstacle) {
 	}
 }
 
-// attemptOn clears t's gates (gate), chooses an endpoint (choose) and
-// sends one attempt there (send), in a: the loop's step, which a rescue's
-// continuation takes too. Its action is ActionAttempt when the attempt
-// was sent, else what stood in the way (and a is the last one made).
-func (ex *exchange) attemptOn(t *target, a *attempt) policy.Action {
-	if act := ex.gate(t.up); act != policy.ActionAttempt {
+// attemptOn clears the gates of v's target (gate), chooses an endpoint
+// (choose) and sends one attempt there (send), in a: the loop's step,
+// which a rescue's continuation takes too. Its action is ActionAttempt
+// when the attempt was sent, else what stood in the way (and a is the
+// last one made).
+func (ex *exchange) attemptOn(v *visit, a *attempt) policy.Action {
+	if act := ex.gate(v); act != policy.ActionAttempt {
 		return act
 	}
 	next := attempt{why: a.why, refused: a.refused} // until it is sent (roundTrip), the last one's
-	if act := ex.choose(t.up, &next); act != policy.ActionAttempt {
+	if act := ex.choose(v, &next); act != policy.ActionAttempt {
 		return act
 	}
 	*a = next
-	ex.send(t, a)
+	ex.send(v, a)
 	return policy.ActionAttempt
 }
 
-// decide returns policy's decision on what follows attempt a on t, with
-// the retry budget reserved for a retry it chose.
-func (ex *exchange) decide(t *target, at *attempt) policy.Decision {
-	up, lp, v := t.up, &ex.loop, at.verdict
+// decide returns policy's decision on what follows attempt at on v's
+// target, with the retry budget reserved for a retry it chose.
+func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
+	up, lp, vd := v.t.up, &ex.loop, at.verdict
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
-	a := policy.Attempt{Verdict: v, N: lp.n, Total: ex.counted(), AfterStale: at.stale,
+	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.counted(), AfterStale: at.stale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
-		Riding:    now.Before(lp.rideUntil) && at.ep.Out(),
-		Elsewhere: v.Class == policy.ClassRetryable && up.Elsewhere(lp.model, lp.tried[:lp.nTried])}
-	if v.Class == policy.ClassRetryable {
+		Riding:    now.Before(v.rideUntil) && at.ep.Out(),
+		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
+	if vd.Class == policy.ClassRetryable {
 		a.Refused = at.refused && !a.Elsewhere
-		a.RideLeft = ex.rideLeft(up, now)
+		a.RideLeft = ex.rideLeft(v, now)
 		a.Out = !up.AnyUsable(lp.model)
 	}
 	if ex.reply.has {
-		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, v, now)
+		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(v, vd, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
-		if v.Class == policy.ClassPassThrough {
+		if vd.Class == policy.ClassPassThrough {
 			if failoverBy = ex.failoverStatus(); at.out.InsufficientQuota {
 				failoverBy = "insufficient_quota"
 			}
@@ -333,7 +378,7 @@ func (ex *exchange) decide(t *target, at *attempt) policy.Decision {
 		}
 	}
 	reserved := false
-	if v.Class == policy.ClassRetryable {
+	if vd.Class == policy.ClassRetryable {
 		reserved = up.Budget().Reserve(now)
 		a.BudgetSpent = !reserved
 	}
@@ -349,66 +394,67 @@ func (ex *exchange) decide(t *target, at *attempt) policy.Decision {
 		up.Budget().Cancel(now)
 	}
 	if d.SpendsBudget() {
-		ex.loop.reservedAt = now
+		v.reservedAt = now
 	}
 	return d
 }
 
-// send makes attempt a on t, reports it to the breakers, counts and
-// notes it; a's outcome and verdict say how it went.
-func (ex *exchange) send(t *target, a *attempt) {
-	up, lp, ep := t.up, &ex.loop, a.ep
+// send makes attempt a on v's target, reports it to the breakers, counts
+// and notes it; a's outcome and verdict say how it went.
+func (ex *exchange) send(v *visit, a *attempt) {
+	t, lp, ep := v.t, &ex.loop, a.ep
+	up := t.up
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
 	ex.closeBody()
 	ex.reply.lease, a.lease = a.lease, upstream.Lease{}
-	ex.reply.sample, ex.reply.replay = upstream.Sample{}, lp.replaying // no sample counts until one is taken
-	a.stale = lp.replaying
+	ex.reply.sample, ex.reply.replay = upstream.Sample{}, v.replaying // no sample counts until one is taken
+	a.stale = v.replaying
 	switch {
-	case lp.reriding:
+	case v.reriding:
 		lp.rides++
 	case a.stale:
 		lp.replays++
 	default:
-		lp.n++
+		v.n++
 	}
 	lp.attempts++
-	lp.replaying, lp.reriding, lp.blocked = false, false, false
+	v.replaying, v.reriding, lp.blocked = false, false, false
 	now := time.Now()
 	ex.reply.sentAt = now
-	if lp.n == 1 && !a.stale && !lp.continuing {
+	if v.n == 1 && !a.stale && !v.continuing {
 		up.Budget().FirstAttempt(now)
 	}
 	a.n, a.model, a.cont = lp.attempts, lp.model, ex.out.rescue.tries > 0
-	ex.aim(ep)
-	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a, lp.replaying)
+	ex.aim(v, ep)
+	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a, v.replaying)
 	out := ex.roundTrip(t, a, now)
 	a.out, a.verdict = out, policy.Classify(out)
-	v, cause := a.verdict, ""
-	if v.Class == policy.ClassRetryable {
+	vd, cause := a.verdict, ""
+	if vd.Class == policy.ClassRetryable {
 		cause = a.failureCause() // for what a breaker this opens says tripped it
 	}
-	a.tk.Report(breakerResult(v.Conn), breakerResult(v.Health), cause)
-	if v.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
-		ex.failedOn(ep)
+	a.tk.Report(breakerResult(vd.Conn), breakerResult(vd.Health), cause)
+	if vd.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
+		v.failedOn(ep)
 	}
-	if v.Class != policy.ClassRetryable && v.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
-		up.Cooldowns().Succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
+	if vd.Class != policy.ClassRetryable && vd.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
+		up.Cooldowns().Succeeded(ex.cooldownKey(v)) // a run of bare 429s ends
 	}
 	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
 		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
 	}
-	if v.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && v.Reason != policy.Reason429 {
-		ep.Outcome(v.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
+	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
+		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
 	ex.attemptEnded(up, a)
 }
 
-// retrying counts and notes a retry policy chose after attempt a, once
-// its wait is over.
-func (ex *exchange) retrying(up *upstream.Upstream, a *attempt, d policy.Decision) {
-	reason := a.verdict.Reason
-	ex.loop.replaying, ex.loop.reriding = d.Replay, d.Ride
+// retrying counts and notes a retry policy chose after attempt a on v's
+// target, once its wait is over.
+func (ex *exchange) retrying(v *visit, a *attempt, d policy.Decision) {
+	up, reason := v.t.up, a.verdict.Reason
+	v.replaying, v.reriding = d.Replay, d.Ride
 	if !d.Replay && !d.Ride {
 		ex.p.m.RetryWait.WithLabelValues(up.Name(), d.Source.String()).Observe(d.Wait.Seconds())
 	}
@@ -468,10 +514,10 @@ func (ex *exchange) interrupted() policy.Action {
 // 429 started up's cooldown with the wait it asked for, that wait now
 // waited: the cooldown (its end moved later by the jitter, for everyone
 // else) does not hold it — unless something has set a later end since.
-func (ex *exchange) ownRetry(up *upstream.Upstream) bool {
-	own := ex.loop.own
+func (ex *exchange) ownRetry(v *visit) bool {
+	up, own := v.t.up, ex.loop.own
 	ex.loop.own = ownCooldown{}
-	return own.up == up && up.Cooldowns().End(ex.cooldownKey(up)).Equal(own.until)
+	return own.up == up && up.Cooldowns().End(ex.cooldownKey(v)).Equal(own.until)
 }
 
 // counted is the attempts max_total_attempts counts: stale replays and
@@ -485,29 +531,29 @@ func (ex *exchange) counted() int {
 // upstream's own key when Sturdy injects one (all clients share it), else
 // the client's Authorization — and the model as sent, since providers
 // rate-limit per key and per model.
-func (ex *exchange) cooldownKey(up *upstream.Upstream) uint64 {
+func (ex *exchange) cooldownKey(v *visit) uint64 {
 	lp := &ex.loop
-	if !lp.coolKnown {
+	if !v.coolKnown {
 		var cred []byte
-		if up.Auth() == nil {
+		if v.t.up.Auth() == nil {
 			cred = ex.ctx.Request.Header.PeekCanonical(hdrAuthorization)
 		}
 		// The same in every replica, so the fleet shares it.
-		lp.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
-		lp.coolKey, lp.coolKnown = localKey(lp.coolDigest), true
+		v.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
+		v.coolKey, v.coolKnown = localKey(v.coolDigest), true
 	}
-	return lp.coolKey
+	return v.coolKey
 }
 
 // cooldownLeft returns how long up's cooldown for this request's key
 // lasts from now (0: none); with no cooldown in force it is one atomic
 // load.
-func (ex *exchange) cooldownLeft(up *upstream.Upstream, now time.Time) time.Duration {
-	cd := up.Cooldowns()
+func (ex *exchange) cooldownLeft(v *visit, now time.Time) time.Duration {
+	cd := v.t.up.Cooldowns()
 	if !cd.Possible(now) {
 		return 0
 	}
-	return cd.Remaining(ex.cooldownKey(up), now)
+	return cd.Remaining(ex.cooldownKey(v), now)
 }
 
 // extend adds a random 0–10 % to a cooldown, so clients that learned the
@@ -527,10 +573,10 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
 // wait (lp.own): its retry is not held by the cooldown the wait started.
-func (ex *exchange) learnRateLimits(up *upstream.Upstream, v policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
-	h := &ex.reply.msg.Header
-	is429 := v.Reason == policy.Reason429
-	if v.Class == policy.ClassRetryable {
+func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+	up, h := v.t.up, &ex.reply.msg.Header
+	is429 := vd.Reason == policy.Reason429
+	if vd.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
 	}
 	if up.BareCooldown() <= 0 { // cooldown.enabled: false
@@ -549,14 +595,14 @@ func (ex *exchange) learnRateLimits(up *upstream.Upstream, v policy.Verdict, now
 	}
 	switch {
 	case until.After(now):
-		until = up.Cooldowns().Set(ex.cooldownKey(up), now, until) // cooldown.max caps it
-		ex.publishCooldown(up, until, 0)
+		until = up.Cooldowns().Set(ex.cooldownKey(v), now, until) // cooldown.max caps it
+		ex.p.publishCooldown(up, v.coolDigest, until, 0)
 		if fromWait {
 			ex.loop.own = ownCooldown{up: up, until: until}
 		}
 	case is429 && !ok: // "too many", but not for how long
-		d, streak := up.Cooldowns().Bare(ex.cooldownKey(up), now, up.BareCooldown(), ex.extend)
-		ex.publishCooldown(up, now.Add(d), streak)
+		d, streak := up.Cooldowns().Bare(ex.cooldownKey(v), now, up.BareCooldown(), ex.extend)
+		ex.p.publishCooldown(up, v.coolDigest, now.Add(d), streak)
 		cooldown = d
 	default:
 		return wait, ok, 0

@@ -335,23 +335,24 @@ func (ex *exchange) continueOn(ti int, a *attempt) (took, sent bool) {
 		return false, false
 	}
 	lp.ti = ti
-	if ex.useTarget(t) != policy.ActionAttempt {
+	var v visit
+	if ex.useTarget(t, &v) != policy.ActionAttempt {
 		return false, false
 	}
-	lp.continuing = true
+	v.continuing = true
 	ex.req.msg.SetBodyRaw(body)
 	if t.up == failedUp && failedEp != nil {
-		ex.failedOn(failedEp) // another replica, if one is in
+		v.failedOn(failedEp) // another replica, if one is in
 	}
 	for {
-		if ex.attemptOn(t, a) != policy.ActionAttempt {
+		if ex.attemptOn(&v, a) != policy.ActionAttempt {
 			return false, sent
 		}
 		sent = true
 		if a.out.Fault == policy.FaultStale {
 			d, _ := policy.DecideStale(policy.Attempt{Replayable: ex.req.replayable, AfterStale: a.stale,
 				Remaining: time.Until(ex.req.deadline)})
-			if lp.replaying = d.Replay; d.Replay {
+			if v.replaying = d.Replay; d.Replay {
 				continue
 			}
 		}
