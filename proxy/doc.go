@@ -8,8 +8,8 @@
 //	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
 //	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond(last attempt) → commit | obstructed | noReply → fail
-//	stream.go   the body after commit   Read → upstreamEnded → CloseWithError
-//	rescue.go   a stream cut mid-answer Read → readEvents → rescueStream → continueOn
+//	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError
+//	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn
 //
 // Who decides what:
 //   - classify an attempt: policy.Classify, on the Outcome roundTrip

@@ -8,7 +8,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"sturdy/events"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/upstream"
@@ -63,6 +62,10 @@ type exchange struct {
 	out   response
 	notes notes
 	tr    traceState
+	// st is the client's body as it goes, once committed to go so (a
+	// stream, or a body read whole for an HTTP/1.0 client): its own
+	// part, with its own reader's life, pooled with the exchange.
+	st *stream
 }
 
 // outbound is the request as Sturdy sends it upstream, and what is fixed
@@ -186,36 +189,15 @@ type response struct {
 	// upstream_error or circuit_open answer (the summary's).
 	cause string
 	// streaming says the reply streams (relayed as it comes); reader that
-	// the exchange is the client's body reader, ended by CloseWithError (a
-	// stream, or a body read whole for an HTTP/1.0 client).
+	// the exchange's stream is the client's body reader, ended by
+	// CloseWithError (a stream, or a body read whole for an HTTP/1.0
+	// client).
 	streaming, reader bool
-	kind              events.Kind // 0: neither SSE nor NDJSON
-	chunked           bool        // the client's body has no length: failures can be told in-band
-	// closeDelimited says the upstream body had neither length nor
-	// chunks: only its connection closing ended it.
-	closeDelimited bool
-	// scan follows the SSE or NDJSON events relayed to the client; over
-	// is set once the stream's terminator went by (Scanner.Ended): what
-	// the upstream sends after it is not relayed.
-	scan events.Scanner
-	over bool
-	// rawHead is the response head for an HTTP/1.0 client answered
-	// close-delimited (closeDelimit).
-	rawHead []byte
 	// ttfb is until the answering attempt's response head arrived; ttft
 	// until the client's response started (a stream's commit point, its
 	// first output).
 	ttfb, ttft time.Duration
 	bytesOut   int64
-	pending    error // upstream error seen with data, reported on next Read
-	// tail is what Read sends before the body ends: the error event of an
-	// interrupted stream, or a body read whole for an HTTP/1.0 client.
-	tail   []byte
-	broken error // why the upstream stream failed mid-body
-	// cut is set when Shutdown ends the stream past its grace (interrupt).
-	cut atomic.Bool
-	// rescue follows a stream that may be continued if it fails.
-	rescue rescue
 }
 
 // notes are what the access line lists: each retry and each target.
@@ -257,8 +239,10 @@ type targetNote struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{goneCh: make(chan struct{}), req: outbound{msg: new(fasthttp.Request)},
-		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}}
+	ex := &exchange{goneCh: make(chan struct{}), req: outbound{msg: new(fasthttp.Request)},
+		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}, st: new(stream)}
+	ex.st.ex = ex
+	return ex
 }}
 
 // finish logs and measures the request and returns the exchange to the
@@ -271,7 +255,7 @@ func (ex *exchange) finish() {
 	var s summary
 	ex.summarize(&s)
 	ex.logAccess(&s)
-	ex.tr.end(&s, ex.out.broken)
+	ex.tr.end(&s, ex.st.broken)
 	ex.measure(&s)
 	ex.p.failures.record(&s)
 	ex.settleHooks(&s)
@@ -283,7 +267,10 @@ func (ex *exchange) finish() {
 	if ex.isGone.Load() {
 		gone = make(chan struct{}) // a closed one cannot be reused
 	}
+	st := ex.st
+	*st = stream{ex: ex}
 	*ex = exchange{
+		st:     st,
 		goneCh: gone,
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},

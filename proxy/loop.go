@@ -425,7 +425,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	if v.n == 1 && !a.stale && !v.continuing {
 		up.Budget().FirstAttempt(now)
 	}
-	a.n, a.model, a.cont = lp.attempts, lp.model, ex.out.rescue.tries > 0
+	a.n, a.model, a.cont = lp.attempts, lp.model, ex.st.rescue.tries > 0
 	ex.aim(v, ep)
 	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a, v.replaying)
 	out := ex.roundTrip(t, a, now)

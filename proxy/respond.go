@@ -78,37 +78,37 @@ func (ex *exchange) commit(final bool) {
 		ex.out.bytesOut = int64(len(body))
 		return
 	}
-	ex.out.kind = events.KindOf(src.Header.ContentType())
-	if ex.out.kind != 0 {
-		ex.out.scan.Reset(ex.out.kind)
+	ex.st.kind = events.KindOf(src.Header.ContentType())
+	if ex.st.kind != 0 {
+		ex.st.scan.Reset(ex.st.kind)
 	}
 	cl := src.Header.ContentLength()
-	ex.out.chunked, ex.out.closeDelimited = cl < 0, cl == -2
+	ex.st.chunked, ex.st.closeDelimited = cl < 0, cl == -2
 	upstream.CapReads(src, ex.responseCap())
-	ex.followForRescue()
+	ex.st.followForRescue()
 	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()
 		return
 	}
-	ex.stream(max(cl, -1))
+	ex.startStream(max(cl, -1))
 }
 
-// stream makes the reply a stream the exchange relays (Read), of size
-// bytes (-1: unknown).
-func (ex *exchange) stream(size int) {
+// startStream makes the reply a stream the exchange's stream relays
+// (Read), of size bytes (-1: unknown).
+func (ex *exchange) startStream(size int) {
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
-	ex.p.streaming(ex, true)
+	ex.p.streaming(ex.st, true)
 	ex.serveBody(size)
 }
 
-// serveBody makes the exchange the client's body reader (Read), of size
-// bytes (-1: unknown): fasthttp pulls from it once the handler returns,
-// and CloseWithError ends the request.
+// serveBody makes the exchange's stream the client's body reader (Read),
+// of size bytes (-1: unknown): fasthttp pulls from it once the handler
+// returns, and CloseWithError ends the request.
 func (ex *exchange) serveBody(size int) {
 	ex.out.reader = true
-	ex.ctx.SetBodyStream(ex, size)
+	ex.ctx.SetBodyStream(ex.st, size)
 }
 
 // untilTerminator returns a whole body up to the end of its stream's
@@ -154,7 +154,7 @@ func (ex *exchange) whole() {
 			break
 		}
 		var n int
-		n, err = ex.Read(body[len(body):cap(body)])
+		n, err = ex.st.Read(body[len(body):cap(body)])
 		body = body[:len(body)+n]
 	}
 	if ex.isGone.Load() { // the client left while the body was read
@@ -179,7 +179,7 @@ func (ex *exchange) whole() {
 	// Written from where it was read, as a stream's last bytes are: the
 	// budget it holds is given back only once it went (CloseWithError).
 	ex.out.bytesOut = 0 // counted again as it goes
-	ex.out.tail = body
+	ex.st.tail = body
 	ex.serveBody(len(body))
 }
 
@@ -194,7 +194,7 @@ var errWholeTooLarge = errors.New("the body is over 64 MiB")
 func (ex *exchange) responseCap() time.Time {
 	d := ex.req.route.maxDuration
 	if d <= 0 {
-		if ex.out.chunked || ex.out.kind != 0 {
+		if ex.st.chunked || ex.st.kind != 0 {
 			return time.Time{}
 		}
 		d = DefaultMaxDuration
