@@ -53,7 +53,8 @@ type exchange struct {
 	// (server.max_buffered_bytes), given back when it ends; headHeld is
 	// the part of it covering the reply head's capacity past headSize.
 	held, headHeld int
-	// hooked counts the table's hooks whose reserve passed (settleHooks).
+	// hooked counts the table's hooks whose reserve passed, to be settled
+	// (hooks.settle).
 	hooked int
 
 	req   outbound
@@ -254,11 +255,11 @@ func (ex *exchange) finish() {
 	ex.leaveTarget()
 	var s summary
 	ex.summarize(&s)
-	ex.logAccess(&s)
+	ex.p.logAccess(&s)
 	ex.tr.end(&s, ex.st.broken)
-	ex.measure(&s)
+	ex.p.measure(&s)
 	ex.p.failures.record(&s)
-	ex.settleHooks(&s)
+	ex.tbl.hooks.settle(ex, ex.hooked, &s)
 	ex.closeBody()
 	ex.p.held.give(ex.held)
 	ex.req.msg.Reset()
@@ -280,12 +281,12 @@ func (ex *exchange) finish() {
 	exchangePool.Put(ex)
 }
 
-// measure records the finished request in the metrics, from its
-// summary (and the route's series, bound once per configuration).
-func (ex *exchange) measure(s *summary) {
-	m := ex.p.m
-	if r := ex.req.route; r != nil && s.outcome == outcomeOK && s.status/100 == 2 && ex.reply.up == ex.loop.up {
-		r.targets[ex.reply.ti].answered.Inc() // the common series, without hashing its labels
+// measure records a finished request in the metrics, from its summary
+// (and its route's series, bound once per configuration).
+func (p *Proxy) measure(s *summary) {
+	m := p.m
+	if s.answered != nil && s.outcome == outcomeOK && s.status/100 == 2 {
+		s.answered.answered.Inc() // the common series, without hashing its labels
 	} else {
 		m.Requests.WithLabelValues(s.route, s.upstream, metrics.StatusClass(s.status), s.outcome).Inc()
 	}
@@ -295,7 +296,7 @@ func (ex *exchange) measure(s *summary) {
 	if s.stop.Ended() {
 		m.GiveUps.WithLabelValues(s.upstream, s.stop.String()).Inc()
 	}
-	if r := ex.req.route; r != nil {
+	if r := s.rt; r != nil {
 		r.ttfb.Observe(s.ttft.Seconds())
 		dur := r.durPlain
 		if s.streaming {

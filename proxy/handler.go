@@ -106,7 +106,8 @@ func (ex *exchange) admit() *apiError {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}
-	if e := ex.reserveHooks(time.Now()); e != nil {
+	var e *apiError
+	if ex.hooked, e = ex.tbl.hooks.reserve(ex, time.Now()); e != nil {
 		return e
 	}
 	model, stream := bodyFields(ctx.Request.Body())

@@ -3,6 +3,8 @@ package proxy
 import (
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"sturdy/policy"
 	"sturdy/upstream"
 )
@@ -46,6 +48,14 @@ type summary struct {
 	rescueTries, rescued int
 	rescuedBy, refused   string
 	seam                 int64
+	// rt is the route it took (nil: refused before routing), answered the
+	// target whose reply it is when that is the last target it tried (the
+	// route's common series).
+	rt       *route
+	answered *target
+	// traceID is its trace's id, when traced.
+	traceID trace.TraceID
+	traced  bool
 	// usage is the answer's model and tokens, read from what was relayed
 	// when it was kept (a traced request: keepTail) or from a reply set
 	// whole; its known says whether the reply told them.
@@ -60,8 +70,12 @@ func (ex *exchange) summarize(s *summary) {
 		streaming: out.streaming, bytesOut: out.bytesOut, ttfb: out.ttfb, ttft: out.ttft, dur: time.Since(ex.req.start),
 		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries],
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
-	if ex.req.route != nil {
-		s.routed, s.route, s.upstream = true, ex.req.route.name, lp.up.Name()
+	s.traceID, s.traced = ex.tr.traceID()
+	if r := ex.req.route; r != nil {
+		s.rt, s.routed, s.route, s.upstream = r, true, r.name, lp.up.Name()
+		if ex.reply.up == lp.up {
+			s.answered = &r.targets[ex.reply.ti]
+		}
 		if ep := lp.ep; ep != nil {
 			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(lp.model)
 		} else {
