@@ -97,11 +97,11 @@ func (t targetNote) MarshalZerologObject(e *zerolog.Event) {
 	}
 }
 
-// logAccess writes the request's one access line, from its summary. It
-// never logs header values other than the request id, nor bodies, nor
-// the query string.
-func (p *Proxy) logAccess(s *summary) {
-	ev := p.log.Info()
+// logAccess writes the request's one access line to log, from its
+// summary. It never logs header values other than the request id, nor
+// bodies, nor the query string.
+func (s *summary) logAccess(log *zerolog.Logger) {
+	ev := log.Info()
 	if !ev.Enabled() {
 		return
 	}

@@ -255,9 +255,9 @@ func (ex *exchange) finish() {
 	ex.leaveTarget()
 	var s summary
 	ex.summarize(&s)
-	ex.p.logAccess(&s)
+	s.logAccess(&ex.p.log)
 	ex.tr.end(&s, ex.st.broken)
-	ex.p.measure(&s)
+	s.measure(ex.p.m)
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
 	ex.closeBody()
@@ -281,10 +281,9 @@ func (ex *exchange) finish() {
 	exchangePool.Put(ex)
 }
 
-// measure records a finished request in the metrics, from its summary
-// (and its route's series, bound once per configuration).
-func (p *Proxy) measure(s *summary) {
-	m := p.m
+// measure records the finished request in the metrics m (and its
+// route's series, bound once per configuration).
+func (s *summary) measure(m *metrics.Metrics) {
 	if s.answered != nil && s.outcome == outcomeOK && s.status/100 == 2 {
 		s.answered.answered.Inc() // the common series, without hashing its labels
 	} else {

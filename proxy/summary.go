@@ -11,8 +11,8 @@ import (
 
 // summary is what a finished request was, read off the exchange once as
 // it ends (summarize): the access line, the trace's server span and the
-// metrics are formatters of it (logAccess, endTrace, measure), none of
-// them reading the exchange's state again. It lives on finish's stack;
+// metrics are formatters of it (its logAccess and measure,
+// traceState.end), none of them reading the exchange's state again. It lives on finish's stack;
 // its strings and slices alias the exchange's, valid until the exchange
 // is reset.
 type summary struct {
