@@ -148,13 +148,10 @@ type reply struct {
 	msg *fasthttp.Response
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
-	// ttft from sentAt, and whether that counts: not for a stale
-	// connection's replay, which replay says it is, nor for an attempt
-	// not sent or whose client left; see sampled).
+	// ttft, and whether that counts: not for a stale connection's replay,
+	// nor for an attempt not sent or whose client left; see sampled).
 	lease  upstream.Lease
 	sample upstream.Sample
-	sentAt time.Time
-	replay bool
 	// has says the last attempt produced a status (no fault).
 	has bool
 	// up is the upstream that sent it, ti its target's index in the
@@ -172,12 +169,9 @@ type reply struct {
 	// headAt is when the response head arrived (with its body, for a
 	// small one read whole with it: upstreamTransport).
 	headAt time.Time
-	// streamFailed is set when a stream sent an error event before its
-	// first output; streamError is the error's code. heldToEnd is set when
-	// a stream ended while its framing was held: all of it is in head.
-	streamFailed bool
-	streamError  string
-	heldToEnd    bool
+	// heldToEnd is set when a stream ended while its framing was held:
+	// all of it is in head.
+	heldToEnd bool
 }
 
 // response is what the client gets: the status and outcome, and for a

@@ -371,7 +371,7 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
 		if vd.Class == policy.ClassPassThrough {
-			if failoverBy = ex.failoverStatus(); at.out.InsufficientQuota {
+			if failoverBy = ex.failoverStatus(&at.out); at.out.InsufficientQuota {
 				failoverBy = "insufficient_quota"
 			}
 			a.FailoverStatus = failoverBy != ""
@@ -408,7 +408,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	// place), and the place taken for this attempt goes with the new one.
 	ex.closeBody()
 	ex.reply.lease, a.lease = a.lease, upstream.Lease{}
-	ex.reply.sample, ex.reply.replay = upstream.Sample{}, v.replaying // no sample counts until one is taken
+	ex.reply.sample = upstream.Sample{} // no sample counts until one is taken
 	a.stale = v.replaying
 	switch {
 	case v.reriding:
@@ -420,16 +420,16 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	}
 	lp.attempts++
 	v.replaying, v.reriding, lp.blocked = false, false, false
-	now := time.Now()
-	ex.reply.sentAt = now
+	a.sentAt = time.Now()
 	if v.n == 1 && !a.stale && !v.continuing {
-		up.Budget().FirstAttempt(now)
+		up.Budget().FirstAttempt(a.sentAt)
 	}
 	a.n, a.model, a.cont = lp.attempts, lp.model, ex.st.rescue.tries > 0
 	ex.aim(v, ep)
 	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a, v.replaying)
-	out := ex.roundTrip(t, a, now)
-	a.out, a.verdict = out, policy.Classify(out)
+	ex.roundTrip(t, a)
+	out := a.out
+	a.verdict = policy.Classify(out)
 	vd, cause := a.verdict, ""
 	if vd.Class == policy.ClassRetryable {
 		cause = a.failureCause() // for what a breaker this opens says tripped it
@@ -615,13 +615,13 @@ func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) 
 // over on — "failover_on" (its status is in failover_on), "failover_code"
 // (a 400 whose error code, or a stream's in-band error code, is in
 // failover_codes) — or "" when it is not.
-func (ex *exchange) failoverStatus() string {
+func (ex *exchange) failoverStatus(out *policy.Outcome) string {
 	status, r := ex.reply.msg.StatusCode(), ex.req.route
 	if slices.Contains(r.failoverOn, status) {
 		return "failover_on"
 	}
-	if ex.reply.streamFailed { // the client's own error, told in a stream's first event
-		if slices.Contains(r.failoverCodes, ex.reply.streamError) {
+	if out.StreamFailed { // the client's own error, told in a stream's first event
+		if slices.Contains(r.failoverCodes, out.StreamError) {
 			return "failover_code"
 		}
 		return ""
