@@ -246,7 +246,7 @@ func (ex *exchange) finish() {
 	if ex.cc != nil {
 		ex.cc.serving(nil)
 	}
-	ex.leaveTarget()
+	ex.loop.leaveTarget()
 	var s summary
 	ex.summarize(&s)
 	s.logAccess(&ex.p.log)

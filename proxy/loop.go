@@ -133,11 +133,11 @@ func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.
 // max_in_flight slot (waiting up to queue_timeout) and rebuilds the
 // request's target-specific parts (URL, credentials, model).
 func (ex *exchange) useTarget(t *target, v *visit) policy.Action {
-	ex.leaveTarget()
+	ex.loop.leaveTarget()
 	lp := &ex.loop
 	*v = visit{t: t}
 	lp.up, lp.ep = t.up, nil
-	ex.note(t.up.Name(), t.model)
+	ex.notes.target(t.up.Name(), t.model)
 	if t.up.Limited() {
 		ex.enter(phaseQueue)
 		start := ex.tr.queueStart()
@@ -201,16 +201,16 @@ func (ex *exchange) aim(v *visit, ep *upstream.Endpoint) {
 	}
 }
 
-// leaveTarget gives back what the current target holds.
-func (ex *exchange) leaveTarget() {
-	ex.stopRiding()
-	if ex.loop.slot != nil {
-		ex.loop.slot.FreeSlot()
-		ex.loop.slot = nil
+// leaveTarget gives back what the request holds of the current target.
+func (lp *loopState) leaveTarget() {
+	lp.stopRiding()
+	if lp.slot != nil {
+		lp.slot.FreeSlot()
+		lp.slot = nil
 	}
-	if ex.loop.entered != nil {
-		ex.loop.entered.Leave()
-		ex.loop.entered = nil
+	if lp.entered != nil {
+		lp.entered.Leave()
+		lp.entered = nil
 	}
 }
 
@@ -322,7 +322,7 @@ func (ex *exchange) clearWith(v *visit, o obstacle, maxWait time.Duration) polic
 // that clears soonest.
 func (ex *exchange) block(o obstacle) {
 	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
-	ex.noteResult(o.kind.String(), false)
+	ex.notes.result(o.kind.String(), false)
 	if o.kind == policy.ObstacleBreaker && ex.notes.nTried > 0 {
 		ex.notes.tried[ex.notes.nTried-1].breaker = o.limit
 	}
@@ -357,7 +357,7 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 	up, lp, vd := v.t.up, &ex.loop, at.verdict
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
-	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.counted(), AfterStale: at.stale,
+	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.loop.counted(), AfterStale: at.stale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
 		Riding:    now.Before(v.rideUntil) && at.ep.Out(),
 		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
@@ -384,7 +384,7 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
 	if d.Action == policy.ActionFailover && failoverBy != "" {
-		ex.noteResult(failoverBy, false) // not passed through: the client never saw it
+		ex.notes.result(failoverBy, false) // not passed through: the client never saw it
 	}
 	if d.Source != policy.WaitServer {
 		lp.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
@@ -522,10 +522,7 @@ func (ex *exchange) ownRetry(v *visit) bool {
 
 // counted is the attempts max_total_attempts counts: stale replays and
 // ride-through probes are not.
-func (ex *exchange) counted() int {
-	lp := &ex.loop
-	return lp.attempts - lp.rides - lp.replays
-}
+func (lp *loopState) counted() int { return lp.attempts - lp.rides - lp.replays }
 
 // cooldownKey keys up's cooldowns for this request: the credential — the
 // upstream's own key when Sturdy injects one (all clients share it), else
@@ -635,18 +632,20 @@ func (ex *exchange) failoverStatus(out *policy.Outcome) string {
 	return ""
 }
 
-func (ex *exchange) note(upstream, model string) {
-	if n := &ex.notes; n.nTried < maxLoggedTargets {
-		n.tried[n.nTried] = targetNote{upstream: upstream, model: model}
-		n.nTried++
+// target notes a target the request goes to, with the model as sent
+// there ("" for the client's).
+func (ns *notes) target(upstream, model string) {
+	if ns.nTried < maxLoggedTargets {
+		ns.tried[ns.nTried] = targetNote{upstream: upstream, model: model}
+		ns.nTried++
 	}
 }
 
-// noteResult records how the current target's last attempt ended, or,
-// with attempted false, why it was skipped.
-func (ex *exchange) noteResult(result string, attempted bool) {
-	if ex.notes.nTried > 0 {
-		n := &ex.notes.tried[ex.notes.nTried-1]
+// result records how the current target's last attempt ended, or, with
+// attempted false, why it was skipped.
+func (ns *notes) result(result string, attempted bool) {
+	if ns.nTried > 0 {
+		n := &ns.tried[ns.nTried-1]
 		if attempted {
 			n.attempts++
 		}

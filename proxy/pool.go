@@ -39,7 +39,7 @@ func (ex *exchange) choose(v *visit, a *attempt) policy.Action {
 		}
 		tk, no := ep.Allow(ex.loop.model)
 		if no == "" {
-			ex.stopRiding() // its place in the queue, and its spread, go once it has its attempt
+			ex.loop.stopRiding() // its place in the queue, and its spread, go once it has its attempt
 			v.rideDraw = 0
 			ex.loop.ep = ep
 			a.ep, a.lease, a.tk = ep, lease, tk
@@ -194,9 +194,9 @@ func (ex *exchange) release(v *visit, ep *upstream.Endpoint) bool {
 }
 
 // stopRiding gives back the ride-through queue place, if one is held.
-func (ex *exchange) stopRiding() {
-	if up := ex.loop.rider; up != nil {
+func (lp *loopState) stopRiding() {
+	if up := lp.rider; up != nil {
 		up.FreeRider()
-		ex.loop.rider = nil
+		lp.rider = nil
 	}
 }

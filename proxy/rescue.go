@@ -268,7 +268,7 @@ func (st *stream) rescueState(ti int, budgetSpent bool) policy.Rescue {
 	ex := st.ex
 	rs, r := &st.rescue, ex.req.route
 	return policy.Rescue{Blocker: rs.blocker, HasTarget: ti >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
-		Total: ex.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
+		Total: ex.loop.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
 		Elapsed: time.Since(ex.req.start), MaxDuration: r.maxDuration,
 		Interrupted: st.cut.Load() || ex.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
 }

@@ -38,7 +38,7 @@ func (ex *exchange) respond(last *attempt) {
 		ex.fail(sharedFailure(lp.sharedRefused))
 	case lp.stop == policy.StopShutdown:
 		ex.out.outcome = outcomeShuttingDown
-		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.triedText()))
+		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.notes.text(ex.loop.stop)))
 	default:
 		ex.noReply(last)
 	}
@@ -173,7 +173,7 @@ func (ex *exchange) whole() {
 		return
 	case err != io.EOF:
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.Name(), "failed mid-body", ex.triedText()))
+		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.Name(), "failed mid-body", ex.notes.text(ex.loop.stop)))
 		return
 	}
 	// Written from where it was read, as a stream's last bytes are: the
@@ -246,14 +246,14 @@ func (ex *exchange) obstructed() {
 		if o.cause != "" {
 			why += " (" + o.cause + ")"
 		}
-		e = newError(CodeCircuitOpen, what, why, ex.alsoTried())
+		e = newError(CodeCircuitOpen, what, why, ex.notes.alsoTried(ex.loop.stop))
 	case policy.ObstacleBusy:
 		ex.out.outcome = outcomeUpstreamBusy
-		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.alsoTried())
+		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.notes.alsoTried(ex.loop.stop))
 	default:
 		ex.out.outcome = outcomeRateLimited
 		ex.p.m.RateLimited.WithLabelValues(o.kind.String()).Inc()
-		e = newError(CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s", o.upstream, o.kind, ex.alsoTried()))
+		e = newError(CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s", o.upstream, o.kind, ex.notes.alsoTried(ex.loop.stop)))
 	}
 	e.retryAfter = o.wait
 	ex.fail(e)
@@ -262,7 +262,7 @@ func (ex *exchange) obstructed() {
 // noReply answers when attempts were made but none produced a response;
 // last is the last one.
 func (ex *exchange) noReply(last *attempt) {
-	up, tried := ex.loop.up.Name(), ex.triedText()
+	up, tried := ex.loop.up.Name(), ex.notes.text(ex.loop.stop)
 	at := ""
 	if ep := ex.loop.ep; ep != nil {
 		at = " at " + ep.Public() // no credentials
@@ -293,11 +293,11 @@ func (ex *exchange) noReply(last *attempt) {
 	ex.fail(e)
 }
 
-// triedText names what was tried: "ollama: 2 attempts, last timeout; …",
-// and why retrying stopped.
-func (ex *exchange) triedText() string {
+// text names what was tried: "ollama: 2 attempts, last timeout; …",
+// and why retrying stopped (stop).
+func (ns *notes) text(stop policy.Stop) string {
 	var b strings.Builder
-	for i, n := range ex.notes.tried[:ex.notes.nTried] {
+	for i, n := range ns.tried[:ns.nTried] {
 		if i > 0 {
 			b.WriteString("; ")
 		}
@@ -316,18 +316,19 @@ func (ex *exchange) triedText() string {
 			fmt.Fprintf(&b, ": %d attempt%s, last %s", n.attempts, plural(n.attempts), n.result)
 		}
 	}
-	if ex.loop.stop.Ended() {
-		b.WriteString("; " + ex.loop.stop.Text())
+	if stop.Ended() {
+		b.WriteString("; " + stop.Text())
 	}
 	return b.String()
 }
 
-// alsoTried lists the targets tried before the obstacle, if any.
-func (ex *exchange) alsoTried() string {
-	if ex.notes.nTried <= 1 {
+// alsoTried lists the targets tried before an obstacle, if any (stop: why
+// retrying stopped).
+func (ns *notes) alsoTried(stop policy.Stop) string {
+	if ns.nTried <= 1 {
 		return ""
 	}
-	return " (tried " + ex.triedText() + ")"
+	return " (tried " + ns.text(stop) + ")"
 }
 
 func plural(n int) string {

@@ -101,7 +101,7 @@ func (ex *exchange) summarize(s *summary) {
 func (ex *exchange) attemptEnded(up *upstream.Upstream, a *attempt) {
 	result := resultLabel(a.verdict)
 	a.ep.CountAttempt(up.Name(), result)
-	ex.noteResult(result, true)
+	ex.notes.result(result, true)
 	if n := &ex.notes; n.nTried > 0 {
 		n.tried[n.nTried-1].endpoint = a.ep.Addr()
 		if a.stale {
