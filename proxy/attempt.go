@@ -80,7 +80,7 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 	ex.reply.heldToEnd = false
 	a.why, a.refused = "", false // this attempt's, not an earlier one's
 	ex.enter(phaseHead)
-	if err := a.ep.Send(&ex.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
+	if err := a.ep.Send(&ex.reply.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
 		f := policy.FaultClientGone
 		switch {
 		case ex.isGone.Load():
@@ -91,7 +91,7 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 			a.why, a.refused = whyUnreachable(err), refusedConnection(err)
 		}
 		ex.sampled(a, f)
-		ex.closeBody()
+		ex.reply.close()
 		a.out = policy.Outcome{Fault: f}
 		return
 	}
@@ -108,7 +108,7 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 			f = policy.FaultClientGone
 		}
 		ex.sampled(a, f)
-		ex.closeBody()
+		ex.reply.close()
 		*out = policy.Outcome{Fault: f}
 		return
 	}
@@ -116,7 +116,7 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 	// An error event before the stream's first output (judge): what it
 	// means is policy's (EventFailure). A retryable one gives the stream up.
 	if out.StreamFailed && policy.EventFailure(out.StreamError).Class == policy.ClassRetryable {
-		ex.closeBody()
+		ex.reply.close()
 	}
 	if status == 429 {
 		out.InsufficientQuota = policy.InsufficientQuota(ex.reply.head)
@@ -156,7 +156,7 @@ func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
 		rp.head = rp.head[:len(rp.head)+n]
 		if err == io.EOF {
 			ex.sampled(a, policy.FaultNone)
-			ex.closeBody() // fully read: the connection goes back to the pool
+			ex.reply.close() // fully read: the connection goes back to the pool
 			return policy.FaultNone
 		}
 		if err != nil {
@@ -292,7 +292,7 @@ func (ex *exchange) holdMore(a *attempt, limit int, scan *events.Scanner) (done 
 			}
 		}
 		ex.sampled(a, policy.FaultNone)
-		ex.closeBody()
+		ex.reply.close()
 		rp.heldToEnd = true
 		return true, policy.FaultNone
 	case err != nil && upstream.IsTimeout(err):
@@ -313,26 +313,26 @@ func readOnto(buf []byte, r io.Reader, limit int) ([]byte, error) {
 	return buf[:len(buf)+n], err
 }
 
-// closeBody closes the upstream body stream: a fully read one returns its
+// close closes the upstream body stream: a fully read one returns its
 // connection to the pool, a partly read one closes the connection, which
 // also tells a model server to stop generating. Either way the
 // connection's place under max_connections is free again.
-func (ex *exchange) closeBody() {
+func (rp *reply) close() {
 	// From here the connection may serve another request: it must not be
 	// closed for this one.
-	ex.conn.Drop()
-	if ex.reply.body != nil {
-		_ = ex.reply.msg.CloseBodyStream()
-		ex.reply.body = nil
+	rp.conn.Drop()
+	if rp.body != nil {
+		_ = rp.msg.CloseBodyStream()
+		rp.body = nil
 	}
-	if l := ex.reply.lease; l.Held() {
-		l.Release(ex.reply.sample)
-		ex.reply.lease = upstream.Lease{}
+	if l := rp.lease; l.Held() {
+		l.Release(rp.sample)
+		rp.lease = upstream.Lease{}
 	}
 }
 
 // sampled notes attempt a's sample as its head is read (f: none) or it
-// fails (f: how), for its lease's release (closeBody): its time to first
+// fails (f: how), for its lease's release (reply.close): its time to first
 // token from when it was sent, counted unless it is a stale connection's
 // replay, its client left, or it failed before it was sent (a failed
 // dial, no connection, a stale connection's).

@@ -26,7 +26,7 @@
 //     loop's own step (attemptOn: gate, choose, send);
 //   - breaker outcome: policy.Classify's Health, reported by send
 //     (upstream.Tickets.Report); the attempt's time to first token, and
-//     whether it counts, by closeBody as it gives the lease back
+//     whether it counts, by reply.close as it gives the lease back
 //     (upstream.Lease.Release; sampled decides);
 //   - waits end early on shutdown or when the client leaves: wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving

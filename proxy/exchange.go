@@ -45,10 +45,6 @@ type exchange struct {
 	isGone    atomic.Bool
 	phase     atomic.Uint32
 	gonePhase atomic.Uint32
-	// conn is what the request holds of the upstream connection in use
-	// (an attempt's, then the stream's), to close when the client leaves
-	// or Shutdown's grace ends (upstream.Hold.Sever).
-	conn upstream.Hold
 	// held is what the request holds of the proxy's buffer budget
 	// (server.max_buffered_bytes), given back when it ends; headHeld is
 	// the part of it covering the reply head's capacity past headSize.
@@ -143,9 +139,14 @@ type ownCooldown struct {
 }
 
 // reply is the last upstream reply: its message, the body still to be
-// read, and the body bytes read before commit.
+// read, the connection and the place it holds, and the body bytes read
+// before commit.
 type reply struct {
 	msg *fasthttp.Response
+	// conn is what the request holds of the upstream connection in use
+	// (an attempt's, then the stream's), to close when the client leaves
+	// or Shutdown's grace ends (upstream.Hold.Sever).
+	conn upstream.Hold
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
 	// ttft, and whether that counts: not for a stale connection's replay,
@@ -254,7 +255,7 @@ func (ex *exchange) finish() {
 	s.measure(ex.p.m)
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
-	ex.closeBody()
+	ex.reply.close()
 	ex.p.held.give(ex.held)
 	ex.req.msg.Reset()
 	ex.reply.msg.Reset()

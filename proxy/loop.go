@@ -406,7 +406,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	up := t.up
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
-	ex.closeBody()
+	ex.reply.close()
 	ex.reply.lease, a.lease = a.lease, upstream.Lease{}
 	ex.reply.sample = upstream.Sample{} // no sample counts until one is taken
 	a.stale = v.replaying

@@ -333,7 +333,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	rs, lp, rp := &st.rescue, &ex.loop, &ex.reply
 	t := &ex.req.route.targets[ti]
 	failedUp, failedEp := lp.up, lp.ep
-	ex.closeBody() // closing the cut stream's connection stops its generation
+	ex.reply.close() // closing the cut stream's connection stops its generation
 	// The event it was cut in never reached the client, nor the text so
 	// far: the continuation starts after the last whole event.
 	rs.pending = rs.pending[:0]
@@ -365,7 +365,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 		}
 		if !rp.has || a.verdict.Class != policy.ClassSuccess || a.out.StreamFailed ||
 			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || st.cut.Load() || ex.isGone.Load() {
-			ex.closeBody()
+			ex.reply.close()
 			return false, true
 		}
 		break

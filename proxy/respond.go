@@ -127,7 +127,7 @@ func (ex *exchange) untilTerminator(body []byte) []byte {
 // leftUnanswered ends a request whose client left before its response
 // began: nobody is left to answer.
 func (ex *exchange) leftUnanswered() {
-	ex.closeBody()
+	ex.reply.close()
 	ex.out.outcome, ex.out.status = outcomeClientGone, 499
 	ex.ctx.SetConnectionClose()
 }
@@ -161,7 +161,7 @@ func (ex *exchange) whole() {
 		ex.leftUnanswered()
 		return
 	}
-	ex.closeBody()
+	ex.reply.close()
 	switch {
 	case errors.Is(err, errWholeTooLarge):
 		ex.out.outcome = outcomeUpstreamError
@@ -210,7 +210,7 @@ func (ex *exchange) setAttemptsHeader() {
 
 // fail answers with an error Sturdy produced itself (see errorTable).
 func (ex *exchange) fail(e *apiError) {
-	ex.closeBody()
+	ex.reply.close()
 	e.details.Attempts = ex.loop.attempts
 	if ex.loop.up != nil {
 		e.details.Upstream = ex.loop.up.Name()

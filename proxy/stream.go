@@ -135,7 +135,7 @@ func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
 	ex := st.ex
 	out := &ex.out
 	if ex.isGone.Load() { // the watcher closed the upstream: the client left
-		ex.closeBody()
+		ex.reply.close()
 		out.outcome, out.status = outcomeClientGone, 499
 		return 0, errStreamAborted
 	}
@@ -157,7 +157,7 @@ func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
 	}
 	st.broken = err
 	out.outcome = outcomeStreamInterrupted
-	ex.closeBody()
+	ex.reply.close()
 	if !st.chunked || st.kind == 0 {
 		return 0, errStreamAborted
 	}
@@ -192,7 +192,7 @@ func (st *stream) endBody() {
 			}
 		}
 	}
-	ex.closeBody()
+	ex.reply.close()
 }
 
 // interruptionTail is the last thing an interrupted SSE or NDJSON stream
@@ -255,7 +255,7 @@ func (st *stream) CloseWithError(err error) error {
 		ex.out.status = 499
 		ex.gonePhase.Store(uint32(phaseStream))
 	}
-	ex.closeBody()
+	ex.reply.close()
 	ex.finish()
 	return nil
 }
@@ -268,5 +268,5 @@ func (st *stream) CloseWithError(err error) error {
 func (st *stream) interrupt() {
 	ex := st.ex
 	st.cut.Store(true)
-	ex.conn.Sever()
+	ex.reply.conn.Sever()
 }
