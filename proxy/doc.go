@@ -45,9 +45,11 @@
 //
 // The exchange's state is what outlives an attempt, split into named parts
 // (exchange.go): the outbound request, the loop's state, the last upstream
-// reply, the client's response and the access log's notes. What the loop
-// learns on one target (a visit) and of one try (an attempt) lives in the
-// steps that run them, passed to the steps that use it. The other files:
+// reply, the client's response, the access log's notes, the trace's part
+// and, once committed to go as it comes, the client's body (stream,
+// stream.go; pooled with the exchange). What the loop learns on one target
+// (a visit) and of one try (an attempt) lives in the steps that run them,
+// passed to the steps that use it. The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
 //	options.go     Options and their defaults (an upstream's are upstream.Options)

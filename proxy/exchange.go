@@ -27,12 +27,14 @@ const maxLoggedTargets = 8
 // (per target): beyond it retries may return to one.
 const maxTriedEndpoints = 8
 
-// exchange is the state of one client request, from arrival to the end of
-// its response stream, in named parts: the request as it goes upstream,
-// the attempt loop's state, the last upstream reply, the client's
-// response, and the notes the access log needs. It is pooled; once a
-// reply is committed as a stream it is the body reader fasthttp pulls
-// from, and it is released when fasthttp closes that reader.
+// exchange is the state of one client request that outlives an attempt,
+// from arrival to the end of its response stream, in named parts: the
+// request as it goes upstream, the attempt loop's state, the last
+// upstream reply, the client's response, and the notes the access log
+// needs. A try's own state is its attempt, a target's its visit (both
+// in the loop's steps). It is pooled; once a reply is committed as a
+// stream its stream is the body reader fasthttp pulls from, and it is
+// released when fasthttp closes that reader.
 type exchange struct {
 	p   *Proxy
 	tbl *table // the configuration this request started with
