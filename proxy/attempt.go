@@ -275,7 +275,8 @@ func (a *attempt) judge(head []byte, kind events.Kind, api policy.API, judged in
 func (ex *exchange) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool, f policy.Fault) {
 	rp := &ex.reply
 	before := len(rp.head)
-	if !ex.headRoom(limit) {
+	var room bool
+	if rp.head, room = ex.held.headRoom(&ex.p.held, rp.head, limit); !room {
 		upstream.MarkStreaming(rp.msg)
 		return true, policy.FaultNone
 	}

@@ -55,7 +55,7 @@
 //	options.go     Options and their defaults (an upstream's are upstream.Options)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
 //	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
-//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes)
+//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
 //	shared.go      the fleet (package fleet) as the proxy uses it
 //	status.go      /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write

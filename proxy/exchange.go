@@ -48,9 +48,8 @@ type exchange struct {
 	phase     atomic.Uint32
 	gonePhase atomic.Uint32
 	// held is what the request holds of the proxy's buffer budget
-	// (server.max_buffered_bytes), given back when it ends; headHeld is
-	// the part of it covering the reply head's capacity past headSize.
-	held, headHeld int
+	// (server.max_buffered_bytes), given back when it ends.
+	held share
 	// hooked counts the table's hooks whose reserve passed, to be settled
 	// (hooks.settle).
 	hooked int
@@ -258,7 +257,7 @@ func (ex *exchange) finish() {
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
 	ex.reply.close()
-	ex.p.held.give(ex.held)
+	ex.p.held.give(ex.held.n)
 	ex.req.msg.Reset()
 	ex.reply.msg.Reset()
 	gone := ex.goneCh

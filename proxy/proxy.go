@@ -79,6 +79,7 @@ func New(o Options) (*Proxy, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
+	p.held.full = p.m.BufferFull
 	p.env = &upstream.Env{Log: p.log, Metrics: p.m, Lookup: o.LookupHost, IsSelf: o.IsSelf, Stopping: p.stopping,
 		Evicted: p.evicted, Announcer: p.breakerAnnouncer,
 		ModelLabel: func(model string) string { return p.tbl.Load().modelLabel(model) }}

@@ -233,7 +233,7 @@ func (st *stream) keepText(text string) {
 		rs.blocker = policy.RescueTooLarge
 	case cap(rs.text)-len(rs.text) < len(text):
 		more := min(max(len(text), cap(rs.text), 4<<10), limit-len(rs.text))
-		if !ex.hold(more, heldForRescue) {
+		if !ex.held.hold(&ex.p.held, more, heldForRescue) {
 			rs.blocker = policy.RescueBuffers
 			break
 		}

@@ -146,7 +146,7 @@ func (ex *exchange) whole() {
 	body := make([]byte, 0, headSize)
 	var err error
 	for err == nil {
-		if body, err = ex.growHeld(body, maxWholeBody+1, heldForHTTP10); err != nil {
+		if body, err = ex.held.grow(&ex.p.held, body, maxWholeBody+1, heldForHTTP10); err != nil {
 			break
 		}
 		if len(body) > maxWholeBody {
