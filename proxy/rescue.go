@@ -371,7 +371,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 		break
 	}
 	st.closeDelimited = rp.msg.Header.ContentLength() == -2
-	upstream.CapReads(rp.msg, ex.responseCap())
+	upstream.CapReads(rp.msg, ex.req.responseCap(st.streamed()))
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()
 	ex.enter(phaseStream)

@@ -32,7 +32,7 @@ func (ex *exchange) respond(last *attempt) {
 		ex.out.outcome = outcomeExhausted
 		ex.commit(true)
 	case lp.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
-		ex.obstructed()
+		ex.obstructed(lp.obstacle)
 	case lp.sharedRefused != "":
 		ex.out.outcome = outcomeSharedState
 		ex.fail(sharedFailure(lp.sharedRefused))
@@ -59,7 +59,7 @@ func (ex *exchange) commit(final bool) {
 		rh.SetBytesK(hdrUpstream, ex.loop.up.Name())
 	}
 	if !passThrough || ex.loop.attempts > 1 {
-		ex.setAttemptsHeader()
+		ex.setAttemptsHeader(ex.loop.attempts)
 	}
 	// A 429 insufficient_quota is passed through, but no retry can help it.
 	if final || (passThrough && ex.out.status == 429) {
@@ -84,7 +84,7 @@ func (ex *exchange) commit(final bool) {
 	}
 	cl := src.Header.ContentLength()
 	ex.st.chunked, ex.st.closeDelimited = cl < 0, cl == -2
-	upstream.CapReads(src, ex.responseCap())
+	upstream.CapReads(src, ex.req.responseCap(ex.st.streamed()))
 	ex.st.followForRescue()
 	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
@@ -190,21 +190,21 @@ var errWholeTooLarge = errors.New("the body is over 64 MiB")
 // responseCap is when the response must have ended (zero: never): the
 // route's max_duration from the request's start — by default 10 minutes
 // for a non-streamed reply (known length, not SSE or NDJSON) and none for
-// a stream.
-func (ex *exchange) responseCap() time.Time {
-	d := ex.req.route.maxDuration
+// a stream (streamed: chunked, or SSE or NDJSON).
+func (q *outbound) responseCap(streamed bool) time.Time {
+	d := q.route.maxDuration
 	if d <= 0 {
-		if ex.st.chunked || ex.st.kind != 0 {
+		if streamed {
 			return time.Time{}
 		}
 		d = DefaultMaxDuration
 	}
-	return ex.req.start.Add(d)
+	return q.start.Add(d)
 }
 
-// setAttemptsHeader sets x-sturdy-attempts on the client's response.
-func (ex *exchange) setAttemptsHeader() {
-	ex.req.scratch = strconv.AppendInt(ex.req.scratch[:0], int64(ex.loop.attempts), 10)
+// setAttemptsHeader sets x-sturdy-attempts on the client's response: n.
+func (ex *exchange) setAttemptsHeader(n int) {
+	ex.req.scratch = strconv.AppendInt(ex.req.scratch[:0], int64(n), 10)
 	ex.ctx.Response.Header.SetBytesKV(hdrAttempts, ex.req.scratch)
 }
 
@@ -222,15 +222,15 @@ func (ex *exchange) fail(e *apiError) {
 	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
 	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
 	if ex.loop.attempts > 0 {
-		ex.setAttemptsHeader()
+		ex.setAttemptsHeader(ex.loop.attempts)
 	}
 	ex.out.ttft = time.Since(ex.req.start)
 	ex.out.ttfb = ex.out.ttft
 }
 
-// obstructed answers when no target could take the request at all.
-func (ex *exchange) obstructed() {
-	o := ex.loop.obstacle
+// obstructed answers when no target could take the request at all: o
+// is what stood in the way, the soonest to clear.
+func (ex *exchange) obstructed(o obstacle) {
 	var e *apiError
 	switch o.kind {
 	case policy.ObstacleBreaker, policy.ObstacleUnhealthy:

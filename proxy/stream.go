@@ -44,6 +44,10 @@ type stream struct {
 	rescue rescue
 }
 
+// streamed says the body is a stream by its framing: of no length, or
+// SSE or NDJSON (no default max_duration bounds it: responseCap).
+func (st *stream) streamed() bool { return st.chunked || st.kind != 0 }
+
 // Read is the client's response body once a reply is committed as a
 // stream: first the bytes read before commit, then the upstream body as
 // it arrives (fasthttp flushes after each Read). If the upstream fails
