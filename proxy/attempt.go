@@ -27,12 +27,13 @@ type attempt struct {
 	// n is its number among the request's attempts (stale replays
 	// included), model the model as sent, cont says it carries a rescue's
 	// continuation, stale that it is a stale connection's replay (its
-	// sample does not count); sentAt is when it was sent.
-	n      int
-	model  string
-	cont   bool
-	stale  bool
-	sentAt time.Time
+	// sample does not count); sentAt is when it was sent, headAt when
+	// its response head arrived (its reply's ttfb, once committed).
+	n              int
+	model          string
+	cont           bool
+	stale          bool
+	sentAt, headAt time.Time
 	// out is what roundTrip saw of it (a stream's error event before its
 	// first output included: StreamFailed, StreamError).
 	out     policy.Outcome
@@ -99,7 +100,7 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 	// with it (upstreamTransport), when that body did. Without a body
 	// stream the transport was done with the connection, and the
 	// exchange let go of it (upstreamConn.detach).
-	ex.reply.headAt = time.Now()
+	a.headAt = time.Now()
 	status := resp.StatusCode()
 	out := &a.out
 	*out = policy.Outcome{Status: status}

@@ -80,10 +80,8 @@ type outbound struct {
 	firstToken time.Duration
 	// model is the body's "model" as the client sent it, read once, in
 	// place (admit): it lives as long as the request, and whatever keeps
-	// it longer copies it (breaker.Group and a trace's span do). streams
-	// says the request asks for a stream (asksToStream).
-	model   string
-	streams bool
+	// it longer copies it (breaker.Group and a trace's span do).
+	model string
 	// retry is the route's retry policy, with fewer attempts per target
 	// when the client is retrying on its own.
 	retry   policy.Retry
@@ -168,9 +166,6 @@ type reply struct {
 	// of it went to the client.
 	head    []byte
 	headOff int
-	// headAt is when the response head arrived (with its body, for a
-	// small one read whole with it: upstreamTransport).
-	headAt time.Time
 	// heldToEnd is set when a stream ended while its framing was held:
 	// all of it is in head.
 	heldToEnd bool

@@ -24,13 +24,13 @@ func (ex *exchange) respond(last *attempt) {
 		ex.leftUnanswered()
 	case ex.reply.has && last.verdict.Class == policy.ClassSuccess:
 		ex.out.outcome = outcomeOK
-		ex.commit(false)
+		ex.commit(last, false)
 	case ex.reply.has && last.verdict.Class == policy.ClassPassThrough:
 		ex.out.outcome = outcomePassThrough
-		ex.commit(false)
+		ex.commit(last, false)
 	case ex.reply.has:
 		ex.out.outcome = outcomeExhausted
-		ex.commit(true)
+		ex.commit(last, true)
 	case lp.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
 		ex.obstructed(lp.obstacle)
 	case lp.sharedRefused != "":
@@ -44,10 +44,11 @@ func (ex *exchange) respond(last *attempt) {
 	}
 }
 
-// commit sends the upstream's reply to the client: status and headers as
-// received (minus hop-by-hop), then the body — at once when it is already
-// whole, else as a stream. final marks a reply Sturdy gave up retrying.
-func (ex *exchange) commit(final bool) {
+// commit sends the reply of attempt a (the last one) to the client:
+// status and headers as received (minus hop-by-hop), then the body — at
+// once when it is already whole, else as a stream. final marks a reply
+// Sturdy gave up retrying.
+func (ex *exchange) commit(a *attempt, final bool) {
 	ctx, rh, src := ex.ctx, &ex.ctx.Response.Header, ex.reply.msg
 	// The reply may be an earlier target's, when later ones were skipped.
 	ex.loop.up, ex.loop.ep = ex.reply.up, ex.reply.ep
@@ -66,7 +67,7 @@ func (ex *exchange) commit(final bool) {
 		rh.SetBytesKV(hdrShouldRetry, valFalse)
 	}
 	ex.out.ttft = time.Since(ex.req.start)
-	ex.out.ttfb = ex.reply.headAt.Sub(ex.req.start)
+	ex.out.ttfb = a.headAt.Sub(ex.req.start)
 	defer func() { ex.tr.committed(ex.req.start.Add(ex.out.ttft), ex.out.streaming) }()
 	if ex.reply.body == nil && !ex.reply.heldToEnd {
 		if ctx.IsHead() {
