@@ -19,6 +19,10 @@ import (
 // read of the upstream's reply is the exchange's (reply): that outlives it
 // once committed.
 type attempt struct {
+	// ti is the index of its target in the route, up its upstream, ep
+	// its endpoint.
+	ti int
+	up *upstream.Upstream
 	ep *upstream.Endpoint
 	// lease is the connection place taken for it, until it is sent (then
 	// the reply holds it); tk its breakers' tickets.

@@ -154,11 +154,6 @@ type reply struct {
 	sample upstream.Sample
 	// has says the last attempt produced a status (no fault).
 	has bool
-	// up is the upstream that sent it, ti its target's index in the
-	// route, ep its endpoint.
-	up *upstream.Upstream
-	ti int
-	ep *upstream.Endpoint
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader

@@ -404,6 +404,7 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 func (ex *exchange) send(v *visit, a *attempt) {
 	t, lp, ep := v.t, &ex.loop, a.ep
 	up := t.up
+	a.ti, a.up = lp.ti, up
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
 	ex.reply.close()
@@ -441,9 +442,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	if vd.Class != policy.ClassRetryable && vd.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
 		up.Cooldowns().Succeeded(ex.cooldownKey(v)) // a run of bare 429s ends
 	}
-	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
-		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
-	}
+	ex.reply.has = out.Fault == policy.FaultNone
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
 		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}

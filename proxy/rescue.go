@@ -57,15 +57,16 @@ var errInBand = errors.New("the upstream reported an error mid-stream")
 
 // followForRescue turns rescue on at commit for a chat completions
 // stream the route could continue: chunked SSE, a request continuing
-// cannot corrupt (policy.Continuable), and a target that can continue.
-func (st *stream) followForRescue() {
+// cannot corrupt (policy.Continuable), and a target that can continue
+// (ti is the index of the target whose stream it is).
+func (st *stream) followForRescue(ti int) {
 	ex := st.ex
 	rs := &st.rescue
 	if ex.req.api != policy.APIChat || st.kind != events.SSE || !st.chunked || ex.req.route.maxRescues == 0 ||
 		ex.out.outcome != outcomeOK {
 		return
 	}
-	rs.ti = ex.reply.ti
+	rs.ti = ti
 	if st.rescueTarget() < 0 {
 		return
 	}

@@ -50,8 +50,9 @@ func (ex *exchange) respond(last *attempt) {
 // Sturdy gave up retrying.
 func (ex *exchange) commit(a *attempt, final bool) {
 	ctx, rh, src := ex.ctx, &ex.ctx.Response.Header, ex.reply.msg
-	// The reply may be an earlier target's, when later ones were skipped.
-	ex.loop.up, ex.loop.ep = ex.reply.up, ex.reply.ep
+	// The reply may be an earlier target's, when later ones were skipped:
+	// the request went where it came from.
+	ex.loop.ti, ex.loop.up, ex.loop.ep = a.ti, a.up, a.ep
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
 	passThrough := ex.out.outcome == outcomePassThrough
@@ -86,7 +87,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	cl := src.Header.ContentLength()
 	ex.st.chunked, ex.st.closeDelimited = cl < 0, cl == -2
 	upstream.CapReads(src, ex.req.responseCap(ex.st.streamed()))
-	ex.st.followForRescue()
+	ex.st.followForRescue(a.ti)
 	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()

@@ -49,7 +49,7 @@ type summary struct {
 	rescuedBy, refused   string
 	seam                 int64
 	// rt is the route it took (nil: refused before routing), answered the
-	// target whose reply it is when that is the last target it tried (the
+	// target it went to last, whose reply a committed answer is (the
 	// route's common series).
 	rt       *route
 	answered *target
@@ -73,9 +73,7 @@ func (ex *exchange) summarize(s *summary) {
 	s.traceID, s.traced = ex.tr.traceID()
 	if r := ex.req.route; r != nil {
 		s.rt, s.routed, s.route, s.upstream = r, true, r.name, lp.up.Name()
-		if ex.reply.up == lp.up {
-			s.answered = &r.targets[ex.reply.ti]
-		}
+		s.answered = &r.targets[lp.ti] // where it went: its reply's, once committed (commit, continueOn)
 		if ep := lp.ep; ep != nil {
 			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(lp.model)
 		} else {
