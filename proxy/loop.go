@@ -446,7 +446,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
 		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
-	ex.attemptEnded(up, a)
+	ex.attemptEnded(a)
 }
 
 // retrying counts and notes a retry policy chose after attempt a on v's

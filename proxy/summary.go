@@ -6,7 +6,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"sturdy/policy"
-	"sturdy/upstream"
 )
 
 // summary is what a finished request was, read off the exchange once as
@@ -93,12 +92,12 @@ func (ex *exchange) summarize(s *summary) {
 	}
 }
 
-// attemptEnded reports attempt a on up once, as it ends (its breakers
-// told): the attempts metric, the access line's note of its target, and
-// its span's result (attemptDone).
-func (ex *exchange) attemptEnded(up *upstream.Upstream, a *attempt) {
+// attemptEnded reports attempt a once, as it ends (its breakers told):
+// the attempts metric, the access line's note of its target, and its
+// span's result (attemptDone).
+func (ex *exchange) attemptEnded(a *attempt) {
 	result := resultLabel(a.verdict)
-	a.ep.CountAttempt(up.Name(), result)
+	a.ep.CountAttempt(a.up.Name(), result)
 	ex.notes.result(result, true)
 	if n := &ex.notes; n.nTried > 0 {
 		n.tried[n.nTried-1].endpoint = a.ep.Addr()
