@@ -510,7 +510,7 @@ func (ex *exchange) interrupted() policy.Action {
 }
 
 // ownRetry reports whether this attempt is the retry of the request whose
-// 429 started up's cooldown with the wait it asked for, that wait now
+// 429 started the cooldown of v's upstream with the wait it asked for, that wait now
 // waited: the cooldown (its end moved later by the jitter, for everyone
 // else) does not hold it — unless something has set a later end since.
 func (ex *exchange) ownRetry(v *visit) bool {
@@ -523,10 +523,11 @@ func (ex *exchange) ownRetry(v *visit) bool {
 // ride-through probes are not.
 func (lp *loopState) counted() int { return lp.attempts - lp.rides - lp.replays }
 
-// cooldownKey keys up's cooldowns for this request: the credential — the
-// upstream's own key when Sturdy injects one (all clients share it), else
-// the client's Authorization — and the model as sent, since providers
-// rate-limit per key and per model.
+// cooldownKey keys the cooldowns of v's upstream for this request,
+// computed once per visit: the credential — the upstream's own key when
+// Sturdy injects one (all clients share it), else the client's
+// Authorization — and the model as sent, since providers rate-limit per
+// key and per model.
 func (ex *exchange) cooldownKey(v *visit) uint64 {
 	lp := &ex.loop
 	if !v.coolKnown {
@@ -541,9 +542,9 @@ func (ex *exchange) cooldownKey(v *visit) uint64 {
 	return v.coolKey
 }
 
-// cooldownLeft returns how long up's cooldown for this request's key
-// lasts from now (0: none); with no cooldown in force it is one atomic
-// load.
+// cooldownLeft returns how long the cooldown of v's upstream for this
+// request's key lasts from now (0: none); with no cooldown in force it is
+// one atomic load.
 func (ex *exchange) cooldownLeft(v *visit, now time.Time) time.Duration {
 	cd := v.t.up.Cooldowns()
 	if !cd.Possible(now) {

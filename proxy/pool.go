@@ -163,7 +163,7 @@ func (ex *exchange) startRide(v *visit) bool {
 }
 
 // rideLeft is how long this request may still ride through an outage of
-// up: what is left of the ride it began, or the ride it may begin (none
+// v's upstream: what is left of the ride it began, or the ride it may begin (none
 // without ride_through, or with the riders' queue full).
 func (ex *exchange) rideLeft(v *visit, now time.Time) time.Duration {
 	up := v.t.up
