@@ -97,11 +97,11 @@ func (t targetNote) MarshalZerologObject(e *zerolog.Event) {
 	}
 }
 
-// logAccess writes the request's one access line, from its summary. It
-// never logs header values other than the request id, nor bodies, nor
-// the query string.
-func (ex *exchange) logAccess(s *summary) {
-	ev := ex.p.log.Info()
+// logAccess writes the request's one access line to log, from its
+// summary. It never logs header values other than the request id, nor
+// bodies, nor the query string.
+func (s *summary) logAccess(log *zerolog.Logger) {
+	ev := log.Info()
 	if !ev.Enabled() {
 		return
 	}
@@ -144,8 +144,8 @@ func (ex *exchange) logAccess(s *summary) {
 			ev.Str(fieldRescueRefused, s.refused)
 		}
 	}
-	if id, ok := ex.traceID(); ok {
-		ev.Str(fieldTraceID, id.String())
+	if s.traced {
+		ev.Str(fieldTraceID, s.traceID.String())
 	}
 	ev.Bool(fieldStream, s.streaming).
 		Int64(fieldBytesOut, s.bytesOut).

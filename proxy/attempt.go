@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"strconv"
 	"time"
 
 	"sturdy/events"
@@ -9,24 +10,82 @@ import (
 	"sturdy/upstream"
 )
 
-// attempt sends the request once and reads the response head: the status,
-// headers and the first body bytes (all of a small body). Its timeout is
-// the upstream's first_byte, or for a stream the route's first_token when
-// shorter, cut short by the deadline. It only reports what happened; the
-// loop asks policy what that means.
-func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) policy.Outcome {
-	timeout := min(t.up.Options().FirstByteTimeout, ex.req.deadline.Sub(now))
+// attempt is one try of the request on an endpoint: what the upstream
+// side readied for it (the endpoint, a connection place, both breakers'
+// tickets), how it went (its outcome; for one that reached nothing, why)
+// and what policy made of that (its verdict). The loop holds one per
+// request (run, and a rescue's continueOn its own): attemptOn fills it for
+// each try, decide judges it, and respond answers from the last. What it
+// read of the upstream's reply is the exchange's (reply): that outlives it
+// once committed.
+type attempt struct {
+	// ti is the index of its target in the route, up its upstream, ep
+	// its endpoint.
+	ti int
+	up *upstream.Upstream
+	ep *upstream.Endpoint
+	// lease is the connection place taken for it, until it is sent (then
+	// the reply holds it); tk its breakers' tickets.
+	lease upstream.Lease
+	tk    upstream.Tickets
+	// n is its number among the request's attempts (stale replays
+	// included), model the model as sent, cont says it carries a rescue's
+	// continuation, stale that it is a stale connection's replay (its
+	// sample does not count); sentAt is when it was sent, headAt when
+	// its response head arrived (its reply's ttfb, once committed).
+	n              int
+	model          string
+	cont           bool
+	stale          bool
+	sentAt, headAt time.Time
+	// out is what roundTrip saw of it (a stream's error event before its
+	// first output included: StreamFailed, StreamError).
+	out     policy.Outcome
+	verdict policy.Verdict
+	// why says why a try without a response reached nothing
+	// (whyUnreachable); refused that its connection was refused (nothing
+	// listened). Both are set as it is sent (roundTrip): a try not sent
+	// keeps the last one's.
+	why     string
+	refused bool
+}
+
+// failureCause names a failed attempt in a few words, for a breaker it
+// may open: the reason a connection failed ("connection refused"), a
+// status ("503"), an in-band error's code, or the fault ("timeout").
+func (a *attempt) failureCause() string {
+	switch out := &a.out; {
+	case out.Fault != policy.FaultNone && a.why != "":
+		return a.why
+	case out.Fault != policy.FaultNone:
+		return out.Fault.String()
+	case out.StreamFailed:
+		return "an in-band " + strconv.Quote(out.StreamError)
+	default:
+		return strconv.Itoa(out.Status)
+	}
+}
+
+// roundTrip sends the request once, for a, and reads the response head:
+// the status, headers and the first body bytes (all of a small body),
+// into the reply; a.out says what happened. Its timeout is the upstream's
+// first_byte, or for a stream the route's first_token when shorter, cut
+// short by the deadline. It only reports what happened; the loop asks
+// policy what that means.
+func (ex *exchange) roundTrip(t *target, a *attempt) {
+	timeout := min(t.up.Options().FirstByteTimeout, ex.req.deadline.Sub(a.sentAt))
 	if ex.req.firstToken > 0 {
 		timeout = min(timeout, ex.req.firstToken)
 	}
 	if timeout <= 0 {
-		return policy.Outcome{Fault: policy.FaultTimeout} // not sent: its sample does not count
+		a.out = policy.Outcome{Fault: policy.FaultTimeout} // not sent: its sample does not count
+		return
 	}
 	resp := ex.reply.msg
-	ex.reply.streamFailed, ex.reply.streamError, ex.reply.heldToEnd = false, "", false
-	ex.loop.why, ex.loop.refused = "", false // this attempt's, not an earlier one's
+	ex.reply.heldToEnd = false
+	a.why, a.refused = "", false // this attempt's, not an earlier one's
 	ex.enter(phaseHead)
-	if err := ep.Send(&ex.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
+	if err := a.ep.Send(&ex.reply.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
 		f := policy.FaultClientGone
 		switch {
 		case ex.isGone.Load():
@@ -34,35 +93,35 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 			f = policy.FaultStale
 		default:
 			f = faultOf(err)
-			ex.loop.why, ex.loop.refused = whyUnreachable(err), refusedConnection(err)
+			a.why, a.refused = whyUnreachable(err), refusedConnection(err)
 		}
-		ex.sampled(f)
-		ex.closeBody()
-		return policy.Outcome{Fault: f}
+		ex.sampled(a, f)
+		ex.reply.close()
+		a.out = policy.Outcome{Fault: f}
+		return
 	}
 	// headAt: when the head arrived, or with a small body read whole
 	// with it (upstreamTransport), when that body did. Without a body
 	// stream the transport was done with the connection, and the
 	// exchange let go of it (upstreamConn.detach).
-	ex.reply.headAt = time.Now()
+	a.headAt = time.Now()
 	status := resp.StatusCode()
-	out := policy.Outcome{Status: status}
-	if f := ex.readHead(status); f != policy.FaultNone {
+	out := &a.out
+	*out = policy.Outcome{Status: status}
+	if f := ex.readHead(a, status); f != policy.FaultNone {
 		if ex.isGone.Load() { // the watcher closed the connection: no fault of the upstream's
 			f = policy.FaultClientGone
 		}
-		ex.sampled(f)
-		ex.closeBody()
-		return policy.Outcome{Fault: f}
+		ex.sampled(a, f)
+		ex.reply.close()
+		*out = policy.Outcome{Fault: f}
+		return
 	}
-	ex.sampled(policy.FaultNone) // the first output is held: the attempt's ttft
-	if ex.reply.streamFailed {
-		// An error event before the stream's first output: what it means
-		// is policy's (EventFailure). A retryable one gives the stream up.
-		out.StreamFailed, out.StreamError = true, ex.reply.streamError
-		if policy.EventFailure(ex.reply.streamError).Class == policy.ClassRetryable {
-			ex.closeBody()
-		}
+	ex.sampled(a, policy.FaultNone) // the first output is held: the attempt's ttft
+	// An error event before the stream's first output (judge): what it
+	// means is policy's (EventFailure). A retryable one gives the stream up.
+	if out.StreamFailed && policy.EventFailure(out.StreamError).Class == policy.ClassRetryable {
+		ex.reply.close()
 	}
 	if status == 429 {
 		out.InsufficientQuota = policy.InsufficientQuota(ex.reply.head)
@@ -70,7 +129,6 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 	if out.StreamFailed && out.StreamError == "insufficient_quota" {
 		out.InsufficientQuota = true // told in-band: fails over all the same
 	}
-	return out
 }
 
 // readHead reads the body's first bytes into the reply's head before
@@ -82,7 +140,7 @@ func (ex *exchange) attempt(t *target, ep *upstream.Endpoint, now time.Time) pol
 // headers. A body of unknown length (a stream) gives one chunk, unless it
 // is a 429/5xx (inspected or kept as the last reply) or a 400 the route
 // may fail over on, which are read whole up to the head's size.
-func (ex *exchange) readHead(status int) policy.Fault {
+func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
 	rp := &ex.reply
 	rp.head, rp.headOff = rp.head[:0], 0
 	rp.body = rp.msg.BodyStream()
@@ -94,7 +152,7 @@ func (ex *exchange) readHead(status int) policy.Fault {
 	cl := rp.msg.Header.ContentLength()
 	if api := ex.req.api; api != policy.APIOther && status < 300 && cl < 0 {
 		if kind := events.KindOf(rp.msg.Header.ContentType()); kind != 0 {
-			return ex.holdToCommit(kind, api)
+			return ex.holdToCommit(a, kind, api)
 		}
 	}
 	whole := cl >= 0 || status == 429 || status >= 500 || (status == 400 && len(ex.req.route.failoverCodes) > 0)
@@ -102,8 +160,8 @@ func (ex *exchange) readHead(status int) policy.Fault {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
 		rp.head = rp.head[:len(rp.head)+n]
 		if err == io.EOF {
-			ex.sampled(policy.FaultNone)
-			ex.closeBody() // fully read: the connection goes back to the pool
+			ex.sampled(a, policy.FaultNone)
+			ex.reply.close() // fully read: the connection goes back to the pool
 			return policy.FaultNone
 		}
 		if err != nil {
@@ -128,26 +186,26 @@ const maxHold = 1 << 20
 
 // holdToCommit reads a stream's events into the reply's head until its
 // commit point (policy.Judge): the first output, an error event before
-// it (reply.streamFailed), the stream's end, or maxHold bytes. Until then
-// nothing is committed, so a stream that fails in its framing is retried
-// like any failure, and first_token runs to the first output.
-func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault {
+// it (noted on a's outcome), the stream's end, or maxHold bytes. Until
+// then nothing is committed, so a stream that fails in its framing is
+// retried like any failure, and first_token runs to the first output.
+func (ex *exchange) holdToCommit(a *attempt, kind events.Kind, api policy.API) policy.Fault {
 	rp := &ex.reply
 	judged := 0
 	for {
 		var mark policy.Mark
-		judged, mark = rp.judgeHead(kind, api, judged, true)
+		judged, mark = a.judge(rp.head, kind, api, judged, true)
 		switch {
 		case mark == policy.MarkContent && ex.req.route.streamHold.Max > 0 && !ex.out.streaming: // not a continuation's
 			upstream.MarkStreaming(rp.msg)
-			return ex.holdWindow(kind, api, judged)
+			return ex.holdWindow(a, kind, api, judged)
 		case mark != policy.MarkFraming, len(rp.head) >= maxHold:
 			upstream.MarkStreaming(rp.msg)
 			return policy.FaultNone
 		}
 		// At the stream's end the whole stream was framing: it goes as it
 		// is, and its end is checked as a stream's (see Read).
-		if done, f := ex.holdMore(maxHold, nil); done || f != policy.FaultNone {
+		if done, f := ex.holdMore(a, maxHold, nil); done || f != policy.FaultNone {
 			return f
 		}
 	}
@@ -160,7 +218,7 @@ func (ex *exchange) holdToCommit(kind events.Kind, api policy.API) policy.Fault 
 // error — is the attempt's, retried or failed over from scratch with
 // nothing sent; past it the stream flows as any. judged is how much of
 // the head has been judged.
-func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) policy.Fault {
+func (ex *exchange) holdWindow(a *attempt, kind events.Kind, api policy.API, judged int) policy.Fault {
 	rp, hold := &ex.reply, ex.req.route.streamHold
 	until := time.Now().Add(hold.Max)
 	if until.After(ex.req.deadline) {
@@ -178,23 +236,23 @@ func (ex *exchange) holdWindow(kind events.Kind, api policy.API, judged int) pol
 	_, _ = scan.Write(rp.head)
 	for {
 		var mark policy.Mark
-		if judged, mark = rp.judgeHead(kind, api, judged, false); mark == policy.MarkFailure ||
+		if judged, mark = a.judge(rp.head, kind, api, judged, false); mark == policy.MarkFailure ||
 			len(rp.head) >= hold.Bytes || !time.Now().Before(until) {
 			return policy.FaultNone
 		}
-		if done, f := ex.holdMore(hold.Bytes, &scan); done || f != policy.FaultNone {
+		if done, f := ex.holdMore(a, hold.Bytes, &scan); done || f != policy.FaultNone {
 			return f
 		}
 	}
 }
 
-// judgeHead judges the head's whole events from offset judged on
+// judge judges the whole events of a's reply head from offset judged on
 // (policy.Judge) and returns how far it got and the mark that stopped
-// it: a failure (noted on the reply) or, when content is set, the first
-// output; MarkFraming when neither came.
-func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content bool) (int, policy.Mark) {
+// it: a failure (noted on a's outcome) or, when content is set, the
+// first output; MarkFraming when neither came.
+func (a *attempt) judge(head []byte, kind events.Kind, api policy.API, judged int, content bool) (int, policy.Mark) {
 	for {
-		ev, n := events.Next(kind, rp.head[judged:])
+		ev, n := events.Next(kind, head[judged:])
 		if n == 0 {
 			return judged, policy.MarkFraming
 		}
@@ -204,7 +262,7 @@ func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content
 		}
 		switch mark, code := policy.Judge(api, ev.Name, ev.Data); {
 		case mark == policy.MarkFailure:
-			rp.streamFailed, rp.streamError = true, code
+			a.out.StreamFailed, a.out.StreamError = true, code
 			return judged, mark
 		case mark == policy.MarkContent && content:
 			return judged, mark
@@ -219,10 +277,11 @@ func (rp *reply) judgeHead(kind events.Kind, api policy.API, judged int, content
 // stream goes on as it stands; a fault, that it failed: a cut, a stall
 // past idle — or, followed by scan, an end that only the connection's
 // close made, before the stream's terminator.
-func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f policy.Fault) {
+func (ex *exchange) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool, f policy.Fault) {
 	rp := &ex.reply
 	before := len(rp.head)
-	if !ex.headRoom(limit) {
+	var room bool
+	if rp.head, room = ex.held.headRoom(&ex.p.held, rp.head, limit); !room {
 		upstream.MarkStreaming(rp.msg)
 		return true, policy.FaultNone
 	}
@@ -238,8 +297,8 @@ func (ex *exchange) holdMore(limit int, scan *events.Scanner) (done bool, f poli
 				return false, policy.FaultReset
 			}
 		}
-		ex.sampled(policy.FaultNone)
-		ex.closeBody()
+		ex.sampled(a, policy.FaultNone)
+		ex.reply.close()
 		rp.heldToEnd = true
 		return true, policy.FaultNone
 	case err != nil && upstream.IsTimeout(err):
@@ -260,34 +319,34 @@ func readOnto(buf []byte, r io.Reader, limit int) ([]byte, error) {
 	return buf[:len(buf)+n], err
 }
 
-// closeBody closes the upstream body stream: a fully read one returns its
+// close closes the upstream body stream: a fully read one returns its
 // connection to the pool, a partly read one closes the connection, which
 // also tells a model server to stop generating. Either way the
 // connection's place under max_connections is free again.
-func (ex *exchange) closeBody() {
+func (rp *reply) close() {
 	// From here the connection may serve another request: it must not be
 	// closed for this one.
-	ex.conn.Drop()
-	if ex.reply.body != nil {
-		_ = ex.reply.msg.CloseBodyStream()
-		ex.reply.body = nil
+	rp.conn.Drop()
+	if rp.body != nil {
+		_ = rp.msg.CloseBodyStream()
+		rp.body = nil
 	}
-	if l := ex.reply.lease; l.Held() {
-		l.Release(ex.reply.sample)
-		ex.reply.lease = upstream.Lease{}
+	if l := rp.lease; l.Held() {
+		l.Release(rp.sample)
+		rp.lease = upstream.Lease{}
 	}
 }
 
-// sampled notes the attempt's sample as its head is read (f: none) or it
-// fails (f: how), for its lease's release (closeBody): its time to first
-// token from reply.sentAt, counted unless it is a stale connection's
+// sampled notes attempt a's sample as its head is read (f: none) or it
+// fails (f: how), for its lease's release (reply.close): its time to first
+// token from when it was sent, counted unless it is a stale connection's
 // replay, its client left, or it failed before it was sent (a failed
 // dial, no connection, a stale connection's).
-func (ex *exchange) sampled(f policy.Fault) {
-	counts := !ex.reply.replay && !ex.isGone.Load()
+func (ex *exchange) sampled(a *attempt, f policy.Fault) {
+	counts := !a.stale && !ex.isGone.Load()
 	switch f {
 	case policy.FaultClientGone, policy.FaultStale, policy.FaultConnect, policy.FaultLocal:
 		counts = false
 	}
-	ex.reply.sample = upstream.Sample{TTFT: time.Since(ex.reply.sentAt), Counts: counts}
+	ex.reply.sample = upstream.Sample{TTFT: time.Since(a.sentAt), Counts: counts}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"slices"
 	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // heldBytes is the budget of bytes Sturdy holds on behalf of clients, all
@@ -17,6 +19,8 @@ import (
 type heldBytes struct {
 	max  atomic.Int64 // hot-reloads
 	used atomic.Int64
+	// full counts the holds refused, by use (sturdy_buffer_full_total).
+	full *prometheus.CounterVec
 }
 
 // take reserves n bytes; false, with nothing reserved, when that would
@@ -47,47 +51,50 @@ const (
 // not made: server.max_buffered_bytes is in use.
 var errBuffersFull = errors.New("server.max_buffered_bytes is in use")
 
-// hold reserves n more bytes of the budget for this request (given back
-// in finish); false when the budget has no room, counted for use.
-func (ex *exchange) hold(n int, use string) bool {
-	if !ex.p.held.take(n) {
-		ex.p.m.BufferFull.WithLabelValues(use).Inc()
+// share is what one request holds of the budget, given back all at once
+// when it ends (heldBytes.give of n); head is the part of it covering the
+// reply head's capacity past headSize.
+type share struct{ n, head int }
+
+// hold reserves n more bytes of the budget b for this request; false
+// when the budget has no room, counted for use.
+func (s *share) hold(b *heldBytes, n int, use string) bool {
+	if !b.take(n) {
+		b.full.WithLabelValues(use).Inc()
 		return false
 	}
-	ex.held += n
+	s.n += n
 	return true
 }
 
-// headRoom makes room in the reply's head for at least one more byte
+// headRoom makes room in a reply's head for at least one more byte
 // (doubling it, to at most limit bytes), with every byte of its capacity
 // past headSize reserved from the budget — a pooled head may come bigger
-// than headSize from an earlier request (keepHead); false when the budget
-// has no room.
-func (ex *exchange) headRoom(limit int) bool {
-	rp := &ex.reply
-	want := cap(rp.head)
-	if len(rp.head) == want {
-		want += min(max(want, headSize), limit-len(rp.head))
+// than headSize from an earlier request (keepHead); false, and head as
+// it was, when the budget b has no room.
+func (s *share) headRoom(b *heldBytes, head []byte, limit int) ([]byte, bool) {
+	want := cap(head)
+	if len(head) == want {
+		want += min(max(want, headSize), limit-len(head))
 	}
-	if need := want - headSize - ex.headHeld; need > 0 {
-		if !ex.hold(need, heldForHold) {
-			return false
+	if need := want - headSize - s.head; need > 0 {
+		if !s.hold(b, need, heldForHold) {
+			return head, false
 		}
-		ex.headHeld += need
+		s.head += need
 	}
-	rp.head = slices.Grow(rp.head, want-len(rp.head))
-	return true
+	return slices.Grow(head, want-len(head)), true
 }
 
-// growHeld makes room in buf for at least one more byte (doubling it, to
-// at most limit bytes in all), once this request's share of the budget
+// grow makes room in buf for at least one more byte (doubling it, to at
+// most limit bytes in all), once this request's share of the budget b
 // agrees; errBuffersFull when it does not.
-func (ex *exchange) growHeld(buf []byte, limit int, use string) ([]byte, error) {
+func (s *share) grow(b *heldBytes, buf []byte, limit int, use string) ([]byte, error) {
 	if len(buf) < cap(buf) {
 		return buf, nil
 	}
 	more := min(max(cap(buf), headSize), limit-len(buf))
-	if !ex.hold(more, use) {
+	if !s.hold(b, more, use) {
 		return buf, errBuffersFull
 	}
 	return slices.Grow(buf, more), nil

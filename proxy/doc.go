@@ -3,15 +3,17 @@
 // `go run ./tools/shape` lists the file-level cycles):
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
-//	loop.go     targets, gates, waits   run → onTarget → attemptOn (gate, choose, send) → decide → wait
+//	loop.go     targets, gates, waits   run → onTarget (a visit per target) → attemptOn (gate, choose, send) → decide → wait
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
-//	attempt.go  send, read the head     attempt → Endpoint.Send → readHead → holdToCommit → holdWindow
-//	respond.go  commit, errors          respond → commit | obstructed | noReply → fail
-//	stream.go   the body after commit   Read → upstreamEnded → CloseWithError
-//	rescue.go   a stream cut mid-answer Read → readEvents → rescueStream → continueOn
+//	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
+//	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
+//	respond.go  commit, errors          respond(last attempt) → commit | obstructed | noReply → fail
+//	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError
+//	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn
 //
 // Who decides what:
-//   - classify an attempt: policy.Classify, on the Outcome attempt reports;
+//   - classify an attempt: policy.Classify, on the Outcome roundTrip
+//     reports (send keeps it and the verdict on the attempt);
 //   - after an attempt, retry in place / fail over / stop, the wait and
 //     who set it, the stop reason: policy.Retry.Decide, called once in decide;
 //   - before an attempt, wait / fail over / refuse for a cooldown, pacing,
@@ -24,7 +26,7 @@
 //     loop's own step (attemptOn: gate, choose, send);
 //   - breaker outcome: policy.Classify's Health, reported by send
 //     (upstream.Tickets.Report); the attempt's time to first token, and
-//     whether it counts, by closeBody as it gives the lease back
+//     whether it counts, by reply.close as it gives the lease back
 //     (upstream.Lease.Release; sampled decides);
 //   - waits end early on shutdown or when the client leaves: wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving
@@ -41,15 +43,19 @@
 //   - what is shared with a fleet: shared.go (package fleet does the
 //     Redis side).
 //
-// The exchange's state is split into named parts (exchange.go): the
-// outbound request, the loop's state, the last upstream reply, the
-// client's response and the access log's notes. The other files:
+// The exchange's state is what outlives an attempt, split into named parts
+// (exchange.go): the outbound request, the loop's state, the last upstream
+// reply, the client's response, the access log's notes, the trace's part
+// and, once committed to go as it comes, the client's body (stream,
+// stream.go; pooled with the exchange). What the loop learns on one target
+// (a visit) and of one try (an attempt) lives in the steps that run them,
+// passed to the steps that use it. The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
 //	options.go     Options and their defaults (an upstream's are upstream.Options)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
 //	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
-//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes)
+//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
 //	shared.go      the fleet (package fleet) as the proxy uses it
 //	status.go      /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
@@ -58,7 +64,8 @@
 //	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
 //	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them
-//	accesslog.go   the access line; trace.go the spans
+//	accesslog.go   the access line; trace.go the spans (traceState, the request's part in a trace,
+//	               told by the loop of each attempt, wait, commit and rescue)
 //	failures.go    the last failed requests (a fixed ring, from the summary) for the status page
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)

@@ -8,8 +8,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"sturdy/events"
-	"sturdy/fleet"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/upstream"
@@ -29,12 +27,14 @@ const maxLoggedTargets = 8
 // (per target): beyond it retries may return to one.
 const maxTriedEndpoints = 8
 
-// exchange is the state of one client request, from arrival to the end of
-// its response stream, in named parts: the request as it goes upstream,
-// the attempt loop's state, the last upstream reply, the client's
-// response, and the notes the access log needs. It is pooled; once a
-// reply is committed as a stream it is the body reader fasthttp pulls
-// from, and it is released when fasthttp closes that reader.
+// exchange is the state of one client request that outlives an attempt,
+// from arrival to the end of its response stream, in named parts: the
+// request as it goes upstream, the attempt loop's state, the last
+// upstream reply, the client's response, and the notes the access log
+// needs. A try's own state is its attempt, a target's its visit (both
+// in the loop's steps). It is pooled; once a reply is committed as a
+// stream its stream is the body reader fasthttp pulls from, and it is
+// released when fasthttp closes that reader.
 type exchange struct {
 	p   *Proxy
 	tbl *table // the configuration this request started with
@@ -47,15 +47,11 @@ type exchange struct {
 	isGone    atomic.Bool
 	phase     atomic.Uint32
 	gonePhase atomic.Uint32
-	// conn is what the request holds of the upstream connection in use
-	// (an attempt's, then the stream's), to close when the client leaves
-	// or Shutdown's grace ends (upstream.Hold.Sever).
-	conn upstream.Hold
 	// held is what the request holds of the proxy's buffer budget
-	// (server.max_buffered_bytes), given back when it ends; headHeld is
-	// the part of it covering the reply head's capacity past headSize.
-	held, headHeld int
-	// hooked counts the table's hooks whose reserve passed (settleHooks).
+	// (server.max_buffered_bytes), given back when it ends.
+	held share
+	// hooked counts the table's hooks whose reserve passed, to be settled
+	// (hooks.settle).
 	hooked int
 
 	req   outbound
@@ -64,6 +60,10 @@ type exchange struct {
 	out   response
 	notes notes
 	tr    traceState
+	// st is the client's body as it goes, once committed to go so (a
+	// stream, or a body read whole for an HTTP/1.0 client): its own
+	// part, with its own reader's life, pooled with the exchange.
+	st *stream
 }
 
 // outbound is the request as Sturdy sends it upstream, and what is fixed
@@ -80,10 +80,8 @@ type outbound struct {
 	firstToken time.Duration
 	// model is the body's "model" as the client sent it, read once, in
 	// place (admit): it lives as long as the request, and whatever keeps
-	// it longer copies it (breaker.Group and a trace's span do). streams
-	// says the request asks for a stream (asksToStream).
-	model   string
-	streams bool
+	// it longer copies it (breaker.Group and a trace's span do).
+	model string
 	// retry is the route's retry policy, with fewer attempts per target
 	// when the client is retrying on its own.
 	retry   policy.Retry
@@ -98,65 +96,36 @@ type outbound struct {
 
 // loopState is where the attempt loop stands: the current target, the
 // attempts so far, what stood in the way, and why it stopped.
+//
+// What the loop learns on one target is not here: it lives in that
+// target's visit (loop.go), in the step that runs it.
 type loopState struct {
 	ti       int                // index of the current target in route.targets
 	up       *upstream.Upstream // the current target's upstream
-	n        int                // attempts on it, a stale replay sharing its attempt's number
 	attempts int                // across all targets, stale replays included
-	// replaying is set while the next attempt is a stale replay, and
-	// replays counts them; reriding while it follows a ride-through probe
-	// that could not connect, and rides counts those probes.
-	// max_total_attempts counts neither (counted).
-	replaying, reriding bool
-	rides, replays      int
-	// continuing says the current target's attempts carry a rescue's
-	// continuation: paid for from the retry budget (rescueStream), so
-	// its first attempt is not one the budget counts.
-	continuing bool
-	// refused says the last attempt's connection was refused (nothing
-	// listened); own is the cooldown this request's own 429 started with
-	// the wait it asked for, which that request's retry is not held by.
-	refused bool
-	own     ownCooldown
-	// reservedAt is when the retry budget was taken for the retry being
-	// waited for, to give it back if the wait ends early.
-	reservedAt time.Time
-	slot       *upstream.Upstream // whose max_in_flight slot is held
+	// replays counts the stale replays, rides the ride-through probes
+	// that could not connect: max_total_attempts counts neither
+	// (counted).
+	rides, replays int
+	// own is the cooldown this request's own 429 started with the wait it
+	// asked for, which that request's retry is not held by.
+	own ownCooldown
 	// model is the model as sent to the current target (its breaker and
-	// cooldown scope); coolKey keys its cooldowns, once computed.
-	model      string
-	coolKey    uint64
-	coolDigest fleet.Key
-	coolKnown  bool
+	// cooldown scope).
+	model string
 	// sharedRefused says, when set, what Redis did instead of answering
 	// a shared limit, on_failure being refuse.
 	sharedRefused string
-	place         upstream.Lease     // the connection place taken for the next attempt
-	entered       *upstream.Upstream // whose in-flight count this request is in
-	// ep is the endpoint of the current (or last) attempt; aimed the one
-	// the request's URI and Host are built for; tried the endpoints of
-	// this target a retryable attempt failed on (retries go elsewhere).
-	ep     *upstream.Endpoint
-	aimed  *upstream.Endpoint
-	tried  [maxTriedEndpoints]*upstream.Endpoint
-	nTried int
-	// affKey is the request's affinity key, once computed (affKnown);
-	// hasKey says it has one.
-	affKey           uint64
-	affKnown, hasKey bool
-	// rideUntil ends this target's wait for an endpoint to come back
-	// (ride_through; zero: not riding); rider says a riders place is
-	// held; rideDraw spreads the riders' release.
-	rideUntil time.Time
-	rider     *upstream.Upstream
-	rideDraw  float64
+	// slot, entered and rider are what the request holds of the current
+	// target until it leaves it (leaveTarget): whose max_in_flight slot,
+	// whose in-flight count, whose riders' place (ride_through).
+	slot, entered, rider *upstream.Upstream
+	// ep is the endpoint of the current (or last) attempt.
+	ep *upstream.Endpoint
 	// obstacle is the soonest-clearing reason a target could not be used;
 	// blocked says the loop's last step was such a refusal.
 	obstacle obstacle
 	blocked  bool
-	fault    policy.Fault
-	why      string // the last attempt without a response: why (whyUnreachable)
-	verdict  policy.Verdict
 	stop     policy.Stop
 }
 
@@ -169,25 +138,22 @@ type ownCooldown struct {
 }
 
 // reply is the last upstream reply: its message, the body still to be
-// read, and the body bytes read before commit.
+// read, the connection and the place it holds, and the body bytes read
+// before commit.
 type reply struct {
 	msg *fasthttp.Response
+	// conn is what the request holds of the upstream connection in use
+	// (an attempt's, then the stream's), to close when the client leaves
+	// or Shutdown's grace ends (upstream.Hold.Sever).
+	conn upstream.Hold
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
-	// ttft from sentAt, and whether that counts: not for a stale
-	// connection's replay, which replay says it is, nor for an attempt
-	// not sent or whose client left; see sampled).
+	// ttft, and whether that counts: not for a stale connection's replay,
+	// nor for an attempt not sent or whose client left; see sampled).
 	lease  upstream.Lease
 	sample upstream.Sample
-	sentAt time.Time
-	replay bool
 	// has says the last attempt produced a status (no fault).
 	has bool
-	// up is the upstream that sent it, ti its target's index in the
-	// route, ep its endpoint.
-	up *upstream.Upstream
-	ti int
-	ep *upstream.Endpoint
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader
@@ -195,15 +161,9 @@ type reply struct {
 	// of it went to the client.
 	head    []byte
 	headOff int
-	// headAt is when the response head arrived (with its body, for a
-	// small one read whole with it: upstreamTransport).
-	headAt time.Time
-	// streamFailed is set when a stream sent an error event before its
-	// first output; streamError is the error's code. heldToEnd is set when
-	// a stream ended while its framing was held: all of it is in head.
-	streamFailed bool
-	streamError  string
-	heldToEnd    bool
+	// heldToEnd is set when a stream ended while its framing was held:
+	// all of it is in head.
+	heldToEnd bool
 }
 
 // response is what the client gets: the status and outcome, and for a
@@ -212,37 +172,19 @@ type response struct {
 	status  int
 	outcome string
 	errCode string
+	// cause is what a breaker or a connection failure said, for an
+	// upstream_error or circuit_open answer (the summary's).
+	cause string
 	// streaming says the reply streams (relayed as it comes); reader that
-	// the exchange is the client's body reader, ended by CloseWithError (a
-	// stream, or a body read whole for an HTTP/1.0 client).
+	// the exchange's stream is the client's body reader, ended by
+	// CloseWithError (a stream, or a body read whole for an HTTP/1.0
+	// client).
 	streaming, reader bool
-	kind              events.Kind // 0: neither SSE nor NDJSON
-	chunked           bool        // the client's body has no length: failures can be told in-band
-	// closeDelimited says the upstream body had neither length nor
-	// chunks: only its connection closing ended it.
-	closeDelimited bool
-	// scan follows the SSE or NDJSON events relayed to the client; over
-	// is set once the stream's terminator went by (Scanner.Ended): what
-	// the upstream sends after it is not relayed.
-	scan events.Scanner
-	over bool
-	// rawHead is the response head for an HTTP/1.0 client answered
-	// close-delimited (closeDelimit).
-	rawHead []byte
 	// ttfb is until the answering attempt's response head arrived; ttft
 	// until the client's response started (a stream's commit point, its
 	// first output).
 	ttfb, ttft time.Duration
 	bytesOut   int64
-	pending    error // upstream error seen with data, reported on next Read
-	// tail is what Read sends before the body ends: the error event of an
-	// interrupted stream, or a body read whole for an HTTP/1.0 client.
-	tail   []byte
-	broken error // why the upstream stream failed mid-body
-	// cut is set when Shutdown ends the stream past its grace (interrupt).
-	cut atomic.Bool
-	// rescue follows a stream that may be continued if it fails.
-	rescue rescue
 }
 
 // notes are what the access line lists: each retry and each target.
@@ -284,8 +226,10 @@ type targetNote struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	return &exchange{goneCh: make(chan struct{}), req: outbound{msg: new(fasthttp.Request)},
-		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}}
+	ex := &exchange{goneCh: make(chan struct{}), req: outbound{msg: new(fasthttp.Request)},
+		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}, st: new(stream)}
+	ex.st.ex = ex
+	return ex
 }}
 
 // finish logs and measures the request and returns the exchange to the
@@ -294,23 +238,26 @@ func (ex *exchange) finish() {
 	if ex.cc != nil {
 		ex.cc.serving(nil)
 	}
-	ex.leaveTarget()
+	ex.loop.leaveTarget()
 	var s summary
 	ex.summarize(&s)
-	ex.logAccess(&s)
-	ex.endTrace(&s)
-	ex.measure(&s)
+	s.logAccess(&ex.p.log)
+	ex.tr.end(&s, ex.st.broken)
+	s.measure(ex.p.m)
 	ex.p.failures.record(&s)
-	ex.settleHooks(&s)
-	ex.closeBody()
-	ex.p.held.give(ex.held)
+	ex.tbl.hooks.settle(ex, ex.hooked, &s)
+	ex.reply.close()
+	ex.p.held.give(ex.held.n)
 	ex.req.msg.Reset()
 	ex.reply.msg.Reset()
 	gone := ex.goneCh
 	if ex.isGone.Load() {
 		gone = make(chan struct{}) // a closed one cannot be reused
 	}
+	st := ex.st
+	*st = stream{ex: ex}
 	*ex = exchange{
+		st:     st,
 		goneCh: gone,
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
@@ -320,12 +267,11 @@ func (ex *exchange) finish() {
 	exchangePool.Put(ex)
 }
 
-// measure records the finished request in the metrics, from its
-// summary (and the route's series, bound once per configuration).
-func (ex *exchange) measure(s *summary) {
-	m := ex.p.m
-	if r := ex.req.route; r != nil && s.outcome == outcomeOK && s.status/100 == 2 && ex.reply.up == ex.loop.up {
-		r.targets[ex.reply.ti].answered.Inc() // the common series, without hashing its labels
+// measure records the finished request in the metrics m (and its
+// route's series, bound once per configuration).
+func (s *summary) measure(m *metrics.Metrics) {
+	if s.answered != nil && s.outcome == outcomeOK && s.status/100 == 2 {
+		s.answered.answered.Inc() // the common series, without hashing its labels
 	} else {
 		m.Requests.WithLabelValues(s.route, s.upstream, metrics.StatusClass(s.status), s.outcome).Inc()
 	}
@@ -335,7 +281,7 @@ func (ex *exchange) measure(s *summary) {
 	if s.stop.Ended() {
 		m.GiveUps.WithLabelValues(s.upstream, s.stop.String()).Inc()
 	}
-	if r := ex.req.route; r != nil {
+	if r := s.rt; r != nil {
 		r.ttfb.Observe(s.ttft.Seconds())
 		dur := r.durPlain
 		if s.streaming {

@@ -43,5 +43,5 @@ func (ex *exchange) clientLeft() {
 	}
 	ex.gonePhase.Store(ex.phase.Load())
 	close(ex.goneCh)
-	ex.conn.Sever()
+	ex.reply.conn.Sever()
 }

@@ -21,7 +21,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
-	ex.startTrace()
+	ex.tr.start(p.tracer.Load(), ctx, ex.req.id, ex.req.start)
 	if ex.cc = clientConnOf(ctx.Conn()); ex.cc != nil {
 		ex.cc.serving(ex)
 	}
@@ -31,7 +31,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ex.prepare()
-	ex.traceRoute()
+	ex.tr.route(ex.ctx, ex.req.route, ex.req.model)
 	ex.run()
 	if !ex.out.reader { // else the body's reader ends it (CloseWithError)
 		ex.finish()
@@ -78,7 +78,8 @@ func (ex *exchange) takeClient(cl *clientLimiter, now time.Time) (wait time.Dura
 // admit refuses what Sturdy will not forward — proxy requests (CONNECT,
 // absolute URIs), smuggling-shaped framing, clients without an accepted
 // key or over their rate limit, paths no route serves, bodies over the
-// route's max — and picks the route.
+// route's max — and picks the route (and, for a request that asks for a
+// stream, its first-token bound).
 func (ex *exchange) admit() *apiError {
 	ctx := ex.ctx
 	uri := ctx.Request.Header.RequestURI()
@@ -106,18 +107,21 @@ func (ex *exchange) admit() *apiError {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}
-	if e := ex.reserveHooks(time.Now()); e != nil {
+	var e *apiError
+	if ex.hooked, e = ex.tbl.hooks.reserve(ex, time.Now()); e != nil {
 		return e
 	}
 	model, stream := bodyFields(ctx.Request.Body())
 	ex.req.api = policy.APIOf(rawPath(uri))
 	ex.req.model = policy.ModelKey(model.Str) // the body's own bytes, unless too long to keep
-	ex.req.streams = asksToStream(ex.req.api, stream)
 	r := ex.tbl.match(rawPath(uri), model)
 	if r == nil {
 		return newError(CodeRouteNotFound, rawPath(uri))
 	}
 	ex.req.route, ex.loop.up = r, r.targets[0].up
+	if asksToStream(ex.req.api, stream) {
+		ex.req.firstToken = r.firstToken
+	}
 	if !confined(rawPath(uri), r.prefix) {
 		// An upstream that resolves dot-segments would serve a path the
 		// route does not cover, with the route's credentials.
@@ -156,9 +160,9 @@ func rawPath(uri []byte) []byte {
 	return uri
 }
 
-// prepare fixes what the request's attempts share: its deadline, whether
-// it may be replayed, its first-token bound,
-// the request's retry policy, and the upstream request's headers (useTarget adds each target's URL,
+// prepare fixes what else the request's attempts share: its deadline,
+// whether it may be replayed, the request's retry policy, and the
+// upstream request's headers (useTarget adds each target's URL,
 // credentials and model).
 func (ex *exchange) prepare() {
 	ctx, r, q := ex.ctx, ex.req.route, &ex.req
@@ -170,9 +174,6 @@ func (ex *exchange) prepare() {
 	}
 	path := rawPath(rh.RequestURI())
 	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
-	if q.streams {
-		q.firstToken = r.firstToken
-	}
 	q.retry = r.retry
 	if policy.RequestedRetries(rh.PeekCanonical(hdrStainlessRetryCount)) > 0 {
 		// The client is retrying on its own: its retries and ours multiply.

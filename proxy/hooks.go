@@ -41,24 +41,26 @@ func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
 
 func (clientLimits) settle(*exchange, summary) {}
 
-// reserveHooks runs the table's hooks' reserve in order, stopping at the
-// first refusal; ex.hooked counts those that passed, to be settled.
-func (ex *exchange) reserveHooks(now time.Time) *apiError {
-	for _, h := range ex.tbl.hooks {
+// hooks are a table's hooks, in the order they reserve.
+type hooks []hook
+
+// reserve runs the hooks' reserve for ex in order, stopping at the first
+// refusal; passed counts those that passed, to be settled.
+func (hs hooks) reserve(ex *exchange, now time.Time) (passed int, e *apiError) {
+	for _, h := range hs {
 		if e := h.reserve(ex, now); e != nil {
-			return e
+			return passed, e
 		}
-		ex.hooked++
+		passed++
 	}
-	return nil
+	return passed, nil
 }
 
-// settleHooks settles the hooks whose reserve passed, last first. Each
-// gets the summary by value: a pointer through the interface would move
-// every request's summary to the heap.
-func (ex *exchange) settleHooks(s *summary) {
-	for i := ex.hooked - 1; i >= 0; i-- {
-		ex.tbl.hooks[i].settle(ex, *s)
+// settle settles the first passed hooks, last first, with ex's summary s.
+// Each gets the summary by value: a pointer through the interface would
+// move every request's summary to the heap.
+func (hs hooks) settle(ex *exchange, passed int, s *summary) {
+	for i := passed - 1; i >= 0; i-- {
+		hs[i].settle(ex, *s)
 	}
-	ex.hooked = 0
 }

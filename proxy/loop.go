@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"slices"
-	"strconv"
 	"time"
 	"unsafe"
 
@@ -20,36 +19,37 @@ import (
 // then answers the client (respond). One deadline and max_total_attempts
 // span all targets.
 func (ex *exchange) run() {
+	var last attempt // the try in progress, then the last one made
 	targets := ex.req.route.targets
 	for ex.loop.ti = 0; ex.loop.ti < len(targets); ex.loop.ti++ {
 		t := &targets[ex.loop.ti]
-		if ex.onTarget(t) != policy.ActionFailover || !ex.hasFallback() {
+		if ex.onTarget(t, &last) != policy.ActionFailover || !ex.hasFallback() {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
 	}
-	ex.respond()
+	ex.respond(&last)
 }
 
-// onTarget runs attempts on t until policy says to fail over or to stop,
-// and returns which.
-func (ex *exchange) onTarget(t *target) policy.Action {
-	if a := ex.useTarget(t); a != policy.ActionAttempt {
-		return a
+// onTarget runs attempts on t, each in a, until policy says to fail over
+// or to stop, and returns which.
+func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
+	var v visit
+	if act := ex.useTarget(t, &v); act != policy.ActionAttempt {
+		return act
 	}
 	for {
-		out, afterStale, a := ex.attemptOn(t)
-		if a != policy.ActionAttempt {
-			return a
+		if act := ex.attemptOn(&v, a); act != policy.ActionAttempt {
+			return act
 		}
-		d := ex.decide(t, out, afterStale)
+		d := ex.decide(&v, a)
 		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
-			ex.allOut(t.up, "") // what the client is told: the breaker that is open
+			ex.allOut(&v, "") // what the client is told: the breaker that is open
 		}
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
-		if d.Ride && !ex.startRide(t.up) {
+		if d.Ride && !ex.startRide(&v) {
 			return ex.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
 		}
 		ex.enter(phaseBackoff)
@@ -64,12 +64,54 @@ func (ex *exchange) onTarget(t *target) policy.Action {
 		}
 		if !ex.wait(d.Wait, source) {
 			if d.SpendsBudget() {
-				t.up.Budget().Cancel(ex.loop.reservedAt) // never sent
+				t.up.Budget().Cancel(v.reservedAt) // never sent
 			}
 			return policy.ActionStop
 		}
-		ex.retrying(t.up, d)
+		ex.retrying(&v, a, d)
 	}
+}
+
+// visit is the loop's stay on one target, from useTarget to its failover
+// or stop: what it has learned there and is asked of again (the attempts
+// on it, its cooldown and affinity keys, the endpoints that failed, a
+// ride through its outage). It lives in the step that runs it (onTarget,
+// a rescue's continueOn); what the request holds of the target (its
+// slot, its in-flight count, a riders' place) is the exchange's, given
+// back by leaveTarget.
+type visit struct {
+	t *target
+	n int // attempts on it, a stale replay sharing its attempt's number
+	// replaying is set while the next attempt is a stale replay;
+	// reriding while it follows a ride-through probe that could not
+	// connect.
+	replaying, reriding bool
+	// continuing says its attempts carry a rescue's continuation: paid
+	// for from the retry budget (rescueStream), so its first attempt is
+	// not one the budget counts.
+	continuing bool
+	// reservedAt is when the retry budget was taken for the retry being
+	// waited for, to give it back if the wait ends early.
+	reservedAt time.Time
+	// coolKey keys its cooldowns (with the model as sent), once computed;
+	// coolDigest is the fleet's key for them.
+	coolKey    uint64
+	coolDigest fleet.Key
+	coolKnown  bool
+	// aimed is the endpoint the request's URI and Host are built for;
+	// tried the endpoints a retryable attempt failed on (retries go
+	// elsewhere).
+	aimed  *upstream.Endpoint
+	tried  [maxTriedEndpoints]*upstream.Endpoint
+	nTried int
+	// affKey is the request's affinity key, once computed (affKnown);
+	// hasKey says it has one.
+	affKey           uint64
+	affKnown, hasKey bool
+	// rideUntil ends the wait for an endpoint to come back (ride_through;
+	// zero: not riding); rideDraw spreads the riders' release.
+	rideUntil time.Time
+	rideDraw  float64
 }
 
 // carry records what the loop needs of a decision (the stop reason, a
@@ -87,23 +129,23 @@ func (ex *exchange) carry(d policy.Decision) policy.Action {
 // hasFallback reports whether a target follows the current one.
 func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.targets) }
 
-// useTarget makes t the current target: it takes a max_in_flight slot
-// (waiting up to queue_timeout) and rebuilds the request's target-specific
-// parts (URL, credentials, model).
-func (ex *exchange) useTarget(t *target) policy.Action {
-	ex.leaveTarget()
+// useTarget makes t the current target, begun as visit v: it takes a
+// max_in_flight slot (waiting up to queue_timeout) and rebuilds the
+// request's target-specific parts (URL, credentials, model).
+func (ex *exchange) useTarget(t *target, v *visit) policy.Action {
+	ex.loop.leaveTarget()
 	lp := &ex.loop
-	lp.up, lp.n, lp.replaying, lp.reriding, lp.continuing = t.up, 0, false, false, false
-	lp.coolKnown, lp.affKnown, lp.nTried, lp.aimed, lp.rideUntil, lp.ep = false, false, 0, nil, time.Time{}, nil
-	ex.note(t.up.Name(), t.model)
+	*v = visit{t: t}
+	lp.up, lp.ep = t.up, nil
+	ex.notes.target(t.up.Name(), t.model)
 	if t.up.Limited() {
 		ex.enter(phaseQueue)
-		start := ex.queueStart()
+		start := ex.tr.queueStart()
 		r := t.up.TakeSlot(ex.leaseRequest(t.up))
-		ex.traceQueued(start, r, sourceInFlight)
+		ex.tr.queued(start, r, sourceInFlight)
 		switch r {
 		case upstream.LeaseTimedOut:
-			return ex.carry(ex.clear(policy.ObstacleBusy, t.up, time.Second, 0, "max_in_flight"))
+			return ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
 		case upstream.LeaseCancelled:
 			return ex.interrupted()
 		}
@@ -143,13 +185,13 @@ func (ex *exchange) bodyFor(t *target) []byte {
 }
 
 // aim points the request at ep: its URI (and, for an address found in
-// DNS, its Host), unless it already is.
-func (ex *exchange) aim(ep *upstream.Endpoint) {
+// DNS, its Host), unless it already is (on this visit).
+func (ex *exchange) aim(v *visit, ep *upstream.Endpoint) {
 	q := &ex.req
-	if ex.loop.aimed == ep {
+	if v.aimed == ep {
 		return
 	}
-	ex.loop.aimed = ep
+	v.aimed = ep
 	q.uri = append(append(q.uri[:0], ep.Base()...), ex.ctx.Request.Header.RequestURI()...)
 	q.msg.SetRequestURIBytes(q.uri)
 	host := ep.Host()
@@ -159,27 +201,26 @@ func (ex *exchange) aim(ep *upstream.Endpoint) {
 	}
 }
 
-// leaveTarget gives back what the current target holds.
-func (ex *exchange) leaveTarget() {
-	ex.dropPlace()
-	ex.stopRiding()
-	if ex.loop.slot != nil {
-		ex.loop.slot.FreeSlot()
-		ex.loop.slot = nil
+// leaveTarget gives back what the request holds of the current target.
+func (lp *loopState) leaveTarget() {
+	lp.stopRiding()
+	if lp.slot != nil {
+		lp.slot.FreeSlot()
+		lp.slot = nil
 	}
-	if ex.loop.entered != nil {
-		ex.loop.entered.Leave()
-		ex.loop.entered = nil
+	if lp.entered != nil {
+		lp.entered.Leave()
+		lp.entered = nil
 	}
 }
 
-// gate clears the way for one attempt on up: a cooldown learned from a
-// 429 for this request's credential, then pacing. It waits where policy
-// says to; otherwise it returns the failover or stop policy chose.
-func (ex *exchange) gate(up *upstream.Upstream) policy.Action {
-	now := time.Now()
-	if left := ex.cooldownLeft(up, now); left > 0 && !ex.ownRetry(up) {
-		d := ex.clear(policy.ObstacleCooldown, up, left, ex.req.retry.MaxRetryAfter, "")
+// gate clears the way for one attempt on v's target: a cooldown learned
+// from a 429 for this request's credential, then pacing. It waits where
+// policy says to; otherwise it returns the failover or stop policy chose.
+func (ex *exchange) gate(v *visit) policy.Action {
+	up, now := v.t.up, time.Now()
+	if left := ex.cooldownLeft(v, now); left > 0 && !ex.ownRetry(v) {
+		d := ex.clear(v, policy.ObstacleCooldown, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -192,14 +233,15 @@ func (ex *exchange) gate(up *upstream.Upstream) policy.Action {
 	if lim, _ := up.Pacing(); lim == nil {
 		return policy.ActionAttempt
 	}
-	return ex.pace(up, now)
+	return ex.pace(v, now)
 }
 
 // pace waits for the upstream's rate_limit turn: the fleet's when
 // shared_state is set (one slot for the fleet, GCRA in Redis), else —
 // or when Redis does not answer and on_failure is local — this
 // replica's own limiter.
-func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
+func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
+	up := v.t.up
 	o := up.Options().RateLimit
 	limiter, maxWait := up.Pacing()
 	switch sl := ex.p.reserveShared("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
@@ -207,7 +249,7 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 		ex.loop.sharedRefused = sl.why
 		return policy.ActionStop
 	case !sl.local:
-		d := ex.clear(policy.ObstaclePacing, up, sl.wait, maxWait, "")
+		d := ex.clear(v, policy.ObstaclePacing, sl.wait, maxWait, "")
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
@@ -218,7 +260,7 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 		return policy.ActionAttempt
 	}
 	r := limiter.ReserveN(now, 1)
-	d := ex.clear(policy.ObstaclePacing, up, r.DelayFrom(now), maxWait, "")
+	d := ex.clear(v, policy.ObstaclePacing, r.DelayFrom(now), maxWait, "")
 	if d.Action != policy.ActionAttempt {
 		r.CancelAt(now)
 		return ex.carry(d)
@@ -235,19 +277,18 @@ func (ex *exchange) pace(up *upstream.Upstream, now time.Time) policy.Action {
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(up *upstream.Upstream, ep *upstream.Endpoint) policy.Action {
+func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
 	ex.enter(phaseQueue)
-	start := ex.queueStart()
-	lease, r := ep.Lease(ex.leaseRequest(up))
-	ex.traceQueued(start, r, sourceConnections)
+	start := ex.tr.queueStart()
+	lease, r := ep.Lease(ex.leaseRequest(v.t.up))
+	ex.tr.queued(start, r, sourceConnections)
 	switch r {
 	case upstream.LeaseTimedOut:
-		return ex.carry(ex.clear(policy.ObstacleBusy, up, time.Second, 0, "max_connections"))
+		return lease, ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_connections"))
 	case upstream.LeaseCancelled:
-		return ex.interrupted()
+		return lease, ex.interrupted()
 	}
-	ex.loop.place = lease
-	return policy.ActionAttempt
+	return lease, policy.ActionAttempt
 }
 
 // leaseRequest is this request's ask for a place on up (a max_in_flight
@@ -259,26 +300,17 @@ func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
 		Cancel: ex.p.stopping, Gone: ex.gone()}
 }
 
-// dropPlace gives back a connection place taken for an attempt that was
-// not made: its sample does not count.
-func (ex *exchange) dropPlace() {
-	if l := ex.loop.place; l.Held() {
-		l.Release(upstream.Sample{})
-		ex.loop.place = upstream.Lease{}
-	}
-}
-
-// clear asks policy what an obstacle before an attempt on up means — it
-// clears in wait and may be waited for up to maxWait — and records a
-// refusal (limit names the setting a busy target is at).
-func (ex *exchange) clear(kind policy.Obstacle, up *upstream.Upstream, wait, maxWait time.Duration, limit string) policy.Decision {
-	return ex.clearWith(obstacle{kind: kind, upstream: up.Name(), wait: wait, limit: limit}, maxWait)
+// clear asks policy what an obstacle before an attempt on v's target
+// means — it clears in wait and may be waited for up to maxWait — and
+// records a refusal (limit names the setting a busy target is at).
+func (ex *exchange) clear(v *visit, kind policy.Obstacle, wait, maxWait time.Duration, limit string) policy.Decision {
+	return ex.clearWith(v, obstacle{kind: kind, upstream: v.t.up.Name(), wait: wait, limit: limit}, maxWait)
 }
 
 // clearWith is clear of an obstacle told whole (with its cause).
-func (ex *exchange) clearWith(o obstacle, maxWait time.Duration) policy.Decision {
+func (ex *exchange) clearWith(v *visit, o obstacle, maxWait time.Duration) policy.Decision {
 	d := policy.Clear(policy.Gate{Obstacle: o.kind, Wait: o.wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
-		HasFallback: ex.hasFallback(), N: ex.loop.n, Total: ex.loop.attempts})
+		HasFallback: ex.hasFallback(), N: v.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
 		o.model = ex.loop.model
 		ex.block(o)
@@ -290,7 +322,7 @@ func (ex *exchange) clearWith(o obstacle, maxWait time.Duration) policy.Decision
 // that clears soonest.
 func (ex *exchange) block(o obstacle) {
 	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
-	ex.noteResult(o.kind.String(), false)
+	ex.notes.result(o.kind.String(), false)
 	if o.kind == policy.ObstacleBreaker && ex.notes.nTried > 0 {
 		ex.notes.tried[ex.notes.nTried-1].breaker = o.limit
 	}
@@ -301,147 +333,133 @@ func (ex *exchange) block(o obstacle) {
 	}
 }
 
-// attemptOn clears t's gates (gate), chooses an endpoint (choose) and
-// sends one attempt there (send): the loop's step, which a rescue's
-// continuation takes too. Its action is ActionAttempt when the attempt
-// was sent, else what stood in the way.
-func (ex *exchange) attemptOn(t *target) (out policy.Outcome, afterStale bool, a policy.Action) {
-	if a = ex.gate(t.up); a != policy.ActionAttempt {
-		return out, false, a
+// attemptOn clears the gates of v's target (gate), chooses an endpoint
+// (choose) and sends one attempt there (send), in a: the loop's step,
+// which a rescue's continuation takes too. Its action is ActionAttempt
+// when the attempt was sent, else what stood in the way (and a is the
+// last one made).
+func (ex *exchange) attemptOn(v *visit, a *attempt) policy.Action {
+	if act := ex.gate(v); act != policy.ActionAttempt {
+		return act
 	}
-	ep, tk, a := ex.choose(t.up)
-	if a != policy.ActionAttempt {
-		return out, false, a
+	next := attempt{why: a.why, refused: a.refused} // until it is sent (roundTrip), the last one's
+	if act := ex.choose(v, &next); act != policy.ActionAttempt {
+		return act
 	}
-	out, afterStale = ex.send(t, ep, tk)
-	return out, afterStale, policy.ActionAttempt
+	*a = next
+	ex.send(v, a)
+	return policy.ActionAttempt
 }
 
-// decide returns policy's decision on what follows an attempt on t that
-// ended in out (afterStale: it was a stale connection's replay), with
-// the retry budget reserved for a retry it chose.
-func (ex *exchange) decide(t *target, out policy.Outcome, afterStale bool) policy.Decision {
-	up, lp, ep := t.up, &ex.loop, ex.loop.ep
+// decide returns policy's decision on what follows attempt at on v's
+// target, with the retry budget reserved for a retry it chose.
+func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
+	up, lp, vd := v.t.up, &ex.loop, at.verdict
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
-	a := policy.Attempt{Verdict: lp.verdict, N: lp.n, Total: ex.counted(), AfterStale: afterStale,
+	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.loop.counted(), AfterStale: at.stale,
 		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
-		Riding:    now.Before(lp.rideUntil) && ep.Out(),
-		Elsewhere: lp.verdict.Class == policy.ClassRetryable && up.Elsewhere(lp.model, lp.tried[:lp.nTried])}
-	if lp.verdict.Class == policy.ClassRetryable {
-		a.Refused = lp.refused && !a.Elsewhere
-		a.RideLeft = ex.rideLeft(up, now)
+		Riding:    now.Before(v.rideUntil) && at.ep.Out(),
+		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
+	if vd.Class == policy.ClassRetryable {
+		a.Refused = at.refused && !a.Elsewhere
+		a.RideLeft = ex.rideLeft(v, now)
 		a.Out = !up.AnyUsable(lp.model)
 	}
 	if ex.reply.has {
-		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(up, now)
+		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(v, vd, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
-		if lp.verdict.Class == policy.ClassPassThrough {
-			if failoverBy = ex.failoverStatus(); out.InsufficientQuota {
+		if vd.Class == policy.ClassPassThrough {
+			if failoverBy = ex.failoverStatus(&at.out); at.out.InsufficientQuota {
 				failoverBy = "insufficient_quota"
 			}
 			a.FailoverStatus = failoverBy != ""
 		}
 	}
 	reserved := false
-	if lp.verdict.Class == policy.ClassRetryable {
+	if vd.Class == policy.ClassRetryable {
 		reserved = up.Budget().Reserve(now)
 		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
 	if d.Action == policy.ActionFailover && failoverBy != "" {
-		ex.noteResult(failoverBy, false) // not passed through: the client never saw it
+		ex.notes.result(failoverBy, false) // not passed through: the client never saw it
 	}
 	if d.Source != policy.WaitServer {
 		lp.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
 	}
-	ex.attemptDecided(d)
+	ex.tr.attemptDecided(d)
 	if reserved && !d.SpendsBudget() {
 		up.Budget().Cancel(now)
 	}
 	if d.SpendsBudget() {
-		ex.loop.reservedAt = now
+		v.reservedAt = now
 	}
 	return d
 }
 
-// send makes one attempt on t's endpoint ep, reports it to the breakers,
-// counts and notes it; lp.verdict says how it went. afterStale says it
-// was a stale connection's replay.
-func (ex *exchange) send(t *target, ep *upstream.Endpoint, tk upstream.Tickets) (out policy.Outcome, afterStale bool) {
-	up, lp := t.up, &ex.loop
+// send makes attempt a on v's target, reports it to the breakers, counts
+// and notes it; a's outcome and verdict say how it went.
+func (ex *exchange) send(v *visit, a *attempt) {
+	t, lp, ep := v.t, &ex.loop, a.ep
+	up := t.up
+	a.ti, a.up = lp.ti, up
 	// The previous reply is given up now (its body and its connection
 	// place), and the place taken for this attempt goes with the new one.
-	ex.closeBody()
-	ex.reply.lease, lp.place = lp.place, upstream.Lease{}
-	ex.reply.sample, ex.reply.replay = upstream.Sample{}, lp.replaying // no sample counts until one is taken
-	afterStale = lp.replaying
+	ex.reply.close()
+	ex.reply.lease, a.lease = a.lease, upstream.Lease{}
+	ex.reply.sample = upstream.Sample{} // no sample counts until one is taken
+	a.stale = v.replaying
 	switch {
-	case lp.reriding:
+	case v.reriding:
 		lp.rides++
-	case afterStale:
+	case a.stale:
 		lp.replays++
 	default:
-		lp.n++
+		v.n++
 	}
 	lp.attempts++
-	lp.replaying, lp.reriding, lp.blocked = false, false, false
-	now := time.Now()
-	ex.reply.sentAt = now
-	if lp.n == 1 && !afterStale && !lp.continuing {
-		up.Budget().FirstAttempt(now)
+	v.replaying, v.reriding, lp.blocked = false, false, false
+	a.sentAt = time.Now()
+	if v.n == 1 && !a.stale && !v.continuing {
+		up.Budget().FirstAttempt(a.sentAt)
 	}
-	ex.aim(ep)
-	ex.startAttempt(t, ep)
-	out = ex.attempt(t, ep, now)
-	lp.verdict, lp.fault = policy.Classify(out), out.Fault
-	cause := ""
-	if lp.verdict.Class == policy.ClassRetryable {
-		cause = ex.failureCause(out) // for what a breaker this opens says tripped it
+	a.n, a.model, a.cont = lp.attempts, lp.model, ex.st.rescue.tries > 0
+	ex.aim(v, ep)
+	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a, v.replaying)
+	ex.roundTrip(t, a)
+	out := a.out
+	a.verdict = policy.Classify(out)
+	vd, cause := a.verdict, ""
+	if vd.Class == policy.ClassRetryable {
+		cause = a.failureCause() // for what a breaker this opens says tripped it
 	}
-	tk.Report(breakerResult(lp.verdict.Conn), breakerResult(lp.verdict.Health), cause)
-	if lp.verdict.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
-		ex.failedOn(ep)
+	a.tk.Report(breakerResult(vd.Conn), breakerResult(vd.Health), cause)
+	if vd.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
+		v.failedOn(ep)
 	}
-	if lp.verdict.Class != policy.ClassRetryable && lp.verdict.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
-		up.Cooldowns().Succeeded(ex.cooldownKey(up)) // a run of bare 429s ends
+	if vd.Class != policy.ClassRetryable && vd.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
+		up.Cooldowns().Succeeded(ex.cooldownKey(v)) // a run of bare 429s ends
 	}
-	if ex.reply.has = out.Fault == policy.FaultNone; ex.reply.has {
-		ex.reply.up, ex.reply.ti, ex.reply.ep = up, lp.ti, ep
+	ex.reply.has = out.Fault == policy.FaultNone
+	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
+		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
-	if lp.verdict.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && lp.verdict.Reason != policy.Reason429 {
-		ep.Outcome(lp.verdict.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
-	}
-	ex.attemptEnded(up, ep, out, afterStale)
-	return out, afterStale
+	ex.attemptEnded(a)
 }
 
-// failureCause names an attempt's failure in a few words, for a breaker
-// it may open: the reason a connection failed ("connection refused"), a
-// status ("503"), an in-band error's code, or the fault ("timeout").
-func (ex *exchange) failureCause(out policy.Outcome) string {
-	switch {
-	case out.Fault != policy.FaultNone && ex.loop.why != "":
-		return ex.loop.why
-	case out.Fault != policy.FaultNone:
-		return out.Fault.String()
-	case out.StreamFailed:
-		return "an in-band " + strconv.Quote(out.StreamError)
-	}
-	return strconv.Itoa(out.Status)
-}
-
-// retrying counts and notes a retry policy chose, once its wait is over.
-func (ex *exchange) retrying(up *upstream.Upstream, d policy.Decision) {
-	reason := ex.loop.verdict.Reason
-	ex.loop.replaying, ex.loop.reriding = d.Replay, d.Ride
+// retrying counts and notes a retry policy chose after attempt a on v's
+// target, once its wait is over.
+func (ex *exchange) retrying(v *visit, a *attempt, d policy.Decision) {
+	up, reason := v.t.up, a.verdict.Reason
+	v.replaying, v.reriding = d.Replay, d.Ride
 	if !d.Replay && !d.Ride {
 		ex.p.m.RetryWait.WithLabelValues(up.Name(), d.Source.String()).Observe(d.Wait.Seconds())
 	}
 	ex.p.m.Retries.WithLabelValues(up.Name(), reason.String()).Inc()
 	if n := &ex.notes; n.nRetries < maxLoggedRetries {
-		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: ex.loop.ep.Addr(), wait: d.Wait}
+		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: a.ep.Addr(), wait: d.Wait}
 		n.nRetries++
 	}
 }
@@ -451,7 +469,7 @@ func (ex *exchange) retrying(up *upstream.Upstream, d policy.Decision) {
 // begun, and ex.loop.stop says why. The timer is always stopped. source
 // says who set the wait (for a trace).
 func (ex *exchange) wait(d time.Duration, source string) bool {
-	ex.traceWait(d, source)
+	ex.tr.wait(phase(ex.phase.Load()), d, source)
 	if d <= 0 {
 		select {
 		case <-ex.p.stopping:
@@ -492,49 +510,47 @@ func (ex *exchange) interrupted() policy.Action {
 }
 
 // ownRetry reports whether this attempt is the retry of the request whose
-// 429 started up's cooldown with the wait it asked for, that wait now
+// 429 started the cooldown of v's upstream with the wait it asked for, that wait now
 // waited: the cooldown (its end moved later by the jitter, for everyone
 // else) does not hold it — unless something has set a later end since.
-func (ex *exchange) ownRetry(up *upstream.Upstream) bool {
-	own := ex.loop.own
+func (ex *exchange) ownRetry(v *visit) bool {
+	up, own := v.t.up, ex.loop.own
 	ex.loop.own = ownCooldown{}
-	return own.up == up && up.Cooldowns().End(ex.cooldownKey(up)).Equal(own.until)
+	return own.up == up && up.Cooldowns().End(ex.cooldownKey(v)).Equal(own.until)
 }
 
 // counted is the attempts max_total_attempts counts: stale replays and
 // ride-through probes are not.
-func (ex *exchange) counted() int {
-	lp := &ex.loop
-	return lp.attempts - lp.rides - lp.replays
-}
+func (lp *loopState) counted() int { return lp.attempts - lp.rides - lp.replays }
 
-// cooldownKey keys up's cooldowns for this request: the credential — the
-// upstream's own key when Sturdy injects one (all clients share it), else
-// the client's Authorization — and the model as sent, since providers
-// rate-limit per key and per model.
-func (ex *exchange) cooldownKey(up *upstream.Upstream) uint64 {
+// cooldownKey keys the cooldowns of v's upstream for this request,
+// computed once per visit: the credential — the upstream's own key when
+// Sturdy injects one (all clients share it), else the client's
+// Authorization — and the model as sent, since providers rate-limit per
+// key and per model.
+func (ex *exchange) cooldownKey(v *visit) uint64 {
 	lp := &ex.loop
-	if !lp.coolKnown {
+	if !v.coolKnown {
 		var cred []byte
-		if up.Auth() == nil {
+		if v.t.up.Auth() == nil {
 			cred = ex.ctx.Request.Header.PeekCanonical(hdrAuthorization)
 		}
 		// The same in every replica, so the fleet shares it.
-		lp.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
-		lp.coolKey, lp.coolKnown = localKey(lp.coolDigest), true
+		v.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
+		v.coolKey, v.coolKnown = localKey(v.coolDigest), true
 	}
-	return lp.coolKey
+	return v.coolKey
 }
 
-// cooldownLeft returns how long up's cooldown for this request's key
-// lasts from now (0: none); with no cooldown in force it is one atomic
-// load.
-func (ex *exchange) cooldownLeft(up *upstream.Upstream, now time.Time) time.Duration {
-	cd := up.Cooldowns()
+// cooldownLeft returns how long the cooldown of v's upstream for this
+// request's key lasts from now (0: none); with no cooldown in force it is
+// one atomic load.
+func (ex *exchange) cooldownLeft(v *visit, now time.Time) time.Duration {
+	cd := v.t.up.Cooldowns()
 	if !cd.Possible(now) {
 		return 0
 	}
-	return cd.Remaining(ex.cooldownKey(up), now)
+	return cd.Remaining(ex.cooldownKey(v), now)
 }
 
 // extend adds a random 0–10 % to a cooldown, so clients that learned the
@@ -554,10 +570,10 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
 // wait (lp.own): its retry is not held by the cooldown the wait started.
-func (ex *exchange) learnRateLimits(up *upstream.Upstream, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
-	h := &ex.reply.msg.Header
-	is429 := ex.loop.verdict.Reason == policy.Reason429
-	if ex.loop.verdict.Class == policy.ClassRetryable {
+func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+	up, h := v.t.up, &ex.reply.msg.Header
+	is429 := vd.Reason == policy.Reason429
+	if vd.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
 	}
 	if up.BareCooldown() <= 0 { // cooldown.enabled: false
@@ -576,14 +592,14 @@ func (ex *exchange) learnRateLimits(up *upstream.Upstream, now time.Time) (wait 
 	}
 	switch {
 	case until.After(now):
-		until = up.Cooldowns().Set(ex.cooldownKey(up), now, until) // cooldown.max caps it
-		ex.publishCooldown(up, until, 0)
+		until = up.Cooldowns().Set(ex.cooldownKey(v), now, until) // cooldown.max caps it
+		ex.p.publishCooldown(up, v.coolDigest, until, 0)
 		if fromWait {
 			ex.loop.own = ownCooldown{up: up, until: until}
 		}
 	case is429 && !ok: // "too many", but not for how long
-		d, streak := up.Cooldowns().Bare(ex.cooldownKey(up), now, up.BareCooldown(), ex.extend)
-		ex.publishCooldown(up, now.Add(d), streak)
+		d, streak := up.Cooldowns().Bare(ex.cooldownKey(v), now, up.BareCooldown(), ex.extend)
+		ex.p.publishCooldown(up, v.coolDigest, now.Add(d), streak)
 		cooldown = d
 	default:
 		return wait, ok, 0
@@ -596,13 +612,13 @@ func (ex *exchange) learnRateLimits(up *upstream.Upstream, now time.Time) (wait 
 // over on — "failover_on" (its status is in failover_on), "failover_code"
 // (a 400 whose error code, or a stream's in-band error code, is in
 // failover_codes) — or "" when it is not.
-func (ex *exchange) failoverStatus() string {
+func (ex *exchange) failoverStatus(out *policy.Outcome) string {
 	status, r := ex.reply.msg.StatusCode(), ex.req.route
 	if slices.Contains(r.failoverOn, status) {
 		return "failover_on"
 	}
-	if ex.reply.streamFailed { // the client's own error, told in a stream's first event
-		if slices.Contains(r.failoverCodes, ex.reply.streamError) {
+	if out.StreamFailed { // the client's own error, told in a stream's first event
+		if slices.Contains(r.failoverCodes, out.StreamError) {
 			return "failover_code"
 		}
 		return ""
@@ -616,18 +632,20 @@ func (ex *exchange) failoverStatus() string {
 	return ""
 }
 
-func (ex *exchange) note(upstream, model string) {
-	if n := &ex.notes; n.nTried < maxLoggedTargets {
-		n.tried[n.nTried] = targetNote{upstream: upstream, model: model}
-		n.nTried++
+// target notes a target the request goes to, with the model as sent
+// there ("" for the client's).
+func (ns *notes) target(upstream, model string) {
+	if ns.nTried < maxLoggedTargets {
+		ns.tried[ns.nTried] = targetNote{upstream: upstream, model: model}
+		ns.nTried++
 	}
 }
 
-// noteResult records how the current target's last attempt ended, or,
-// with attempted false, why it was skipped.
-func (ex *exchange) noteResult(result string, attempted bool) {
-	if ex.notes.nTried > 0 {
-		n := &ex.notes.tried[ex.notes.nTried-1]
+// result records how the current target's last attempt ended, or, with
+// attempted false, why it was skipped.
+func (ns *notes) result(result string, attempted bool) {
+	if ns.nTried > 0 {
+		n := &ns.tried[ns.nTried-1]
 		if attempted {
 			n.attempts++
 		}

@@ -63,7 +63,7 @@ type Proxy struct {
 	// streams are the responses streaming now, for Shutdown to end with
 	// an interruption event once its grace is over.
 	streamsMu sync.Mutex
-	streams   map[*exchange]struct{}
+	streams   map[*stream]struct{}
 	// failures are the newest failed requests, for the status page.
 	failures failureRing
 }
@@ -72,13 +72,14 @@ type Proxy struct {
 // an invalid upstream URL.
 func New(o Options) (*Proxy, error) {
 	p := &Proxy{log: o.Log, rand: o.Rand, m: o.Metrics, limits: o.Server.withDefaults(), stopping: make(chan struct{}),
-		streams: map[*exchange]struct{}{}}
+		streams: map[*stream]struct{}{}}
 	if p.rand == nil {
 		p.rand = mrand.Int64N
 	}
 	if p.m == nil {
 		p.m = metrics.New()
 	}
+	p.held.full = p.m.BufferFull
 	p.env = &upstream.Env{Log: p.log, Metrics: p.m, Lookup: o.LookupHost, IsSelf: o.IsSelf, Stopping: p.stopping,
 		Evicted: p.evicted, Announcer: p.breakerAnnouncer,
 		ModelLabel: func(model string) string { return p.tbl.Load().modelLabel(model) }}
@@ -224,8 +225,8 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 // waits, up to streamGraceEnd, for them to be written.
 func (p *Proxy) interruptStreams() {
 	p.streamsMu.Lock()
-	for ex := range p.streams {
-		ex.interrupt()
+	for st := range p.streams {
+		st.interrupt()
 	}
 	p.streamsMu.Unlock()
 	for deadline := time.Now().Add(streamGraceEnd); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -239,12 +240,12 @@ func (p *Proxy) interruptStreams() {
 }
 
 // streaming registers (on) or forgets a response that streams.
-func (p *Proxy) streaming(ex *exchange, on bool) {
+func (p *Proxy) streaming(st *stream, on bool) {
 	p.streamsMu.Lock()
 	if on {
-		p.streams[ex] = struct{}{}
+		p.streams[st] = struct{}{}
 	} else {
-		delete(p.streams, ex)
+		delete(p.streams, st)
 	}
 	p.streamsMu.Unlock()
 }

@@ -57,15 +57,17 @@ var errInBand = errors.New("the upstream reported an error mid-stream")
 
 // followForRescue turns rescue on at commit for a chat completions
 // stream the route could continue: chunked SSE, a request continuing
-// cannot corrupt (policy.Continuable), and a target that can continue.
-func (ex *exchange) followForRescue() {
-	rs := &ex.out.rescue
-	if ex.req.api != policy.APIChat || ex.out.kind != events.SSE || !ex.out.chunked || ex.req.route.maxRescues == 0 ||
-		ex.loop.verdict.Class != policy.ClassSuccess {
+// cannot corrupt (policy.Continuable), and a target that can continue
+// (ti is the index of the target whose stream it is).
+func (st *stream) followForRescue(ti int) {
+	ex := st.ex
+	rs := &st.rescue
+	if ex.req.api != policy.APIChat || st.kind != events.SSE || !st.chunked || ex.req.route.maxRescues == 0 ||
+		ex.out.outcome != outcomeOK {
 		return
 	}
-	rs.ti = ex.reply.ti
-	if ex.rescueTarget() < 0 {
+	rs.ti = ti
+	if st.rescueTarget() < 0 {
 		return
 	}
 	rs.blocker = policy.Continuable(ex.ctx.Request.Body())
@@ -77,25 +79,25 @@ func (ex *exchange) followForRescue() {
 // when the upstream stream fails — a cut, a stall past idle, an in-band
 // error — continues it on a target that can (rescueStream), or ends it
 // as any failed stream.
-func (ex *exchange) readEvents(p []byte) (int, error) {
-	rs := &ex.out.rescue
+func (st *stream) readEvents(p []byte) (int, error) {
+	rs := &st.rescue
 	for {
 		if rs.readyOff < len(rs.ready) {
 			n := copy(p, rs.ready[rs.readyOff:])
 			rs.readyOff += n
-			return ex.relayed(p[:n]), nil
+			return st.relayed(p[:n]), nil
 		}
 		rs.ready, rs.readyOff = rs.ready[:0], 0
 		if rs.end != nil {
-			if rs.end != io.EOF && ex.rescueStream() {
+			if rs.end != io.EOF && st.rescueStream() {
 				rs.end = nil
 				continue
 			}
 			rs.on = false
-			return ex.upstreamEnded(rs.end, p)
+			return st.upstreamEnded(rs.end, p)
 		}
-		err := ex.pull()
-		if ex.takeEvents() {
+		err := st.pull()
+		if st.takeEvents() {
 			err = errInBand
 		}
 		if rs.done {
@@ -104,7 +106,7 @@ func (ex *exchange) readEvents(p []byte) (int, error) {
 		switch {
 		case err == nil:
 			continue
-		case err == io.EOF && ex.cutAtEnd():
+		case err == io.EOF && st.cutAtEnd():
 			err = errUnterminated
 		case err == io.EOF:
 			rs.ready = append(rs.ready, rs.pending...) // the last event may lack its blank line
@@ -116,8 +118,9 @@ func (ex *exchange) readEvents(p []byte) (int, error) {
 
 // pull adds the next upstream bytes to pending: the reply's held head
 // first, then its body.
-func (ex *exchange) pull() error {
-	rp, rs := &ex.reply, &ex.out.rescue
+func (st *stream) pull() error {
+	ex := st.ex
+	rp, rs := &ex.reply, &st.rescue
 	if rp.headOff < len(rp.head) {
 		rs.pending = append(rs.pending, rp.head[rp.headOff:]...)
 		rp.headOff = len(rp.head)
@@ -133,13 +136,13 @@ func (ex *exchange) pull() error {
 
 // cutAtEnd reports whether a stream that reached EOF was cut: only its
 // connection's close ended it, before its terminator.
-func (ex *exchange) cutAtEnd() bool {
-	if !ex.out.closeDelimited {
+func (st *stream) cutAtEnd() bool {
+	if !st.closeDelimited {
 		return false
 	}
-	s := ex.out.scan // a copy: what the client's scanner will make of the rest
-	_, _ = s.Write(ex.out.rescue.ready[ex.out.rescue.readyOff:])
-	_, _ = s.Write(ex.out.rescue.pending)
+	s := st.scan // a copy: what the client's scanner will make of the rest
+	_, _ = s.Write(st.rescue.ready[st.rescue.readyOff:])
+	_, _ = s.Write(st.rescue.pending)
 	s.End()
 	return !s.Done()
 }
@@ -147,8 +150,8 @@ func (ex *exchange) cutAtEnd() bool {
 // takeEvents moves pending's whole events to ready, following each. true
 // means an in-band error a continuation may rescue: it and whatever
 // follows it are not relayed.
-func (ex *exchange) takeEvents() (failed bool) {
-	rs := &ex.out.rescue
+func (st *stream) takeEvents() (failed bool) {
+	rs := &st.rescue
 	if rs.raw {
 		rs.ready, rs.pending = append(rs.ready, rs.pending...), rs.pending[:0]
 		return false
@@ -159,7 +162,7 @@ func (ex *exchange) takeEvents() (failed bool) {
 		if n == 0 {
 			break
 		}
-		failed = ex.follow(ev, rs.pending[off:off+n])
+		failed = st.follow(ev, rs.pending[off:off+n])
 		off += n
 	}
 	if failed || rs.done {
@@ -178,8 +181,8 @@ func (ex *exchange) takeEvents() (failed bool) {
 // continuation's events lose their role-only framing (the client had it)
 // and take the first stream's id. true means ev is an in-band error a
 // continuation may rescue, not relayed.
-func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
-	rs := &ex.out.rescue
+func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
+	rs := &st.rescue
 	if ev.Data == nil || string(ev.Data) == "[DONE]" {
 		rs.ready = append(rs.ready, raw...)
 		rs.done = ev.Data != nil
@@ -187,7 +190,7 @@ func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 	}
 	mark, code := policy.Judge(policy.APIChat, ev.Name, ev.Data)
 	if mark == policy.MarkFailure {
-		if policy.EventFailure(code).Class == policy.ClassRetryable && ex.rescueState(ex.rescueTarget(), false).Refusal() == "" {
+		if policy.EventFailure(code).Class == policy.ClassRetryable && st.rescueState(st.rescueTarget(), false).Refusal() == "" {
 			return true
 		}
 		rs.ready = append(rs.ready, raw...)
@@ -204,7 +207,7 @@ func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 		rs.blocker = blocker
 	}
 	if rs.blocker == "" { // else no continuation will need it
-		ex.keepText(text)
+		st.keepText(text)
 	}
 	switch {
 	case !rs.cont && len(rs.id) == 0:
@@ -223,14 +226,15 @@ func (ex *exchange) follow(ev events.Event, raw []byte) (failed bool) {
 // the route's max_rescue_bytes and the buffer budget; past either the
 // stream is relayed as ever but no longer rescuable — rescue_refused
 // says which bound it met — and the text is let go.
-func (ex *exchange) keepText(text string) {
-	rs, limit := &ex.out.rescue, ex.req.route.maxRescueBytes
+func (st *stream) keepText(text string) {
+	ex := st.ex
+	rs, limit := &st.rescue, ex.req.route.maxRescueBytes
 	switch {
 	case len(rs.text)+len(text) > limit:
 		rs.blocker = policy.RescueTooLarge
 	case cap(rs.text)-len(rs.text) < len(text):
 		more := min(max(len(text), cap(rs.text), 4<<10), limit-len(rs.text))
-		if !ex.hold(more, heldForRescue) {
+		if !ex.held.hold(&ex.p.held, more, heldForRescue) {
 			rs.blocker = policy.RescueBuffers
 			break
 		}
@@ -246,9 +250,10 @@ func (ex *exchange) keepText(text string) {
 // rescueTarget returns the index of the target that continues the
 // stream: the current one if its upstream can continue, else the next
 // fallback that can; -1 for none.
-func (ex *exchange) rescueTarget() int {
+func (st *stream) rescueTarget() int {
+	ex := st.ex
 	ts := ex.req.route.targets
-	for i := ex.out.rescue.ti; i < len(ts); i++ {
+	for i := st.rescue.ti; i < len(ts); i++ {
 		if ts[i].up.Options().Continuation != upstream.ContinueNone {
 			return i
 		}
@@ -260,49 +265,52 @@ func (ex *exchange) rescueTarget() int {
 // is the target that would continue it (rescueTarget, -1: none),
 // budgetSpent says its upstream's retry budget had no retry left (see
 // rescueStream).
-func (ex *exchange) rescueState(ti int, budgetSpent bool) policy.Rescue {
-	rs, r := &ex.out.rescue, ex.req.route
+func (st *stream) rescueState(ti int, budgetSpent bool) policy.Rescue {
+	ex := st.ex
+	rs, r := &st.rescue, ex.req.route
 	return policy.Rescue{Blocker: rs.blocker, HasTarget: ti >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
-		Total: ex.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
+		Total: ex.loop.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
 		Elapsed: time.Since(ex.req.start), MaxDuration: r.maxDuration,
-		Interrupted: ex.out.cut.Load() || ex.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
+		Interrupted: st.cut.Load() || ex.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
 }
 
 // rescueStream continues the failed stream on a target that can, as
 // policy.Rescue allows, and reports whether one took over. Each
 // continuation sent is paid for from its upstream's retry budget:
 // reserved before deciding, given back when it is not sent.
-func (ex *exchange) rescueStream() bool {
-	rs := &ex.out.rescue
+func (st *stream) rescueStream() bool {
+	ex := st.ex
+	rs := &st.rescue
+	var a attempt // a continuation's try, then the last one made
 	for {
-		ti, now, reserved := ex.rescueTarget(), time.Now(), false
+		ti, now, reserved := st.rescueTarget(), time.Now(), false
 		var budget *policy.Budget
 		if ti >= 0 {
 			budget = ex.req.route.targets[ti].up.Budget()
 			reserved = budget.Reserve(now)
 		}
-		if why := ex.rescueState(ti, ti >= 0 && !reserved).Refusal(); why != "" {
+		if why := st.rescueState(ti, ti >= 0 && !reserved).Refusal(); why != "" {
 			if reserved {
 				budget.Cancel(now)
 			}
 			if rs.refused == "" && why != "interrupted" {
 				rs.refused = why
 			}
-			ex.traceRescue(why)
+			ex.tr.rescueResult(why)
 			if rs.tries == 0 || why != "exhausted" {
 				ex.p.m.StreamRescues.WithLabelValues(why).Inc()
 			}
 			return false
 		}
 		rs.tries++
-		ex.attemptCut(rs.end)
-		took, sent := ex.continueOn(ti)
+		ex.tr.attemptCut(rs.end)
+		took, sent := st.continueOn(ti, &a)
 		if !sent {
 			budget.Cancel(now)
 		}
 		if took {
 			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
-			ex.traceRescue("continued")
+			ex.tr.rescueResult("continued")
 			return true
 		}
 		if rs.blocker == policy.RescueTooLarge { // its body would pass max_body: never sent
@@ -310,59 +318,61 @@ func (ex *exchange) rescueStream() bool {
 			continue
 		}
 		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
-		ex.traceRescue("failed")
-		ex.endAttempt() // the continuation's span: it said how it failed
-		rs.ti = policy.RescueNext(ti, sent && ex.loop.verdict.Class == policy.ClassRetryable)
+		ex.tr.rescueResult("failed")
+		ex.tr.endAttempt() // the continuation's span: it said how it failed
+		rs.ti = policy.RescueNext(ti, sent && a.verdict.Class == policy.ClassRetryable)
 	}
 }
 
 // continueOn sends the continuation request to target ti — the body as
 // the target gets it, the text so far as a trailing assistant message —
 // through the loop's step (attemptOn), and, when it answers with a
-// stream, makes it the one relayed (took). sent says an attempt was made.
-func (ex *exchange) continueOn(ti int) (took, sent bool) {
-	rs, lp, rp := &ex.out.rescue, &ex.loop, &ex.reply
+// stream, makes it the one relayed (took). sent says an attempt was made;
+// a is the last one.
+func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
+	ex := st.ex
+	rs, lp, rp := &st.rescue, &ex.loop, &ex.reply
 	t := &ex.req.route.targets[ti]
 	failedUp, failedEp := lp.up, lp.ep
-	ex.closeBody() // closing the cut stream's connection stops its generation
+	ex.reply.close() // closing the cut stream's connection stops its generation
 	// The event it was cut in never reached the client, nor the text so
 	// far: the continuation starts after the last whole event.
 	rs.pending = rs.pending[:0]
-	body, ok := ex.continuation(t) // before the target is taken: a body too large leaves the loop as it was
+	body, ok := st.continuation(t) // before the target is taken: a body too large leaves the loop as it was
 	if !ok {
 		return false, false
 	}
 	lp.ti = ti
-	if ex.useTarget(t) != policy.ActionAttempt {
+	var v visit
+	if ex.useTarget(t, &v) != policy.ActionAttempt {
 		return false, false
 	}
-	lp.continuing = true
+	v.continuing = true
 	ex.req.msg.SetBodyRaw(body)
 	if t.up == failedUp && failedEp != nil {
-		ex.failedOn(failedEp) // another replica, if one is in
+		v.failedOn(failedEp) // another replica, if one is in
 	}
 	for {
-		out, afterStale, a := ex.attemptOn(t)
-		if a != policy.ActionAttempt {
+		if ex.attemptOn(&v, a) != policy.ActionAttempt {
 			return false, sent
 		}
 		sent = true
-		if out.Fault == policy.FaultStale {
-			d, _ := policy.DecideStale(policy.Attempt{Replayable: ex.req.replayable, AfterStale: afterStale,
+		if a.out.Fault == policy.FaultStale {
+			d, _ := policy.DecideStale(policy.Attempt{Replayable: ex.req.replayable, AfterStale: a.stale,
 				Remaining: time.Until(ex.req.deadline)})
-			if lp.replaying = d.Replay; d.Replay {
+			if v.replaying = d.Replay; d.Replay {
 				continue
 			}
 		}
-		if !rp.has || lp.verdict.Class != policy.ClassSuccess || out.StreamFailed ||
-			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || ex.out.cut.Load() || ex.isGone.Load() {
-			ex.closeBody()
+		if !rp.has || a.verdict.Class != policy.ClassSuccess || a.out.StreamFailed ||
+			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || st.cut.Load() || ex.isGone.Load() {
+			ex.reply.close()
 			return false, true
 		}
 		break
 	}
-	ex.out.closeDelimited = rp.msg.Header.ContentLength() == -2
-	upstream.CapReads(rp.msg, ex.responseCap())
+	st.closeDelimited = rp.msg.Header.ContentLength() == -2
+	upstream.CapReads(rp.msg, ex.req.responseCap(st.streamed()))
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()
 	ex.enter(phaseStream)
@@ -374,8 +384,9 @@ func (ex *exchange) continueOn(ti int) (took, sent bool) {
 // message, with vLLM's flags for continuing it (with no text yet, the
 // request as it was). false means it could not be built — it must not be
 // sent as it is — or would pass the route's max_body (policy.RescueTooLarge).
-func (ex *exchange) continuation(t *target) ([]byte, bool) {
-	rs := &ex.out.rescue
+func (st *stream) continuation(t *target) ([]byte, bool) {
+	ex := st.ex
+	rs := &st.rescue
 	if len(rs.text) == 0 {
 		return ex.bodyFor(t), true
 	}

@@ -14,60 +14,62 @@ import (
 )
 
 // respond answers the client once the attempt loop has stopped: with the
-// last upstream reply when the last attempt produced one (as final when
-// it was a failure), else with what stood in the way of the last target,
-// else with why no attempt produced a reply.
-func (ex *exchange) respond() {
+// last upstream reply when the last attempt (last) produced one (as final
+// when it was a failure), else with what stood in the way of the last
+// target, else with why no attempt produced a reply.
+func (ex *exchange) respond(last *attempt) {
 	lp := &ex.loop
 	switch {
 	case lp.stop == policy.StopClientGone:
 		ex.leftUnanswered()
-	case ex.reply.has && lp.verdict.Class == policy.ClassSuccess:
+	case ex.reply.has && last.verdict.Class == policy.ClassSuccess:
 		ex.out.outcome = outcomeOK
-		ex.commit(false)
-	case ex.reply.has && lp.verdict.Class == policy.ClassPassThrough:
+		ex.commit(last, false)
+	case ex.reply.has && last.verdict.Class == policy.ClassPassThrough:
 		ex.out.outcome = outcomePassThrough
-		ex.commit(false)
+		ex.commit(last, false)
 	case ex.reply.has:
 		ex.out.outcome = outcomeExhausted
-		ex.commit(true)
+		ex.commit(last, true)
 	case lp.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
-		ex.obstructed()
+		ex.obstructed(lp.obstacle)
 	case lp.sharedRefused != "":
 		ex.out.outcome = outcomeSharedState
 		ex.fail(sharedFailure(lp.sharedRefused))
 	case lp.stop == policy.StopShutdown:
 		ex.out.outcome = outcomeShuttingDown
-		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.triedText()))
+		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.notes.text(ex.loop.stop)))
 	default:
-		ex.noReply()
+		ex.noReply(last)
 	}
 }
 
-// commit sends the upstream's reply to the client: status and headers as
-// received (minus hop-by-hop), then the body — at once when it is already
-// whole, else as a stream. final marks a reply Sturdy gave up retrying.
-func (ex *exchange) commit(final bool) {
+// commit sends the reply of attempt a (the last one) to the client:
+// status and headers as received (minus hop-by-hop), then the body — at
+// once when it is already whole, else as a stream. final marks a reply
+// Sturdy gave up retrying.
+func (ex *exchange) commit(a *attempt, final bool) {
 	ctx, rh, src := ex.ctx, &ex.ctx.Response.Header, ex.reply.msg
-	// The reply may be an earlier target's, when later ones were skipped.
-	ex.loop.up, ex.loop.ep = ex.reply.up, ex.reply.ep
+	// The reply may be an earlier target's, when later ones were skipped:
+	// the request went where it came from.
+	ex.loop.ti, ex.loop.up, ex.loop.ep = a.ti, a.up, a.ep
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
-	passThrough := ex.loop.verdict.Class == policy.ClassPassThrough
+	passThrough := ex.out.outcome == outcomePassThrough
 	if !passThrough {
 		rh.SetBytesKV(hdrRequestID, ex.req.id)
 		rh.SetBytesK(hdrUpstream, ex.loop.up.Name())
 	}
 	if !passThrough || ex.loop.attempts > 1 {
-		ex.setAttemptsHeader()
+		ex.setAttemptsHeader(ex.loop.attempts)
 	}
 	// A 429 insufficient_quota is passed through, but no retry can help it.
 	if final || (passThrough && ex.out.status == 429) {
 		rh.SetBytesKV(hdrShouldRetry, valFalse)
 	}
 	ex.out.ttft = time.Since(ex.req.start)
-	ex.out.ttfb = ex.reply.headAt.Sub(ex.req.start)
-	defer ex.traceCommit()
+	ex.out.ttfb = a.headAt.Sub(ex.req.start)
+	defer func() { ex.tr.committed(ex.req.start.Add(ex.out.ttft), ex.out.streaming) }()
 	if ex.reply.body == nil && !ex.reply.heldToEnd {
 		if ctx.IsHead() {
 			ctx.Response.SkipBody = true
@@ -78,37 +80,37 @@ func (ex *exchange) commit(final bool) {
 		ex.out.bytesOut = int64(len(body))
 		return
 	}
-	ex.out.kind = events.KindOf(src.Header.ContentType())
-	if ex.out.kind != 0 {
-		ex.out.scan.Reset(ex.out.kind)
+	ex.st.kind = events.KindOf(src.Header.ContentType())
+	if ex.st.kind != 0 {
+		ex.st.scan.Reset(ex.st.kind)
 	}
 	cl := src.Header.ContentLength()
-	ex.out.chunked, ex.out.closeDelimited = cl < 0, cl == -2
-	upstream.CapReads(src, ex.responseCap())
-	ex.followForRescue()
+	ex.st.chunked, ex.st.closeDelimited = cl < 0, cl == -2
+	upstream.CapReads(src, ex.req.responseCap(ex.st.streamed()))
+	ex.st.followForRescue(a.ti)
 	ex.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()
 		return
 	}
-	ex.stream(max(cl, -1))
+	ex.startStream(max(cl, -1))
 }
 
-// stream makes the reply a stream the exchange relays (Read), of size
-// bytes (-1: unknown).
-func (ex *exchange) stream(size int) {
+// startStream makes the reply a stream the exchange's stream relays
+// (Read), of size bytes (-1: unknown).
+func (ex *exchange) startStream(size int) {
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
-	ex.p.streaming(ex, true)
+	ex.p.streaming(ex.st, true)
 	ex.serveBody(size)
 }
 
-// serveBody makes the exchange the client's body reader (Read), of size
-// bytes (-1: unknown): fasthttp pulls from it once the handler returns,
-// and CloseWithError ends the request.
+// serveBody makes the exchange's stream the client's body reader (Read),
+// of size bytes (-1: unknown): fasthttp pulls from it once the handler
+// returns, and CloseWithError ends the request.
 func (ex *exchange) serveBody(size int) {
 	ex.out.reader = true
-	ex.ctx.SetBodyStream(ex, size)
+	ex.ctx.SetBodyStream(ex.st, size)
 }
 
 // untilTerminator returns a whole body up to the end of its stream's
@@ -127,7 +129,7 @@ func (ex *exchange) untilTerminator(body []byte) []byte {
 // leftUnanswered ends a request whose client left before its response
 // began: nobody is left to answer.
 func (ex *exchange) leftUnanswered() {
-	ex.closeBody()
+	ex.reply.close()
 	ex.out.outcome, ex.out.status = outcomeClientGone, 499
 	ex.ctx.SetConnectionClose()
 }
@@ -146,7 +148,7 @@ func (ex *exchange) whole() {
 	body := make([]byte, 0, headSize)
 	var err error
 	for err == nil {
-		if body, err = ex.growHeld(body, maxWholeBody+1, heldForHTTP10); err != nil {
+		if body, err = ex.held.grow(&ex.p.held, body, maxWholeBody+1, heldForHTTP10); err != nil {
 			break
 		}
 		if len(body) > maxWholeBody {
@@ -154,14 +156,14 @@ func (ex *exchange) whole() {
 			break
 		}
 		var n int
-		n, err = ex.Read(body[len(body):cap(body)])
+		n, err = ex.st.Read(body[len(body):cap(body)])
 		body = body[:len(body)+n]
 	}
 	if ex.isGone.Load() { // the client left while the body was read
 		ex.leftUnanswered()
 		return
 	}
-	ex.closeBody()
+	ex.reply.close()
 	switch {
 	case errors.Is(err, errWholeTooLarge):
 		ex.out.outcome = outcomeUpstreamError
@@ -173,13 +175,13 @@ func (ex *exchange) whole() {
 		return
 	case err != io.EOF:
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.Name(), "failed mid-body", ex.triedText()))
+		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.Name(), "failed mid-body", ex.notes.text(ex.loop.stop)))
 		return
 	}
 	// Written from where it was read, as a stream's last bytes are: the
 	// budget it holds is given back only once it went (CloseWithError).
 	ex.out.bytesOut = 0 // counted again as it goes
-	ex.out.tail = body
+	ex.st.tail = body
 	ex.serveBody(len(body))
 }
 
@@ -190,27 +192,27 @@ var errWholeTooLarge = errors.New("the body is over 64 MiB")
 // responseCap is when the response must have ended (zero: never): the
 // route's max_duration from the request's start — by default 10 minutes
 // for a non-streamed reply (known length, not SSE or NDJSON) and none for
-// a stream.
-func (ex *exchange) responseCap() time.Time {
-	d := ex.req.route.maxDuration
+// a stream (streamed: chunked, or SSE or NDJSON).
+func (q *outbound) responseCap(streamed bool) time.Time {
+	d := q.route.maxDuration
 	if d <= 0 {
-		if ex.out.chunked || ex.out.kind != 0 {
+		if streamed {
 			return time.Time{}
 		}
 		d = DefaultMaxDuration
 	}
-	return ex.req.start.Add(d)
+	return q.start.Add(d)
 }
 
-// setAttemptsHeader sets x-sturdy-attempts on the client's response.
-func (ex *exchange) setAttemptsHeader() {
-	ex.req.scratch = strconv.AppendInt(ex.req.scratch[:0], int64(ex.loop.attempts), 10)
+// setAttemptsHeader sets x-sturdy-attempts on the client's response: n.
+func (ex *exchange) setAttemptsHeader(n int) {
+	ex.req.scratch = strconv.AppendInt(ex.req.scratch[:0], int64(n), 10)
 	ex.ctx.Response.Header.SetBytesKV(hdrAttempts, ex.req.scratch)
 }
 
 // fail answers with an error Sturdy produced itself (see errorTable).
 func (ex *exchange) fail(e *apiError) {
-	ex.closeBody()
+	ex.reply.close()
 	e.details.Attempts = ex.loop.attempts
 	if ex.loop.up != nil {
 		e.details.Upstream = ex.loop.up.Name()
@@ -222,19 +224,19 @@ func (ex *exchange) fail(e *apiError) {
 	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
 	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
 	if ex.loop.attempts > 0 {
-		ex.setAttemptsHeader()
+		ex.setAttemptsHeader(ex.loop.attempts)
 	}
 	ex.out.ttft = time.Since(ex.req.start)
 	ex.out.ttfb = ex.out.ttft
 }
 
-// obstructed answers when no target could take the request at all.
-func (ex *exchange) obstructed() {
-	o := ex.loop.obstacle
+// obstructed answers when no target could take the request at all: o
+// is what stood in the way, the soonest to clear.
+func (ex *exchange) obstructed(o obstacle) {
 	var e *apiError
 	switch o.kind {
 	case policy.ObstacleBreaker, policy.ObstacleUnhealthy:
-		ex.out.outcome = outcomeCircuitOpen
+		ex.out.outcome, ex.out.cause = outcomeCircuitOpen, o.cause
 		what := fmt.Sprintf("upstream %q", o.upstream)
 		if o.limit == "model" && o.kind == policy.ObstacleBreaker {
 			what = fmt.Sprintf("model %q on upstream %q", o.model, o.upstream)
@@ -246,56 +248,58 @@ func (ex *exchange) obstructed() {
 		if o.cause != "" {
 			why += " (" + o.cause + ")"
 		}
-		e = newError(CodeCircuitOpen, what, why, ex.alsoTried())
+		e = newError(CodeCircuitOpen, what, why, ex.notes.alsoTried(ex.loop.stop))
 	case policy.ObstacleBusy:
 		ex.out.outcome = outcomeUpstreamBusy
-		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.alsoTried())
+		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.notes.alsoTried(ex.loop.stop))
 	default:
 		ex.out.outcome = outcomeRateLimited
 		ex.p.m.RateLimited.WithLabelValues(o.kind.String()).Inc()
-		e = newError(CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s", o.upstream, o.kind, ex.alsoTried()))
+		e = newError(CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s", o.upstream, o.kind, ex.notes.alsoTried(ex.loop.stop)))
 	}
 	e.retryAfter = o.wait
 	ex.fail(e)
 }
 
-// noReply answers when attempts were made but none produced a response.
-func (ex *exchange) noReply() {
-	up, tried := ex.loop.up.Name(), ex.triedText()
+// noReply answers when attempts were made but none produced a response;
+// last is the last one.
+func (ex *exchange) noReply(last *attempt) {
+	up, tried := ex.loop.up.Name(), ex.notes.text(ex.loop.stop)
 	at := ""
 	if ep := ex.loop.ep; ep != nil {
 		at = " at " + ep.Public() // no credentials
 	}
 	failed := "could not be reached" + at
-	switch ex.loop.fault {
+	fault := last.out.Fault
+	switch fault {
 	case policy.FaultReset, policy.FaultStale:
 		failed = "closed the connection before responding" + at
 	case policy.FaultLocal:
 		failed = "could not be reached: Sturdy is out of file descriptors"
 	}
-	if ex.loop.why != "" && ex.loop.fault != policy.FaultLocal {
-		failed += " (" + ex.loop.why + ")"
+	if last.why != "" && fault != policy.FaultLocal {
+		failed += " (" + last.why + ")"
 	}
 	var e *apiError
 	switch {
 	case ex.loop.stop == policy.StopDeadline || time.Until(ex.req.deadline) <= 0:
 		e = newError(CodeDeadlineExceeded, up, tried)
-	case ex.loop.fault == policy.FaultTimeout:
+	case fault == policy.FaultTimeout:
 		e = newError(CodeUpstreamTimeout, up, tried)
 	case ex.loop.attempts > 1:
 		e = newError(CodeRetriesExhausted, up, failed, tried)
 	default:
 		e = newError(CodeUpstreamUnreachable, up, failed, tried)
 	}
-	ex.out.outcome = outcomeUpstreamError
+	ex.out.outcome, ex.out.cause = outcomeUpstreamError, last.why
 	ex.fail(e)
 }
 
-// triedText names what was tried: "ollama: 2 attempts, last timeout; …",
-// and why retrying stopped.
-func (ex *exchange) triedText() string {
+// text names what was tried: "ollama: 2 attempts, last timeout; …",
+// and why retrying stopped (stop).
+func (ns *notes) text(stop policy.Stop) string {
 	var b strings.Builder
-	for i, n := range ex.notes.tried[:ex.notes.nTried] {
+	for i, n := range ns.tried[:ns.nTried] {
 		if i > 0 {
 			b.WriteString("; ")
 		}
@@ -314,18 +318,19 @@ func (ex *exchange) triedText() string {
 			fmt.Fprintf(&b, ": %d attempt%s, last %s", n.attempts, plural(n.attempts), n.result)
 		}
 	}
-	if ex.loop.stop.Ended() {
-		b.WriteString("; " + ex.loop.stop.Text())
+	if stop.Ended() {
+		b.WriteString("; " + stop.Text())
 	}
 	return b.String()
 }
 
-// alsoTried lists the targets tried before the obstacle, if any.
-func (ex *exchange) alsoTried() string {
-	if ex.notes.nTried <= 1 {
+// alsoTried lists the targets tried before an obstacle, if any (stop: why
+// retrying stopped).
+func (ns *notes) alsoTried(stop policy.Stop) string {
+	if ns.nTried <= 1 {
 		return ""
 	}
-	return " (tried " + ex.triedText() + ")"
+	return " (tried " + ns.text(stop) + ")"
 }
 
 func plural(n int) string {

@@ -109,10 +109,11 @@ func (p *Proxy) hashKey() string {
 	return ""
 }
 
-// publishCooldown shares a cooldown this replica learned, if in a fleet.
-func (ex *exchange) publishCooldown(up *upstream.Upstream, until time.Time, streak int) {
-	if f := ex.p.fleet.Load(); f != nil {
-		f.st.PublishCooldown(fleet.Cooldown{Upstream: up.Name(), Key: ex.loop.coolDigest, Until: until, Streak: streak})
+// publishCooldown shares a cooldown this replica learned for key on up,
+// if in a fleet.
+func (p *Proxy) publishCooldown(up *upstream.Upstream, key fleet.Key, until time.Time, streak int) {
+	if f := p.fleet.Load(); f != nil {
+		f.st.PublishCooldown(fleet.Cooldown{Upstream: up.Name(), Key: key, Until: until, Streak: streak})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"sturdy/events"
@@ -12,78 +13,115 @@ import (
 	"sturdy/upstream"
 )
 
+// stream is the client's response body once a reply is committed to go
+// as it comes (or read whole for an HTTP/1.0 client): fasthttp pulls
+// from it (Read) and ends it (CloseWithError), which ends the request.
+// It is what the client side knows of the body as it goes: how the
+// upstream frames it, the events relayed so far, how it failed, and a
+// rescue's state. Each exchange has one, pooled with it (ex: its
+// exchange, for the upstream reply it reads and the loop a rescue runs
+// again); it begins at commit and is reset as the exchange ends.
+type stream struct {
+	ex      *exchange
+	kind    events.Kind // 0: neither SSE nor NDJSON
+	chunked bool        // the client's body has no length: failures can be told in-band
+	// closeDelimited says the upstream body had neither length nor
+	// chunks: only its connection closing ended it.
+	closeDelimited bool
+	// scan follows the SSE or NDJSON events relayed to the client; over
+	// is set once the stream's terminator went by (Scanner.Ended): what
+	// the upstream sends after it is not relayed.
+	scan    events.Scanner
+	over    bool
+	pending error // upstream error seen with data, reported on next Read
+	// tail is what Read sends before the body ends: the error event of an
+	// interrupted stream, or a body read whole for an HTTP/1.0 client.
+	tail   []byte
+	broken error // why the upstream stream failed mid-body
+	// cut is set when Shutdown ends the stream past its grace (interrupt).
+	cut atomic.Bool
+	// rescue follows a stream that may be continued if it fails.
+	rescue rescue
+}
+
+// streamed says the body is a stream by its framing: of no length, or
+// SSE or NDJSON (no default max_duration bounds it: responseCap).
+func (st *stream) streamed() bool { return st.chunked || st.kind != 0 }
+
 // Read is the client's response body once a reply is committed as a
 // stream: first the bytes read before commit, then the upstream body as
 // it arrives (fasthttp flushes after each Read). If the upstream fails
 // mid-body, an SSE stream ends with an error event, an NDJSON stream with
 // an error line, and anything else by aborting the connection: a failed
 // stream never ends as if it had succeeded.
-func (ex *exchange) Read(p []byte) (int, error) {
-	rp, out := &ex.reply, &ex.out
-	if out.tail != nil {
-		if len(out.tail) == 0 {
+func (st *stream) Read(p []byte) (int, error) {
+	rp := &st.ex.reply
+	if st.tail != nil {
+		if len(st.tail) == 0 {
 			return 0, io.EOF
 		}
-		n := copy(p, out.tail)
-		out.tail = out.tail[n:]
-		return ex.sent(p[:n]), nil
+		n := copy(p, st.tail)
+		st.tail = st.tail[n:]
+		return st.sent(p[:n]), nil
 	}
-	if out.broken != nil {
+	if st.broken != nil {
 		return 0, errStreamAborted
 	}
-	if out.over { // the terminator went by: the rest, if any, is not the stream's
-		ex.endBody()
+	if st.over { // the terminator went by: the rest, if any, is not the stream's
+		st.endBody()
 		return 0, io.EOF
 	}
-	if out.rescue.on {
-		return ex.readEvents(p)
+	if st.rescue.on {
+		return st.readEvents(p)
 	}
 	if rp.headOff < len(rp.head) {
 		n := copy(p, rp.head[rp.headOff:])
 		rp.headOff += n
-		return ex.relayed(p[:n]), nil
+		return st.relayed(p[:n]), nil
 	}
 	if rp.body == nil {
 		if rp.heldToEnd { // the upstream's end came while its framing was held
 			rp.heldToEnd = false
-			return ex.upstreamEnded(io.EOF, p)
+			return st.upstreamEnded(io.EOF, p)
 		}
 		return 0, io.EOF
 	}
-	if err := out.pending; err != nil {
-		out.pending = nil
-		return ex.upstreamEnded(err, p)
+	if err := st.pending; err != nil {
+		st.pending = nil
+		return st.upstreamEnded(err, p)
 	}
 	n, err := rp.body.Read(p)
 	if n > 0 {
 		// fasthttp ignores an error returned with data; keep it for the
 		// next call.
-		out.pending = err
-		return ex.relayed(p[:n]), nil
+		st.pending = err
+		return st.relayed(p[:n]), nil
 	}
 	if err == nil {
 		return 0, nil
 	}
-	return ex.upstreamEnded(err, p)
+	return st.upstreamEnded(err, p)
 }
 
 // relayed counts upstream bytes going to the client and follows them
 // with the event scanner; of a stream of a known API, the bytes after
 // its terminator's event are left out (see Read), and the count says so.
-func (ex *exchange) relayed(b []byte) int {
-	if out := &ex.out; out.kind != 0 {
+func (st *stream) relayed(b []byte) int {
+	ex := st.ex
+	if st.kind != 0 {
 		if ex.req.api != policy.APIOther {
-			b = b[:out.scan.Feed(b)]
-			out.over = out.scan.Ended()
+			b = b[:st.scan.Feed(b)]
+			st.over = st.scan.Ended()
 		} else {
-			_, _ = out.scan.Write(b)
+			_, _ = st.scan.Write(b)
 		}
 	}
-	ex.keepTail(b)
-	return ex.sent(b)
+	ex.tr.keepTail(b)
+	return st.sent(b)
 }
 
-func (ex *exchange) sent(b []byte) int {
+func (st *stream) sent(b []byte) int {
+	ex := st.ex
 	ex.out.bytesOut += int64(len(b))
 	return len(b)
 }
@@ -97,18 +135,19 @@ var errUnterminated = errors.New("the upstream closed the stream before its term
 // stream cleanly — unless it is an SSE or NDJSON stream without its
 // terminator whose only end was the connection closing — and anything
 // else is a mid-stream failure.
-func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
+func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
+	ex := st.ex
 	out := &ex.out
 	if ex.isGone.Load() { // the watcher closed the upstream: the client left
-		ex.closeBody()
+		ex.reply.close()
 		out.outcome, out.status = outcomeClientGone, 499
 		return 0, errStreamAborted
 	}
-	if err == io.EOF && out.kind != 0 {
-		out.scan.End()
+	if err == io.EOF && st.kind != 0 {
+		st.scan.End()
 	}
-	if err == io.EOF && out.kind != 0 && !out.scan.Done() {
-		if out.closeDelimited {
+	if err == io.EOF && st.kind != 0 && !st.scan.Done() {
+		if st.closeDelimited {
 			err = errUnterminated
 		} else {
 			// A framed stream that ends cleanly without a terminator is the
@@ -117,19 +156,19 @@ func (ex *exchange) upstreamEnded(err error, p []byte) (int, error) {
 		}
 	}
 	if err == io.EOF {
-		ex.endBody()
+		st.endBody()
 		return 0, io.EOF
 	}
-	out.broken = err
+	st.broken = err
 	out.outcome = outcomeStreamInterrupted
-	ex.closeBody()
-	if !out.chunked || out.kind == 0 {
+	ex.reply.close()
+	if !st.chunked || st.kind == 0 {
 		return 0, errStreamAborted
 	}
-	out.tail = ex.interruptionTail()
-	n := copy(p, out.tail)
-	out.tail = out.tail[n:]
-	return ex.sent(p[:n]), nil
+	st.tail = st.interruptionTail()
+	n := copy(p, st.tail)
+	st.tail = st.tail[n:]
+	return st.sent(p[:n]), nil
 }
 
 // What is read, and dropped, of an upstream body after its stream ended:
@@ -144,9 +183,10 @@ const (
 // endBody ends the upstream body of a stream that ended (its terminator,
 // or the body's own end): what is left of it is read, within drainWait
 // and drainBytes, and dropped, then the body is closed.
-func (ex *exchange) endBody() {
+func (st *stream) endBody() {
+	ex := st.ex
 	rp := &ex.reply
-	if rp.body != nil && ex.out.pending == nil {
+	if rp.body != nil && st.pending == nil {
 		upstream.CapReads(rp.msg, time.Now().Add(drainWait))
 		var buf [4 << 10]byte
 		for left := drainBytes; left > 0; {
@@ -156,44 +196,45 @@ func (ex *exchange) endBody() {
 			}
 		}
 	}
-	ex.closeBody()
+	ex.reply.close()
 }
 
 // interruptionTail is the last thing an interrupted SSE or NDJSON stream
 // sends: it first finishes whatever line or event was cut, then reports
 // the failure in the stream's own format. SSE gets no [DONE] after it.
-func (ex *exchange) interruptionTail() []byte {
+func (st *stream) interruptionTail() []byte {
+	ex := st.ex
 	out, up := &ex.out, ex.loop.up
 	what := "the upstream stream failed mid-response"
 	switch {
-	case out.cut.Load():
+	case st.cut.Load():
 		what = "Sturdy is shutting down and its grace period ended before the stream"
-	case upstream.IsTimeout(out.broken) && ex.req.route.maxDuration > 0 && time.Since(ex.req.start) >= ex.req.route.maxDuration:
+	case upstream.IsTimeout(st.broken) && ex.req.route.maxDuration > 0 && time.Since(ex.req.start) >= ex.req.route.maxDuration:
 		what = fmt.Sprintf("the response took longer than the route's max_duration (%s)", ex.req.route.maxDuration)
-	case upstream.IsTimeout(out.broken):
+	case upstream.IsTimeout(st.broken):
 		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.Options().IdleTimeout)
-	case errors.Is(out.broken, errUnterminated):
+	case errors.Is(st.broken, errUnterminated):
 		what = "the upstream closed the connection before the stream's end ([DONE] or a final event)"
-	case errors.Is(out.broken, errInBand):
+	case errors.Is(st.broken, errInBand):
 		what = errInBand.Error()
 	}
-	if out.rescue.tries > 0 {
+	if st.rescue.tries > 0 {
 		what += ", and continuing it failed"
 	}
 	e := newError(CodeStreamInterrupted, what, up.Name())
 	var b []byte
-	switch out.kind {
+	switch st.kind {
 	case events.SSE:
 		switch { // finish the cut line, then the cut event
-		case out.scan.InLine():
+		case st.scan.InLine():
 			b = append(b, "\n\n"...)
-		case out.scan.InEvent():
+		case st.scan.InEvent():
 			b = append(b, '\n')
 		}
 		e.details = errorDetails{Upstream: up.Name(), Attempts: ex.loop.attempts, LastStatus: out.status}
-		b = shapeOf(ex.req.api).event(b, e, out.scan.Events())
+		b = shapeOf(ex.req.api).event(b, e, st.scan.Events())
 	default:
-		if out.scan.InLine() {
+		if st.scan.InLine() {
 			b = append(b, '\n')
 		}
 		line, _ := json.Marshal(map[string]string{"error": e.msg})
@@ -208,16 +249,17 @@ func (ex *exchange) interruptionTail() []byte {
 // or our own read error. It closes the upstream stream (a partly read one
 // closes the connection, so the model server stops generating), logs the
 // request and releases the exchange.
-func (ex *exchange) CloseWithError(err error) error {
-	ex.p.streaming(ex, false)
+func (st *stream) CloseWithError(err error) error {
+	ex := st.ex
+	ex.p.streaming(st, false)
 	// A client that leaves once the stream's terminator went to it has its
 	// answer, whole: delivered, not gone.
-	if err != nil && ex.out.broken == nil && ex.out.outcome != outcomeStreamInterrupted && !ex.out.over {
+	if err != nil && st.broken == nil && ex.out.outcome != outcomeStreamInterrupted && !st.over {
 		ex.out.outcome = outcomeClientGone
 		ex.out.status = 499
 		ex.gonePhase.Store(uint32(phaseStream))
 	}
-	ex.closeBody()
+	ex.reply.close()
 	ex.finish()
 	return nil
 }
@@ -227,7 +269,8 @@ func (ex *exchange) CloseWithError(err error) error {
 // sends the interruption event (and stops the model generating). Called
 // with the proxy's streams lock held, so the exchange is not released
 // meanwhile.
-func (ex *exchange) interrupt() {
-	ex.out.cut.Store(true)
-	ex.conn.Sever()
+func (st *stream) interrupt() {
+	ex := st.ex
+	st.cut.Store(true)
+	ex.reply.conn.Sever()
 }

@@ -3,14 +3,15 @@ package proxy
 import (
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"sturdy/policy"
-	"sturdy/upstream"
 )
 
 // summary is what a finished request was, read off the exchange once as
 // it ends (summarize): the access line, the trace's server span and the
-// metrics are formatters of it (logAccess, endTrace, measure), none of
-// them reading the exchange's state again. It lives on finish's stack;
+// metrics are formatters of it (its logAccess and measure,
+// traceState.end), none of them reading the exchange's state again. It lives on finish's stack;
 // its strings and slices alias the exchange's, valid until the exchange
 // is reset.
 type summary struct {
@@ -46,6 +47,14 @@ type summary struct {
 	rescueTries, rescued int
 	rescuedBy, refused   string
 	seam                 int64
+	// rt is the route it took (nil: refused before routing), answered the
+	// target it went to last, whose reply a committed answer is (the
+	// route's common series).
+	rt       *route
+	answered *target
+	// traceID is its trace's id, when traced.
+	traceID trace.TraceID
+	traced  bool
 	// usage is the answer's model and tokens, read from what was relayed
 	// when it was kept (a traced request: keepTail) or from a reply set
 	// whole; its known says whether the reply told them.
@@ -54,26 +63,23 @@ type summary struct {
 
 // summarize reads the finished request into s.
 func (ex *exchange) summarize(s *summary) {
-	lp, out, n, rs := &ex.loop, &ex.out, &ex.notes, &ex.out.rescue
+	lp, out, n, rs := &ex.loop, &ex.out, &ex.notes, &ex.st.rescue
 	*s = summary{id: ex.req.id, method: ex.ctx.Method(), path: rawPath(ex.ctx.Request.Header.RequestURI()), api: ex.req.api,
 		status: out.status, outcome: out.outcome, errCode: out.errCode, stop: lp.stop, attempts: lp.attempts,
 		streaming: out.streaming, bytesOut: out.bytesOut, ttfb: out.ttfb, ttft: out.ttft, dur: time.Since(ex.req.start),
 		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries],
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
-	if ex.req.route != nil {
-		s.routed, s.route, s.upstream = true, ex.req.route.name, lp.up.Name()
+	s.traceID, s.traced = ex.tr.traceID()
+	if r := ex.req.route; r != nil {
+		s.rt, s.routed, s.route, s.upstream = r, true, r.name, lp.up.Name()
+		s.answered = &r.targets[lp.ti] // where it went: its reply's, once committed (commit, continueOn)
 		if ep := lp.ep; ep != nil {
 			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(lp.model)
 		} else {
 			s.breaker = lp.up.State().String()
 		}
 	}
-	switch {
-	case lp.why != "" && out.outcome == outcomeUpstreamError:
-		s.cause = lp.why
-	case lp.obstacle.cause != "" && out.outcome == outcomeCircuitOpen:
-		s.cause = lp.obstacle.cause
-	}
+	s.cause = out.cause
 	if out.outcome == outcomeClientGone {
 		s.gonePhase = phase(ex.gonePhase.Load())
 	}
@@ -86,19 +92,18 @@ func (ex *exchange) summarize(s *summary) {
 	}
 }
 
-// attemptEnded reports an attempt once, as it ends (its breakers told):
+// attemptEnded reports attempt a once, as it ends (its breakers told):
 // the attempts metric, the access line's note of its target, and its
-// span's result (attemptDone). afterStale says it was a stale
-// connection's replay.
-func (ex *exchange) attemptEnded(up *upstream.Upstream, ep *upstream.Endpoint, out policy.Outcome, afterStale bool) {
-	result := resultLabel(ex.loop.verdict)
-	ep.CountAttempt(up.Name(), result)
-	ex.noteResult(result, true)
+// span's result (attemptDone).
+func (ex *exchange) attemptEnded(a *attempt) {
+	result := resultLabel(a.verdict)
+	a.ep.CountAttempt(a.up.Name(), result)
+	ex.notes.result(result, true)
 	if n := &ex.notes; n.nTried > 0 {
-		n.tried[n.nTried-1].endpoint = ep.Addr()
-		if afterStale {
+		n.tried[n.nTried-1].endpoint = a.ep.Addr()
+		if a.stale {
 			n.tried[n.nTried-1].replays++
 		}
 	}
-	ex.attemptDone(ep, out)
+	ex.tr.attemptDone(a)
 }

@@ -28,7 +28,7 @@ type table struct {
 	clients   []*clientLimiter
 	// hooks run around every request's attempt loop (hooks.go): the
 	// client limits first.
-	hooks    []hook
+	hooks    hooks
 	authKeys [][sha256.Size]byte // hashes of the accepted client keys
 	maxBody  int
 	// trusted are the peers whose X-Forwarded-* headers are kept.

@@ -234,20 +234,20 @@ func (p *Proxy) stopTracing() {
 	}
 }
 
-// startTrace starts the request's server span, continuing the client's
-// trace when its traceparent says so.
-func (ex *exchange) startTrace() {
-	tr := ex.p.tracer.Load()
-	if tr == nil {
+// start starts the request's server span with tracer t (nil: tracing
+// off), continuing the client's trace when its traceparent says so; id is
+// the request's, at when it arrived.
+func (tr *traceState) start(t *tracer, ctx *fasthttp.RequestCtx, id []byte, at time.Time) {
+	if t == nil {
 		return
 	}
-	ctx, rh := ex.ctx, &ex.ctx.Request.Header
+	rh := &ctx.Request.Header
 	parent := propagator.Extract(context.Background(), headerCarrier{rh})
-	ex.tr.t = tr.t
+	tr.t = t.t
 	method := spanText(ctx.Method())
-	ex.tr.ctx, ex.tr.span = tr.t.Tracer().Start(parent, method, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(ex.req.start))
-	if ex.tr.rec = ex.tr.span.IsRecording(); !ex.tr.rec {
+	tr.ctx, tr.span = t.t.Tracer().Start(parent, method, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(at))
+	if tr.rec = tr.span.IsRecording(); !tr.rec {
 		return
 	}
 	scheme := "http"
@@ -255,14 +255,14 @@ func (ex *exchange) startTrace() {
 		scheme = "https"
 	}
 	host, port := upstream.SplitHostPort(spanText(rh.Host()), scheme)
-	attrs := append(ex.tr.attrs[:0],
+	attrs := append(tr.attrs[:0],
 		attrMethod.String(method),
 		attrURLPath.String(spanText(rawPath(rh.RequestURI()))),
 		attrURLScheme.String(scheme),
 		attrServerAddr.String(host),
 		attrClientAddr.String(ctx.RemoteIP().String()),
 		attrProtoVersion.String(protoVersion(rh.IsHTTP11())),
-		attrRequestID.String(string(ex.req.id)),
+		attrRequestID.String(string(id)),
 	)
 	if port > 0 {
 		attrs = append(attrs, attrServerPort.Int(port))
@@ -270,7 +270,7 @@ func (ex *exchange) startTrace() {
 	if ua := rh.UserAgent(); len(ua) > 0 {
 		attrs = append(attrs, attrUserAgent.String(spanText(ua)))
 	}
-	ex.tr.attrs = attrs
+	tr.attrs = attrs
 }
 
 func protoVersion(http11 bool) string {
@@ -280,85 +280,84 @@ func protoVersion(http11 bool) string {
 	return "1.0"
 }
 
-// traceRoute names the server span for the route the request took and
-// notes the model it asked for.
-func (ex *exchange) traceRoute() {
-	s := ex.tr.span
-	if !ex.tr.rec {
+// route names the server span for the route r the request took and
+// notes the model it asked for (the request's, read in place).
+func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
+	s := tr.span
+	if !tr.rec {
 		return
 	}
-	r := ex.req.route
-	s.SetName(spanText(ex.ctx.Method()) + " " + string(r.prefix))
-	attrs := append(ex.tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
-	if op := policy.CallOf(rawPath(ex.ctx.Request.Header.RequestURI())).Operation; op != "" {
+	s.SetName(spanText(ctx.Method()) + " " + string(r.prefix))
+	attrs := append(tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
+	if op := policy.CallOf(rawPath(ctx.Request.Header.RequestURI())).Operation; op != "" {
 		attrs = append(attrs, attrOperation.String(op))
 	}
-	if m := ex.req.model; m != "" {
-		ex.tr.model = strings.Clone(m) // policy.ModelKey's: at most 256 bytes
-		attrs = append(attrs, attrRequestModel.String(ex.tr.model))
+	if model != "" {
+		tr.model = strings.Clone(model) // policy.ModelKey's: at most 256 bytes
+		attrs = append(attrs, attrRequestModel.String(tr.model))
 	}
-	ex.tr.attrs = attrs
+	tr.attrs = attrs
 }
 
-// startAttempt starts the attempt's client span under the request's and
+// startAttempt starts attempt a's client span under the request's and
 // puts its traceparent (and the client's tracestate) on the upstream
-// request, so the model server's spans hang under this attempt.
-func (ex *exchange) startAttempt(t *target, ep *upstream.Endpoint) {
-	if ex.tr.span == nil {
+// request q, so the model server's spans hang under this attempt. method
+// is the client's, up the upstream's name; replaying marks a stale
+// connection's replay.
+func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *attempt, replaying bool) {
+	if tr.span == nil {
 		return
 	}
-	ex.endAttempt()
-	h := &ex.req.msg.Header
+	tr.endAttempt()
+	h := &q.msg.Header
 	h.Del("tracestate") // the client's, copied with its headers: Inject sends it again if its traceparent was valid
-	if !ex.tr.rec {
-		ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, "attempt", trace.WithSpanKind(trace.SpanKindClient))
+	if !tr.rec {
+		ctx, s := tr.t.Tracer().Start(tr.ctx, "attempt", trace.WithSpanKind(trace.SpanKindClient))
 		propagator.Inject(ctx, headerCarrier{h})
-		ex.tr.attempt = s
+		tr.attempt = s
 		return
 	}
-	lp := &ex.loop
-	server, port := ep.Server()
-	attrs := append(ex.tr.attemptAttrs[:0],
-		attrMethod.String(spanText(ex.ctx.Method())),
+	server, port := a.ep.Server()
+	attrs := append(tr.attemptAttrs[:0],
+		attrMethod.String(spanText(method)),
 		attrServerAddr.String(server), attrServerPort.Int(port),
 		// The URI aim wrote, without the query: no secret rides in a span.
-		attrURLFull.String(spanText(rawPath(ex.req.uri))),
-		attrUpstream.String(t.up.Name()),
-		attrAttempt.Int(lp.attempts),
+		attrURLFull.String(spanText(rawPath(q.uri))),
+		attrUpstream.String(up),
+		attrAttempt.Int(a.n),
 	)
-	switch m := lp.model; {
-	case m == ex.req.model && m != "":
-		attrs = append(attrs, attrRequestModel.String(ex.tr.model)) // copied once
+	switch m := a.model; {
+	case m == q.model && m != "":
+		attrs = append(attrs, attrRequestModel.String(tr.model)) // copied once
 	case m != "":
 		attrs = append(attrs, attrRequestModel.String(m)) // a target's model: the config's string
 	}
-	if lp.attempts > 1 {
-		attrs = append(attrs, attrResend.Int(lp.attempts-1))
+	if a.n > 1 {
+		attrs = append(attrs, attrResend.Int(a.n-1))
 	}
-	if lp.replaying {
+	if replaying {
 		attrs = append(attrs, attrStaleReplay.Bool(true))
 	}
-	if ex.out.rescue.tries > 0 {
+	if a.cont {
 		attrs = append(attrs, attrContinuation.Bool(true))
 	}
-	ctx, s := ex.tr.t.Tracer().Start(ex.tr.ctx, spanText(ex.ctx.Method())+" "+t.up.Name(), trace.WithSpanKind(trace.SpanKindClient))
+	ctx, s := tr.t.Tracer().Start(tr.ctx, spanText(method)+" "+up, trace.WithSpanKind(trace.SpanKindClient))
 	propagator.Inject(ctx, headerCarrier{h})
-	ex.tr.attempt, ex.tr.attemptAttrs = s, attrs
+	tr.attempt, tr.attemptAttrs = s, attrs
 }
 
-// attemptDone records how the attempt went: its status or fault, its
+// attemptDone records how attempt a went: its status or fault, its
 // result and the breakers' states after it.
-func (ex *exchange) attemptDone(ep *upstream.Endpoint, out policy.Outcome) {
-	s := ex.tr.attempt
-	if s == nil || !ex.tr.rec {
+func (tr *traceState) attemptDone(a *attempt) {
+	s := tr.attempt
+	if s == nil || !tr.rec {
 		return
 	}
-	lp := &ex.loop
-	v := lp.verdict
-	attrs := append(ex.tr.attemptAttrs,
+	v, out := a.verdict, &a.out
+	attrs := append(tr.attemptAttrs,
 		attrResult.String(resultLabel(v)),
-		attrConnBreaker.String(ep.Breaker().State().String()),
-		attrModelBreaker.String(ep.ModelBreakerState(lp.model)),
+		attrConnBreaker.String(a.ep.Breaker().State().String()),
+		attrModelBreaker.String(a.ep.ModelBreakerState(a.model)),
 	)
 	errType := ""
 	if out.Fault == policy.FaultNone {
@@ -368,8 +367,8 @@ func (ex *exchange) attemptDone(ep *upstream.Endpoint, out policy.Outcome) {
 		}
 	} else {
 		errType = out.Fault.String()
-		if lp.why != "" && out.Fault == policy.FaultConnect {
-			attrs = append(attrs, attrCause.String(lp.why))
+		if a.why != "" && out.Fault == policy.FaultConnect {
+			attrs = append(attrs, attrCause.String(a.why))
 		}
 	}
 	if v.Class == policy.ClassRetryable {
@@ -384,108 +383,107 @@ func (ex *exchange) attemptDone(ep *upstream.Endpoint, out policy.Outcome) {
 			s.SetStatus(codes.Error, resultLabel(v))
 		}
 	}
-	ex.tr.attemptAttrs = attrs
+	tr.attemptAttrs = attrs
 }
 
 // attemptDecided records what policy chose after the attempt; the
 // attempt's span ends unless its reply may be the client's.
-func (ex *exchange) attemptDecided(d policy.Decision) {
-	if ex.tr.attempt == nil {
+func (tr *traceState) attemptDecided(d policy.Decision) {
+	if tr.attempt == nil {
 		return
 	}
-	if ex.tr.rec {
+	if tr.rec {
 		decision := "retry"
 		if d.Action != policy.ActionAttempt {
 			decision = d.Action.String()
 		}
-		ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrDecision.String(decision))
+		tr.attemptAttrs = append(tr.attemptAttrs, attrDecision.String(decision))
 	}
 	if d.Action != policy.ActionStop {
-		ex.endAttempt()
+		tr.endAttempt()
 	}
 }
 
-// attemptCut marks the attempt whose stream failed mid-answer and ends
-// its span.
-func (ex *exchange) attemptCut(err error) {
-	s := ex.tr.attempt
-	if s == nil || !ex.tr.rec {
-		ex.endAttempt()
+// attemptCut marks the attempt whose stream failed mid-answer (err says
+// how, if known) and ends its span.
+func (tr *traceState) attemptCut(err error) {
+	s := tr.attempt
+	if s == nil || !tr.rec {
+		tr.endAttempt()
 		return
 	}
-	ex.tr.attemptAttrs = append(ex.tr.attemptAttrs, attrErrorType.String("stream_interrupted"))
+	tr.attemptAttrs = append(tr.attemptAttrs, attrErrorType.String("stream_interrupted"))
 	msg := "the stream failed mid-response"
 	if err != nil {
 		msg += ": " + err.Error()
 	}
 	s.SetStatus(codes.Error, msg)
-	ex.endAttempt()
+	tr.endAttempt()
 }
 
 // endAttempt ends the attempt's span, if one is open.
-func (ex *exchange) endAttempt() {
-	if s := ex.tr.attempt; s != nil {
-		s.SetAttributes(ex.tr.attemptAttrs...)
+func (tr *traceState) endAttempt() {
+	if s := tr.attempt; s != nil {
+		s.SetAttributes(tr.attemptAttrs...)
 		s.End()
-		ex.tr.attempt, ex.tr.attemptAttrs = nil, ex.tr.attemptAttrs[:0]
+		tr.attempt, tr.attemptAttrs = nil, tr.attemptAttrs[:0]
 	}
 }
 
-// traceWait notes a wait of d on the request's span, named for the
-// phase it is in (backoff, retry_after, cooldown, pacing, queue,
-// ride_through), with who set it.
-func (ex *exchange) traceWait(d time.Duration, source string) {
-	if !ex.tr.rec || d <= 0 {
+// wait notes a wait of d on the request's span, named for the phase it
+// is in (backoff, retry_after, cooldown, pacing, queue, ride_through),
+// with who set it.
+func (tr *traceState) wait(in phase, d time.Duration, source string) {
+	if !tr.rec || d <= 0 {
 		return
 	}
-	ex.tr.span.AddEvent(phase(ex.phase.Load()).String(), trace.WithAttributes(
+	tr.span.AddEvent(in.String(), trace.WithAttributes(
 		attrWaitMS.Float64(float64(d)/float64(time.Millisecond)), attrWaitSource.String(source)))
 }
 
-// traceQueued notes a queue wait that began at start, when it had to
-// wait (zero start: not traced).
-func (ex *exchange) traceQueued(start time.Time, r upstream.LeaseResult, source string) {
-	if !ex.tr.rec || r == upstream.LeaseTaken {
+// queued notes a queue wait that began at start, when it had to wait
+// (zero start: not traced).
+func (tr *traceState) queued(start time.Time, r upstream.LeaseResult, source string) {
+	if !tr.rec || r == upstream.LeaseTaken {
 		return
 	}
-	ex.tr.span.AddEvent(phaseQueue.String(), trace.WithTimestamp(start), trace.WithAttributes(
+	tr.span.AddEvent(phaseQueue.String(), trace.WithTimestamp(start), trace.WithAttributes(
 		attrWaitMS.Float64(float64(time.Since(start))/float64(time.Millisecond)), attrWaitSource.String(source)))
 }
 
 // queueStart is when a queue wait begins, read only when traced.
-func (ex *exchange) queueStart() time.Time {
-	if !ex.tr.rec {
+func (tr *traceState) queueStart() time.Time {
+	if !tr.rec {
 		return time.Time{}
 	}
 	return time.Now()
 }
 
-// traceCommit notes the moment the reply went to the client (its ttft)
-// and whether it streams; commit calls it as it returns.
-func (ex *exchange) traceCommit() {
-	if !ex.tr.rec {
+// committed notes the moment the reply went to the client (at: its ttft)
+// and whether it streams.
+func (tr *traceState) committed(at time.Time, streaming bool) {
+	if !tr.rec {
 		return
 	}
-	ex.tr.span.AddEvent("commit", trace.WithTimestamp(ex.req.start.Add(ex.out.ttft)),
-		trace.WithAttributes(attrStream.Bool(ex.out.streaming)))
+	tr.span.AddEvent("commit", trace.WithTimestamp(at), trace.WithAttributes(attrStream.Bool(streaming)))
 }
 
-// traceRescue notes a rescue of a stream cut mid-answer: continued,
+// rescueResult notes a rescue of a stream cut mid-answer: continued,
 // failed, or why none was tried.
-func (ex *exchange) traceRescue(result string) {
-	if !ex.tr.rec {
+func (tr *traceState) rescueResult(result string) {
+	if !tr.rec {
 		return
 	}
-	ex.tr.span.AddEvent("rescue", trace.WithAttributes(attrRescueResult.String(result)))
+	tr.span.AddEvent("rescue", trace.WithAttributes(attrRescueResult.String(result)))
 }
 
 // keepTail keeps the last tailSize bytes relayed, for the usage a
 // stream's last event tells.
-func (ex *exchange) keepTail(b []byte) {
-	if !ex.tr.rec {
+func (tr *traceState) keepTail(b []byte) {
+	if !tr.rec {
 		return
 	}
-	t := ex.tr.tail
+	t := tr.tail
 	if t == nil {
 		t = make([]byte, 0, tailSize)
 	}
@@ -497,28 +495,29 @@ func (ex *exchange) keepTail(b []byte) {
 		}
 		t = append(t, b...)
 	}
-	ex.tr.tail = t
+	tr.tail = t
 }
 
-// endTrace ends the request's spans with how it went, from its summary.
-func (ex *exchange) endTrace(sm *summary) {
-	s := ex.tr.span
+// end ends the request's spans with how it went, from its summary;
+// broken is why its stream failed mid-body, if it did.
+func (tr *traceState) end(sm *summary, broken error) {
+	s := tr.span
 	if s == nil {
 		return
 	}
-	if !ex.tr.rec {
-		ex.endAttempt()
+	if !tr.rec {
+		tr.endAttempt()
 		s.End()
 		return
 	}
-	if ex.out.broken != nil {
-		ex.attemptCut(ex.out.broken)
+	if broken != nil {
+		tr.attemptCut(broken)
 	}
-	ex.endAttempt()
+	tr.endAttempt()
 	if sm.outcome == outcomeClientGone {
 		s.AddEvent("client_gone", trace.WithAttributes(attrPhase.String(sm.gonePhase.String())))
 	}
-	attrs := sm.spanAttrs(ex.tr.attrs)
+	attrs := sm.spanAttrs(tr.attrs)
 	if sm.status >= 500 || sm.outcome == outcomeStreamInterrupted {
 		t := sm.errCode
 		if t == "" {
@@ -529,7 +528,7 @@ func (ex *exchange) endTrace(sm *summary) {
 	}
 	s.SetAttributes(attrs...)
 	s.End()
-	ex.tr.attrs = attrs
+	tr.attrs = attrs
 }
 
 // spanAttrs appends the server span's attributes of the request's end to
@@ -578,11 +577,11 @@ func (sm *summary) spanAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 
 // traceID is the request's trace id, for the access line; false: not
 // traced.
-func (ex *exchange) traceID() (trace.TraceID, bool) {
-	if ex.tr.span == nil {
+func (tr *traceState) traceID() (trace.TraceID, bool) {
+	if tr.span == nil {
 		return trace.TraceID{}, false
 	}
-	return ex.tr.span.SpanContext().TraceID(), true
+	return tr.span.SpanContext().TraceID(), true
 }
 
 // usage is what a reply says of the model that answered and the tokens

@@ -333,14 +333,14 @@ func TestUsageOf(t *testing.T) {
 
 func TestKeepTailKeepsTheLastBytes(t *testing.T) {
 	t.Parallel()
-	ex := &exchange{tr: traceState{span: noop.Span{}, rec: true}}
+	tr := &traceState{span: noop.Span{}, rec: true}
 	var all []byte
 	for i := range 300 {
 		b := []byte(strings.Repeat(string(rune('a'+i%26)), i%97))
 		all = append(all, b...)
-		ex.keepTail(b)
+		tr.keepTail(b)
 	}
-	if string(ex.tr.tail) != string(all[len(all)-tailSize:]) {
+	if string(tr.tail) != string(all[len(all)-tailSize:]) {
 		t.Fatal("tail is not the last bytes")
 	}
 }
