@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"net/http"
 	"strconv"
 	"time"
 )
@@ -93,6 +94,30 @@ func RateLimitExhausted(remaining, reset []byte) (time.Duration, bool) {
 	}
 	if d, ok := parseSeconds([]byte(s)); ok {
 		return d, true
+	}
+	return 0, false
+}
+
+// AnthropicLimitExhausted reads one of Anthropic's rate-limit pairs
+// (anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
+// remaining and -reset): when remaining is 0, it returns how long until
+// reset — an RFC 3339 time, counted from the reply's Date (the server's
+// clock; now when it has none), so a skewed clock here does not stretch
+// or cut the wait. A reset already past is no wait.
+func AnthropicLimitExhausted(remaining, reset, date []byte, now time.Time) (time.Duration, bool) {
+	if r := bytes.TrimSpace(remaining); len(r) != 1 || r[0] != '0' {
+		return 0, false
+	}
+	until, err := time.Parse(time.RFC3339, string(bytes.TrimSpace(reset)))
+	if err != nil {
+		return 0, false
+	}
+	from := now
+	if t, err := http.ParseTime(string(date)); err == nil {
+		from = t
+	}
+	if d := until.Sub(from); d > 0 {
+		return min(d, maxServerWait), true
 	}
 	return 0, false
 }

@@ -667,3 +667,32 @@ func TestModelKeyIsBoundedAndKeepsLongNamesApart(t *testing.T) {
 		t.Errorf("a long name's key does not show its start: %q", ModelKey(long)[:32])
 	}
 }
+
+// TestAnthropicLimitExhausted: a pair with remaining 0 waits until its
+// RFC 3339 reset, counted from the reply's Date; anything else, or a
+// reset already past, is no wait.
+func TestAnthropicLimitExhausted(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	date := []byte("Wed, 02 Dec 2026 12:00:10 GMT") // the server's clock, 10 s ahead of ours
+	for _, tt := range []struct {
+		name                   string
+		remaining, reset, date string
+		want                   time.Duration
+		ok                     bool
+	}{
+		{"exhausted, counted from Date", "0", "2026-12-02T12:00:40Z", string(date), 30 * time.Second, true},
+		{"exhausted, no Date", "0", "2026-12-02T12:00:40Z", "", 40 * time.Second, true},
+		{"an offset", "0", "2026-12-02T13:00:40+01:00", "", 40 * time.Second, true},
+		{"some left", "3", "2026-12-02T12:00:40Z", "", 0, false},
+		{"reset passed", "0", "2026-12-02T12:00:05Z", string(date), 0, false},
+		{"not RFC 3339", "0", "30s", "", 0, false},
+		{"absent", "", "", "", 0, false},
+		{"a year at most", "0", "2999-01-01T00:00:00Z", "", maxServerWait, true},
+	} {
+		d, ok := AnthropicLimitExhausted([]byte(tt.remaining), []byte(tt.reset), []byte(tt.date), now)
+		if d != tt.want || ok != tt.ok {
+			t.Errorf("%s: %v, %v; want %v, %v", tt.name, d, ok, tt.want, tt.ok)
+		}
+	}
+}

@@ -48,6 +48,7 @@ var (
 
 	hdrRateLimitRemainingTokens = []byte("X-Ratelimit-Remaining-Tokens")
 	hdrRateLimitResetTokens     = []byte("X-Ratelimit-Reset-Tokens")
+	hdrDate                     = []byte("Date")
 	valFalse                    = []byte("false")
 	strHTTP11                   = []byte("HTTP/1.1")
 	valHTTP                     = []byte("http")
@@ -118,4 +119,14 @@ func bothFramings(raw []byte) bool {
 		te = te || bytes.EqualFold(k, []byte("Transfer-Encoding"))
 	}
 	return cl && te
+}
+
+// anthropicLimits are Anthropic's rate-limit header pairs (remaining,
+// reset), in fasthttp's canonical form: any at 0 starts a cooldown until
+// its reset (policy.AnthropicLimitExhausted).
+var anthropicLimits = [][2][]byte{
+	{[]byte("Anthropic-Ratelimit-Requests-Remaining"), []byte("Anthropic-Ratelimit-Requests-Reset")},
+	{[]byte("Anthropic-Ratelimit-Tokens-Remaining"), []byte("Anthropic-Ratelimit-Tokens-Reset")},
+	{[]byte("Anthropic-Ratelimit-Input-Tokens-Remaining"), []byte("Anthropic-Ratelimit-Input-Tokens-Reset")},
+	{[]byte("Anthropic-Ratelimit-Output-Tokens-Remaining"), []byte("Anthropic-Ratelimit-Output-Tokens-Reset")},
 }

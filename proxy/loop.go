@@ -564,8 +564,9 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 }
 
 // learnRateLimits reads the reply's rate-limit headers: a 429's
-// Retry-After (returned as the server's wait) and OpenAI's
-// x-ratelimit-remaining-requests: 0 (on any reply) put the upstream in
+// Retry-After (returned as the server's wait), OpenAI's
+// x-ratelimit-remaining-requests (or -tokens): 0 and Anthropic's
+// anthropic-ratelimit-*-remaining: 0 (on any reply) put the upstream in
 // cooldown for this credential until then — at most cooldown.max. A 429
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
@@ -583,12 +584,19 @@ func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) 
 	if ok && is429 {
 		until, fromWait = now.Add(ex.extend(wait)), true
 	}
-	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
-		if d, exhausted := policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])); exhausted {
-			if t := now.Add(ex.extend(d)); t.After(until) {
-				until, fromWait = t, false
-			}
+	exhausted := func(d time.Duration, ok bool) {
+		if !ok {
+			return
 		}
+		if t := now.Add(ex.extend(d)); t.After(until) {
+			until, fromWait = t, false
+		}
+	}
+	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
+		exhausted(policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])))
+	}
+	for _, q := range anthropicLimits {
+		exhausted(policy.AnthropicLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1]), h.PeekCanonical(hdrDate), now))
 	}
 	switch {
 	case until.After(now):

@@ -3,6 +3,7 @@ package proxy
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -93,5 +94,25 @@ func TestSturdysOwnErrorsOnTheMessagesAPIAreAnthropics(t *testing.T) {
 	// Chat completions keep OpenAI's shape.
 	if _, body := h.chat(""); gjson.GetBytes(body, "error.code").Str != CodeRetriesExhausted {
 		t.Fatalf("chat: %s", body)
+	}
+}
+
+// TestAnthropicQuotaHeadersStartACooldown: a reply saying one of
+// Anthropic's quotas is spent (anthropic-ratelimit-*-remaining: 0, with
+// its RFC 3339 reset) holds the next request of that credential and model
+// until the reset, answered as Anthropic's rate_limit_error.
+func TestAnthropicQuotaHeadersStartACooldown(t *testing.T) {
+	t.Parallel()
+	reset := time.Now().Add(20 * time.Second).UTC().Format(time.RFC3339)
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader,
+		{"Anthropic-Ratelimit-Input-Tokens-Remaining", "0"}, {"Anthropic-Ratelimit-Input-Tokens-Reset", reset}},
+		Chunks: []string{msgStart, msgBlock, msgDelta, msgEnd}}, upstreamtest.Step{Body: "too soon"})
+	h := startProxy(t, up.URL, nil)
+	if resp, _ := h.do("POST", "/v1/messages", msgRequest, "x-api-key", "sk-ant-a"); resp.StatusCode != 200 {
+		t.Fatalf("the last one: %d", resp.StatusCode)
+	}
+	resp, body := h.do("POST", "/v1/messages", msgRequest, "x-api-key", "sk-ant-a")
+	if resp.StatusCode != 429 || gjson.GetBytes(body, "error.type").Str != "rate_limit_error" || up.Count() != 1 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("the spent quota was not learned: %d %s, upstream saw %d", resp.StatusCode, body, up.Count())
 	}
 }
