@@ -171,6 +171,8 @@ func TestInsufficientQuota(t *testing.T) {
 		{`{"error": {"code": "insufficient_quota"}}`, true},
 		{`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, false},
 		{`{"error":{"message":"insufficient_quota is not my code","code":"rate_limit_exceeded"}}`, false},
+		{`{"type":"error","error":{"type":"billing_error","message":"Your credit balance is too low"}}`, true},
+		{`{"type":"error","error":{"type":"invalid_request_error","message":"billing_error is not my type"}}`, false},
 		{`not json insufficient_quota`, false},
 		{``, false},
 	}

@@ -56,11 +56,13 @@ func isDigits(b []byte) bool {
 	return len(b) > 0
 }
 
-// InsufficientQuota reports whether a 429 body is OpenAI's "billing quota
-// exhausted" error ({"error":{"code":"insufficient_quota"}}, or the same in
-// "type"): retrying it never helps.
+// InsufficientQuota reports whether a reply's body says the account's
+// billing quota is spent — OpenAI's 429 insufficient_quota
+// ({"error":{"code":"insufficient_quota"}}, or the same in "type") or
+// Anthropic's 402 billing_error ({"error":{"type":"billing_error"}}):
+// retrying it never helps, another provider may have quota left.
 func InsufficientQuota(body []byte) bool {
-	if !bytes.Contains(body, []byte("insufficient_quota")) {
+	if !bytes.Contains(body, []byte("insufficient_quota")) && !bytes.Contains(body, []byte("billing_error")) {
 		return false
 	}
 	var e struct {
@@ -72,5 +74,5 @@ func InsufficientQuota(body []byte) bool {
 	if json.Unmarshal(body, &e) != nil {
 		return false
 	}
-	return e.Error.Type == "insufficient_quota" || string(e.Error.Code) == `"insufficient_quota"`
+	return e.Error.Type == "insufficient_quota" || string(e.Error.Code) == `"insufficient_quota"` || e.Error.Type == "billing_error"
 }

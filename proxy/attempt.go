@@ -123,10 +123,10 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 	if out.StreamFailed && policy.EventFailure(out.StreamError).Class == policy.ClassRetryable {
 		ex.reply.close()
 	}
-	if status == 429 {
+	if status == 429 || status == 402 {
 		out.InsufficientQuota = policy.InsufficientQuota(ex.reply.head)
 	}
-	if out.StreamFailed && out.StreamError == "insufficient_quota" {
+	if out.StreamFailed && (out.StreamError == "insufficient_quota" || out.StreamError == "billing_error") {
 		out.InsufficientQuota = true // told in-band: fails over all the same
 	}
 }
@@ -155,7 +155,7 @@ func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
 			return ex.holdToCommit(a, kind, api)
 		}
 	}
-	whole := cl >= 0 || status == 429 || status >= 500 || (status == 400 && len(ex.req.route.failoverCodes) > 0)
+	whole := cl >= 0 || status == 429 || status == 402 || status >= 500 || (status == 400 && len(ex.req.route.failoverCodes) > 0)
 	for len(rp.head) < cap(rp.head) {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
 		rp.head = rp.head[:len(rp.head)+n]

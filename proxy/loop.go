@@ -634,8 +634,12 @@ func (ex *exchange) failoverStatus(out *policy.Outcome) string {
 	if status != 400 || len(r.failoverCodes) == 0 {
 		return ""
 	}
-	if code := gjson.GetBytes(ex.reply.head, "error.code").String(); code != "" && slices.Contains(r.failoverCodes, code) {
-		return "failover_code"
+	// OpenAI's error.code, or Anthropic's error.type (it has no code).
+	e := gjson.GetBytes(ex.reply.head, "error")
+	for _, code := range [2]string{e.Get("code").String(), e.Get("type").String()} {
+		if code != "" && slices.Contains(r.failoverCodes, code) {
+			return "failover_code"
+		}
 	}
 	return ""
 }

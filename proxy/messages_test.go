@@ -116,3 +116,35 @@ func TestAnthropicQuotaHeadersStartACooldown(t *testing.T) {
 		t.Fatalf("the spent quota was not learned: %d %s, upstream saw %d", resp.StatusCode, body, up.Count())
 	}
 }
+
+// TestAnthropicBillingAndFailoverCodes: a 402 billing_error is a spent
+// quota — passed through untouched with x-should-retry: false, never
+// retried, and failed over where the route has another target — and
+// failover_codes match Anthropic's error.type (it has no error.code).
+func TestAnthropicBillingAndFailoverCodes(t *testing.T) {
+	t.Parallel()
+	const billing = `{"type":"error","error":{"type":"billing_error","message":"Your credit balance is too low"}}`
+	spent := upstreamtest.Step{Status: 402, Header: [][2]string{upstreamtest.JSONHeader}, Body: billing}
+	alone := upstreamtest.Start(t, spent)
+	h := startProxy(t, alone.URL, nil)
+	if resp, body := h.do("POST", "/v1/messages", msgRequest); resp.StatusCode != 402 || string(body) != billing ||
+		resp.Header.Get("X-Should-Retry") != "false" || alone.Count() != 1 {
+		t.Fatalf("alone: %d %s %v, upstream saw %d", resp.StatusCode, body, resp.Header, alone.Count())
+	}
+	primary := upstreamtest.Start(t, spent)
+	other := upstreamtest.Start(t, sseStep(msgStart, msgBlock, msgDelta, msgEnd))
+	h = startProxy(t, primary.URL, func(o *Options) { withFallbacks(o, []string{other.URL}) })
+	if resp, body := h.do("POST", "/v1/messages", msgRequest); resp.StatusCode != 200 || !strings.HasSuffix(string(body), "message_stop\"}\n\n") || primary.Count() != 1 {
+		t.Fatalf("with a fallback: %d %s, primary saw %d", resp.StatusCode, body, primary.Count())
+	}
+	tooLong := upstreamtest.Start(t, upstreamtest.Step{Status: 400, Header: [][2]string{upstreamtest.JSONHeader},
+		Body: `{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 250000 tokens > 200000 maximum"}}`})
+	bigger := upstreamtest.Start(t, sseStep(msgStart, msgBlock, msgDelta, msgEnd))
+	h = startProxy(t, tooLong.URL, func(o *Options) {
+		withFallbacks(o, []string{bigger.URL})
+		o.Routes[0].FailoverCodes = []string{"invalid_request_error"}
+	})
+	if resp, _ := h.do("POST", "/v1/messages", msgRequest); resp.StatusCode != 200 || bigger.Count() != 1 {
+		t.Fatalf("failover_codes on error.type: %d, the fallback saw %d", resp.StatusCode, bigger.Count())
+	}
+}

@@ -63,8 +63,9 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	if !passThrough || ex.loop.attempts > 1 {
 		ex.setAttemptsHeader(ex.loop.attempts)
 	}
-	// A 429 insufficient_quota is passed through, but no retry can help it.
-	if final || (passThrough && ex.out.status == 429) {
+	// A 429 insufficient_quota (or 402 billing_error) is passed through,
+	// but no retry can help it.
+	if final || (passThrough && (ex.out.status == 429 || ex.out.status == 402)) {
 		rh.SetBytesKV(hdrShouldRetry, valFalse)
 	}
 	ex.out.ttft = time.Since(ex.req.start)
