@@ -568,7 +568,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 	for _, u := range cfg.Upstreams {
 		b := u.Breaker
 		o.Upstreams = append(o.Upstreams, upstream.Options{
-			Name: u.Name, URL: u.URL, APIKey: u.APIKey,
+			Name: u.Name, URL: u.URL, APIKey: u.APIKey, APIKeyBearer: strings.EqualFold(u.APIKeyHeader, "authorization"),
 			ConnectTimeout:   u.Timeouts.Connect.Std(),
 			FirstByteTimeout: u.Timeouts.FirstByte.Std(),
 			IdleTimeout:      u.Timeouts.Idle.Std(),

@@ -224,7 +224,8 @@ type UpstreamTLS struct {
 // ClientLimit limits each client, told apart by one header's value.
 type ClientLimit struct {
 	// KeyHeader names the header that identifies a client. Default
-	// Authorization. Requests without it share one bucket.
+	// Authorization, which means the request's credential (Authorization,
+	// else x-api-key). Requests without it share one bucket.
 	KeyHeader string `yaml:"key_header"`
 	// RequestsPerSecond is each client's sustained rate. Required.
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
@@ -320,10 +321,16 @@ type Upstream struct {
 	// Continuation says how the upstream continues a partial assistant
 	// message: vllm, prefill or none (default: never asked to).
 	Continuation string `yaml:"continuation"`
-	// APIKey, when set, replaces the client's Authorization with
-	// "Bearer <key>". ${VAR} is expanded from the environment; empty
-	// means unset.
+	// APIKey, when set, replaces the client's credential (Authorization
+	// and x-api-key) with "Authorization: Bearer <key>", and on
+	// Anthropic's Messages API paths with "x-api-key: <key>" (see
+	// APIKeyHeader). ${VAR} is expanded from the environment; empty means
+	// unset.
 	APIKey string `yaml:"api_key"`
+	// APIKeyHeader says how api_key goes on the Messages API's paths:
+	// x-api-key (the default, Anthropic's) or authorization (Bearer, as
+	// vLLM's /v1/messages takes it).
+	APIKeyHeader string `yaml:"api_key_header"`
 	// APIKeyFile reads the API key from a file (trimmed), so it need not
 	// be in the YAML. Not together with APIKey.
 	APIKeyFile string `yaml:"api_key_file"`

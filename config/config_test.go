@@ -206,6 +206,8 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:5: routes[0].failover_on[1]: must be a 4xx status other than 429 (got 503)"}},
 		{"bad on_timeout", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry:\n      on_timeout: panic\n",
 			[]string{`t.yaml:6: routes[0].retry.on_timeout: must be failover or retry`}},
+		{"api_key_header", "upstreams:\n  - name: a\n    url: http://h\n    api_key_header: bearer\n",
+			[]string{`t.yaml:4: upstreams[0].api_key_header: must be x-api-key or authorization (got "bearer")`}},
 		{"client limit without rate", "upstreams: [{name: a, url: 'http://h'}]\nclients:\n  - key_header: X-Agent\n",
 			[]string{"t.yaml:3: clients[0].requests_per_second: must be greater than 0"}},
 		{"negative max_in_flight", "upstreams:\n  - name: a\n    url: http://h\n    max_in_flight: -1\n",

@@ -248,6 +248,11 @@ func (c *Config) validateBalance(p *problems, k string, u Upstream) {
 		atLeast1(p, k+"health_check.healthy", hc.Healthy)
 		atLeast1(p, k+"health_check.unhealthy", hc.Unhealthy)
 	}
+	switch strings.ToLower(u.APIKeyHeader) {
+	case "", "x-api-key", "authorization":
+	default:
+		p.bad(k+"api_key_header", "must be x-api-key or authorization (got %q)", u.APIKeyHeader)
+	}
 	switch u.Continuation {
 	case "", "none", "vllm", "prefill":
 	default:

@@ -60,7 +60,7 @@ func printable(b []byte) bool {
 // answer and on_failure is local) this replica's own. e is the refusal
 // when Redis does not answer and on_failure is refuse.
 func (ex *exchange) takeClient(cl *clientLimiter, now time.Time) (wait time.Duration, ok bool, e *apiError) {
-	key := ex.ctx.Request.Header.PeekBytes(cl.header)
+	key := cl.keyOf(&ex.ctx.Request.Header)
 	if ex.p.fleet.Load() == nil {
 		wait, ok = cl.take(key, now)
 		return wait, ok, nil
@@ -103,7 +103,7 @@ func (ex *exchange) admit() *apiError {
 		ctx.SetConnectionClose()
 		return newError(CodeBadRequest, "the request has both Content-Length and Transfer-Encoding; send one")
 	}
-	if !ex.tbl.authorized(ctx.Request.Header.PeekCanonical(hdrAuthorization)) {
+	if _, key := credential(&ctx.Request.Header); !ex.tbl.authorized(key) {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}

@@ -25,6 +25,7 @@ var hopHeaders = [][]byte{
 var (
 	hdrConnection     = []byte("Connection")
 	hdrAuthorization  = []byte("Authorization")
+	hdrXAPIKey        = []byte("X-Api-Key")
 	hdrRequestID      = []byte("X-Request-Id")
 	hdrForwardedFor   = []byte("X-Forwarded-For")
 	hdrForwardedHost  = []byte("X-Forwarded-Host")
@@ -129,4 +130,23 @@ var anthropicLimits = [][2][]byte{
 	{[]byte("Anthropic-Ratelimit-Tokens-Remaining"), []byte("Anthropic-Ratelimit-Tokens-Reset")},
 	{[]byte("Anthropic-Ratelimit-Input-Tokens-Remaining"), []byte("Anthropic-Ratelimit-Input-Tokens-Reset")},
 	{[]byte("Anthropic-Ratelimit-Output-Tokens-Remaining"), []byte("Anthropic-Ratelimit-Output-Tokens-Reset")},
+}
+
+// credential is a request's credential, by the one rule of the whole
+// proxy (README, "Credentials"): its Authorization, else its x-api-key
+// (Claude Code and the Anthropic SDKs send only that). value is the
+// header's value that carries it — what the clients: limits with the
+// default key_header and the cooldowns key on (a Bearer client's as
+// before x-api-key was read, so a fleet being upgraded shares them) —
+// and key the key itself (Authorization's after "Bearer "), what
+// auth.keys checks; nil when there is none.
+func credential(h *fasthttp.RequestHeader) (value, key []byte) {
+	if a := h.PeekCanonical(hdrAuthorization); len(a) > 0 {
+		if k, ok := bytes.CutPrefix(a, []byte("Bearer ")); ok {
+			return a, k
+		}
+		return a, h.PeekCanonical(hdrXAPIKey)
+	}
+	k := h.PeekCanonical(hdrXAPIKey)
+	return k, k
 }

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"hash/maphash"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/valyala/fasthttp"
 	"golang.org/x/time/rate"
 
 	"sturdy/upstream"
@@ -23,16 +25,29 @@ func credHash(v []byte) uint64 { return maphash.Bytes(credSeed, v) }
 // clientLimiter is one `clients:` entry: a token bucket per client, at
 // most upstream.MaxTrackedKeys of them (the least recently used goes).
 type clientLimiter struct {
-	opts    ClientLimit
-	header  []byte
-	onEvict func()
-	mu      sync.Mutex
-	buckets *simplelru.LRU[uint64, *rate.Limiter]
+	opts   ClientLimit
+	header []byte
+	// byCredential: keyed by the request's credential (Bearer, else
+	// x-api-key), the default key_header's meaning; else by header's value.
+	byCredential bool
+	onEvict      func()
+	mu           sync.Mutex
+	buckets      *simplelru.LRU[uint64, *rate.Limiter]
+}
+
+// keyOf is the value that tells a request's client apart.
+func (l *clientLimiter) keyOf(h *fasthttp.RequestHeader) []byte {
+	if l.byCredential {
+		value, _ := credential(h)
+		return value
+	}
+	return h.PeekBytes(l.header)
 }
 
 func newClientLimiter(o ClientLimit, onEvict func()) *clientLimiter {
 	buckets, _ := simplelru.NewLRU[uint64, *rate.Limiter](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
-	return &clientLimiter{opts: o, header: []byte(o.KeyHeader), onEvict: onEvict, buckets: buckets}
+	return &clientLimiter{opts: o, header: []byte(o.KeyHeader), byCredential: strings.EqualFold(o.KeyHeader, DefaultKeyHeader),
+		onEvict: onEvict, buckets: buckets}
 }
 
 // take spends one token of the client whose key header holds key; it

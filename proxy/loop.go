@@ -155,14 +155,7 @@ func (ex *exchange) useTarget(t *target, v *visit) policy.Action {
 	lp.entered = t.up
 
 	q := &ex.req
-	q.msg.Header.DelBytes(hdrAuthorization)
-	if auth := t.up.Auth(); auth != nil {
-		q.msg.Header.SetBytesKV(hdrAuthorization, auth)
-	} else if a := ex.ctx.Request.Header.PeekCanonical(hdrAuthorization); len(a) > 0 && len(ex.tbl.authKeys) == 0 {
-		// With auth on, the client's Authorization is Sturdy's own key:
-		// it never goes upstream.
-		q.msg.Header.SetBytesKV(hdrAuthorization, a)
-	}
+	ex.setCredential(t.up)
 	if lp.model = t.model; lp.model == "" {
 		lp.model = ex.req.model
 	}
@@ -523,17 +516,42 @@ func (ex *exchange) ownRetry(v *visit) bool {
 // ride-through probes are not.
 func (lp *loopState) counted() int { return lp.attempts - lp.rides - lp.replays }
 
+// setCredential sets the outbound request's credential for up: its
+// api_key when it has one — as x-api-key on the Messages API's paths
+// unless api_key_header says authorization, else as Bearer — and none of
+// the client's; with auth on none at all (the client's credential is
+// Sturdy's own key); else the client's Authorization and x-api-key as
+// sent.
+func (ex *exchange) setCredential(up *upstream.Upstream) {
+	h, client := &ex.req.msg.Header, &ex.ctx.Request.Header
+	h.DelBytes(hdrAuthorization)
+	h.DelBytes(hdrXAPIKey)
+	switch {
+	case up.Auth() != nil && ex.req.api == policy.APIAnthropic && !up.Options().APIKeyBearer:
+		h.SetBytesKV(hdrXAPIKey, up.APIKey())
+	case up.Auth() != nil:
+		h.SetBytesKV(hdrAuthorization, up.Auth())
+	case len(ex.tbl.authKeys) > 0:
+	default:
+		for _, name := range [2][]byte{hdrAuthorization, hdrXAPIKey} {
+			if v := client.PeekCanonical(name); len(v) > 0 {
+				h.SetBytesKV(name, v)
+			}
+		}
+	}
+}
+
 // cooldownKey keys the cooldowns of v's upstream for this request,
 // computed once per visit: the credential — the upstream's own key when
-// Sturdy injects one (all clients share it), else the client's
-// Authorization — and the model as sent, since providers rate-limit per
-// key and per model.
+// Sturdy injects one (all clients share it), else the client's (Bearer,
+// else x-api-key: credential) — and the model as sent, since providers
+// rate-limit per key and per model.
 func (ex *exchange) cooldownKey(v *visit) uint64 {
 	lp := &ex.loop
 	if !v.coolKnown {
 		var cred []byte
 		if v.t.up.Auth() == nil {
-			cred = ex.ctx.Request.Header.PeekCanonical(hdrAuthorization)
+			cred, _ = credential(&ex.ctx.Request.Header)
 		}
 		// The same in every replica, so the fleet shares it.
 		v.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))

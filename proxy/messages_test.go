@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +147,69 @@ func TestAnthropicBillingAndFailoverCodes(t *testing.T) {
 	})
 	if resp, _ := h.do("POST", "/v1/messages", msgRequest); resp.StatusCode != 200 || bigger.Count() != 1 {
 		t.Fatalf("failover_codes on error.type: %d, the fallback saw %d", resp.StatusCode, bigger.Count())
+	}
+}
+
+// TestOneCredentialRule: a request's credential is its Authorization,
+// else its x-api-key — what auth.keys accepts, what tells clients apart
+// under the default key_header — and an upstream's api_key goes as
+// x-api-key on the Messages API's paths (Bearer with APIKeyBearer, and
+// on every other path), never beside the client's.
+func TestOneCredentialRule(t *testing.T) {
+	t.Parallel()
+	whole := sseStep(msgStart, msgBlock, msgDelta, msgEnd)
+	up := upstreamtest.Start(t, whole)
+	h := startProxy(t, up.URL, func(o *Options) { o.AuthKeys = []string{"sturdy-key-aaaaaaaaaaaa"} })
+	if resp, _ := h.do("POST", "/v1/messages", msgRequest, "x-api-key", "sturdy-key-aaaaaaaaaaaa"); resp.StatusCode != 200 {
+		t.Fatalf("auth.keys by x-api-key: %d", resp.StatusCode)
+	}
+	if resp, _ := h.do("POST", "/v1/messages", msgRequest, "x-api-key", "sturdy-key-wrong-wrong"); resp.StatusCode != 401 {
+		t.Fatalf("a wrong x-api-key: %d", resp.StatusCode)
+	}
+	if hd := up.Requests()[0].Header; hd["X-Api-Key"] != "" || hd["Authorization"] != "" {
+		t.Fatalf("Sturdy's own key went upstream: %v", hd)
+	}
+
+	for _, tc := range []struct {
+		name, path    string
+		bearer        bool
+		xAPI, bearerV string
+	}{
+		{"messages", "/v1/messages", false, "sk-ant-upstream", ""},
+		{"messages, api_key_header: authorization", "/v1/messages", true, "", "Bearer sk-ant-upstream"},
+		{"chat", "/v1/chat/completions", false, "", "Bearer sk-ant-upstream"},
+	} {
+		up := upstreamtest.Start(t, whole)
+		h := startProxy(t, up.URL, func(o *Options) {
+			o.Upstreams[0].APIKey, o.Upstreams[0].APIKeyBearer = "sk-ant-upstream", tc.bearer
+		})
+		h.do("POST", tc.path, msgRequest, "x-api-key", "sk-client", "Authorization", "Bearer sk-client")
+		if hd := up.Requests()[0].Header; hd["X-Api-Key"] != tc.xAPI || hd["Authorization"] != tc.bearerV {
+			t.Errorf("%s: x-api-key %q, Authorization %q upstream", tc.name, hd["X-Api-Key"], hd["Authorization"])
+		}
+	}
+
+	// A fallback with no api_key of its own gets the client's x-api-key
+	// back, after a primary that sent its own.
+	failing := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
+	plain := upstreamtest.Start(t, whole)
+	h = startProxy(t, failing.URL, func(o *Options) {
+		o.Upstreams[0].APIKey = "sk-ant-primary"
+		withFallbacks(o, []string{plain.URL})
+	})
+	if resp, _ := h.do("POST", "/v1/messages", msgRequest, "x-api-key", "sk-client"); resp.StatusCode != 200 || plain.Requests()[0].Header["X-Api-Key"] != "sk-client" {
+		t.Fatalf("the fallback: %d, x-api-key %q", resp.StatusCode, plain.Requests()[0].Header["X-Api-Key"])
+	}
+
+	// Clients told apart by x-api-key under the default key_header.
+	many := upstreamtest.Start(t, whole)
+	h = startProxy(t, many.URL, func(o *Options) { o.Clients = []ClientLimit{{RequestsPerSecond: 0.5, Burst: 1}} })
+	codes := ""
+	for _, k := range []string{"sk-a", "sk-b", "sk-a"} {
+		resp, _ := h.do("POST", "/v1/messages", msgRequest, "x-api-key", k)
+		codes += fmt.Sprint(resp.StatusCode, " ")
+	}
+	if codes != "200 200 429 " {
+		t.Fatalf("two x-api-key clients, one twice: %s", codes)
 	}
 }

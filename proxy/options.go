@@ -214,8 +214,9 @@ type Options struct {
 	// Clients are per-client rate limits every request must pass.
 	Clients []ClientLimit
 	// AuthKeys, when set, are the keys clients must present as
-	// "Authorization: Bearer <key>"; the client's Authorization is then
-	// never forwarded upstream.
+	// "Authorization: Bearer <key>" or "x-api-key: <key>" (credential);
+	// the client's Authorization and x-api-key are then never forwarded
+	// upstream.
 	AuthKeys []string
 	// Server bounds the client-facing listener (fixed at New).
 	Server ServerLimits

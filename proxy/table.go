@@ -211,11 +211,11 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*rou
 // authorized reports whether the request carries an accepted client key
 // (always true without auth). Every key is compared, in constant time, on
 // hashes of equal length: timing tells nothing about the keys.
-func (t *table) authorized(authorization []byte) bool {
+func (t *table) authorized(key []byte) bool {
 	if len(t.authKeys) == 0 {
 		return true
 	}
-	key, ok := bytes.CutPrefix(authorization, []byte("Bearer "))
+	ok := len(key) > 0
 	got := sha256.Sum256(key)
 	match := 0
 	for i := range t.authKeys {

@@ -68,8 +68,12 @@ type Options struct {
 	// message, for rescuing a stream cut mid-answer (ContinueNone: it is
 	// never asked to).
 	Continuation Continuation
-	// APIKey, when set, replaces the client's Authorization header.
-	APIKey string
+	// APIKey, when set, replaces the client's credential: sent as
+	// "Authorization: Bearer <key>", and on the Messages API's paths as
+	// x-api-key unless APIKeyBearer (vLLM's /v1/messages takes only
+	// Bearer).
+	APIKey       string
+	APIKeyBearer bool
 	// ConnectTimeout bounds dialling and the TLS handshake. Default 2 s.
 	ConnectTimeout time.Duration
 	// FirstByteTimeout runs from sending the request to the first body

@@ -24,6 +24,7 @@ type Upstream struct {
 	opts Options // as configured, to tell a changed definition on reload
 	env  *Env
 	auth []byte // "Bearer <api_key>", or nil to pass the client's
+	key  []byte // the api_key itself, for x-api-key
 	// inFlight counts requests using this upstream, streams included.
 	inFlight atomic.Int64
 
@@ -86,7 +87,7 @@ func New(env *Env, o Options, prev *Upstream) (*Upstream, error) {
 		quit:       make(chan struct{}),
 	}
 	if o.APIKey != "" {
-		up.auth = []byte("Bearer " + o.APIKey)
+		up.auth, up.key = []byte("Bearer "+o.APIKey), []byte(o.APIKey)
 	}
 	if o.RateLimit.RequestsPerSecond > 0 {
 		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), o.RateLimit.Burst)
@@ -294,6 +295,10 @@ func (up *Upstream) Options() *Options { return &up.opts }
 // Auth is the Authorization value Sturdy sends ("Bearer <api_key>"), or
 // nil to pass the client's. It must never reach a log or an error.
 func (up *Upstream) Auth() []byte { return up.auth }
+
+// APIKey is the upstream's api_key itself (nil when it has none), as sent
+// in x-api-key; never to be logged.
+func (up *Upstream) APIKey() []byte { return up.key }
 
 // Budget is the upstream's retry budget.
 func (up *Upstream) Budget() *policy.Budget { return up.budget }
