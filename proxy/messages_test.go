@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -211,5 +212,24 @@ func TestOneCredentialRule(t *testing.T) {
 	}
 	if codes != "200 200 429 " {
 		t.Fatalf("two x-api-key clients, one twice: %s", codes)
+	}
+}
+
+// TestAMessagesRequestIsTracedAsAnthropics: the server span names the
+// provider by the API spoken (gen_ai.provider.name anthropic) and reads
+// the usage as Anthropic streams it (input in message_start, output in
+// the last message_delta).
+func TestAMessagesRequestIsTracedAsAnthropics(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, sseStep(msgStart, msgBlock, msgDelta, msgEnd))
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
+	if resp, _ := h.do("POST", "/v1/messages", msgRequest, "traceparent", clientTraceparent); resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	root, _ := serverSpan(t, rcv, "4bf92f3577b34da6a3ce929d0e0e4736", 1)
+	if root.Attrs["gen_ai.provider.name"] != "anthropic" || root.Attrs["gen_ai.operation.name"] != "chat" ||
+		root.Attrs["gen_ai.usage.input_tokens"] != int64(9) || root.Attrs["gen_ai.usage.output_tokens"] != int64(2) {
+		t.Fatalf("server span %v", root.Attrs)
 	}
 }

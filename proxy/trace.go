@@ -48,6 +48,7 @@ const (
 	attrProtoVersion  = attribute.Key("network.protocol.version")
 	attrErrorType     = attribute.Key("error.type")
 	attrOperation     = attribute.Key("gen_ai.operation.name")
+	attrProvider      = attribute.Key("gen_ai.provider.name")
 	attrRequestModel  = attribute.Key("gen_ai.request.model")
 	attrResponseModel = attribute.Key("gen_ai.response.model")
 	attrInputTokens   = attribute.Key("gen_ai.usage.input_tokens")
@@ -280,6 +281,18 @@ func protoVersion(http11 bool) string {
 	return "1.0"
 }
 
+// providerOf is gen_ai.provider.name of a request's API: the format it
+// speaks (no name for Ollama's own; gen_ai.system is deprecated).
+func providerOf(api policy.API) string {
+	switch api {
+	case policy.APIAnthropic:
+		return "anthropic"
+	case policy.APIChat, policy.APICompletions, policy.APIResponses, policy.APIOther:
+		return "openai"
+	}
+	return ""
+}
+
 // route names the server span for the route r the request took and
 // notes the model it asked for (the request's, read in place).
 func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
@@ -289,8 +302,11 @@ func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
 	}
 	s.SetName(spanText(ctx.Method()) + " " + string(r.prefix))
 	attrs := append(tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
-	if op := policy.CallOf(rawPath(ctx.Request.Header.RequestURI())).Operation; op != "" {
-		attrs = append(attrs, attrOperation.String(op))
+	if call := policy.CallOf(rawPath(ctx.Request.Header.RequestURI())); call.Operation != "" {
+		attrs = append(attrs, attrOperation.String(call.Operation))
+		if p := providerOf(call.API); p != "" {
+			attrs = append(attrs, attrProvider.String(p))
+		}
 	}
 	if model != "" {
 		tr.model = strings.Clone(model) // policy.ModelKey's: at most 256 bytes
@@ -608,6 +624,11 @@ func usageOf(b []byte) usage {
 			in, out := o.Get("prompt_tokens"), o.Get("completion_tokens")
 			if !in.Exists() {
 				in, out = o.Get("input_tokens"), o.Get("output_tokens")
+			}
+			if j := bytes.LastIndex(b[:i], []byte(`"input_tokens":`)); !in.Exists() && out.Exists() && j >= 0 {
+				// Anthropic's stream: the input in message_start, the
+				// output in the last message_delta.
+				in = gjson.ParseBytes(b[j+len(`"input_tokens":`):])
 			}
 			if in.Exists() || out.Exists() {
 				u.input, u.output, u.known = in.Int(), out.Int(), true

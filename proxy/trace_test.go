@@ -88,7 +88,8 @@ func TestTraceOfARequestRetriedTwiceThatFailsOver(t *testing.T) {
 		root.Attrs["sturdy.outcome"] != "ok" || root.Attrs["sturdy.attempts"] != int64(4) || root.Attrs["sturdy.upstream"] != "b" ||
 		root.Attrs["gen_ai.request.model"] != "gpt-4o" || root.Attrs["gen_ai.response.model"] != "llama3.1-8b" ||
 		root.Attrs["gen_ai.usage.input_tokens"] != int64(7) || root.Attrs["gen_ai.usage.output_tokens"] != int64(3) ||
-		root.Attrs["gen_ai.operation.name"] != "chat" || root.Resource["service.name"] != "sturdy-test" {
+		root.Attrs["gen_ai.operation.name"] != "chat" || root.Attrs["gen_ai.provider.name"] != "openai" ||
+		root.Resource["service.name"] != "sturdy-test" {
 		t.Fatalf("server span %q %v resource %v", root.Name, root.Attrs, root.Resource)
 	}
 	if len(attempts) != 4 {
