@@ -8,6 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"sturdy/breaker"
+	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -132,5 +133,24 @@ func TestAConnectionThatDiesAfterWorkIsAResetNotStale(t *testing.T) {
 	line := h.accessLines(2)[1]
 	if r := line["retries"].([]any)[0].(map[string]any); r["reason"] != "reset" {
 		t.Fatalf("retry reason %v, want reset", r["reason"])
+	}
+}
+
+// TestAStaleReplayIsMarkedInItsSpan: the attempt that resends a request
+// after a stale pooled connection carries sturdy.stale_replay (it was
+// never set: the flag was read after the attempt had cleared it).
+func TestAStaleReplayIsMarkedInItsSpan(t *testing.T) {
+	rcv := otlptest.Start(t)
+	up := upstreamtest.Start(t, upstreamtest.Step{Chunks: []string{"ok"}, SilentClose: true})
+	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
+	h.chat("")
+	time.Sleep(60 * time.Millisecond) // let the upstream close it
+	const trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if resp, _ := h.chat("", "traceparent", trace); resp.Header.Get("X-Sturdy-Attempts") != "2" {
+		t.Fatalf("the pooled connection was not found stale: x-sturdy-attempts %q", resp.Header.Get("X-Sturdy-Attempts"))
+	}
+	_, attempts := serverSpan(t, rcv, "0af7651916cd43dd8448eb211c80319c", 2)
+	if len(attempts) != 2 || attempts[0].Attrs["sturdy.stale_replay"] != nil || attempts[1].Attrs["sturdy.stale_replay"] != true {
+		t.Fatalf("the attempts' stale_replay: %v, %v", attempts[0].Attrs["sturdy.stale_replay"], attempts[1].Attrs["sturdy.stale_replay"])
 	}
 }

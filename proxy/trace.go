@@ -318,9 +318,9 @@ func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
 // startAttempt starts attempt a's client span under the request's and
 // puts its traceparent (and the client's tracestate) on the upstream
 // request q, so the model server's spans hang under this attempt. method
-// is the client's, up the upstream's name; replaying marks a stale
-// connection's replay.
-func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *attempt, replaying bool) {
+// is the client's, up the upstream's name; a stale connection's replay
+// (a.stale) is marked sturdy.stale_replay.
+func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *attempt) {
 	if tr.span == nil {
 		return
 	}
@@ -351,7 +351,7 @@ func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *att
 	if a.n > 1 {
 		attrs = append(attrs, attrResend.Int(a.n-1))
 	}
-	if replaying {
+	if a.stale {
 		attrs = append(attrs, attrStaleReplay.Bool(true))
 	}
 	if a.cont {
