@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -173,5 +174,21 @@ func TestAnthropicNodeClientThroughSturdy(t *testing.T) {
 	gone := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Reset})
 	if out := nodeMessages(t, startSturdy(t, e2eConfig, gone.URL), "create"); !strings.HasPrefix(out, "ERROR 502 api_error ") || gone.Count() != 4 {
 		t.Fatalf("no answer, %d attempts (want 4: Sturdy's, none of the SDK's):\n%s", gone.Count(), out)
+	}
+}
+
+// TestAPIsFromTheConfig: `apis` in YAML reaches the proxy — an
+// Anthropic-only upstream is not sent a chat completion.
+func TestAPIsFromTheConfig(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	url := startSturdy(t, "upstreams:\n  - {name: claude, url: UPSTREAM, apis: [anthropic]}\n", up.URL)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 || up.Count() != 0 {
+		t.Fatalf("a chat completion to an Anthropic-only upstream: %d, upstream saw %d", resp.StatusCode, up.Count())
 	}
 }

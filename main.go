@@ -634,6 +634,9 @@ func poolOptions(o *upstream.Options, u config.Upstream) {
 	o.MaxEjected = float64(u.MaxEjected)
 	o.RideThrough = u.RideThrough.Std()
 	o.Continuation = map[string]upstream.Continuation{"vllm": upstream.ContinueVLLM, "prefill": upstream.ContinuePrefill}[u.Continuation]
+	for _, a := range u.APIs {
+		o.APIs |= map[string]upstream.APIs{"openai": upstream.ServesOpenAI, "anthropic": upstream.ServesAnthropic}[a]
+	}
 }
 
 // sharedOptions translates shared_state (nil: none).

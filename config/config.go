@@ -327,6 +327,10 @@ type Upstream struct {
 	// APIKeyHeader). ${VAR} is expanded from the environment; empty means
 	// unset.
 	APIKey string `yaml:"api_key"`
+	// APIs are the request formats the upstream serves: openai (its
+	// API and every path that is not Anthropic's) and anthropic (the
+	// Messages API). Default both; a request of another skips it.
+	APIs []string `yaml:"apis"`
 	// APIKeyHeader says how api_key goes on the Messages API's paths:
 	// x-api-key (the default, Anthropic's) or authorization (Bearer, as
 	// vLLM's /v1/messages takes it).

@@ -206,6 +206,10 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:5: routes[0].failover_on[1]: must be a 4xx status other than 429 (got 503)"}},
 		{"bad on_timeout", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry:\n      on_timeout: panic\n",
 			[]string{`t.yaml:6: routes[0].retry.on_timeout: must be failover or retry`}},
+		{"apis", "upstreams:\n  - name: a\n    url: http://h\n    apis: [openai, claude]\n",
+			[]string{`t.yaml:4: upstreams[0].apis[1]: must be openai or anthropic (got "claude")`}},
+		{"apis empty", "upstreams:\n  - name: a\n    url: http://h\n    apis: []\n",
+			[]string{`t.yaml:4: upstreams[0].apis: list openai and/or anthropic`}},
 		{"api_key_header", "upstreams:\n  - name: a\n    url: http://h\n    api_key_header: bearer\n",
 			[]string{`t.yaml:4: upstreams[0].api_key_header: must be x-api-key or authorization (got "bearer")`}},
 		{"client limit without rate", "upstreams: [{name: a, url: 'http://h'}]\nclients:\n  - key_header: X-Agent\n",
@@ -462,5 +466,19 @@ func TestAKeyWrittenTwiceIsOneProblem(t *testing.T) {
 	ok := "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - {name: r1, upstream: a}\n  - {name: r2, upstream: a, model: 'gpt-*'}\n  - {name: r3, upstream: a, path_prefix: /v1}\n"
 	if _, err := Parse("t.yaml", []byte(ok)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAWarningNamesARouteNoTargetServes: a route whose path_prefix is one
+// API's, none of whose targets declares it in apis, is warned of.
+func TestAWarningNamesARouteNoTargetServes(t *testing.T) {
+	c, err := Parse("t.yaml", []byte("upstreams:\n  - {name: a, url: 'http://h', apis: [openai]}\n  - {name: b, url: 'http://h2'}\n"+
+		"routes:\n  - {name: c, path_prefix: /v1/messages, upstream: a}\n  - {name: d, path_prefix: /v1/messages, model: 'x*', upstream: a, fallbacks: [{upstream: b}]}\n  - {name: e, path_prefix: /, upstream: a}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := c.Warnings()
+	if len(ws) != 1 || ws[0].Key != "routes[0].path_prefix" || ws[0].Line != 5 || !strings.Contains(ws[0].Msg, "serves anthropic") {
+		t.Fatalf("warnings %+v", ws)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"sturdy/policy"
@@ -248,6 +249,14 @@ func (c *Config) validateBalance(p *problems, k string, u Upstream) {
 		atLeast1(p, k+"health_check.healthy", hc.Healthy)
 		atLeast1(p, k+"health_check.unhealthy", hc.Unhealthy)
 	}
+	if c.isWritten(k+"apis") && len(u.APIs) == 0 {
+		p.bad(k+"apis", "list openai and/or anthropic (leave it out for both)")
+	}
+	for j, a := range u.APIs {
+		if a != "openai" && a != "anthropic" {
+			p.bad(fmt.Sprintf("%sapis[%d]", k, j), "must be openai or anthropic (got %q)", a)
+		}
+	}
 	switch strings.ToLower(u.APIKeyHeader) {
 	case "", "x-api-key", "authorization":
 	default:
@@ -369,8 +378,39 @@ func (c *Config) Warnings() []Problem {
 				"%d leaves no attempt for the fallbacks once the primary used its max_attempts (%d): they are tried only when it is skipped or refuses every connection; "+
 					"leave it out for max_attempts + fallbacks (%d)", total, perTarget, perTarget+len(r.Fallbacks))})
 		}
+		ps = append(ps, c.unservedRoute(i)...)
 	}
 	return ps
+}
+
+// unservedRoute warns of routes[i] when its path_prefix is one API's
+// (…/v1/messages, …/chat/completions …) and no target's upstream
+// declares it in apis: every request there would be answered
+// api_not_served.
+func (c *Config) unservedRoute(i int) []Problem {
+	r := c.Routes[i]
+	api := policy.APIOf([]byte(r.PathPrefix))
+	if api == policy.APIOther {
+		return nil // a prefix of any API
+	}
+	want := "openai"
+	if api == policy.APIAnthropic {
+		want = "anthropic"
+	}
+	targets := []string{r.Upstream}
+	for _, f := range r.Fallbacks {
+		targets = append(targets, f.Upstream)
+	}
+	for _, name := range targets {
+		for _, u := range c.Upstreams {
+			if u.Name == name && (len(u.APIs) == 0 || slices.Contains(u.APIs, want)) {
+				return nil
+			}
+		}
+	}
+	key := fmt.Sprintf("routes[%d].path_prefix", i)
+	return []Problem{{Key: key, Line: c.written[key], Msg: fmt.Sprintf(
+		"no target of this route serves %s (their upstreams' apis): every request here would be answered api_not_served", want)}}
 }
 
 // validateSharedState checks shared_state, when written.

@@ -26,6 +26,7 @@ const (
 	CodeRequestTimeout      = "request_timeout"
 	CodeRequestTooLarge     = "request_too_large"
 	CodeRouteNotFound       = "route_not_found"
+	CodeAPINotServed        = "api_not_served"
 	CodeInvalidAPIKey       = "invalid_api_key"
 	CodeRateLimited         = "rate_limited"
 	CodeCircuitOpen         = "circuit_open"
@@ -83,6 +84,9 @@ var errorTable = []errorSpec{
 	{code: CodeRouteNotFound, anthropic: "not_found_error", status: 404,
 		message: "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
 		when:    "no route's `path_prefix` (and `model`) matches the request"},
+	{code: CodeAPINotServed, anthropic: "not_found_error", status: 404,
+		message: "no target of route %q serves %s (its upstreams' apis); send it to a route whose upstreams do",
+		when:    "the route's targets all declare `apis` without the request's (OpenAI's, or Anthropic's Messages API)"},
 	{code: CodeInvalidAPIKey, anthropic: "authentication_error", status: 401,
 		message: "missing or invalid API key: send the key Sturdy issued you as \"Authorization: Bearer <key>\" (or \"x-api-key: <key>\")",
 		when:    "`auth` is on and the request has no accepted key (`Authorization: Bearer <key>`, else `x-api-key: <key>`)"},

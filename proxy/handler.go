@@ -118,7 +118,11 @@ func (ex *exchange) admit() *apiError {
 	if r == nil {
 		return newError(CodeRouteNotFound, rawPath(uri))
 	}
-	ex.req.route, ex.loop.up = r, r.targets[0].up
+	first := r.serving(ex.req.api, 0)
+	if first < 0 {
+		return newError(CodeAPINotServed, r.name, apiName(ex.req.api))
+	}
+	ex.req.route, ex.loop.up = r, r.targets[first].up
 	if asksToStream(ex.req.api, stream) {
 		ex.req.firstToken = r.firstToken
 	}

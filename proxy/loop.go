@@ -20,9 +20,14 @@ import (
 // span all targets.
 func (ex *exchange) run() {
 	var last attempt // the try in progress, then the last one made
-	targets := ex.req.route.targets
-	for ex.loop.ti = 0; ex.loop.ti < len(targets); ex.loop.ti++ {
-		t := &targets[ex.loop.ti]
+	r := ex.req.route
+	for ex.loop.ti = 0; ex.loop.ti < len(r.targets); ex.loop.ti++ {
+		t := &r.targets[ex.loop.ti]
+		if !t.up.Options().APIs.Serves(ex.req.api) { // passed over: it speaks another API (apis)
+			ex.notes.target(t.up.Name(), "")
+			ex.notes.result(resultUnsupportedAPI, false)
+			continue
+		}
 		if ex.onTarget(t, &last) != policy.ActionFailover || !ex.hasFallback() {
 			break
 		}
@@ -126,8 +131,13 @@ func (ex *exchange) carry(d policy.Decision) policy.Action {
 	return d.Action
 }
 
-// hasFallback reports whether a target follows the current one.
-func (ex *exchange) hasFallback() bool { return ex.loop.ti+1 < len(ex.req.route.targets) }
+// resultUnsupportedAPI is a target's result in the access log when the
+// request's API is not among its upstream's apis.
+const resultUnsupportedAPI = "unsupported_api"
+
+// hasFallback reports whether a target that serves the request's API
+// follows the current one.
+func (ex *exchange) hasFallback() bool { return ex.req.route.serving(ex.req.api, ex.loop.ti+1) >= 0 }
 
 // useTarget makes t the current target, begun as visit v: it takes a
 // max_in_flight slot (waiting up to queue_timeout) and rebuilds the

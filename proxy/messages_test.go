@@ -10,6 +10,7 @@ import (
 
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
 )
 
 // Anthropic Messages API events, as a server streams them.
@@ -231,5 +232,34 @@ func TestAMessagesRequestIsTracedAsAnthropics(t *testing.T) {
 	if root.Attrs["gen_ai.provider.name"] != "anthropic" || root.Attrs["gen_ai.operation.name"] != "chat" ||
 		root.Attrs["gen_ai.usage.input_tokens"] != int64(9) || root.Attrs["gen_ai.usage.output_tokens"] != int64(2) {
 		t.Fatalf("server span %v", root.Attrs)
+	}
+}
+
+// TestAnUpstreamServesTheAPIsItDeclares: no translation between the two
+// APIs — a target whose upstream declares apis without the request's is
+// passed over (result unsupported_api in the access log), and a route
+// with no target for it answers api_not_served.
+func TestAnUpstreamServesTheAPIsItDeclares(t *testing.T) {
+	t.Parallel()
+	openaiOnly := upstreamtest.Start(t, upstreamtest.Step{Body: "chat"})
+	anthropic := upstreamtest.Start(t, sseStep(msgStart, msgBlock, msgDelta, msgEnd))
+	h := startProxy(t, openaiOnly.URL, func(o *Options) {
+		o.Upstreams[0].APIs = upstream.ServesOpenAI
+		withFallbacks(o, []string{anthropic.URL})
+		o.Upstreams[1].APIs = upstream.ServesAnthropic
+	})
+	if resp, body := h.do("POST", "/v1/messages", msgRequest); resp.StatusCode != 200 || openaiOnly.Count() != 0 || anthropic.Count() != 1 {
+		t.Fatalf("messages: %d %s; the openai-only upstream saw %d", resp.StatusCode, body, openaiOnly.Count())
+	}
+	if l := h.accessLines(1)[0]; fmt.Sprint(l["targets"]) != "[map[attempts:0 result:unsupported_api upstream:up] map[attempts:1 endpoint:"+strings.TrimPrefix(anthropic.URL, "http://")+" result:success upstream:b]]" {
+		t.Fatalf("access line targets: %v", l["targets"])
+	}
+	if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "chat" || anthropic.Count() != 1 {
+		t.Fatalf("chat: %d %s", resp.StatusCode, body)
+	}
+	only := startProxy(t, openaiOnly.URL, func(o *Options) { o.Upstreams[0].APIs = upstream.ServesOpenAI })
+	resp, body := only.do("POST", "/v1/messages", msgRequest)
+	if resp.StatusCode != 404 || gjson.GetBytes(body, "sturdy.code").Str != CodeAPINotServed || gjson.GetBytes(body, "error.type").Str != "not_found_error" {
+		t.Fatalf("no target serves it: %d %s", resp.StatusCode, body)
 	}
 }

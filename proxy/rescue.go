@@ -254,7 +254,7 @@ func (st *stream) rescueTarget() int {
 	ex := st.ex
 	ts := ex.req.route.targets
 	for i := st.rescue.ti; i < len(ts); i++ {
-		if ts[i].up.Options().Continuation != upstream.ContinueNone {
+		if o := ts[i].up.Options(); o.Continuation != upstream.ContinueNone && o.APIs.Serves(ex.req.api) {
 			return i
 		}
 	}

@@ -208,6 +208,26 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*rou
 	return r, nil
 }
 
+// serving returns the index of the first of r's targets from from on
+// whose upstream serves api (its apis), or -1 when none does.
+func (r *route) serving(api policy.API, from int) int {
+	for i := from; i < len(r.targets); i++ {
+		if r.targets[i].up.Options().APIs.Serves(api) {
+			return i
+		}
+	}
+	return -1
+}
+
+// apiName names a request's API in messages: the Messages API, or
+// OpenAI's (every other path).
+func apiName(api policy.API) string {
+	if api == policy.APIAnthropic {
+		return "Anthropic's Messages API"
+	}
+	return "the OpenAI API"
+}
+
 // authorized reports whether the request carries an accepted client key
 // (always true without auth). Every key is compared, in constant time, on
 // hashes of equal length: timing tells nothing about the keys.

@@ -9,6 +9,7 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/metrics"
+	"sturdy/policy"
 )
 
 // Defaults of the options. A zero field means its default; where zero has
@@ -68,6 +69,9 @@ type Options struct {
 	// message, for rescuing a stream cut mid-answer (ContinueNone: it is
 	// never asked to).
 	Continuation Continuation
+	// APIs are the APIs the upstream serves (zero: both); a request
+	// speaking another skips it.
+	APIs APIs
 	// APIKey, when set, replaces the client's credential: sent as
 	// "Authorization: Bearer <key>", and on the Messages API's paths as
 	// x-api-key unless APIKeyBearer (vLLM's /v1/messages takes only
@@ -154,6 +158,29 @@ const (
 	// Ollama and Anthropic-style servers continue it).
 	ContinuePrefill
 )
+
+// APIs is a set of the request formats an upstream serves: OpenAI's
+// (and every path that is not Anthropic's) and Anthropic's Messages API.
+// No translation between them: a request keeps its API.
+type APIs uint8
+
+// The APIs an upstream may serve.
+const (
+	ServesOpenAI APIs = 1 << iota
+	ServesAnthropic
+)
+
+// Serves says whether a request speaking api may go to an upstream
+// serving a (none set: both).
+func (a APIs) Serves(api policy.API) bool {
+	if a == 0 {
+		return true
+	}
+	if api == policy.APIAnthropic {
+		return a&ServesAnthropic != 0
+	}
+	return a&ServesOpenAI != 0
+}
 
 // RateLimit paces requests below a provider's quota.
 type RateLimit struct {
