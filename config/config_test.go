@@ -206,6 +206,10 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{"t.yaml:5: routes[0].failover_on[1]: must be a 4xx status other than 429 (got 503)"}},
 		{"bad on_timeout", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    retry:\n      on_timeout: panic\n",
 			[]string{`t.yaml:6: routes[0].retry.on_timeout: must be failover or retry`}},
+		{"a second document", "upstreams: [{name: a, url: 'http://h'}]\n---\nlisten: ':1'\n",
+			[]string{"t.yaml:2: a second YAML document (after ---) is not read: one document per file"}},
+		{"a second document that does not parse", "upstreams: [{name: a, url: 'http://h'}]\n---\nlisten: [\n",
+			[]string{"t.yaml: a second YAML document (after ---) does not parse"}},
 		{"apis", "upstreams:\n  - name: a\n    url: http://h\n    apis: [openai, claude]\n",
 			[]string{`t.yaml:4: upstreams[0].apis[1]: must be openai or anthropic (got "claude")`}},
 		{"apis empty", "upstreams:\n  - name: a\n    url: http://h\n    apis: []\n",
@@ -460,6 +464,13 @@ func TestAKeyWrittenTwiceIsOneProblem(t *testing.T) {
 		var ce *Error
 		if !errors.As(err, &ce) || len(ce.Problems) != 1 || !strings.Contains(ce.Problems[0].Msg, "written twice") {
 			t.Errorf("%q: %v, want one problem: written twice", doc, err)
+		}
+	}
+	// A document marker before or after the one document is fine.
+	for _, doc := range []string{"---\nupstreams: [{name: a, url: 'http://h'}]\n", "upstreams: [{name: a, url: 'http://h'}]\n---\n",
+		"upstreams: [{name: a, url: 'http://h'}]\n...\n"} {
+		if _, err := Parse("t.yaml", []byte(doc)); err != nil {
+			t.Errorf("%q: %v", doc, err)
 		}
 	}
 	// Routes that differ in path_prefix or model are not the same match.

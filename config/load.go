@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -125,6 +126,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	// A key written twice is one problem, at the second; the decode goes on
 	// without it, so the rest is validated as if it were not there.
 	problems := dropDuplicateKeys(&root, "")
+	problems = append(problems, moreDocuments(data)...)
 	idx := newKeyIndex(&root)
 	problems = append(problems, unknownKeys(&root, reflect.TypeFor[Config]())...)
 	c := defaultConfig()
@@ -332,6 +334,33 @@ func syntaxProblems(err error, data []byte) []Problem {
 		}
 	}
 	return ps
+}
+
+// moreDocuments reports a second YAML document (after ---) in one file:
+// only the first is read, so what follows would be silently ignored —
+// a syntax error in it too.
+func moreDocuments(data []byte) []Problem {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var n yaml.Node
+	if dec.Decode(&n) != nil {
+		return nil // the first one's problems are reported already
+	}
+	for {
+		var next yaml.Node
+		switch err := dec.Decode(&next); {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return []Problem{{Msg: "a second YAML document (after ---) does not parse, and would not be read: one document per file"}}
+		case len(next.Content) > 0 && !isNull(next.Content[0]): // an empty one (a trailing ---) says nothing
+			return []Problem{{Line: next.Line, Msg: "a second YAML document (after ---) is not read: one document per file"}}
+		}
+	}
+}
+
+// isNull says whether n is YAML's null written as nothing.
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null" && n.Value == ""
 }
 
 // lastWrittenLine is the number of the last line that is not blank.
