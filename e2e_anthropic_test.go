@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
 	"sturdy/internal/fakellm"
-	"sturdy/internal/testdeps"
 	"sturdy/internal/upstreamtest"
 )
 
@@ -47,6 +45,10 @@ var anthropicEvents = []string{
 	"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\n",
 	"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 }
+
+// overloaded is Anthropic's 529.
+var overloaded = upstreamtest.Step{Status: 529, Header: [][2]string{upstreamtest.JSONHeader},
+	Body: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`}
 
 // TestAnthropicClientThroughTheFakeServer: create and stream, whole and
 // accumulated, through Sturdy to the fake model server's /v1/messages.
@@ -86,8 +88,6 @@ func TestAnthropicClientMeetsWhatSturdyAbsorbsAndWhatItDoesNot(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	overloaded := upstreamtest.Step{Status: 529, Header: [][2]string{upstreamtest.JSONHeader},
-		Body: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`}
 	whole := upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: anthropicEvents}
 
 	storm := upstreamtest.Start(t, overloaded, overloaded, overloaded, whole)
@@ -132,21 +132,6 @@ func TestAnthropicClientMeetsWhatSturdyAbsorbsAndWhatItDoesNot(t *testing.T) {
 	}
 }
 
-// nodeMessages runs Anthropic's npm SDK (e2e/node/messages.mjs) against
-// Sturdy at url.
-func nodeMessages(t *testing.T, url, which string) string {
-	t.Helper()
-	node := testdeps.Binary(t, "node", "apt-get install -y nodejs npm")
-	testdeps.File(t, "e2e/node/node_modules/@anthropic-ai/sdk", "the @anthropic-ai/sdk npm SDK", "npm ci --prefix e2e/node")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, node, "e2e/node/messages.mjs", url, which).CombinedOutput()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, out)
-	}
-	return string(out)
-}
-
 // TestAnthropicNodeClientThroughSturdy: the npm SDK creates and streams
 // through Sturdy to the fake server, gets a 529 storm absorbed, and
 // raises a stream cut after its content (never a clean end) and Sturdy's
@@ -158,21 +143,19 @@ func TestAnthropicNodeClientThroughSturdy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(fake.Close)
-	if out := nodeMessages(t, startSturdy(t, e2eConfig, fake.URL), "both"); out != "CREATED Sturdy keeps\nSTREAMED Sturdy keeps\n" {
+	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, fake.URL), "both"); out != "CREATED Sturdy keeps\nSTREAMED Sturdy keeps\n" {
 		t.Fatalf("through the fake server:\n%s", out)
 	}
-	overloaded := upstreamtest.Step{Status: 529, Header: [][2]string{upstreamtest.JSONHeader},
-		Body: `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`}
 	storm := upstreamtest.Start(t, overloaded, overloaded, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: anthropicEvents})
-	if out := nodeMessages(t, startSturdy(t, e2eConfig, storm.URL), "stream"); out != "STREAMED Hello\n" || storm.Count() != 3 {
+	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, storm.URL), "stream"); out != "STREAMED Hello\n" || storm.Count() != 3 {
 		t.Fatalf("a 529 storm, %d attempts:\n%s", storm.Count(), out)
 	}
 	cut := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: anthropicEvents[:3], Fault: upstreamtest.Cut})
-	if out := nodeMessages(t, startSturdy(t, e2eConfig, cut.URL), "stream"); !strings.HasPrefix(out, "ERROR - api_error ") || !strings.Contains(out, "incomplete") {
+	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, cut.URL), "stream"); !strings.HasPrefix(out, "ERROR - api_error ") || !strings.Contains(out, "incomplete") {
 		t.Fatalf("a cut stream:\n%s", out)
 	}
 	gone := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Reset})
-	if out := nodeMessages(t, startSturdy(t, e2eConfig, gone.URL), "create"); !strings.HasPrefix(out, "ERROR 502 api_error ") || gone.Count() != 4 {
+	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, gone.URL), "create"); !strings.HasPrefix(out, "ERROR 502 api_error ") || gone.Count() != 4 {
 		t.Fatalf("no answer, %d attempts (want 4: Sturdy's, none of the SDK's):\n%s", gone.Count(), out)
 	}
 }

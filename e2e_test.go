@@ -278,50 +278,37 @@ routes:
 	}
 }
 
-// nodeSDK returns node's path once the openai npm SDK of e2e/node is
-// installed (.ci/run runs npm ci; a test never installs it): without
-// either a test fails when CI is set and skips otherwise (testdeps).
-func nodeSDK(t *testing.T) string {
+// runNode runs the e2e/node script with args (a Sturdy URL first) under
+// node, once the npm package pkg of e2e/node is installed (.ci/run runs
+// npm ci; a test never installs it: without node or pkg it fails when CI
+// is set and skips otherwise, testdeps), and returns what it printed.
+func runNode(t *testing.T, pkg, script string, args ...string) string {
 	t.Helper()
 	node := testdeps.Binary(t, "node", "apt-get install -y nodejs npm")
-	testdeps.File(t, "e2e/node/node_modules/openai", "the openai npm SDK", "npm ci --prefix e2e/node")
-	return node
+	testdeps.File(t, "e2e/node/node_modules/"+pkg, "the "+pkg+" npm SDK", "npm ci --prefix e2e/node")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, node, append([]string{"e2e/node/" + script}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node %s: %v\n%s", script, err, out)
+	}
+	return string(out)
 }
 
 // TestNodeClientRaisesOnAResponsesStreamCut: the Node SDK raises on
 // Sturdy's Responses error event (it goes by the event's type).
 func TestNodeClientRaisesOnAResponsesStreamCut(t *testing.T) {
 	t.Parallel()
-	node := nodeSDK(t)
 	const (
 		created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"object\":\"response\"}}\n\n"
 		delta   = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"m\",\"output_index\":0,\"content_index\":0,\"delta\":\"Hel\",\"sequence_number\":1}\n\n"
 	)
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{created, delta}, Fault: upstreamtest.Cut})
-	url := startSturdy(t, e2eConfig, up.URL)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, node, "e2e/node/responses_stream.mjs", url).CombinedOutput()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, out)
-	}
+	out := runNode(t, "openai", "responses_stream.mjs", startSturdy(t, e2eConfig, up.URL))
 	t.Logf("node said:\n%s", out)
-	if !strings.Contains(string(out), "TEXT Hel\n") || !strings.Contains(string(out), "ERROR") || !strings.Contains(string(out), "output so far is incomplete") {
+	if !strings.Contains(out, "TEXT Hel\n") || !strings.Contains(out, "ERROR") || !strings.Contains(out, "output so far is incomplete") {
 		t.Fatalf("the Node SDK did not raise on the interrupted stream:\n%s", out)
 	}
-}
-
-// nodeResponsesFinal runs the Node SDK's Responses stream helper
-// (responses.stream(...).finalResponse()) against Sturdy at url.
-func nodeResponsesFinal(t *testing.T, node, url string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, node, "e2e/node/responses_final.mjs", url).CombinedOutput()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, out)
-	}
-	return string(out)
 }
 
 // TestNodeStreamHelperFinishesOnTheFakeServer: the fake model server's
@@ -330,13 +317,12 @@ func nodeResponsesFinal(t *testing.T, node, url string) string {
 // without them) builds the final response through Sturdy.
 func TestNodeStreamHelperFinishesOnTheFakeServer(t *testing.T) {
 	t.Parallel()
-	node := nodeSDK(t)
 	fake, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(fake.Close)
-	out := nodeResponsesFinal(t, node, startSturdy(t, e2eConfig, fake.URL))
+	out := runNode(t, "openai", "responses_final.mjs", startSturdy(t, e2eConfig, fake.URL))
 	if want := "DELTAS Sturdy keeps agents running\nTEXT Sturdy keeps agents running\n"; out != want {
 		t.Fatalf("the Node SDK's stream helper said:\n%s\nwant:\n%s", out, want)
 	}
@@ -347,7 +333,6 @@ func TestNodeStreamHelperFinishesOnTheFakeServer(t *testing.T) {
 // after them is retried whole, and the client sees one clean answer.
 func TestAResponsesStreamCutAfterItsAnnouncementsIsRetried(t *testing.T) {
 	t.Parallel()
-	node := nodeSDK(t)
 	fake, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +354,7 @@ func TestAResponsesStreamCutAfterItsAnnouncementsIsRetried(t *testing.T) {
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: events[:4], Fault: upstreamtest.Cut},
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{string(whole)}})
-	out := nodeResponsesFinal(t, node, startSturdy(t, e2eConfig, up.URL))
+	out := runNode(t, "openai", "responses_final.mjs", startSturdy(t, e2eConfig, up.URL))
 	if want := "DELTAS Sturdy keeps agents\nTEXT Sturdy keeps agents\n"; out != want || up.Count() != 2 {
 		t.Fatalf("upstream saw %d requests; the Node SDK said:\n%s\nwant:\n%s", up.Count(), out, want)
 	}
