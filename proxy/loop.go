@@ -623,8 +623,10 @@ func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) 
 	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
 		exhausted(policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])))
 	}
-	for _, q := range anthropicLimits {
-		exhausted(policy.AnthropicLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1]), h.PeekCanonical(hdrDate), now))
+	if ex.req.api == policy.APIAnthropic { // only its replies carry them: no header scans on every other
+		for _, q := range anthropicLimits {
+			exhausted(policy.AnthropicLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1]), h.PeekCanonical(hdrDate), now))
+		}
 	}
 	switch {
 	case until.After(now):
