@@ -73,14 +73,14 @@ type failureRing struct {
 // failed says whether a finished request is listed: not a success, not
 // the client's own mistake (pass_through, rejected, unauthorized), not a
 // client that left, and not a client over its own clients: limit — a 429
-// Sturdy answered before trying any target (one every target's cooldown
-// or pacing refused names them).
+// answered at admission, before the request was routed (a target's
+// cooldown or pacing refuses a routed one).
 func failed(s *summary) bool {
 	switch s.outcome {
 	case outcomeOK, outcomePassThrough, outcomeRejected, outcomeUnauthorized, outcomeClientGone:
 		return false
 	case outcomeRateLimited:
-		return len(s.targets) > 0
+		return s.routed
 	}
 	return true
 }

@@ -14,7 +14,7 @@ func TestTheFailureRingKeepsTheNewestFailures(t *testing.T) {
 	t.Parallel()
 	var p Proxy
 	for _, outcome := range []string{outcomeOK, outcomePassThrough, outcomeRejected, outcomeUnauthorized, outcomeClientGone,
-		outcomeRateLimited} { // a 429 with no target tried: the client's own clients: limit
+		outcomeRateLimited} { // a 429 before routing: the client's own clients: limit
 		p.failures.record(&summary{outcome: outcome, id: []byte("x")})
 	}
 	if n := len(p.Failures()); n != 0 {
@@ -27,7 +27,7 @@ func TestTheFailureRingKeepsTheNewestFailures(t *testing.T) {
 		p.failures.record(&summary{outcome: outcomeExhausted, id: id, path: long, status: 503,
 			targets: []targetNote{{upstream: "u", attempts: 2, result: "5xx"}}})
 	}
-	p.failures.record(&summary{outcome: outcomeRateLimited, id: []byte("cooling"), targets: []targetNote{{upstream: "u", result: "cooldown"}}})
+	p.failures.record(&summary{outcome: outcomeRateLimited, id: []byte("cooling"), routed: true, targets: []targetNote{{upstream: "u", result: "cooldown"}}})
 	if got := p.Failures(); got[0].ID != "cooling" {
 		t.Fatalf("a 429 of every target's cooldown is not listed: %+v", got[0])
 	}

@@ -535,7 +535,7 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 	case ep.ollama:
 		fmt.Fprintf(ctx, `{"error":%q}`, msg)
 		return true
-	case ep.anthropic || (!ok && strings.HasPrefix(path, "/v1/messages")):
+	case ep.anthropic || (!ok && anthropicPath(path)):
 		typ := map[int]string{404: "not_found_error", 405: "invalid_request_error"}[status]
 		if typ == "" {
 			typ = "invalid_request_error"
@@ -557,6 +557,10 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 	fmt.Fprintf(ctx, `{"error":{"message":%q,"type":%q,"param":%s,"code":%s}}`, msg, typ, p, code)
 	return true
 }
+
+// anthropicPath says whether path is the Messages API's: its errors are
+// in Anthropic's shape.
+func anthropicPath(path string) bool { return strings.HasPrefix(path, "/v1/messages") }
 
 // noteRetry counts a request that returns before its 429's Retry-After.
 func (s *Server) noteRetry(id string, now time.Time) {
@@ -595,7 +599,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, status int) {
 		}
 	}
 	ctx.SetContentType("application/json")
-	if strings.HasPrefix(string(ctx.Path()), "/v1/messages") {
+	if anthropicPath(string(ctx.Path())) {
 		// Anthropic's shape; its overload is a 529.
 		if status == 503 {
 			status = 529
