@@ -132,6 +132,40 @@ func TestAnthropicClientMeetsWhatSturdyAbsorbsAndWhatItDoesNot(t *testing.T) {
 	}
 }
 
+// TestAnthropicClientGetsARescuedStreamWhole: a stream cut mid-text is
+// continued on a fallback that honours prefill; the SDK accumulates one
+// message — the first stream's id, the text whole, one stop, the output
+// tokens of both attempts — and raises nothing.
+func TestAnthropicClientGetsARescuedStreamWhole(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hel := strings.Replace(anthropicEvents[2], `"Hello"`, `"Hel"`, 1)
+	cut := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{anthropicEvents[0], anthropicEvents[1], hel},
+		Fault: upstreamtest.Cut})
+	cont := append([]string{strings.Replace(anthropicEvents[0], "msg_1", "msg_2", 1), anthropicEvents[1],
+		strings.Replace(anthropicEvents[2], `"Hello"`, `"lo"`, 1)}, anthropicEvents[3:]...)
+	fallback := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: cont})
+	yaml := strings.Replace(e2eConfig, "routes:", "  - name: continuer\n    url: "+fallback.URL+"\n    continuation: prefill\nroutes:", 1) +
+		"    fallbacks: [{upstream: continuer}]\n"
+	client := newAnthropic(startSturdy(t, yaml, cut.URL))
+	stream := client.Messages.NewStreaming(ctx, messageParams)
+	var acc anthropic.Message
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.Err(); err != nil || messageText(&acc) != "Hello" || acc.ID != "msg_1" || len(acc.Content) != 1 ||
+		acc.StopReason != anthropic.StopReasonEndTurn || acc.Usage.OutputTokens != 3 {
+		t.Fatalf("a rescued stream: %v, %q (id %s, %d blocks, stop %q, %d output tokens)", err, messageText(&acc), acc.ID,
+			len(acc.Content), acc.StopReason, acc.Usage.OutputTokens)
+	}
+	if reqs := fallback.Requests(); len(reqs) != 1 || !strings.Contains(string(reqs[0].Body), `{"role":"assistant","content":"Hel"}`) {
+		t.Fatalf("the continuation: %d requests %v", len(reqs), reqs)
+	}
+}
+
 // TestAnthropicNodeClientThroughSturdy: the npm SDK creates and streams
 // through Sturdy to the fake server, gets a 529 storm absorbed, and
 // raises a stream cut after its content (never a clean end) and Sturdy's

@@ -21,7 +21,8 @@
 //	               APIOf, Replayable: which requests may be sent twice
 //	budget.go      Budget: the retry budget per upstream
 //	commit.go      Judge: a stream event before the commit point; EventFailure
-//	rescue.go      Continuable, FollowChunk: whether a cut stream may be continued; Rescue.Refusal,
+//	rescue.go      Continuable, FollowChunk (chat), ContinuableMessages, FollowMessage (the Messages
+//	               API): whether a cut stream may be continued; Rescue.Refusal,
 //	               RescueNext: whether it is continued now, and where next
 //	pick.go        PickLeastRequests, PickRoundRobin, PickAffinity; KeyHash
 //	match.go       GlobMatch, GlobSpecificity, ClientTimeout, RequestedRetries, RateLimitExhausted

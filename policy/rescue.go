@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -135,4 +136,111 @@ func RescueNext(ti int, retryable bool) int {
 		return ti
 	}
 	return ti + 1
+}
+
+// ContinuableMessages is Continuable for a Messages API request: "" when
+// its stream, cut mid-answer, may be continued by prefill (the text so
+// far as the trailing assistant message), else what stands in the way —
+// "thinking" (extended thinking: its signed blocks cannot be prefilled,
+// and Anthropic refuses a prefill with thinking on) or "response_format"
+// (a JSON output format: the constraint cannot be resumed mid-value).
+func ContinuableMessages(body []byte) (why string) {
+	doc := gjson.ParseBytes(body)
+	switch t := doc.Get("thinking.type").String(); {
+	case t != "" && t != "disabled":
+		return "thinking"
+	case doc.Get("output_format.type").String() == "json_schema", doc.Get("output_config.format.type").String() == "json_schema":
+		return "response_format"
+	}
+	return ""
+}
+
+// MessageEvent is what one event of a committed Messages API stream
+// tells a rescue (FollowMessage).
+type MessageEvent struct {
+	// Type is the event's type (message_start, content_block_delta …).
+	Type string
+	// Index is a content block event's block index; Block a
+	// content_block_start's block type (text, tool_use, thinking …).
+	Index int64
+	Block string
+	// Text is the answer's text the event adds: a text_delta's, or a
+	// text block start's own.
+	Text string
+	// OutputTokens is the usage.output_tokens it reports (message_start's
+	// message.usage, message_delta's usage: cumulative), -1 for none.
+	OutputTokens int64
+	// Blocker is what in it, once streamed, rules a continuation out ("":
+	// nothing): "tool_use" (a tool's or server tool's block: partial JSON,
+	// a call under way), "thinking" (a thinking or redacted_thinking
+	// block), "citations" (a citation is tied to its text block),
+	// "finished" (a stop_reason: the answer is whole), or "unknown" (a
+	// block or delta type this version does not know).
+	Blocker string
+}
+
+// FollowMessage reads one event of a committed Messages API stream (one
+// parse): name is its SSE event name (its data's "type" when empty).
+func FollowMessage(name, data []byte) MessageEvent {
+	doc := gjson.ParseBytes(data)
+	m := MessageEvent{Type: string(name), Index: -1, OutputTokens: -1}
+	if m.Type == "" {
+		m.Type = doc.Get("type").String()
+	}
+	if i := doc.Get("index"); i.Exists() {
+		m.Index = i.Int()
+	}
+	switch m.Type {
+	case "message_start":
+		m.OutputTokens = tokens(doc.Get("message.usage.output_tokens"))
+	case "message_delta":
+		m.OutputTokens = tokens(doc.Get("usage.output_tokens"))
+		if sr := doc.Get("delta.stop_reason"); sr.Exists() && sr.Type != gjson.Null {
+			m.Blocker = "finished"
+		}
+	case "content_block_start":
+		b := doc.Get("content_block")
+		m.Block = b.Get("type").String()
+		m.Blocker = blockBlocker(m.Block)
+		if m.Block == "text" {
+			m.Text = b.Get("text").String()
+		}
+	case "content_block_delta":
+		d := doc.Get("delta")
+		switch t := d.Get("type").String(); t {
+		case "text_delta":
+			m.Text = d.Get("text").String()
+		case "citations_delta":
+			m.Blocker = "citations"
+		case "input_json_delta":
+			m.Blocker = "tool_use"
+		case "thinking_delta", "signature_delta":
+			m.Blocker = "thinking"
+		default:
+			m.Blocker = "unknown"
+		}
+	}
+	return m
+}
+
+// blockBlocker is what a content block of type t rules out ("" for a text
+// block).
+func blockBlocker(t string) string {
+	switch {
+	case t == "text":
+		return ""
+	case t == "thinking" || t == "redacted_thinking":
+		return "thinking"
+	case t == "tool_use" || strings.HasSuffix(t, "tool_use") || strings.HasSuffix(t, "tool_result"):
+		return "tool_use"
+	}
+	return "unknown"
+}
+
+// tokens is a usage count, -1 when it is not there.
+func tokens(v gjson.Result) int64 {
+	if v.Type != gjson.Number {
+		return -1
+	}
+	return v.Int()
 }

@@ -83,3 +83,67 @@ func TestRescueNext(t *testing.T) {
 		t.Fatal("a retryable failure stays on its target, a refusal moves on")
 	}
 }
+
+func TestContinuableMessages(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ body, why string }{
+		{`{"model":"m","max_tokens":9,"stream":true,"messages":[]}`, ""},
+		{`{"thinking":{"type":"disabled"}}`, ""},
+		{`{"thinking":{"type":"enabled","budget_tokens":2048}}`, "thinking"},
+		{`{"thinking":{"type":"adaptive"}}`, "thinking"},
+		{`{"output_format":{"type":"json_schema","schema":{}}}`, "response_format"},
+		{`{"output_config":{"format":{"type":"json_schema","schema":{}}}}`, "response_format"},
+	} {
+		if got := ContinuableMessages([]byte(tt.body)); got != tt.why {
+			t.Errorf("%s: %q, want %q", tt.body, got, tt.why)
+		}
+	}
+}
+
+func TestFollowMessage(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, data string
+		want       MessageEvent
+	}{
+		{"message_start", `{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":9,"output_tokens":1}}}`,
+			MessageEvent{Type: "message_start", Index: -1, OutputTokens: 1}},
+		{"", `{"type":"ping"}`, MessageEvent{Type: "ping", Index: -1, OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`,
+			MessageEvent{Type: "content_block_start", Index: 0, Block: "text", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"text","text":"Hi"}}`,
+			MessageEvent{Type: "content_block_start", Index: 1, Block: "text", Text: "Hi", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"f","input":{}}}`,
+			MessageEvent{Type: "content_block_start", Index: 1, Block: "tool_use", Blocker: "tool_use", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"server_tool_use","id":"srvtoolu_1"}}`,
+			MessageEvent{Type: "content_block_start", Index: 0, Block: "server_tool_use", Blocker: "tool_use", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":2,"content_block":{"type":"web_search_tool_result"}}`,
+			MessageEvent{Type: "content_block_start", Index: 2, Block: "web_search_tool_result", Blocker: "tool_use", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}`,
+			MessageEvent{Type: "content_block_start", Index: 0, Block: "thinking", Blocker: "thinking", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"redacted_thinking","data":"x"}}`,
+			MessageEvent{Type: "content_block_start", Index: 0, Block: "redacted_thinking", Blocker: "thinking", OutputTokens: -1}},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"hologram"}}`,
+			MessageEvent{Type: "content_block_start", Index: 0, Block: "hologram", Blocker: "unknown", OutputTokens: -1}},
+		{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}`,
+			MessageEvent{Type: "content_block_delta", Index: 0, Text: "Hel", OutputTokens: -1}},
+		{"content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a"}}`,
+			MessageEvent{Type: "content_block_delta", Index: 1, Blocker: "tool_use", OutputTokens: -1}},
+		{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hmm"}}`,
+			MessageEvent{Type: "content_block_delta", Index: 0, Blocker: "thinking", OutputTokens: -1}},
+		{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"s"}}`,
+			MessageEvent{Type: "content_block_delta", Index: 0, Blocker: "thinking", OutputTokens: -1}},
+		{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{}}}`,
+			MessageEvent{Type: "content_block_delta", Index: 0, Blocker: "citations", OutputTokens: -1}},
+		{"content_block_stop", `{"type":"content_block_stop","index":3}`, MessageEvent{Type: "content_block_stop", Index: 3, OutputTokens: -1}},
+		{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":15}}`,
+			MessageEvent{Type: "message_delta", Index: -1, OutputTokens: 15, Blocker: "finished"}},
+		{"message_delta", `{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":7}}`,
+			MessageEvent{Type: "message_delta", Index: -1, OutputTokens: 7}},
+		{"message_stop", `{"type":"message_stop"}`, MessageEvent{Type: "message_stop", Index: -1, OutputTokens: -1}},
+	} {
+		if got := FollowMessage([]byte(tt.name), []byte(tt.data)); got != tt.want {
+			t.Errorf("%s %s:\n%+v, want\n%+v", tt.name, tt.data, got, tt.want)
+		}
+	}
+}

@@ -9,7 +9,8 @@
 //	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond(last attempt) → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError
-//	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn
+//	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn;
+//	                                    messageSeam joins a Messages API stream's continuation to it
 //
 // Who decides what:
 //   - classify an attempt: policy.Classify, on the Outcome roundTrip

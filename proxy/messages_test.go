@@ -263,3 +263,156 @@ func TestAnUpstreamServesTheAPIsItDeclares(t *testing.T) {
 		t.Fatalf("no target serves it: %d %s", resp.StatusCode, body)
 	}
 }
+
+// Messages API events for a rescue: text deltas of block i, a block's
+// start (text or tool_use) and stop, a continuing server's message_start
+// and its end.
+func msgText(i int, text string) string {
+	return fmt.Sprintf("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"text_delta\",\"text\":%q}}\n\n", i, text)
+}
+
+func msgBlockAt(i int, kind string) string {
+	block := `{"type":"text","text":""}`
+	switch kind {
+	case "tool_use":
+		block = `{"type":"tool_use","id":"toolu_1","name":"f","input":{}}`
+	case "thinking":
+		block = `{"type":"thinking","thinking":""}`
+	}
+	return fmt.Sprintf("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":%d,\"content_block\":%s}\n\n", i, block)
+}
+
+func msgStop(i int) string {
+	return fmt.Sprintf("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":%d}\n\n", i)
+}
+
+func msgFinish(outputTokens int) string {
+	return fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":%d}}\n\n", outputTokens) +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+}
+
+const msgStart2 = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n"
+
+// TestACutMessagesStreamIsContinued: a Messages API stream that fails
+// after text content — cut, stalled past idle, an overloaded_error — goes
+// on as one stream from a fallback that continues a prefill: the
+// message_start (its id) the first one's, the continuation's message_start
+// and first text block start dropped, its indexes mapped onto the cut
+// block (or, when the cut block had stopped, after it), the prefill's
+// trailing whitespace stripped and not sent twice, the output tokens of
+// both attempts in the final message_delta, one message_stop.
+func TestACutMessagesStreamIsContinued(t *testing.T) {
+	t.Parallel()
+	head := msgStart + msgBlock + msgText(0, "Hel") + msgText(0, "lo ")
+	cont := sseStep(msgStart2, msgPing, msgBlockAt(0, "text"), msgText(0, " wor"), msgText(0, "ld"), msgStop(0), msgFinish(3))
+	joined := msgPing + msgText(0, "wor") + msgText(0, "ld") + msgStop(0) + strings.Replace(msgFinish(3), `"output_tokens":3`, `"output_tokens":5`, 1)
+	for _, tt := range []struct {
+		name         string
+		first, cont  upstreamtest.Step
+		body         string
+		want         string // after what the first attempt streamed
+		prefill      string // the continuation's trailing assistant message
+		prefillIndex int    // its place in messages
+	}{
+		{"cut mid-block", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head}, Fault: upstreamtest.Cut},
+			cont, msgRequest, joined, "Hello", 1},
+		{"stalled past idle", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head}, Fault: upstreamtest.Stall},
+			cont, msgRequest, joined, "Hello", 1},
+		{"an overloaded_error", sseStep(head, msgOverload), cont, msgRequest, joined, "Hello", 1},
+		{"the client's own prefill", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head}, Fault: upstreamtest.Cut},
+			cont, `{"model":"claude-x","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Say:"}]}`,
+			joined, "Say:Hello", 1},
+		{"cut after the block's stop", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head + msgStop(0)}, Fault: upstreamtest.Cut},
+			cont, msgRequest,
+			msgStop(0) + msgPing + strings.Replace(msgBlockAt(0, "text"), `"index":0`, `"index":1`, 1) + msgText(1, "wor") + msgText(1, "ld") + msgStop(1) +
+				strings.Replace(msgFinish(3), `"output_tokens":3`, `"output_tokens":5`, 1), "Hello", 1},
+		{"a continuation in one chunk, its space apart", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head}, Fault: upstreamtest.Cut},
+			sseStep(msgStart2+msgBlockAt(0, "text")+msgText(0, " "), msgText(0, "wor"), msgText(0, "ld"), msgStop(0), msgFinish(3)), msgRequest,
+			msgText(0, "wor") + msgText(0, "ld") + msgStop(0) + strings.Replace(msgFinish(3), `"output_tokens":3`, `"output_tokens":5`, 1), "Hello", 1},
+		{"a continuation that calls a tool", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head}, Fault: upstreamtest.Cut},
+			sseStep(msgStart2, msgBlockAt(0, "tool_use"), msgStop(0), msgFinish(4)), msgRequest,
+			msgStop(0) + strings.Replace(msgBlockAt(0, "tool_use"), `"index":0`, `"index":1`, 1) + msgStop(1) +
+				strings.Replace(msgFinish(4), `"output_tokens":4`, `"output_tokens":6`, 1), "Hello", 1},
+		{"a continuation that adds only its end", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{head}, Fault: upstreamtest.Cut},
+			sseStep(msgStart2, msgFinish(1)), msgRequest, msgStop(0) + strings.Replace(msgFinish(1), `"output_tokens":1`, `"output_tokens":3`, 1), "Hello", 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			primary, fallback := upstreamtest.Start(t, tt.first), upstreamtest.Start(t, tt.cont)
+			h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
+			resp, body := h.do("POST", "/v1/messages", tt.body, "Content-Type", "application/json", "x-api-key", "sk-ant-client")
+			if want := head + tt.want; resp.StatusCode != 200 || string(body) != want {
+				t.Fatalf("%d:\n%s\nwant\n%s", resp.StatusCode, body, want)
+			}
+			reqs := fallback.Requests()
+			if len(reqs) != 1 {
+				t.Fatalf("the fallback saw %d requests", len(reqs))
+			}
+			sent := gjson.ParseBytes(reqs[0].Body)
+			last := sent.Get("messages.@reverse.0")
+			if sent.Get("model").Str != "other" || last.Get("role").Str != "assistant" || last.Get("content").Str != tt.prefill ||
+				sent.Get("messages.#").Int() != int64(tt.prefillIndex+1) || sent.Get("continue_final_message").Exists() {
+				t.Fatalf("continuation request %s", reqs[0].Body)
+			}
+			if line := h.accessLines(1)[0]; line["outcome"] != "ok" || line["rescued"] != 1.0 || line["rescued_by"] != "fb" {
+				t.Fatalf("access line %v", line)
+			}
+		})
+	}
+}
+
+// TestNoMessagesContinuationWhereItWouldCorrupt: a Messages API stream
+// cut inside or after a tool_use block, with a thinking block, after its
+// stop_reason, or whose request turns extended thinking on, ends with the
+// in-band error (never message_stop); nothing is sent to the fallback.
+func TestNoMessagesContinuationWhereItWouldCorrupt(t *testing.T) {
+	t.Parallel()
+	text := msgBlock + msgText(0, "Hel")
+	toolJSON := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\"}}\n\n"
+	for _, tt := range []struct {
+		name, body, streamed string
+	}{
+		{"inside a tool_use block", msgRequest, text + msgStop(0) + msgBlockAt(1, "tool_use") + toolJSON},
+		{"after a tool_use block", msgRequest, msgBlockAt(0, "tool_use") + msgStop(0) + msgBlockAt(1, "text") + msgText(1, "so")},
+		{"with a thinking block", msgRequest, msgBlockAt(0, "thinking") +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hmm\"}}\n\n" +
+			msgStop(0) + msgBlockAt(1, "text") + msgText(1, "Hi")},
+		{"after its stop_reason", msgRequest, text + msgStop(0) + strings.TrimSuffix(msgFinish(2), "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")},
+		{"extended thinking asked for", `{"model":"claude-x","max_tokens":4096,"stream":true,"thinking":{"type":"enabled","budget_tokens":2048},"messages":[{"role":"user","content":"hi"}]}`, text},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			first := upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{msgStart + tt.streamed}, Fault: upstreamtest.Cut}
+			primary := upstreamtest.Start(t, first)
+			fallback := upstreamtest.Start(t, sseStep(msgStart2, msgBlock, msgText(0, "world"), msgStop(0), msgFinish(2)))
+			h := startRescue(t, primary, fallback, upstream.ContinuePrefill, nil)
+			resp, body := h.do("POST", "/v1/messages", tt.body, "Content-Type", "application/json")
+			s := string(body)
+			if resp.StatusCode != 200 || !strings.HasPrefix(s, msgStart+tt.streamed+"event: error\n") || strings.Contains(s, "message_stop") ||
+				strings.Contains(s, "world") {
+				t.Fatalf("%d:\n%s", resp.StatusCode, s)
+			}
+			if fallback.Count() != 0 {
+				t.Fatalf("the fallback was sent %d requests", fallback.Count())
+			}
+			if line := h.accessLines(1)[0]; line["outcome"] != "stream_interrupted" || line["rescue_refused"] != "unsafe" {
+				t.Fatalf("access line %v", line)
+			}
+		})
+	}
+}
+
+// TestStreamHoldRestartsAMessagesStream: with stream_hold, a Messages API
+// stream cut inside the window is retried from scratch; the client sees
+// the retry's stream alone.
+func TestStreamHoldRestartsAMessagesStream(t *testing.T) {
+	t.Parallel()
+	whole := sseStep(msgStart, msgBlock, msgDelta, msgEnd)
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{msgStart, msgBlock, msgText(0, "Hel")},
+		Fault: upstreamtest.Cut}, whole)
+	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].StreamHold = StreamHold{Max: 5 * time.Second, Bytes: 64 << 10} })
+	resp, body := h.do("POST", "/v1/messages", msgRequest, "Content-Type", "application/json")
+	if want := strings.Join(whole.Chunks, ""); resp.StatusCode != 200 || string(body) != want || up.Count() != 2 {
+		t.Fatalf("%d after %d attempts:\n%s", resp.StatusCode, up.Count(), body)
+	}
+}

@@ -1,13 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"sturdy/events"
@@ -50,6 +54,8 @@ type rescue struct {
 	seam           int64
 	by             string
 	refused        string
+	// join joins a Messages API stream's continuations to it.
+	join messageSeam
 }
 
 // errInBand is why a stream that reported an error mid-answer ended.
@@ -62,7 +68,8 @@ var errInBand = errors.New("the upstream reported an error mid-stream")
 func (st *stream) followForRescue(ti int) {
 	ex := st.ex
 	rs := &st.rescue
-	if ex.req.api != policy.APIChat || st.kind != events.SSE || !st.chunked || ex.req.route.maxRescues == 0 ||
+	api := ex.req.api
+	if (api != policy.APIChat && api != policy.APIAnthropic) || st.kind != events.SSE || !st.chunked || ex.req.route.maxRescues == 0 ||
 		ex.out.outcome != outcomeOK {
 		return
 	}
@@ -70,7 +77,9 @@ func (st *stream) followForRescue(ti int) {
 	if st.rescueTarget() < 0 {
 		return
 	}
-	rs.blocker = policy.Continuable(ex.ctx.Request.Body())
+	if rs.blocker = policy.Continuable(ex.ctx.Request.Body()); api == policy.APIAnthropic {
+		rs.blocker, rs.join = policy.ContinuableMessages(ex.ctx.Request.Body()), messageSeam{block: -1}
+	}
 	rs.on = true
 	rs.pending = make([]byte, 0, headSize) // one read takes what a chunk brings
 }
@@ -188,12 +197,16 @@ func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
 		rs.done = ev.Data != nil
 		return false
 	}
-	mark, code := policy.Judge(policy.APIChat, ev.Name, ev.Data)
+	mark, code := policy.Judge(st.ex.req.api, ev.Name, ev.Data)
 	if mark == policy.MarkFailure {
 		if policy.EventFailure(code).Class == policy.ClassRetryable && st.rescueState(st.rescueTarget(), false).Refusal() == "" {
 			return true
 		}
 		rs.ready = append(rs.ready, raw...)
+		return false
+	}
+	if st.ex.req.api == policy.APIAnthropic {
+		st.followMessage(ev, raw)
 		return false
 	}
 	if rs.cont && !rs.begun {
@@ -220,6 +233,23 @@ func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
 	}
 	rs.ready = append(rs.ready, raw...)
 	return false
+}
+
+// followMessage relays one Messages API event of a followed stream
+// through the seam (messageSeam.relay), after learning from it what
+// rules a continuation out, and keeps the text the client got of it.
+func (st *stream) followMessage(ev events.Event, raw []byte) {
+	rs := &st.rescue
+	m := policy.FollowMessage(ev.Name, ev.Data)
+	if rs.blocker == "" {
+		rs.blocker = m.Blocker
+	}
+	var text string
+	rs.ready, text = rs.join.relay(rs.ready, m, raw, ev.Data, rs.cont)
+	if rs.blocker == "" {
+		st.keepText(text)
+	}
+	rs.done = m.Type == "message_stop"
 }
 
 // keepText adds streamed text to what a continuation would send, within
@@ -338,7 +368,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	// The event it was cut in never reached the client, nor the text so
 	// far: the continuation starts after the last whole event.
 	rs.pending = rs.pending[:0]
-	body, ok := st.continuation(t) // before the target is taken: a body too large leaves the loop as it was
+	body, ws, ok := st.continuation(t) // before the target is taken: a body too large leaves the loop as it was
 	if !ok {
 		return false, false
 	}
@@ -374,6 +404,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	st.closeDelimited = rp.msg.Header.ContentLength() == -2
 	upstream.CapReads(rp.msg, ex.req.responseCap(st.streamed()))
 	rs.ti, rs.cont, rs.begun = ti, true, false
+	rs.join.cutOver(ws)
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()
 	ex.enter(phaseStream)
 	return true, true
@@ -381,31 +412,234 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 
 // continuation returns the body of the continuation request to t: the
 // body as t gets it, the text so far appended as a trailing assistant
-// message, with vLLM's flags for continuing it (with no text yet, the
-// request as it was). false means it could not be built — it must not be
-// sent as it is — or would pass the route's max_body (policy.RescueTooLarge).
-func (st *stream) continuation(t *target) ([]byte, bool) {
+// message, with vLLM's flags for continuing it on chat completions (with
+// no text yet, the request as it was); on the Messages API a prefill
+// (prefillMessages: ws is the whitespace its end stripped). false means
+// it could not be built — it must not be sent as it is — or would pass
+// the route's max_body (policy.RescueTooLarge).
+func (st *stream) continuation(t *target) (b []byte, ws int, ok bool) {
 	ex := st.ex
 	rs := &st.rescue
-	if len(rs.text) == 0 {
-		return ex.bodyFor(t), true
+	var err error
+	switch {
+	case ex.req.api == policy.APIAnthropic:
+		b, ws, err = prefillMessages(ex.bodyFor(t), rs.text)
+	case len(rs.text) == 0:
+		return ex.bodyFor(t), 0, true
+	default:
+		b, err = chatContinuation(ex.bodyFor(t), rs.text, t.up.Options().Continuation)
 	}
+	if err != nil {
+		return nil, 0, false
+	}
+	if len(b) > ex.req.route.maxBody { // no continuation is larger than a request the route takes
+		rs.blocker, rs.refused = policy.RescueTooLarge, policy.RescueTooLarge
+		return nil, 0, false
+	}
+	return b, ws, true
+}
+
+// chatContinuation is a chat completions body with text as a trailing
+// assistant message, and vLLM's flags for continuing it when c says so.
+func chatContinuation(body, text []byte, c upstream.Continuation) ([]byte, error) {
 	msg, _ := json.Marshal(struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
-	}{"assistant", string(rs.text)})
-	b, err := sjson.SetRawBytes(slices.Clone(ex.bodyFor(t)), "messages.-1", msg)
-	if err == nil && t.up.Options().Continuation == upstream.ContinueVLLM {
+	}{"assistant", string(text)})
+	b, err := sjson.SetRawBytes(slices.Clone(body), "messages.-1", msg)
+	if err == nil && c == upstream.ContinueVLLM {
 		if b, err = sjson.SetBytes(b, "continue_final_message", true); err == nil {
 			b, err = sjson.SetBytes(b, "add_generation_prompt", false)
 		}
 	}
-	if err != nil {
-		return nil, false
+	return b, err
+}
+
+// messageSeam joins a Messages API stream and its continuations into the
+// one stream the client sees: a continuation's message_start is dropped
+// (the client has its own, its id with it), its first text block is
+// joined to the cut one when that block is an open text block (its start
+// dropped, its indexes mapped onto the cut block's) or else follows the
+// client's blocks (the cut block stopped first), the whitespace the
+// prefill stripped is not sent twice, and the final message_delta's
+// output_tokens counts every attempt's output.
+type messageSeam struct {
+	// block is the index of the client's last content block (-1: none),
+	// open that it has had no stop, text that it is a text block.
+	block      int64
+	open, text bool
+	// shift maps the relayed stream's block indexes onto the client's;
+	// mapped says a continuation's first block (or its end) was seen.
+	shift  int64
+	mapped bool
+	// ws is how much of the continuation's leading whitespace is dropped
+	// at the seam: what the prefill's end stripped (prefillMessages).
+	ws int
+	// prior is the output tokens of the attempts cut before the relayed
+	// one; tokens what the relayed one last reported, chars the bytes of
+	// text it streamed (an estimate, ÷ 4, where it reported less).
+	prior, tokens int64
+	chars         int
+}
+
+// cutOver prepares the seam for a continuation taking over: the cut
+// attempt's output counted, ws the whitespace its prefill stripped.
+func (m *messageSeam) cutOver(ws int) {
+	m.prior += max(m.tokens, int64(m.chars+3)/4)
+	m.tokens, m.chars, m.mapped, m.shift, m.ws = 0, 0, false, 0, ws
+}
+
+// relay appends to dst what the client gets of one event (raw, read as
+// ev) of the relayed stream, a continuation's when cont, and returns the
+// text the client got of it.
+func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte, cont bool) ([]byte, string) {
+	if ev.OutputTokens >= 0 {
+		m.tokens = ev.OutputTokens
 	}
-	if len(b) > ex.req.route.maxBody { // no continuation is larger than a request the route takes
-		rs.blocker, rs.refused = policy.RescueTooLarge, policy.RescueTooLarge
-		return nil, false
+	if !cont {
+		m.track(ev, ev.Index)
+		m.chars += len(ev.Text)
+		return append(dst, raw...), ev.Text
 	}
-	return b, true
+	idx := ev.Index + m.shift
+	switch ev.Type {
+	case "message_start":
+		return dst, ""
+	case "content_block_start":
+		if !m.mapped {
+			m.mapped = true
+			if ev.Block == "text" && ev.Index == 0 && m.open && m.text { // joined: the client's block goes on
+				m.shift = m.block
+				return m.delta(dst, m.block, ev.Text)
+			}
+			dst = m.stopOpen(dst)
+			m.shift = m.block + 1 - ev.Index
+			idx = m.block + 1
+		}
+		m.track(ev, idx)
+		text := m.trimmed(ev.Text)
+		if m.shift == 0 && text == ev.Text {
+			return append(dst, raw...), text
+		}
+		data, _ = sjson.SetBytes(slices.Clone(data), "index", idx)
+		if text != ev.Text {
+			data, _ = sjson.SetBytes(data, "content_block.text", text)
+		}
+		return messageEvent(dst, ev.Type, data), text
+	case "content_block_delta":
+		if ev.Text != "" {
+			return m.delta(dst, idx, ev.Text)
+		}
+	case "content_block_stop":
+		m.track(ev, idx)
+	case "message_delta":
+		if !m.mapped { // a continuation that added nothing: the cut block ends here
+			m.mapped = true
+			dst = m.stopOpen(dst)
+		}
+		if ev.OutputTokens >= 0 && m.prior > 0 {
+			data, _ = sjson.SetBytes(slices.Clone(data), "usage.output_tokens", ev.OutputTokens+m.prior)
+			return messageEvent(dst, ev.Type, data), ""
+		}
+		return append(dst, raw...), ""
+	}
+	if m.shift == 0 || ev.Index < 0 {
+		return append(dst, raw...), ""
+	}
+	data, _ = sjson.SetBytes(slices.Clone(data), "index", idx)
+	return messageEvent(dst, ev.Type, data), ""
+}
+
+// delta appends a continuation's text as a text_delta of the client's
+// block idx, less the whitespace the seam drops; nothing when none is left.
+func (m *messageSeam) delta(dst []byte, idx int64, text string) ([]byte, string) {
+	text = m.trimmed(text)
+	m.chars += len(text)
+	if text == "" {
+		return dst, ""
+	}
+	data, _ := json.Marshal(struct {
+		Type  string `json:"type"`
+		Index int64  `json:"index"`
+		Delta struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"delta"`
+	}{Type: "content_block_delta", Index: idx, Delta: struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}{"text_delta", text}})
+	return messageEvent(dst, "content_block_delta", data), text
+}
+
+// trimmed is a continuation's text less the leading whitespace the seam
+// still drops (ws); its first other byte ends the dropping.
+func (m *messageSeam) trimmed(text string) string {
+	i := 0
+	for i < len(text) && m.ws > 0 && strings.IndexByte(" \t\r\n", text[i]) >= 0 {
+		i, m.ws = i+1, m.ws-1
+	}
+	if i < len(text) {
+		m.ws = 0
+	}
+	return text[i:]
+}
+
+// track follows the client's content blocks: ev, at the client's index
+// idx, starts or stops one.
+func (m *messageSeam) track(ev policy.MessageEvent, idx int64) {
+	switch ev.Type {
+	case "content_block_start":
+		m.block, m.open, m.text = idx, true, ev.Block == "text"
+	case "content_block_stop":
+		m.open = false
+	}
+}
+
+// stopOpen ends the client's open block, if one is, before what follows
+// the seam goes in blocks of its own.
+func (m *messageSeam) stopOpen(dst []byte) []byte {
+	if !m.open {
+		return dst
+	}
+	m.open = false
+	return messageEvent(dst, "content_block_stop", fmt.Appendf(nil, `{"type":"content_block_stop","index":%d}`, m.block))
+}
+
+// messageEvent appends a Messages API event named typ with data.
+func messageEvent(dst []byte, typ string, data []byte) []byte {
+	dst = append(append(append(dst, "event: "...), typ...), "\ndata: "...)
+	return append(append(dst, data...), "\n\n"...)
+}
+
+// prefillMessages is a Messages API body with text as the answer's
+// prefill: appended to a trailing assistant message the request has (a
+// string, or its last text block), else as a new one. Its trailing
+// whitespace is stripped — Anthropic refuses a final assistant message
+// ending in it — and stripped says how much (the seam drops as much of
+// the continuation's leading whitespace). With no text left, the body as
+// it is.
+func prefillMessages(body, text []byte) (b []byte, stripped int, err error) {
+	kept := bytes.TrimRight(text, " \t\r\n")
+	stripped = len(text) - len(kept)
+	if len(kept) == 0 {
+		return body, stripped, nil
+	}
+	n := gjson.GetBytes(body, "messages.#").Int()
+	last := gjson.GetBytes(body, fmt.Sprintf("messages.%d", n-1))
+	c := last.Get("content")
+	switch {
+	case n > 0 && last.Get("role").Str == "assistant" && c.Type == gjson.String:
+		b, err = sjson.SetBytes(slices.Clone(body), fmt.Sprintf("messages.%d.content", n-1), c.Str+string(kept))
+	case n > 0 && last.Get("role").Str == "assistant" && c.Get("@reverse.0.type").Str == "text":
+		k := c.Get("#").Int() - 1
+		b, err = sjson.SetBytes(slices.Clone(body), fmt.Sprintf("messages.%d.content.%d.text", n-1, k), c.Get("@reverse.0.text").Str+string(kept))
+	default:
+		msg, _ := json.Marshal(struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		}{"assistant", string(kept)})
+		b, err = sjson.SetRawBytes(slices.Clone(body), "messages.-1", msg)
+	}
+	return b, stripped, err
 }
