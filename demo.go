@@ -35,7 +35,7 @@ func demoConfig(cfg *config.Config) {
 	u := &cfg.Upstreams[0]
 	u.Name = "demo-llm"
 	u.Breaker.ConsecutiveFailures = 5
-	u.Breaker.OpenFor = config.Duration(5 * time.Second)
+	u.Breaker.OpenFor = 5 * time.Second
 	cfg.Routes[0].Upstream = u.Name
 	cfg.Log.Format = "console"
 }

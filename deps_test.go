@@ -8,7 +8,9 @@ import (
 
 // TestDependencyDirection keeps the layering (README, Layout) one way: policy and
 // breaker import nothing of ours, proxy does not know the config schema, the
-// upstream side knows neither the request path nor the config.
+// upstream side knows neither the request path nor the config, and config —
+// which decodes an upstream into the upstream side's own Options (one shape) —
+// never knows the request path.
 func TestDependencyDirection(t *testing.T) {
 	t.Parallel()
 	forbidden := map[string][]string{
@@ -18,7 +20,8 @@ func TestDependencyDirection(t *testing.T) {
 		"sturdy/fleet":    {"sturdy/"},
 		"sturdy/proxy":    {"sturdy/config", "sturdy/internal/"},
 		"sturdy/upstream": {"sturdy/proxy", "sturdy/config", "sturdy/internal/"},
-		"sturdy/config":   {"sturdy/proxy", "sturdy/breaker"},
+		"sturdy/config":   {"sturdy/proxy", "sturdy/fleet"},
+		"sturdy/units":    {"sturdy/"},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()

@@ -38,14 +38,12 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"sturdy/admin"
-	"sturdy/breaker"
 	"sturdy/config"
 	"sturdy/fleet"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/proxy"
 	"sturdy/tracing"
-	"sturdy/upstream"
 )
 
 // version and commit are stamped at build time:
@@ -565,34 +563,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
 			WriteTimeout: cfg.Server.WriteTimeout.Std(), MaxBufferedBytes: int64(cfg.Server.MaxBufferedBytes)}, SharedState: sharedOptions(cfg.SharedState),
 		Tracing: tracingOptions(cfg.Tracing)}
-	for _, u := range cfg.Upstreams {
-		b := u.Breaker
-		o.Upstreams = append(o.Upstreams, upstream.Options{
-			Name: u.Name, URL: u.URL, APIKey: u.APIKey, APIKeyBearer: strings.EqualFold(u.APIKeyHeader, "authorization"),
-			ConnectTimeout:   u.Timeouts.Connect.Std(),
-			FirstByteTimeout: u.Timeouts.FirstByte.Std(),
-			IdleTimeout:      u.Timeouts.Idle.Std(),
-			MaxConnections:   u.MaxConnections,
-			Breaker: breaker.Settings{
-				ConsecutiveFailures: uint32(b.ConsecutiveFailures),
-				FailureRatio:        b.FailureRatio,
-				MinRequests:         uint32(b.MinRequests),
-				Window:              b.Window.Std(),
-				OpenFor:             b.OpenFor.Std(),
-				HalfOpenRequests:    uint32(b.HalfOpenRequests),
-			},
-			RateLimit: upstream.RateLimit{RequestsPerSecond: u.RateLimit.RequestsPerSecond, Burst: u.RateLimit.Burst,
-				MaxWait: u.RateLimit.MaxWait.Std()},
-			MaxInFlight:  u.MaxInFlight,
-			QueueTimeout: u.QueueTimeout.Std(),
-			RetryBudget:  upstream.RetryBudget{Ratio: u.RetryBudget.Ratio, MinPerSecond: u.RetryBudget.MinPerSecond},
-			Cooldown: upstream.Cooldown{Off: u.Cooldown.Enabled != nil && !*u.Cooldown.Enabled,
-				WithoutHeader: u.Cooldown.WithoutHeader.Std(), Max: u.Cooldown.Max.Std()},
-			CAFile:             u.TLS.CAFile,
-			InsecureSkipVerify: u.TLS.InsecureSkipVerify,
-		})
-		poolOptions(&o.Upstreams[len(o.Upstreams)-1], u)
-	}
+	o.Upstreams = cfg.Upstreams // one shape: the file decodes into upstream.Options
 	for _, s := range cfg.Server.TrustedProxies {
 		pfx, _ := config.ParsePrefix(s) // validated by config
 		o.TrustedProxies = append(o.TrustedProxies, pfx)
@@ -612,30 +583,6 @@ func isListener(listen string) func(addr string) bool {
 	return func(addr string) bool {
 		host, port, err := net.SplitHostPort(addr)
 		return err == nil && config.IsListener(listen, host, port)
-	}
-}
-
-// poolOptions translates how upstream u finds and balances its
-// endpoints.
-func poolOptions(o *upstream.Options, u config.Upstream) {
-	o.Endpoints = u.Endpoints
-	o.Discover = upstream.Discover{DNS: u.Discover.DNS, Scheme: u.Discover.Scheme, Every: u.Discover.Every.Std()}
-	o.Balance = map[string]upstream.Balance{"round_robin": upstream.BalanceRoundRobin, "affinity": upstream.BalanceAffinity}[u.Balance]
-	o.Affinity = upstream.Affinity{Header: u.Affinity.Header, Prefix: u.Affinity.Prefix}
-	hc := u.HealthCheck
-	o.HealthCheck = upstream.HealthCheck{Path: hc.Path, Every: hc.Every.Std(), Timeout: hc.Timeout.Std(), Healthy: hc.Healthy,
-		Unhealthy: hc.Unhealthy}
-	if u.SlowStart != nil {
-		o.SlowStart = u.SlowStart.Std()
-		if o.SlowStart == 0 {
-			o.SlowStart = -1 // written 0s: no ramp
-		}
-	}
-	o.MaxEjected = float64(u.MaxEjected)
-	o.RideThrough = u.RideThrough.Std()
-	o.Continuation = map[string]upstream.Continuation{"vllm": upstream.ContinueVLLM, "prefill": upstream.ContinuePrefill}[u.Continuation]
-	for _, a := range u.APIs {
-		o.APIs |= map[string]upstream.APIs{"openai": upstream.ServesOpenAI, "anthropic": upstream.ServesAnthropic}[a]
 	}
 }
 

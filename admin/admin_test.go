@@ -42,8 +42,8 @@ func startWith(t *testing.T, s Settings, openFor time.Duration, steps ...upstrea
 	up := upstreamtest.Start(t, steps...)
 	m := metrics.New()
 	p, err := proxy.New(proxy.Options{
-		Upstreams: []upstream.Options{{Name: "model", URL: up.URL, ConnectTimeout: time.Second, FirstByteTimeout: 2 * time.Second,
-			IdleTimeout: time.Second, MaxConnections: 16,
+		Upstreams: []upstream.Options{{Name: "model", URL: up.URL, Timeouts: upstream.Timeouts{Connect: time.Second, FirstByte: 2 * time.Second,
+			Idle: time.Second}, MaxConnections: 16,
 			Breaker: breaker.Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: openFor}}},
 		Routes: []proxy.Route{{Name: "chat", PathPrefix: "/", Upstream: "model", Deadline: 5 * time.Second, MaxBody: 1 << 20,
 			Retry: policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Base: time.Millisecond, Max: time.Millisecond},

@@ -54,36 +54,36 @@ const (
 type Settings struct {
 	// ConsecutiveFailures opens the breaker on the Nth failure in a row.
 	// Default 5.
-	ConsecutiveFailures uint32
+	ConsecutiveFailures uint32 `yaml:"consecutive_failures"`
 	// FailureRatio opens the breaker when, within Window, at least
 	// MinRequests attempts completed and failures ÷ completed ≥ the ratio.
 	// Default 0.5.
-	FailureRatio float64
+	FailureRatio float64 `yaml:"failure_ratio"`
 	// MinRequests is the number of completed attempts within Window before
 	// FailureRatio applies. Default 20.
-	MinRequests uint32
+	MinRequests uint32 `yaml:"min_requests"`
 	// Window is the rolling window the counts cover. Default 30 s.
-	Window time.Duration
+	Window time.Duration `yaml:"window"`
 	// OpenFor is how long the breaker stays open before letting probes
 	// through. Default 15 s.
-	OpenFor time.Duration
+	OpenFor time.Duration `yaml:"open_for"`
 	// HalfOpenRequests is the number of probes let through when half-open;
 	// that many successes in a row close it, one failure opens it again.
 	// Default 1.
-	HalfOpenRequests uint32
+	HalfOpenRequests uint32 `yaml:"half_open_requests"`
 	// FirstOpen is how long the breaker first stays open when it opened
 	// on an Unreachable failure (doubling per failed probe up to
 	// OpenFor). Default 1 s.
-	FirstOpen time.Duration
+	FirstOpen time.Duration `yaml:"-"`
 	// OnStateChange, if set, is called on every transition. It runs under
 	// the breaker's lock: it must not call back into the breaker.
-	OnStateChange func(name string, from, to State)
+	OnStateChange func(name string, from, to State) `yaml:"-"`
 	// MayOpen, if set, is asked when the counts say to open the breaker
 	// (closed to open only); false keeps it closed, and the next failure
 	// asks again. It runs under the breaker's lock: it must not call back
 	// into the breaker. A pool uses it to bound how many of its endpoints
 	// are ejected at once.
-	MayOpen func() bool
+	MayOpen func() bool `yaml:"-"`
 }
 
 // Defaults of Settings.

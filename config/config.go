@@ -3,9 +3,11 @@
 // the line.
 //
 //   - config.go: the schema — every key's type, its default and its bound
-//     in its field's comment.
+//     in its field's comment; an upstream's is package upstream's Options
+//     (Upstream is that type: one shape, decoded here, compiled there), the
+//     units a value is written in are package units'.
 //   - load.go: reading a file (Load, Parse): strict YAML decoding with each
-//     key's line, ${VAR} expansion, *_file secrets read, the implicit
+//     key's line (schemaProblems: unknown keys, time.Duration values), ${VAR} expansion, *_file secrets read, the implicit
 //     route, the one-upstream default (Default), secrets kept out of every
 //     message, and WriteProblems, which prints each problem with its key
 //     and line.
@@ -14,18 +16,16 @@
 //     what is valid but most likely not meant, which -check and startup
 //     print without stopping.
 //
-// Config decides nothing at run time: proxy turns a Config into its
-// options, main reloads it.
+// Config decides nothing at run time: main turns a Config into the proxy's
+// options (an upstream's as they are) and reloads it.
 package config
 
 import (
 	"fmt"
 	"net/netip"
-	"strconv"
-	"strings"
-	"time"
 
-	"go.yaml.in/yaml/v3"
+	"sturdy/units"
+	"sturdy/upstream"
 )
 
 // Config is the whole configuration file. The defaults its comments name
@@ -212,15 +212,6 @@ type Auth struct {
 	KeysFile string `yaml:"keys_file"`
 }
 
-// UpstreamTLS configures how Sturdy verifies an https upstream.
-type UpstreamTLS struct {
-	// CAFile adds PEM CA certificates to trust (beyond the system's).
-	CAFile string `yaml:"ca_file"`
-	// InsecureSkipVerify turns verification off. Default false; for tests
-	// against self-signed servers only.
-	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
-}
-
 // ClientLimit limits each client, told apart by one header's value.
 type ClientLimit struct {
 	// KeyHeader names the header that identifies a client. Default
@@ -232,43 +223,6 @@ type ClientLimit struct {
 	// Burst is how many requests a client may send at once. Default: the
 	// rate rounded up, at least 1.
 	Burst int `yaml:"burst"`
-}
-
-// RateLimit paces requests to an upstream below its quota.
-type RateLimit struct {
-	// RequestsPerSecond is the sustained rate; 0 disables pacing.
-	RequestsPerSecond float64 `yaml:"requests_per_second"`
-	// Burst is how many requests may go at once. Default: the rate
-	// rounded up, at least 1.
-	Burst int `yaml:"burst"`
-	// MaxWait is the longest a request waits for its turn; longer gets
-	// 429 (or a fallback). Default 2s.
-	MaxWait Duration `yaml:"max_wait"`
-}
-
-// Cooldown configures the cooldowns learned from an upstream's 429s and
-// x-ratelimit-* headers, per credential and model.
-type Cooldown struct {
-	// Enabled learns cooldowns; false for servers whose 429s are per
-	// request, not per quota. Default true.
-	Enabled *bool `yaml:"enabled"`
-	// WithoutHeader is the first cooldown of a 429 that gives no wait; it
-	// doubles for each such 429 in a row (up to 60s), and a success ends
-	// the run. Default 1s.
-	WithoutHeader Duration `yaml:"without_header"`
-	// Max caps every cooldown, whatever header set it (Retry-After,
-	// x-ratelimit-reset-*) and whether learned here or from the fleet
-	// (where a longer one is shortened). Default 10m.
-	Max Duration `yaml:"max"`
-}
-
-// RetryBudget caps retries to an upstream: within a 10 s window, retries
-// may add at most Ratio of the first attempts plus MinPerSecond per second.
-type RetryBudget struct {
-	// Ratio of first attempts that may be retried. Default 0.5.
-	Ratio float64 `yaml:"ratio"`
-	// MinPerSecond retries are always allowed. Default 10.
-	MinPerSecond float64 `yaml:"min_per_second"`
 }
 
 // Target is a fallback of a route: another upstream, optionally with the
@@ -288,139 +242,10 @@ type Log struct {
 	Format string `yaml:"format"`
 }
 
-// Upstream is one model server.
-type Upstream struct {
-	// Name identifies the upstream in routes, logs and errors. Required.
-	Name string `yaml:"name"`
-	// URL is scheme://host[:port][/prefix]; the request path is appended.
-	// A trailing slash is ignored. One of url, endpoints or discover is
-	// required.
-	URL string `yaml:"url"`
-	// Endpoints are the replicas of a pool, each in url's form, instead
-	// of url.
-	Endpoints []string `yaml:"endpoints"`
-	// Discover finds the pool's endpoints in DNS instead.
-	Discover Discover `yaml:"discover"`
-	// Balance picks an endpoint per attempt: least_requests (default),
-	// round_robin or affinity.
-	Balance string `yaml:"balance"`
-	// Affinity keys requests for balance: affinity.
-	Affinity Affinity `yaml:"affinity"`
-	// HealthCheck probes every endpoint; off unless set.
-	HealthCheck HealthCheck `yaml:"health_check"`
-	// SlowStart ramps a returning endpoint's share up over this long;
-	// 0s: no ramp. Default 30s.
-	SlowStart *Duration `yaml:"slow_start"`
-	// MaxEjected is the share of the pool breakers may eject at once
-	// ("50%" or 0.5); at least one endpoint always may be. Default 50%.
-	MaxEjected Percent `yaml:"max_ejected"`
-	// RideThrough, when set, makes a request wait up to this long (within
-	// its deadline) for an endpoint to come back when all are out. Default
-	// 0s: off.
-	RideThrough Duration `yaml:"ride_through"`
-	// Continuation says how the upstream continues a partial assistant
-	// message: vllm, prefill or none (default: never asked to).
-	Continuation string `yaml:"continuation"`
-	// APIKey, when set, replaces the client's credential (Authorization
-	// and x-api-key) with "Authorization: Bearer <key>", and on
-	// Anthropic's Messages API paths with "x-api-key: <key>" (see
-	// APIKeyHeader). ${VAR} is expanded from the environment; empty means
-	// unset.
-	APIKey string `yaml:"api_key"`
-	// APIs are the request formats the upstream serves: openai (its
-	// API and every path that is not Anthropic's) and anthropic (the
-	// Messages API). Default both; a request of another skips it.
-	APIs []string `yaml:"apis"`
-	// APIKeyHeader says how api_key goes on the Messages API's paths:
-	// x-api-key (the default, Anthropic's) or authorization (Bearer, as
-	// vLLM's /v1/messages takes it).
-	APIKeyHeader string `yaml:"api_key_header"`
-	// APIKeyFile reads the API key from a file (trimmed), so it need not
-	// be in the YAML. Not together with APIKey.
-	APIKeyFile string `yaml:"api_key_file"`
-	// TLS configures verification of an https upstream.
-	TLS UpstreamTLS `yaml:"tls"`
-	// Timeouts bound each attempt.
-	Timeouts Timeouts `yaml:"timeouts"`
-	// MaxConnections caps open connections to the upstream. Default 512.
-	MaxConnections int `yaml:"max_connections"`
-	// Breaker configures the upstream's circuit breaker.
-	Breaker Breaker `yaml:"breaker"`
-	// RateLimit paces requests to stay under the provider's quota.
-	RateLimit RateLimit `yaml:"rate_limit"`
-	// MaxInFlight caps concurrent requests (streams included); 0 means
-	// unlimited.
-	MaxInFlight int `yaml:"max_in_flight"`
-	// QueueTimeout is how long a request waits for a free slot when
-	// MaxInFlight is reached; then 503 upstream_busy (or a fallback).
-	// Default 5s.
-	QueueTimeout Duration `yaml:"queue_timeout"`
-	// RetryBudget caps retries to this upstream.
-	RetryBudget RetryBudget `yaml:"retry_budget"`
-	// Cooldown says what the upstream's 429s teach Sturdy.
-	Cooldown Cooldown `yaml:"cooldown"`
-}
-
-// Discover resolves a DNS name for a pool's endpoints.
-type Discover struct {
-	// DNS is host:port, e.g. a Kubernetes headless service. Required.
-	DNS string `yaml:"dns"`
-	// Scheme is http (default) or https; https verifies the DNS name.
-	Scheme string `yaml:"scheme"`
-	// Every is the re-resolution period. Default 10s.
-	Every Duration `yaml:"every"`
-}
-
-// Affinity says what keys a request for balance: affinity; set one.
-type Affinity struct {
-	// Header names a request header whose value is the key.
-	Header string `yaml:"header"`
-	// Prefix keys on the first N bytes of the messages' roles and
-	// contents.
-	Prefix int `yaml:"prefix"`
-}
-
-// HealthCheck configures active health checks of every endpoint.
-type HealthCheck struct {
-	// Path is GET on each endpoint's host, e.g. /health. Required.
-	Path string `yaml:"path"`
-	// Every is the period. Default 5s.
-	Every Duration `yaml:"every"`
-	// Timeout bounds each probe. Default 1s.
-	Timeout Duration `yaml:"timeout"`
-	// Healthy successes in a row bring an endpoint back. Default 2.
-	Healthy int `yaml:"healthy"`
-	// Unhealthy failures in a row take it out. Default 3.
-	Unhealthy int `yaml:"unhealthy"`
-}
-
-// Timeouts bound each attempt to an upstream.
-type Timeouts struct {
-	// Connect bounds dialling (and the TLS handshake). Default 2s.
-	Connect Duration `yaml:"connect"`
-	// FirstByte runs from sending the request to the first byte of the
-	// response body (end of headers for a bodyless response). Default 60s.
-	FirstByte Duration `yaml:"first_byte"`
-	// Idle bounds the gap between two reads of a streamed body. Default 30s.
-	Idle Duration `yaml:"idle"`
-}
-
-// Breaker configures a circuit breaker; see package breaker.
-type Breaker struct {
-	// ConsecutiveFailures opens it on the Nth failure in a row. Default 5.
-	ConsecutiveFailures int `yaml:"consecutive_failures"`
-	// FailureRatio opens it when failures ÷ completed ≥ this over Window,
-	// once MinRequests attempts completed. Default 0.5.
-	FailureRatio float64 `yaml:"failure_ratio"`
-	// MinRequests before FailureRatio applies. Default 20.
-	MinRequests int `yaml:"min_requests"`
-	// Window is the rolling window of the ratio. Default 30s.
-	Window Duration `yaml:"window"`
-	// OpenFor is how long it stays open before a probe. Default 15s.
-	OpenFor Duration `yaml:"open_for"`
-	// HalfOpenRequests is the number of probes when half-open. Default 1.
-	HalfOpenRequests int `yaml:"half_open_requests"`
-}
+// Upstream is one model server, or a pool of its replicas: its one shape
+// is package upstream's Options (the yaml keys are its fields'), which
+// this package decodes and validates and the proxy compiles.
+type Upstream = upstream.Options
 
 // Route sends requests whose path starts with PathPrefix to Upstream.
 type Route struct {
@@ -510,89 +335,13 @@ type Retry struct {
 	AttemptsOnClientRetry int `yaml:"attempts_on_client_retry"`
 }
 
-// Duration is a time.Duration written as "250ms", "2s", "1m30s".
-type Duration time.Duration
-
-// UnmarshalYAML parses a Go duration string; a non-negative number is
-// not accepted without a unit, to keep "30" from meaning 30ns.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
-	if err != nil || n.Kind != yaml.ScalarNode {
-		return typeError(n, "invalid duration %q (want e.g. 250ms, 2s, 1m30s)", n.Value)
-	}
-	if v < 0 {
-		return typeError(n, "duration %q must not be negative", n.Value)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// Std returns d as a time.Duration.
-func (d Duration) Std() time.Duration { return time.Duration(d) }
-
-// String formats d like time.Duration.
-func (d Duration) String() string { return time.Duration(d).String() }
-
-// Percent is a share written as "50%" or 0.5.
-type Percent float64
-
-// UnmarshalYAML parses a percentage or a fraction.
-func (v *Percent) UnmarshalYAML(n *yaml.Node) error {
-	s := strings.TrimSpace(n.Value)
-	div := 1.0
-	if t, ok := strings.CutSuffix(s, "%"); ok {
-		s, div = strings.TrimSpace(t), 100
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || n.Kind != yaml.ScalarNode {
-		return typeError(n, "invalid share %q (want e.g. 50%% or 0.5)", n.Value)
-	}
-	*v = Percent(f / div)
-	return nil
-}
-
-// Size is a byte count written as 1048576, "512KiB", "32MiB", "1MB".
-type Size int64
-
-var sizeUnits = []struct {
-	suffix string
-	factor int64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30},
-	{"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000},
-	{"B", 1},
-}
+// The units a config value is written in (package units).
+type (
+	Duration = units.Duration
+	Percent  = units.Percent
+	Size     = units.Size
+)
 
 // ParseSize parses plain bytes or a number with a KB/KiB/MB/MiB/GB/GiB
-// suffix.
-func ParseSize(s string) (Size, error) {
-	s = strings.TrimSpace(s)
-	factor := int64(1)
-	for _, u := range sizeUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			s, factor = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.factor
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/factor {
-		return 0, fmt.Errorf("invalid size")
-	}
-	return Size(n * factor), nil
-}
-
-// UnmarshalYAML parses a size.
-func (z *Size) UnmarshalYAML(n *yaml.Node) error {
-	v, err := ParseSize(n.Value)
-	if err != nil || n.Kind != yaml.ScalarNode {
-		return typeError(n, "invalid size %q (want bytes, or e.g. 512KiB, 32MiB, 1MB)", n.Value)
-	}
-	*z = v
-	return nil
-}
-
-// typeError reports a bad value the way yaml reports its own, so the loader
-// collects every such error with its line instead of stopping at the first.
-func typeError(n *yaml.Node, format string, args ...any) error {
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d:%d: ", n.Line, n.Column) + fmt.Sprintf(format, args...)}}
-}
+// suffix (units.ParseSize).
+func ParseSize(s string) (Size, error) { return units.ParseSize(s) }

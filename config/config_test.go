@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sturdy/upstream"
 	"testing"
 	"time"
 )
@@ -45,7 +46,7 @@ routes:
 		t.Fatal(err)
 	}
 	u := c.Upstreams[0]
-	if u.Timeouts.FirstByte.Std() != 5*time.Second || u.Timeouts.Connect != 0 || u.MaxConnections != 0 ||
+	if u.Timeouts.FirstByte != 5*time.Second || u.Timeouts.Connect != 0 || u.MaxConnections != 0 ||
 		u.RateLimit.RequestsPerSecond != 50 || u.RateLimit.Burst != 0 || u.QueueTimeout != 0 {
 		t.Errorf("upstream: %+v", u)
 	}
@@ -146,6 +147,19 @@ auth: {keys: [inline-key-00000001], keys_file: "`+keysFile+`"}
 	}
 }
 
+// TestABareZeroIsADuration: 0 is a duration without a unit (as
+// time.ParseDuration reads it), and slow_start's written 0 means no ramp.
+func TestABareZeroIsADuration(t *testing.T) {
+	t.Parallel()
+	c, err := Parse("t.yaml", []byte("upstreams:\n  - {name: a, url: 'http://h', ride_through: 0, slow_start: 0, queue_timeout: 1.5s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := c.Upstreams[0]; u.RideThrough != 0 || u.SlowStart >= 0 || u.QueueTimeout != 1500*time.Millisecond {
+		t.Fatalf("%+v", u)
+	}
+}
+
 func TestSizes(t *testing.T) {
 	tests := map[string]Size{"0": 0, "1024": 1024, "1KB": 1000, "1KiB": 1024, "32MiB": 32 << 20, "2MB": 2e6, "1 GiB": 1 << 30, "10B": 10}
 	for in, want := range tests {
@@ -173,6 +187,10 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{`t.yaml:5: upstreams[0].timeouts.connect: invalid duration "2 seconds"`}},
 		{"negative duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts: {idle: -1s}\n",
 			[]string{`t.yaml:4: upstreams[0].timeouts.idle: duration "-1s" must not be negative`}},
+		{"a duration without its unit, in a flow mapping", "upstreams:\n  - name: a\n    url: http://h\n    timeouts: {idle: 1s, connect: 30}\n",
+			[]string{`t.yaml:4: upstreams[0].timeouts.connect: invalid duration "30"`}},
+		{"a negative count", "upstreams:\n  - name: a\n    url: http://h\n    breaker: {open_for: 2s, consecutive_failures: -1}\n",
+			[]string{`t.yaml:4: upstreams[0].breaker.consecutive_failures: must not be negative`}},
 		{"bad size", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    max_body: lots\n",
 			[]string{`t.yaml:5: routes[0].max_body: invalid size "lots"`}},
 		{"wrong type", "upstreams:\n  - name: a\n    url: http://h\n    max_connections: many\n",
@@ -346,12 +364,12 @@ routes: [{name: r, upstream: vllm}]
 		t.Fatal(err)
 	}
 	a, b := c.Upstreams[0], c.Upstreams[1]
-	if len(a.Endpoints) != 2 || a.Endpoints[1] != "http://gpu-b:8000" || a.Balance != "affinity" || a.Affinity.Prefix != 2048 || a.HealthCheck.Unhealthy != 3 ||
-		a.SlowStart == nil || *a.SlowStart != 0 || a.MaxEjected != 0.25 || a.RideThrough.Std() != 10*time.Second {
+	if len(a.Endpoints) != 2 || a.Endpoints[1] != "http://gpu-b:8000" || a.Balance != upstream.BalanceAffinity || a.Affinity.Prefix != 2048 || a.HealthCheck.Unhealthy != 3 ||
+		a.SlowStart != -1 || a.MaxEjected != 0.25 || a.RideThrough != 10*time.Second {
 		t.Errorf("endpoints upstream: %+v", a)
 	}
 	if b.Discover.Scheme != "https" || b.Discover.DNS != "vllm-headless.default.svc.cluster.local:8000" || b.MaxEjected != 0.75 ||
-		b.SlowStart != nil {
+		b.SlowStart != 0 {
 		t.Errorf("discover upstream: %+v", b)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -128,7 +129,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	problems := dropDuplicateKeys(&root, "")
 	problems = append(problems, moreDocuments(data)...)
 	idx := newKeyIndex(&root)
-	problems = append(problems, unknownKeys(&root, reflect.TypeFor[Config]())...)
+	problems = append(problems, schemaProblems(&root, reflect.TypeFor[Config]())...)
 	c := defaultConfig()
 	if len(root.Content) > 0 {
 		if err := root.Content[0].Decode(c); err != nil {
@@ -144,6 +145,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	c.written = idx.lines
 	problems = append(problems, c.adminAlias()...)
 	c.expandEnv()
+	c.noRamp()
 	c.applyImplicitRoute()
 	problems = append(problems, c.readSecretFiles(idx)...)
 	covered := func(key string) bool {
@@ -165,6 +167,16 @@ func Parse(name string, data []byte) (*Config, error) {
 		return nil, &Error{File: name, Problems: problems}
 	}
 	return c, nil
+}
+
+// noRamp gives an upstream whose slow_start is written 0s the value that
+// says so (negative: no ramp), since its zero means the default.
+func (c *Config) noRamp() {
+	for i := range c.Upstreams {
+		if u := &c.Upstreams[i]; u.SlowStart == 0 && c.isWritten(fmt.Sprintf("upstreams[%d].slow_start", i)) {
+			u.SlowStart = -1
+		}
+	}
 }
 
 // defaultConfig holds the defaults that are config's own: the listen
@@ -486,6 +498,8 @@ func plainWords(msg string) string {
 	}
 	want := "a " + m[3]
 	switch t := m[3]; {
+	case t == "time.Duration":
+		want = "a duration (e.g. 250ms, 2s, 1m30s)"
 	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
 		want = "an integer"
 	case strings.HasPrefix(t, "float"):
@@ -562,6 +576,7 @@ func (idx *keyIndex) walk(n *yaml.Node, path string) {
 		for i, item := range n.Content {
 			p := path + "[" + strconv.Itoa(i) + "]"
 			idx.add(p, item.Line)
+			idx.values[[2]int{item.Line, item.Column}] = p
 			idx.walk(item, p)
 		}
 	}
@@ -599,9 +614,17 @@ func joinKey(path, key string) string {
 	return path + "." + key
 }
 
-// unknownKeys walks the document against the Go type it decodes into and
-// reports every mapping key that has no field, listing the known ones.
-func unknownKeys(root *yaml.Node, t reflect.Type) []Problem {
+// schemaProblems walks the document against the Go type it decodes into
+// and reports every mapping key that has no field, listing the known
+// ones, and every value for a time.Duration that is not one (durations
+// are declared as time.Duration where their package declares its config:
+// package upstream). Such a value is read here, as time.ParseDuration
+// reads it — 0 as well as 2s; "30" has no unit — and left for yaml to
+// decode as that string (yaml refuses a bare number); a bad one is
+// replaced, once reported, so the decode reports it no second time. A
+// negative count for an unsigned field (breaker's) is reported here too,
+// with its key.
+func schemaProblems(root *yaml.Node, t reflect.Type) []Problem {
 	if len(root.Content) == 0 {
 		return nil
 	}
@@ -612,6 +635,15 @@ func unknownKeys(root *yaml.Node, t reflect.Type) []Problem {
 			t = t.Elem()
 		}
 		switch {
+		case n.Kind == yaml.ScalarNode && t == reflect.TypeFor[time.Duration]():
+			if msg := durationProblem(n.Value); msg != "" {
+				out = append(out, Problem{Line: n.Line, Key: path, Msg: msg})
+				n.Value = "0s"
+			}
+			n.Tag = "!!str"
+		case n.Kind == yaml.ScalarNode && t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uint64 && strings.HasPrefix(strings.TrimSpace(n.Value), "-"):
+			out = append(out, Problem{Line: n.Line, Key: path, Msg: "must not be negative"}) // yaml's own error has no column
+			n.Value = "0"
 		case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
 			fields := yamlFields(t)
 			for i := 0; i+1 < len(n.Content); i += 2 {
@@ -633,6 +665,19 @@ func unknownKeys(root *yaml.Node, t reflect.Type) []Problem {
 	}
 	walk(root.Content[0], t, "")
 	return out
+}
+
+// durationProblem says what is wrong with v as a duration ("": nothing),
+// in the words of units.Duration's decoding.
+func durationProblem(v string) string {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("invalid duration %q (want e.g. 250ms, 2s, 1m30s)", v)
+	case d < 0:
+		return fmt.Sprintf("duration %q must not be negative", v)
+	}
+	return ""
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.Type {

@@ -6,11 +6,12 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
+	"time"
 
 	"sturdy/policy"
 	"sturdy/tracing"
+	"sturdy/upstream"
 )
 
 // problems collects what Validate finds. A key left out of the file is
@@ -26,14 +27,14 @@ func (p *problems) bad(key, format string, args ...any) {
 }
 
 // positive checks a duration or number that must be above 0 when written.
-func positive[T Duration | float64](p *problems, key string, v T) {
+func positive[T Duration | time.Duration | float64](p *problems, key string, v T) {
 	if v < 0 || (v == 0 && p.c.isWritten(key)) {
 		p.bad(key, "must be greater than 0 (leave it out for the default)")
 	}
 }
 
 // atLeast1 checks a count that must be 1 or more when written.
-func atLeast1[T int | Size](p *problems, key string, v T) {
+func atLeast1[T int | uint32 | Size](p *problems, key string, v T) {
 	if v < 0 || (v == 0 && p.c.isWritten(key)) {
 		p.bad(key, "must be at least 1")
 	}
@@ -226,17 +227,15 @@ func (c *Config) validatePool(p *problems, k string, u Upstream) {
 // validateBalance checks upstream u's balance, affinity, health_check and
 // max_ejected (its key prefix k).
 func (c *Config) validateBalance(p *problems, k string, u Upstream) {
-	switch u.Balance {
-	case "", "least_requests", "round_robin":
-		if c.isWritten(k + "affinity") {
-			p.bad(k+"affinity", "applies only with balance: affinity")
-		}
-	case "affinity":
+	switch u.Balance { // its values are checked as it decodes (upstream.Balance)
+	case upstream.BalanceAffinity:
 		if (u.Affinity.Header == "") == (u.Affinity.Prefix <= 0) {
 			p.bad(k+"affinity", "set one of header and prefix (e.g. affinity: {header: X-Session-Id})")
 		}
 	default:
-		p.bad(k+"balance", "must be least_requests, round_robin or affinity (got %q)", u.Balance)
+		if c.isWritten(k + "affinity") {
+			p.bad(k+"affinity", "applies only with balance: affinity")
+		}
 	}
 	notNegative(p, k+"affinity.prefix", u.Affinity.Prefix, "")
 	if c.isWritten(k + "health_check") {
@@ -249,23 +248,11 @@ func (c *Config) validateBalance(p *problems, k string, u Upstream) {
 		atLeast1(p, k+"health_check.healthy", hc.Healthy)
 		atLeast1(p, k+"health_check.unhealthy", hc.Unhealthy)
 	}
-	if c.isWritten(k+"apis") && len(u.APIs) == 0 {
-		p.bad(k+"apis", "list openai and/or anthropic (leave it out for both)")
-	}
-	for j, a := range u.APIs {
-		if a != "openai" && a != "anthropic" {
-			p.bad(fmt.Sprintf("%sapis[%d]", k, j), "must be openai or anthropic (got %q)", a)
-		}
-	}
+	// apis and continuation are checked as they decode (upstream.APIs, upstream.Continuation).
 	switch strings.ToLower(u.APIKeyHeader) {
 	case "", "x-api-key", "authorization":
 	default:
 		p.bad(k+"api_key_header", "must be x-api-key or authorization (got %q)", u.APIKeyHeader)
-	}
-	switch u.Continuation {
-	case "", "none", "vllm", "prefill":
-	default:
-		p.bad(k+"continuation", "must be vllm, prefill or none (got %q)", u.Continuation)
 	}
 	if m := float64(u.MaxEjected); m < 0 || m > 1 || (m == 0 && c.isWritten(k+"max_ejected")) {
 		p.bad(k+"max_ejected", "must be in (0%%, 100%%] (at least one endpoint may always be ejected)")
@@ -403,7 +390,7 @@ func (c *Config) unservedRoute(i int) []Problem {
 	}
 	for _, name := range targets {
 		for _, u := range c.Upstreams {
-			if u.Name == name && (len(u.APIs) == 0 || slices.Contains(u.APIs, want)) {
+			if u.Name == name && u.APIs.Serves(api) {
 				return nil
 			}
 		}

@@ -73,7 +73,7 @@ func (a *attempt) failureCause() string {
 // short by the deadline. It only reports what happened; the loop asks
 // policy what that means.
 func (ex *exchange) roundTrip(t *target, a *attempt) {
-	timeout := min(t.up.Options().FirstByteTimeout, ex.req.deadline.Sub(a.sentAt))
+	timeout := min(t.up.Options().Timeouts.FirstByte, ex.req.deadline.Sub(a.sentAt))
 	if ex.req.firstToken > 0 {
 		timeout = min(timeout, ex.req.firstToken)
 	}

@@ -259,7 +259,7 @@ func TestRescueKeepsAtMostMaxRescueBytes(t *testing.T) {
 	const n = 4096 // × 4 KiB = 16 MiB
 	primary := upstreamtest.Server{URL: gatedStream(t, "text/event-stream", words(n), gate)}
 	fallback := upstreamtest.Start(t, continuationOf(" wor", "ld"))
-	h := startRescue(t, &primary, fallback, upstream.ContinuePrefill, func(o *Options) { o.Upstreams[0].IdleTimeout = 10 * time.Second })
+	h := startRescue(t, &primary, fallback, upstream.ContinuePrefill, func(o *Options) { o.Upstreams[0].Timeouts.Idle = 10 * time.Second })
 	before := heapInUse()
 	read, done := readStream(t, h, "/v1/chat/completions", streamChat)
 	waitFor(t, 10*time.Second, "16 MiB relayed", func() bool { return read.Load() >= n*4<<10 })
@@ -366,7 +366,7 @@ func TestAHoldIsReleasedWhenTheBufferBudgetIsFull(t *testing.T) {
 	url := gatedStream(t, "text/event-stream", words(512), gate) // 2 MiB, then silence
 	h := startProxy(t, url, func(o *Options) {
 		o.Routes[0].StreamHold = StreamHold{Max: 10 * time.Second, Bytes: 16 << 20}
-		o.Upstreams[0].IdleTimeout = 15 * time.Second
+		o.Upstreams[0].Timeouts.Idle = 15 * time.Second
 		o.Server.MaxBufferedBytes = 1 << 20
 	})
 	start := time.Now()

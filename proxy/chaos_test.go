@@ -59,8 +59,8 @@ func chaosStack(t *testing.T, step upstreamtest.Step, kind, stream, attrs string
 
 // chaosEdit gives every chaos test the same, short bounds.
 func chaosEdit(o *Options) {
-	o.Upstreams[0].FirstByteTimeout = 700 * time.Millisecond
-	o.Upstreams[0].IdleTimeout = 700 * time.Millisecond
+	o.Upstreams[0].Timeouts.FirstByte = 700 * time.Millisecond
+	o.Upstreams[0].Timeouts.Idle = 700 * time.Millisecond
 	o.Routes[0].Retry.MaxAttempts = 3
 }
 

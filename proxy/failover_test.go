@@ -122,7 +122,7 @@ func TestTimeoutFailsOverWithoutRetryingInPlace(t *testing.T) {
 	primary := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang})
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) {
-		o.Upstreams[0].FirstByteTimeout = 200 * time.Millisecond
+		o.Upstreams[0].Timeouts.FirstByte = 200 * time.Millisecond
 		o.Routes[0].Retry.OnTimeout = policy.OnTimeoutFailover
 		withFallbacks(o, []string{fallback.URL})
 	})

@@ -178,7 +178,7 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			up := startCloseRecorder(t, tt.delay, tt.replies...)
-			h := startProxy(t, up.url, func(o *Options) { o.Upstreams[0].FirstByteTimeout = 10 * time.Second })
+			h := startProxy(t, up.url, func(o *Options) { o.Upstreams[0].Timeouts.FirstByte = 10 * time.Second })
 			dial := func() (net.Conn, error) { return net.Dial("tcp", strings.TrimPrefix(h.url, "http://")) }
 			left := leaveAfter(t, dial, tt.request, tt.leave)
 			if tt.phase == "retry_after" {
@@ -255,7 +255,7 @@ func TestClientThatLeavesOverTLS(t *testing.T) {
 	}
 	logs := &upstreamtest.LogBuffer{}
 	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.url)}, Routes: []Route{testRoute("up")}}
-	o.Upstreams[0].FirstByteTimeout = 10 * time.Second
+	o.Upstreams[0].Timeouts.FirstByte = 10 * time.Second
 	o.Log = zerolog.New(logs)
 	p, err := New(o)
 	if err != nil {

@@ -35,8 +35,8 @@ type harness struct {
 // testUpstream is an upstream with test-sized timeouts and a breaker that
 // does not trip unless a test asks for it.
 func testUpstream(name, url string) upstream.Options {
-	return upstream.Options{Name: name, URL: url, ConnectTimeout: 500 * time.Millisecond,
-		FirstByteTimeout: 2 * time.Second, IdleTimeout: time.Second, MaxConnections: 64,
+	return upstream.Options{Name: name, URL: url, Timeouts: upstream.Timeouts{Connect: 500 * time.Millisecond,
+		FirstByte: 2 * time.Second, Idle: time.Second}, MaxConnections: 64,
 		Breaker: breaker.Settings{ConsecutiveFailures: 1000, MinRequests: 1000}}
 }
 

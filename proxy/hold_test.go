@@ -37,7 +37,7 @@ func TestStreamHoldRestartsAFailureInsideItsWindow(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.Start(t, tt.first, whole)
 			h := startProxy(t, up.URL, func(o *Options) {
-				o.Upstreams[0].IdleTimeout = 300 * time.Millisecond
+				o.Upstreams[0].Timeouts.Idle = 300 * time.Millisecond
 				o.Routes[0].StreamHold = StreamHold{Max: 5 * time.Second, Bytes: 64 << 10}
 			})
 			resp, body := h.chat(streamChat)

@@ -395,7 +395,7 @@ func TestTricklingUpstreamIsBounded(t *testing.T) {
 	t.Run("from the start: a timeout", func(t *testing.T) {
 		t.Parallel()
 		h := startProxy(t, trickler(t, 100_000, 10, 50*time.Millisecond), func(o *Options) {
-			o.Upstreams[0].FirstByteTimeout = 400 * time.Millisecond
+			o.Upstreams[0].Timeouts.FirstByte = 400 * time.Millisecond
 			o.Routes[0].Retry.MaxAttempts = 2
 		})
 		start := time.Now()

@@ -66,7 +66,7 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 		for _, e := range endpoints {
 			u.Endpoints = append(u.Endpoints, e.URL())
 		}
-		u.FirstByteTimeout, u.IdleTimeout = 500*time.Millisecond, time.Second
+		u.Timeouts.FirstByte, u.Timeouts.Idle = 500*time.Millisecond, time.Second
 		u.Breaker = breaker.Settings{OpenFor: time.Second} // the defaults, a short open
 		return u
 	}

@@ -537,7 +537,7 @@ func (ex *exchange) setCredential(up *upstream.Upstream) {
 	h.DelBytes(hdrAuthorization)
 	h.DelBytes(hdrXAPIKey)
 	switch {
-	case up.Auth() != nil && ex.req.api == policy.APIAnthropic && !up.Options().APIKeyBearer:
+	case up.Auth() != nil && ex.req.api == policy.APIAnthropic && !up.Options().Bearer():
 		h.SetBytesKV(hdrXAPIKey, up.APIKey())
 	case up.Auth() != nil:
 		h.SetBytesKV(hdrAuthorization, up.Auth())

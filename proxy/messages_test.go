@@ -155,7 +155,7 @@ func TestAnthropicBillingAndFailoverCodes(t *testing.T) {
 // TestOneCredentialRule: a request's credential is its Authorization,
 // else its x-api-key — what auth.keys accepts, what tells clients apart
 // under the default key_header — and an upstream's api_key goes as
-// x-api-key on the Messages API's paths (Bearer with APIKeyBearer, and
+// x-api-key on the Messages API's paths (Bearer with api_key_header: authorization, and
 // on every other path), never beside the client's.
 func TestOneCredentialRule(t *testing.T) {
 	t.Parallel()
@@ -183,7 +183,10 @@ func TestOneCredentialRule(t *testing.T) {
 	} {
 		up := upstreamtest.Start(t, whole)
 		h := startProxy(t, up.URL, func(o *Options) {
-			o.Upstreams[0].APIKey, o.Upstreams[0].APIKeyBearer = "sk-ant-upstream", tc.bearer
+			o.Upstreams[0].APIKey = "sk-ant-upstream"
+			if tc.bearer {
+				o.Upstreams[0].APIKeyHeader = "authorization"
+			}
 		})
 		h.do("POST", tc.path, msgRequest, "x-api-key", "sk-client", "Authorization", "Bearer sk-client")
 		if hd := up.Requests()[0].Header; hd["X-Api-Key"] != tc.xAPI || hd["Authorization"] != tc.bearerV {

@@ -314,7 +314,7 @@ func TestResetBeforeHeadersIsRetried(t *testing.T) {
 func TestSilentUpstreamTimesOutAndIsRetried(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang}, upstreamtest.Step{Body: "ok"})
-	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].FirstByteTimeout = 300 * time.Millisecond })
+	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].Timeouts.FirstByte = 300 * time.Millisecond })
 	start := time.Now()
 	resp, body := h.chat("")
 	el := time.Since(start)
@@ -333,7 +333,7 @@ func TestSilentUpstreamEndsIn504(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Hang})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].FirstByteTimeout = 200 * time.Millisecond
+		o.Upstreams[0].Timeouts.FirstByte = 200 * time.Millisecond
 		o.Routes[0].Retry.MaxAttempts = 2
 	})
 	resp, body := h.chat("")
@@ -349,7 +349,7 @@ func TestHeadersWithoutFirstBodyByteTimeOut(t *testing.T) {
 	up := upstreamtest.Start(t,
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Fault: upstreamtest.Stall},
 		upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: upstreamtest.SSE("hi")})
-	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].FirstByteTimeout = 300 * time.Millisecond })
+	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].Timeouts.FirstByte = 300 * time.Millisecond })
 	resp, body := h.chat("")
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") || resp.Header.Get("X-Sturdy-Attempts") != "2" {
 		t.Fatalf("got %d %q attempts=%s", resp.StatusCode, body, resp.Header.Get("X-Sturdy-Attempts"))
@@ -488,8 +488,8 @@ func TestStreamLongerThanTimeoutsIsNotCut(t *testing.T) {
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE(upstreamtest.Words(10, "w")...), ChunkDelay: 100 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].FirstByteTimeout = 400 * time.Millisecond
-		o.Upstreams[0].IdleTimeout = 400 * time.Millisecond
+		o.Upstreams[0].Timeouts.FirstByte = 400 * time.Millisecond
+		o.Upstreams[0].Timeouts.Idle = 400 * time.Millisecond
 	})
 	resp, body := h.chat(`{"stream":true}`)
 	if resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
@@ -542,7 +542,7 @@ func TestStalledSSEStreamEndsWithErrorEventAfterIdle(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader},
 		Chunks: upstreamtest.SSE("one")[:1], Fault: upstreamtest.Stall})
-	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].IdleTimeout = 300 * time.Millisecond })
+	h := startProxy(t, up.URL, func(o *Options) { o.Upstreams[0].Timeouts.Idle = 300 * time.Millisecond })
 	start := time.Now()
 	_, body := h.chat(`{"stream":true}`)
 	if el := time.Since(start); el < 300*time.Millisecond || el > 3*time.Second {

@@ -38,7 +38,7 @@ func relabelled(st upstreamtest.Step) string {
 // fallback that continues as c.
 func startRescue(t *testing.T, primary, fallback *upstreamtest.Server, c upstream.Continuation, edit func(*Options)) *harness {
 	return startProxy(t, primary.URL, func(o *Options) {
-		o.Upstreams[0].IdleTimeout = 300 * time.Millisecond
+		o.Upstreams[0].Timeouts.Idle = 300 * time.Millisecond
 		fb := testUpstream("fb", fallback.URL)
 		fb.Continuation = c
 		o.Upstreams = append(o.Upstreams, fb)

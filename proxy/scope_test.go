@@ -79,7 +79,8 @@ func TestCooldownsOffLearnNothing(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 429, Header: [][2]string{{"Retry-After", "30"}}}, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].Cooldown.Off = true
+		off := false
+		o.Upstreams[0].Cooldown.Enabled = &off
 		o.Routes[0].Retry.MaxRetryAfter = time.Second
 	})
 	h.chat(chatModel("m"))

@@ -74,15 +74,15 @@ func TestUpstreamTLSVerification(t *testing.T) {
 		t.Fatalf("unverified upstream: %d %s", resp.StatusCode, body)
 	}
 	for name, edit := range map[string]func(*upstream.Options){
-		"ca_file":              func(u *upstream.Options) { u.CAFile = caFile },
-		"insecure_skip_verify": func(u *upstream.Options) { u.InsecureSkipVerify = true },
+		"ca_file":              func(u *upstream.Options) { u.TLS.CAFile = caFile },
+		"insecure_skip_verify": func(u *upstream.Options) { u.TLS.InsecureSkipVerify = true },
 	} {
 		h := startProxy(t, up.URL, func(o *Options) { edit(&o.Upstreams[0]) })
 		if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "over tls" {
 			t.Fatalf("%s: %d %q", name, resp.StatusCode, body)
 		}
 	}
-	if _, err := New(Options{Upstreams: []upstream.Options{{Name: "x", URL: up.URL, CAFile: "/nonexistent.pem"}}}); err == nil {
+	if _, err := New(Options{Upstreams: []upstream.Options{{Name: "x", URL: up.URL, TLS: upstream.TLS{CAFile: "/nonexistent.pem"}}}}); err == nil {
 		t.Fatal("unreadable ca_file accepted")
 	}
 }

@@ -212,7 +212,7 @@ func (st *stream) interruptionTail() []byte {
 	case upstream.IsTimeout(st.broken) && ex.req.route.maxDuration > 0 && time.Since(ex.req.start) >= ex.req.route.maxDuration:
 		what = fmt.Sprintf("the response took longer than the route's max_duration (%s)", ex.req.route.maxDuration)
 	case upstream.IsTimeout(st.broken):
-		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.Options().IdleTimeout)
+		what = fmt.Sprintf("the upstream sent nothing for %s mid-response", up.Options().Timeouts.Idle)
 	case errors.Is(st.broken, errUnterminated):
 		what = "the upstream closed the connection before the stream's end ([DONE] or a final event)"
 	case errors.Is(st.broken, errInBand):

@@ -85,8 +85,8 @@ func TestEachAttemptClaimsItsOwnConnection(t *testing.T) {
 // the test ends.
 func startUpstream(t *testing.T, url string) *Upstream {
 	t.Helper()
-	o := Options{Name: "up", URL: url, ConnectTimeout: 500 * time.Millisecond, FirstByteTimeout: 2 * time.Second,
-		IdleTimeout: time.Second, MaxConnections: 64}
+	o := Options{Name: "up", URL: url, Timeouts: Timeouts{Connect: 500 * time.Millisecond, FirstByte: 2 * time.Second,
+		Idle: time.Second}, MaxConnections: 64}
 	up, err := New(testEnv(), o.WithDefaults(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,8 @@
 //
 // The files:
 //
-//	options.go    Options of an upstream and their defaults; Env, what one proxy's upstreams share
+//	options.go    Options of an upstream (the config file's shape of one: its yaml keys) and their
+//	              defaults; Env, what one proxy's upstreams share
 //	upstream.go   Upstream: New (a reload keeps unchanged endpoints), Own, Start, Close; breaker events logged and exported
 //	endpoint.go   Endpoint: its client, breakers and Tickets, load and failing share, its leases and their samples, Send and the claim of its connection
 //	pick.go       Pick and the questions around it: Usable, Elsewhere, AnyUsable, AllOut, NextChange, AffinityKey

@@ -151,7 +151,7 @@ func (up *Upstream) resolve() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), up.opts.ConnectTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), up.opts.Timeouts.Connect)
 	defer cancel()
 	addrs, err := up.env.Lookup(ctx, host)
 	if err != nil {

@@ -3,13 +3,16 @@ package upstream
 import (
 	"context"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.yaml.in/yaml/v3"
 
 	"sturdy/breaker"
 	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/units"
 )
 
 // Defaults of the options. A zero field means its default; where zero has
@@ -38,84 +41,103 @@ const (
 )
 
 // Options configure one upstream: a model server, or a pool of its
-// replicas.
+// replicas. It is the one shape of an upstream: the config file's
+// upstreams[] entries decode into it (the yaml keys below; package config
+// validates it, with key and line), and New compiles it.
 type Options struct {
 	// Name identifies the upstream in routes, logs and error bodies.
-	Name string
+	Name string `yaml:"name"`
 	// URL is scheme://host[:port][/prefix]; the request URI is appended.
 	// A pool of one: set URL, Endpoints or Discover.
-	URL string
+	URL string `yaml:"url"`
 	// Endpoints are the replicas of a pool, each in URL's form.
-	Endpoints []string
+	Endpoints []string `yaml:"endpoints"`
 	// Discover finds the pool's endpoints in DNS instead.
-	Discover Discover
+	Discover Discover `yaml:"discover"`
 	// Balance picks an endpoint for each attempt. Default least_requests.
-	Balance Balance
+	Balance Balance `yaml:"balance"`
 	// Affinity keys requests for Balance affinity.
-	Affinity Affinity
+	Affinity Affinity `yaml:"affinity"`
 	// HealthCheck probes each endpoint; off when Path is empty.
-	HealthCheck HealthCheck
+	HealthCheck HealthCheck `yaml:"health_check"`
 	// SlowStart ramps a returning endpoint's share up over this long.
-	// Default 30 s; negative: no ramp.
-	SlowStart time.Duration
+	// Default 30 s; negative: no ramp (the file's written 0s).
+	SlowStart time.Duration `yaml:"slow_start"`
 	// MaxEjected is the share of the pool its breakers may take out at
 	// once (always at least one endpoint). Default 0.5.
-	MaxEjected float64
+	MaxEjected units.Percent `yaml:"max_ejected"`
 	// RideThrough, when set, makes a request wait this long (within its
 	// deadline) for an endpoint to come back when every one is out,
 	// instead of failing at once; 0: off.
-	RideThrough time.Duration
+	RideThrough time.Duration `yaml:"ride_through"`
 	// Continuation says how the upstream continues a partial assistant
 	// message, for rescuing a stream cut mid-answer (ContinueNone: it is
 	// never asked to).
-	Continuation Continuation
-	// APIs are the APIs the upstream serves (zero: both); a request
-	// speaking another skips it.
-	APIs APIs
+	Continuation Continuation `yaml:"continuation"`
 	// APIKey, when set, replaces the client's credential: sent as
 	// "Authorization: Bearer <key>", and on the Messages API's paths as
-	// x-api-key unless APIKeyBearer (vLLM's /v1/messages takes only
-	// Bearer).
-	APIKey       string
-	APIKeyBearer bool
-	// ConnectTimeout bounds dialling and the TLS handshake. Default 2 s.
-	ConnectTimeout time.Duration
-	// FirstByteTimeout runs from sending the request to the first body
-	// byte. Default 60 s.
-	FirstByteTimeout time.Duration
-	// IdleTimeout bounds each gap between reads of a streamed body.
-	// Default 30 s.
-	IdleTimeout time.Duration
+	// x-api-key unless APIKeyHeader is authorization (vLLM's /v1/messages
+	// takes only Bearer; see Bearer). APIKeyFile is where the config
+	// read it from, if it did.
+	APIKey       string `yaml:"api_key"`
+	APIKeyHeader string `yaml:"api_key_header"`
+	APIKeyFile   string `yaml:"api_key_file"`
+	// APIs are the APIs the upstream serves (zero: both); a request
+	// speaking another skips it.
+	APIs APIs `yaml:"apis"`
+	// TLS configures verification of an https upstream.
+	TLS TLS `yaml:"tls"`
+	// Timeouts bound each attempt.
+	Timeouts Timeouts `yaml:"timeouts"`
 	// MaxConnections caps open connections (one per in-flight request).
 	// Default 512.
-	MaxConnections int
+	MaxConnections int `yaml:"max_connections"`
 	// Breaker configures the upstream's circuit breaker; its zero fields
 	// take breaker's defaults.
-	Breaker breaker.Settings
+	Breaker breaker.Settings `yaml:"breaker"`
 	// RateLimit paces requests to the upstream; zero RequestsPerSecond
 	// means no pacing.
-	RateLimit RateLimit
+	RateLimit RateLimit `yaml:"rate_limit"`
 	// MaxInFlight caps concurrent requests (streams included); 0 means
 	// unlimited.
-	MaxInFlight int
+	MaxInFlight int `yaml:"max_in_flight"`
 	// QueueTimeout is how long a request waits for a slot under
 	// MaxInFlight. Default 5 s.
-	QueueTimeout time.Duration
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
 	// RetryBudget caps retries to the upstream.
-	RetryBudget RetryBudget
+	RetryBudget RetryBudget `yaml:"retry_budget"`
 	// Cooldown says how the upstream's 429s are learned.
-	Cooldown Cooldown
-	// CAFile adds PEM CAs to trust for an https upstream.
-	CAFile string
-	// InsecureSkipVerify turns off TLS verification of the upstream.
-	InsecureSkipVerify bool
+	Cooldown Cooldown `yaml:"cooldown"`
 }
+
+// Timeouts bound each attempt to an upstream.
+type Timeouts struct {
+	// Connect bounds dialling and the TLS handshake. Default 2 s.
+	Connect time.Duration `yaml:"connect"`
+	// FirstByte runs from sending the request to the first body byte
+	// (the end of the head for a bodyless reply). Default 60 s.
+	FirstByte time.Duration `yaml:"first_byte"`
+	// Idle bounds each gap between reads of a streamed body. Default 30 s.
+	Idle time.Duration `yaml:"idle"`
+}
+
+// TLS configures verification of an https upstream: CAFile adds PEM CAs
+// to trust (an internal gateway's), InsecureSkipVerify turns verification
+// off (tests against self-signed servers only).
+type TLS struct {
+	CAFile             string `yaml:"ca_file"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// Bearer says api_key goes as Authorization: Bearer on the Messages API's
+// paths too (api_key_header: authorization), not as x-api-key.
+func (u Options) Bearer() bool { return strings.EqualFold(u.APIKeyHeader, "authorization") }
 
 // WithDefaults returns u with its zero fields set to their defaults.
 func (u Options) WithDefaults() Options {
-	OrDefault(&u.ConnectTimeout, DefaultConnectTimeout)
-	OrDefault(&u.FirstByteTimeout, DefaultFirstByteTimeout)
-	OrDefault(&u.IdleTimeout, DefaultIdleTimeout)
+	OrDefault(&u.Timeouts.Connect, DefaultConnectTimeout)
+	OrDefault(&u.Timeouts.FirstByte, DefaultFirstByteTimeout)
+	OrDefault(&u.Timeouts.Idle, DefaultIdleTimeout)
 	OrDefault(&u.MaxConnections, DefaultMaxConnections)
 	OrDefault(&u.QueueTimeout, DefaultQueueTimeout)
 	if u.RateLimit.RequestsPerSecond > 0 {
@@ -129,7 +151,9 @@ func (u Options) WithDefaults() Options {
 	if u.SlowStart == 0 {
 		u.SlowStart = DefaultSlowStart
 	}
-	OrDefault(&u.MaxEjected, DefaultMaxEjected)
+	if u.MaxEjected <= 0 {
+		u.MaxEjected = DefaultMaxEjected
+	}
 	if u.HealthCheck.Path != "" {
 		OrDefault(&u.HealthCheck.Every, DefaultHealthEvery)
 		OrDefault(&u.HealthCheck.Timeout, DefaultHealthTimeout)
@@ -159,6 +183,19 @@ const (
 	ContinuePrefill
 )
 
+// continuations are the values of continuation: in a config file.
+var continuations = map[string]Continuation{"": ContinueNone, "none": ContinueNone, "vllm": ContinueVLLM, "prefill": ContinuePrefill}
+
+// UnmarshalYAML reads continuation: vllm, prefill or none.
+func (c *Continuation) UnmarshalYAML(n *yaml.Node) error {
+	v, ok := continuations[n.Value]
+	if !ok || n.Kind != yaml.ScalarNode {
+		return units.TypeError(n, "must be vllm, prefill or none (got %q)", n.Value)
+	}
+	*c = v
+	return nil
+}
+
 // APIs is a set of the request formats an upstream serves: OpenAI's
 // (and every path that is not Anthropic's) and Anthropic's Messages API.
 // No translation between them: a request keeps its API.
@@ -169,6 +206,26 @@ const (
 	ServesOpenAI APIs = 1 << iota
 	ServesAnthropic
 )
+
+// UnmarshalYAML reads apis: a list of openai and anthropic.
+func (a *APIs) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		return units.TypeError(n, "list openai and/or anthropic (leave it out for both)")
+	}
+	var set APIs
+	for _, item := range n.Content {
+		switch item.Value {
+		case "openai":
+			set |= ServesOpenAI
+		case "anthropic":
+			set |= ServesAnthropic
+		default:
+			return units.TypeError(item, "must be openai or anthropic (got %q)", item.Value)
+		}
+	}
+	*a = set
+	return nil
+}
 
 // Serves says whether a request speaking api may go to an upstream
 // serving a (none set: both).
@@ -185,12 +242,12 @@ func (a APIs) Serves(api policy.API) bool {
 // RateLimit paces requests below a provider's quota.
 type RateLimit struct {
 	// RequestsPerSecond is the sustained rate; 0 means no pacing.
-	RequestsPerSecond float64
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	// Burst is how many requests may go at once. Default: the rate
 	// rounded up, at least 1.
-	Burst int
+	Burst int `yaml:"burst"`
 	// MaxWait is the longest a request waits for its turn. Default 2 s.
-	MaxWait time.Duration
+	MaxWait time.Duration `yaml:"max_wait"`
 }
 
 // Balance is how a pool picks an endpoint.
@@ -208,30 +265,46 @@ const (
 	BalanceAffinity
 )
 
+// balances are the values of balance: in a config file.
+var balances = map[string]Balance{"": BalanceLeastRequests, "least_requests": BalanceLeastRequests,
+	"round_robin": BalanceRoundRobin, "affinity": BalanceAffinity}
+
+// UnmarshalYAML reads balance: least_requests, round_robin or affinity.
+func (b *Balance) UnmarshalYAML(n *yaml.Node) error {
+	v, ok := balances[n.Value]
+	if !ok || n.Kind != yaml.ScalarNode {
+		return units.TypeError(n, "must be least_requests, round_robin or affinity (got %q)", n.Value)
+	}
+	*b = v
+	return nil
+}
+
 // Affinity says what keys a request for BalanceAffinity: a header's
 // value, or the first Prefix bytes of the messages' roles and contents
 // in order (what a server's prefix cache keys on).
 type Affinity struct {
-	Header string
-	Prefix int
+	Header string `yaml:"header"`
+	Prefix int    `yaml:"prefix"`
 }
 
 // HealthCheck probes every endpoint with a GET of Path: Unhealthy
 // failures in a row take it out, Healthy successes bring it back.
 // Defaults: every 5 s, timeout 1 s, healthy 2, unhealthy 3.
 type HealthCheck struct {
-	Path               string
-	Every, Timeout     time.Duration
-	Healthy, Unhealthy int
+	Path      string        `yaml:"path"`
+	Every     time.Duration `yaml:"every"`
+	Timeout   time.Duration `yaml:"timeout"`
+	Healthy   int           `yaml:"healthy"`
+	Unhealthy int           `yaml:"unhealthy"`
 }
 
 // Discover resolves DNS every Every (default 10 s) for the pool's
 // endpoints: DNS is host:port, Scheme http (default) or https (verified
 // against the DNS name, never the resolved address).
 type Discover struct {
-	DNS    string
-	Scheme string
-	Every  time.Duration
+	DNS    string        `yaml:"dns"`
+	Scheme string        `yaml:"scheme"`
+	Every  time.Duration `yaml:"every"`
 }
 
 // Cooldown configures what an upstream's rate limits teach Sturdy: a 429
@@ -239,24 +312,27 @@ type Discover struct {
 // puts the (credential, model) in cooldown, so other requests do not
 // rediscover it.
 type Cooldown struct {
-	// Off learns nothing: for servers whose 429s are per request, not per
-	// quota. Default: on.
-	Off bool
+	// Enabled false learns nothing: for servers whose 429s are per
+	// request, not per quota. Default (nil): on.
+	Enabled *bool `yaml:"enabled"`
 	// WithoutHeader is the first cooldown of a 429 that gives no wait; it
 	// doubles for each such 429 in a row (up to 60 s) and a success ends
 	// the run. Default 1 s.
-	WithoutHeader time.Duration
+	WithoutHeader time.Duration `yaml:"without_header"`
 	// Max caps every cooldown learned (from any header: Retry-After,
 	// x-ratelimit-reset-*) or adopted from the fleet, so one reply
 	// cannot lock a credential out for long. Default 10 minutes.
-	Max time.Duration
+	Max time.Duration `yaml:"max"`
 }
+
+// On says cooldowns are learned (enabled is not false).
+func (c Cooldown) On() bool { return c.Enabled == nil || *c.Enabled }
 
 // RetryBudget caps retries: within 10 s they may add Ratio of the first
 // attempts plus MinPerSecond per second. Defaults 0.5 and 10.
 type RetryBudget struct {
-	Ratio        float64
-	MinPerSecond float64
+	Ratio        float64 `yaml:"ratio"`
+	MinPerSecond float64 `yaml:"min_per_second"`
 }
 
 // OrDefault sets *v to def when it is zero (or negative).

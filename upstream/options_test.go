@@ -15,11 +15,11 @@ func TestUpstreamWithDefaults(t *testing.T) {
 		paced.RetryBudget != (RetryBudget{Ratio: 0.2, MinPerSecond: DefaultBudgetPerSecond}) {
 		t.Errorf("paced: %+v", paced)
 	}
-	set := Options{ConnectTimeout: time.Second, FirstByteTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 7,
+	set := Options{Timeouts: Timeouts{Connect: time.Second, FirstByte: 3 * time.Second, Idle: 4 * time.Second}, MaxConnections: 7,
 		QueueTimeout: time.Millisecond, RateLimit: RateLimit{RequestsPerSecond: 1, Burst: 9, MaxWait: time.Millisecond},
 		RetryBudget: RetryBudget{Ratio: 1, MinPerSecond: 1}, Breaker: breaker.Settings{ConsecutiveFailures: 2}}
-	if got := set.WithDefaults(); got.ConnectTimeout != set.ConnectTimeout || got.FirstByteTimeout != set.FirstByteTimeout ||
-		got.IdleTimeout != set.IdleTimeout || got.MaxConnections != 7 || got.QueueTimeout != set.QueueTimeout ||
+	if got := set.WithDefaults(); got.Timeouts != set.Timeouts ||
+		got.MaxConnections != 7 || got.QueueTimeout != set.QueueTimeout ||
 		got.RateLimit != set.RateLimit || got.RetryBudget != set.RetryBudget {
 		t.Errorf("explicit values changed: %+v", got)
 	}

@@ -82,7 +82,7 @@ func New(env *Env, o Options, prev *Upstream) (*Upstream, error) {
 		budget:     &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
 		balance:    o.Balance,
 		slowStart:  max(o.SlowStart, 0),
-		maxEjected: o.MaxEjected,
+		maxEjected: float64(o.MaxEjected),
 		changed:    make(chan struct{}),
 		quit:       make(chan struct{}),
 	}
@@ -98,7 +98,7 @@ func New(env *Env, o Options, prev *Upstream) (*Upstream, error) {
 	} else if o.RideThrough > 0 {
 		up.riders = make(Slots, DefaultRideThroughQueue)
 	}
-	if !o.Cooldown.Off {
+	if o.Cooldown.On() {
 		up.bareCooldown = o.Cooldown.WithoutHeader
 	}
 	up.cooldowns.max, up.cooldowns.onEvict = o.Cooldown.Max, env.Evicted("cooldowns")
@@ -174,9 +174,9 @@ func (up *Upstream) endpoints(urls []string, kept []*Endpoint, ramp bool) ([]*En
 // spec is the definition of the endpoint at url.
 func (up *Upstream) spec(url string) endpointSpec {
 	o := up.opts
-	s := endpointSpec{url: url, connect: o.ConnectTimeout, firstByte: o.FirstByteTimeout, idle: o.IdleTimeout,
-		maxConns: o.MaxConnections, queue: o.QueueTimeout, breaker: o.Breaker, caFile: o.CAFile,
-		insecure: o.InsecureSkipVerify}
+	s := endpointSpec{url: url, connect: o.Timeouts.Connect, firstByte: o.Timeouts.FirstByte, idle: o.Timeouts.Idle,
+		maxConns: o.MaxConnections, queue: o.QueueTimeout, breaker: o.Breaker, caFile: o.TLS.CAFile,
+		insecure: o.TLS.InsecureSkipVerify}
 	s.breaker.OnStateChange = nil
 	if o.Discover.DNS != "" {
 		s.hostName = o.Discover.DNS // verified by TLS and sent as Host, never the address
