@@ -41,7 +41,6 @@ import (
 	"sturdy/config"
 	"sturdy/fleet"
 	"sturdy/metrics"
-	"sturdy/policy"
 	"sturdy/proxy"
 	"sturdy/tracing"
 )
@@ -571,9 +570,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 	for _, c := range cfg.Clients {
 		o.Clients = append(o.Clients, proxy.ClientLimit{KeyHeader: c.KeyHeader, RequestsPerSecond: c.RequestsPerSecond, Burst: c.Burst})
 	}
-	for _, r := range cfg.Routes {
-		o.Routes = append(o.Routes, routeOptions(r))
-	}
+	o.Routes = cfg.Routes // one shape: the file decodes into proxy.Route
 	return o
 }
 
@@ -606,44 +603,6 @@ func tracingOptions(t config.Tracing) *proxy.Tracing {
 	}
 	return &proxy.Tracing{Settings: s, Version: version}
 }
-
-// routeOptions translates one route.
-func routeOptions(r config.Route) proxy.Route {
-	on, _ := policy.ParseRetryOn(r.Retry.On) // validated by config
-	var fallbacks []proxy.Target
-	for _, f := range r.Fallbacks {
-		fallbacks = append(fallbacks, proxy.Target{Upstream: f.Upstream, Model: f.Model})
-	}
-	rescues := 0 // the default
-	if r.MaxRescues != nil {
-		if rescues = *r.MaxRescues; rescues == 0 {
-			rescues = -1 // written 0: none
-		}
-	}
-	return proxy.Route{
-		StreamHold: proxy.StreamHold{Max: r.StreamHold.Max.Std(), Bytes: int(r.StreamHold.Bytes)},
-		MaxRescues: rescues, MaxRescueBytes: int(r.MaxRescueBytes),
-		Name: r.Name, PathPrefix: r.PathPrefix, Model: r.Model, Upstream: r.Upstream, Fallbacks: fallbacks,
-		FirstToken: r.FirstToken.Std(), FailoverOn: r.FailoverOn, FailoverCodes: r.FailoverCodes,
-		AttemptsOnClientRetry: r.Retry.AttemptsOnClientRetry,
-		Deadline:              r.Deadline.Std(),
-		MaxDuration:           r.MaxDuration.Std(),
-		MaxBody:               int(r.MaxBody),
-		Retry: policy.Retry{
-			MaxAttempts:      r.Retry.MaxAttempts,
-			Backoff:          policy.Backoff{Base: r.Retry.BaseDelay.Std(), Max: r.Retry.MaxDelay.Std()},
-			MaxRetryAfter:    r.Retry.MaxRetryAfter.Std(),
-			On:               on,
-			ReplayWrites:     r.Retry.ReplayWrites,
-			MaxTotalAttempts: r.Retry.MaxTotalAttempts,
-			OnTimeout:        onTimeout[r.Retry.OnTimeout],
-		},
-	}
-}
-
-// onTimeout maps retry.on_timeout to policy's values ("" is the default).
-var onTimeout = map[string]policy.OnTimeout{"": policy.OnTimeoutDefault, "retry": policy.OnTimeoutRetry,
-	"failover": policy.OnTimeoutFailover}
 
 // newLogger builds the process logger and routes the standard library's
 // log package through it, so with format json every line is JSON.

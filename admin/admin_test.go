@@ -18,7 +18,6 @@ import (
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
 	"sturdy/metrics"
-	"sturdy/policy"
 	"sturdy/proxy"
 	"sturdy/upstream"
 )
@@ -46,8 +45,8 @@ func startWith(t *testing.T, s Settings, openFor time.Duration, steps ...upstrea
 			Idle: time.Second}, MaxConnections: 16,
 			Breaker: breaker.Settings{ConsecutiveFailures: 3, MinRequests: 1000, OpenFor: openFor}}},
 		Routes: []proxy.Route{{Name: "chat", PathPrefix: "/", Upstream: "model", Deadline: 5 * time.Second, MaxBody: 1 << 20,
-			Retry: policy.Retry{MaxAttempts: 2, Backoff: policy.Backoff{Base: time.Millisecond, Max: time.Millisecond},
-				MaxRetryAfter: time.Second, On: policy.RetryOnAll}}},
+			Retry: proxy.Retry{MaxAttempts: 2, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond,
+				MaxRetryAfter: time.Second}}},
 		Log:     zerolog.Nop(),
 		Metrics: m,
 	})

@@ -4,8 +4,9 @@
 //
 //   - config.go: the schema — every key's type, its default and its bound
 //     in its field's comment; an upstream's is package upstream's Options
-//     (Upstream is that type: one shape, decoded here, compiled there), the
-//     units a value is written in are package units'.
+//     and a route's package proxy's Route (Upstream and Route are those
+//     types: one shape, decoded here, compiled there), the units a value
+//     is written in are package units'.
 //   - load.go: reading a file (Load, Parse): strict YAML decoding with each
 //     key's line (schemaProblems: unknown keys, time.Duration values), ${VAR} expansion, *_file secrets read, the implicit
 //     route, the one-upstream default (Default), secrets kept out of every
@@ -17,13 +18,14 @@
 //     print without stopping.
 //
 // Config decides nothing at run time: main turns a Config into the proxy's
-// options (an upstream's as they are) and reloads it.
+// options (its upstreams and routes as they are) and reloads it.
 package config
 
 import (
 	"fmt"
 	"net/netip"
 
+	"sturdy/proxy"
 	"sturdy/units"
 	"sturdy/upstream"
 )
@@ -225,15 +227,6 @@ type ClientLimit struct {
 	Burst int `yaml:"burst"`
 }
 
-// Target is a fallback of a route: another upstream, optionally with the
-// request body's "model" rewritten for it.
-type Target struct {
-	// Upstream is the name of the upstream. Required.
-	Upstream string `yaml:"upstream"`
-	// Model, when set, replaces the body's "model" for this target.
-	Model string `yaml:"model"`
-}
-
 // Log configures logging.
 type Log struct {
 	// Level is debug, info, warn or error. Default info.
@@ -247,93 +240,15 @@ type Log struct {
 // this package decodes and validates and the proxy compiles.
 type Upstream = upstream.Options
 
-// Route sends requests whose path starts with PathPrefix to Upstream.
-type Route struct {
-	// Name identifies the route in logs. Required.
-	Name string `yaml:"name"`
-	// PathPrefix is matched against the request path; the longest match
-	// wins and the prefix is not stripped. Default "/".
-	PathPrefix string `yaml:"path_prefix"`
-	// Model, when set, is a glob (* and ?) on the request body's "model":
-	// the route only serves matching requests. Among routes with the
-	// longest matching path_prefix, one whose model glob matches beats one
-	// without, and a glob with more literal characters beats a shorter one.
-	Model string `yaml:"model"`
-	// Upstream is the name of the upstream. Required.
-	Upstream string `yaml:"upstream"`
-	// Fallbacks are tried in order after Upstream.
-	Fallbacks []Target `yaml:"fallbacks"`
-	// FirstToken, when set, bounds the wait for the first body byte of
-	// each attempt on this route (below the upstream's first_byte); past
-	// it the attempt is abandoned as a timeout.
-	FirstToken Duration `yaml:"first_token"`
-	// FailoverOn lists 4xx statuses that move to the next target instead
-	// of passing through (e.g. 404 for a model missing on one server).
-	FailoverOn []int `yaml:"failover_on"`
-	// FailoverCodes lists error codes of a 400 body that move to the next
-	// target (e.g. context_length_exceeded).
-	FailoverCodes []string `yaml:"failover_codes"`
-	// Deadline is the budget until the response starts, retries
-	// included. Default 120s.
-	Deadline Duration `yaml:"deadline"`
-	// MaxBody is the largest request body accepted; larger gets 413.
-	// Default 32MiB.
-	MaxBody Size `yaml:"max_body"`
-	// MaxDuration caps a whole response, from the request's start to the
-	// end of its body. Default: 10m for non-streamed replies, none for
-	// streams; when written it applies to both.
-	MaxDuration Duration `yaml:"max_duration"`
-	// Retry is the route's retry policy.
-	Retry Retry `yaml:"retry"`
-	// StreamHold holds a stream's status and headers until it ends or
-	// its window passes, so a failure inside it is retried unseen. Off
-	// unless set.
-	StreamHold StreamHold `yaml:"stream_hold"`
-	// MaxRescues bounds the continuations of a stream cut mid-answer
-	// (0: none). Default 1.
-	MaxRescues *int `yaml:"max_rescues"`
-	// MaxRescueBytes bounds the text a rescuable stream keeps for its
-	// continuation; past it the stream goes on, unrescuable (logged
-	// rescue_refused: too_large). Default 1MiB.
-	MaxRescueBytes Size `yaml:"max_rescue_bytes"`
-}
-
-// StreamHold is a route's hold window for streams.
-type StreamHold struct {
-	// Max is the window's length from the first output. Default 2s.
-	Max Duration `yaml:"max"`
-	// Bytes ends the window once this much is held. Default 64KiB.
-	Bytes Size `yaml:"bytes"`
-}
-
-// Retry is a route's retry policy.
-type Retry struct {
-	// MaxAttempts counts the first attempt; 1 disables retries. Default 4.
-	MaxAttempts int `yaml:"max_attempts"`
-	// BaseDelay is the full-jitter bound before the first retry; it doubles
-	// per retry. Default 250ms.
-	BaseDelay Duration `yaml:"base_delay"`
-	// MaxDelay caps the full-jitter bound. Default 8s.
-	MaxDelay Duration `yaml:"max_delay"`
-	// MaxRetryAfter is the longest server-given wait honoured; a longer
-	// one goes back to the client at once. Default 30s.
-	MaxRetryAfter Duration `yaml:"max_retry_after"`
-	// On lists what is retried: 429, 5xx, connect, reset, timeout.
-	// Default all five.
-	On []string `yaml:"on"`
-	// ReplayWrites retries non-inference writes (files, batches …) on
-	// every reason, not only connect. Default false.
-	ReplayWrites bool `yaml:"replay_writes"`
-	// MaxTotalAttempts caps attempts across all targets. Default
-	// max_attempts + number of fallbacks.
-	MaxTotalAttempts int `yaml:"max_total_attempts"`
-	// OnTimeout is failover (move to the next target after a timeout) or
-	// retry (retry in place). Default failover when there is a fallback.
-	OnTimeout string `yaml:"on_timeout"`
-	// AttemptsOnClientRetry caps attempts per target for a request the
-	// client itself is retrying (X-Stainless-Retry-Count > 0). Default 1.
-	AttemptsOnClientRetry int `yaml:"attempts_on_client_retry"`
-}
+// Route sends requests whose path starts with path_prefix to its
+// upstream: its one shape is package proxy's Route (the yaml keys are its
+// fields'), with its Retry, StreamHold and fallback Target.
+type (
+	Route      = proxy.Route
+	Retry      = proxy.Retry
+	StreamHold = proxy.StreamHold
+	Target     = proxy.Target
+)
 
 // The units a config value is written in (package units).
 type (

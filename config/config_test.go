@@ -147,16 +147,22 @@ auth: {keys: [inline-key-00000001], keys_file: "`+keysFile+`"}
 	}
 }
 
-// TestABareZeroIsADuration: 0 is a duration without a unit (as
-// time.ParseDuration reads it), and slow_start's written 0 means no ramp.
-func TestABareZeroIsADuration(t *testing.T) {
+// TestWrittenZeros: 0 is a duration without a unit (as time.ParseDuration
+// reads it); slow_start's and max_rescues' written 0 mean none (negative
+// in the compiled types, whose zero is the default), and left out they
+// stay zero.
+func TestWrittenZeros(t *testing.T) {
 	t.Parallel()
-	c, err := Parse("t.yaml", []byte("upstreams:\n  - {name: a, url: 'http://h', ride_through: 0, slow_start: 0, queue_timeout: 1.5s}\n"))
+	c, err := Parse("t.yaml", []byte("upstreams:\n  - {name: a, url: 'http://h', ride_through: 0, slow_start: 0, queue_timeout: 1.5s}\n"+
+		"  - {name: b, url: 'http://h'}\nroutes:\n  - {name: r, upstream: a, max_rescues: 0}\n  - {name: s, upstream: b, path_prefix: /s}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if u := c.Upstreams[0]; u.RideThrough != 0 || u.SlowStart >= 0 || u.QueueTimeout != 1500*time.Millisecond {
 		t.Fatalf("%+v", u)
+	}
+	if c.Upstreams[1].SlowStart != 0 || c.Routes[0].MaxRescues >= 0 || c.Routes[1].MaxRescues != 0 {
+		t.Fatalf("slow_start %v; max_rescues %d, %d", c.Upstreams[1].SlowStart, c.Routes[0].MaxRescues, c.Routes[1].MaxRescues)
 	}
 }
 

@@ -145,7 +145,6 @@ func Parse(name string, data []byte) (*Config, error) {
 	c.written = idx.lines
 	problems = append(problems, c.adminAlias()...)
 	c.expandEnv()
-	c.noRamp()
 	c.applyImplicitRoute()
 	problems = append(problems, c.readSecretFiles(idx)...)
 	covered := func(key string) bool {
@@ -166,15 +165,22 @@ func Parse(name string, data []byte) (*Config, error) {
 		sort.SliceStable(problems, func(i, j int) bool { return problems[i].Line < problems[j].Line })
 		return nil, &Error{File: name, Problems: problems}
 	}
+	c.writtenZeros() // after Validate, which saw what was written
 	return c, nil
 }
 
-// noRamp gives an upstream whose slow_start is written 0s the value that
-// says so (negative: no ramp), since its zero means the default.
-func (c *Config) noRamp() {
+// writtenZeros gives a key whose zero means its default, but which is
+// written 0, the value that says "none" (negative): an upstream's
+// slow_start (no ramp), a route's max_rescues (no rescues).
+func (c *Config) writtenZeros() {
 	for i := range c.Upstreams {
 		if u := &c.Upstreams[i]; u.SlowStart == 0 && c.isWritten(fmt.Sprintf("upstreams[%d].slow_start", i)) {
 			u.SlowStart = -1
+		}
+	}
+	for i := range c.Routes {
+		if r := &c.Routes[i]; r.MaxRescues == 0 && c.isWritten(fmt.Sprintf("routes[%d].max_rescues", i)) {
+			r.MaxRescues = -1
 		}
 	}
 }

@@ -95,7 +95,7 @@ const (
 	DefaultMaxRetryAfter = 30 * time.Second
 )
 
-// Retry is a route's retry policy (`retry:` in the config). A zero field
+// Retry is a route's retry policy, compiled from its retry: (proxy.Retry). A zero field
 // means its default; WithDefaults fills them in.
 type Retry struct {
 	// MaxAttempts counts the first attempt on each target; 1 disables

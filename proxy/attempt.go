@@ -237,10 +237,10 @@ func (ex *exchange) holdWindow(a *attempt, kind events.Kind, api policy.API, jud
 	for {
 		var mark policy.Mark
 		if judged, mark = a.judge(rp.head, kind, api, judged, false); mark == policy.MarkFailure ||
-			len(rp.head) >= hold.Bytes || !time.Now().Before(until) {
+			len(rp.head) >= int(hold.Bytes) || !time.Now().Before(until) {
 			return policy.FaultNone
 		}
-		if done, f := ex.holdMore(a, hold.Bytes, &scan); done || f != policy.FaultNone {
+		if done, f := ex.holdMore(a, int(hold.Bytes), &scan); done || f != policy.FaultNone {
 			return f
 		}
 	}

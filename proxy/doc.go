@@ -53,7 +53,8 @@
 // passed to the steps that use it. The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
-//	options.go     Options and their defaults (an upstream's are upstream.Options)
+//	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config
+//	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
 //	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it

@@ -123,7 +123,7 @@ func TestTimeoutFailsOverWithoutRetryingInPlace(t *testing.T) {
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
 	h := startProxy(t, primary.URL, func(o *Options) {
 		o.Upstreams[0].Timeouts.FirstByte = 200 * time.Millisecond
-		o.Routes[0].Retry.OnTimeout = policy.OnTimeoutFailover
+		o.Routes[0].Retry.OnTimeout = "failover"
 		withFallbacks(o, []string{fallback.URL})
 	})
 	if resp, body := h.chat(""); resp.StatusCode != 200 || string(body) != "ok" {
@@ -449,7 +449,7 @@ func TestClientDeadlineHeaders(t *testing.T) {
 func TestClientRetryGetsOneAttemptPerTarget(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Status: 503})
-	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].AttemptsOnClientRetry = 1 })
+	h := startProxy(t, up.URL, func(o *Options) { o.Routes[0].Retry.AttemptsOnClientRetry = 1 })
 	resp, _ := h.chat("", "X-Stainless-Retry-Count", "1")
 	if resp.StatusCode != 503 || up.Count() != 1 {
 		t.Fatalf("client retry: %d after %d attempts", resp.StatusCode, up.Count())

@@ -115,7 +115,7 @@ func TestABare429FailsOverWithoutABackoff(t *testing.T) {
 	fallback := upstreamtest.Start(t, upstreamtest.Step{Body: "from the fallback"})
 	h := startProxy(t, primary.URL, func(o *Options) {
 		withFallbacks(o, []string{fallback.URL})
-		o.Routes[0].Retry.Backoff.Base, o.Routes[0].Retry.Backoff.Max = 400*time.Millisecond, 400*time.Millisecond
+		o.Routes[0].Retry.BaseDelay, o.Routes[0].Retry.MaxDelay = 400*time.Millisecond, 400*time.Millisecond
 		o.Rand = maxJitter
 	})
 	start := time.Now()
@@ -139,7 +139,7 @@ func TestTheFirstRequestOfAnOutageRidesThrough(t *testing.T) {
 	h := startProxy(t, "http://"+addr, func(o *Options) {
 		o.Upstreams[0].RideThrough = 4 * time.Second
 		o.Routes[0].Retry.MaxAttempts = 3
-		o.Routes[0].Retry.Backoff.Base, o.Routes[0].Retry.Backoff.Max = 50*time.Millisecond, 200*time.Millisecond
+		o.Routes[0].Retry.BaseDelay, o.Routes[0].Retry.MaxDelay = 50*time.Millisecond, 200*time.Millisecond
 	})
 	go func() {
 		time.Sleep(500 * time.Millisecond)
@@ -166,7 +166,7 @@ func TestAFailedProbeFailsOverWithoutABackoff(t *testing.T) {
 	h := startProxy(t, primary.url, func(o *Options) {
 		o.Upstreams[0].Breaker = breaker.Settings{ConsecutiveFailures: 1, MinRequests: 1000, OpenFor: 200 * time.Millisecond}
 		withFallbacks(o, []string{fallback.URL})
-		o.Routes[0].Retry.Backoff.Base, o.Routes[0].Retry.Backoff.Max = 400*time.Millisecond, 400*time.Millisecond
+		o.Routes[0].Retry.BaseDelay, o.Routes[0].Retry.MaxDelay = 400*time.Millisecond, 400*time.Millisecond
 		o.Rand = maxJitter
 	})
 	h.chat("") // the 500 opens the model's reply breaker: the request fails over

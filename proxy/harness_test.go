@@ -20,7 +20,6 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
-	"sturdy/policy"
 	"sturdy/upstream"
 )
 
@@ -43,8 +42,8 @@ func testUpstream(name, url string) upstream.Options {
 // testRoute is a catch-all route with fast backoff.
 func testRoute(upstream string) Route {
 	return Route{Name: "default", PathPrefix: "/", Upstream: upstream, Deadline: 10 * time.Second, MaxBody: 1 << 20,
-		Retry: policy.Retry{MaxAttempts: 4, Backoff: policy.Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond},
-			MaxRetryAfter: 5 * time.Second, On: policy.RetryOnAll}}
+		Retry: Retry{MaxAttempts: 4, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond,
+			MaxRetryAfter: 5 * time.Second}}
 }
 
 // startProxy runs Sturdy on 127.0.0.1:0 with one upstream at upstreamURL,

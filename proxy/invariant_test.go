@@ -15,7 +15,6 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/internal/chaos"
-	"sturdy/policy"
 	"sturdy/upstream"
 )
 
@@ -73,7 +72,7 @@ func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 	route := func(name, prefix, up string, fallbacks ...string) Route {
 		r := testRoute(up)
 		r.Name, r.PathPrefix, r.Deadline = name, prefix, 30*time.Second
-		r.Retry.Backoff = policy.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+		r.Retry.BaseDelay, r.Retry.MaxDelay = 20*time.Millisecond, 100*time.Millisecond
 		// A fallback "can answer" within the attempts the route leaves
 		// it: chaos.Steady answers within two, so the route leaves two
 		// after the primary's max_attempts (the default leaves one).

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/units"
 	"sturdy/upstream"
 )
 
@@ -35,10 +37,10 @@ const (
 type StreamHold struct {
 	// Max is the window's length from the stream's first output. Default
 	// 2 s when Bytes is set.
-	Max time.Duration
+	Max time.Duration `yaml:"max"`
 	// Bytes ends the window once this much of the body is held. Default
 	// 64 KiB when Max is set.
-	Bytes int
+	Bytes units.Size `yaml:"bytes"`
 }
 
 // The stream_hold defaults.
@@ -110,8 +112,8 @@ const maxDefaultConnections = 65536
 // Target is a fallback: an upstream, with the body's "model" rewritten to
 // Model when set.
 type Target struct {
-	Upstream string
-	Model    string
+	Upstream string `yaml:"upstream"`
+	Model    string `yaml:"model"`
 }
 
 // ClientLimit rate-limits each client, told apart by KeyHeader's value.
@@ -132,66 +134,119 @@ func (c ClientLimit) withDefaults() ClientLimit {
 	return c
 }
 
-// Route sends requests whose path starts with PathPrefix to Upstream.
+// Route sends requests whose path starts with PathPrefix to Upstream. It
+// is the one shape of a route: the config file's routes[] entries decode
+// into it (the yaml keys below; package config validates it, with key and
+// line), and the proxy compiles it (buildRoute).
 type Route struct {
 	// Name identifies the route in logs.
-	Name string
+	Name string `yaml:"name"`
 	// PathPrefix is matched bytewise against the raw request path; the
 	// longest match wins. Default "/".
-	PathPrefix string
-	// Model, when set, is a glob the body's "model" must match.
-	Model string
+	PathPrefix string `yaml:"path_prefix"`
+	// Model, when set, is a glob (* and ?) the body's "model" must match:
+	// among routes with the longest matching path_prefix, one whose glob
+	// matches beats one without, a glob with more literal characters a
+	// shorter one.
+	Model string `yaml:"model"`
 	// Upstream is an Upstream's Name: the primary target.
-	Upstream string
+	Upstream string `yaml:"upstream"`
 	// Fallbacks are tried in order after Upstream.
-	Fallbacks []Target
+	Fallbacks []Target `yaml:"fallbacks"`
 	// FirstToken, when set, bounds each attempt's wait for its first body
-	// byte below the upstream's FirstByteTimeout, for streamed requests;
-	// 0 means off.
-	FirstToken time.Duration
+	// byte below the upstream's first_byte timeout, for streamed
+	// requests; 0 means off.
+	FirstToken time.Duration `yaml:"first_token"`
 	// FailoverOn lists 4xx statuses that move to the next target.
-	FailoverOn []int
-	// FailoverCodes lists 400 error codes that move to the next target.
-	FailoverCodes []string
-	// AttemptsOnClientRetry caps attempts per target when the client is
-	// retrying on its own (X-Stainless-Retry-Count > 0). Default 1.
-	AttemptsOnClientRetry int
+	FailoverOn []int `yaml:"failover_on"`
+	// FailoverCodes lists error codes (OpenAI's error.code, Anthropic's
+	// error.type) of a 400 body that move to the next target.
+	FailoverCodes []string `yaml:"failover_codes"`
 	// Deadline is the budget until the response starts, retries included.
 	// Default 120 s.
-	Deadline time.Duration
-	// MaxBody is the largest request body accepted, in bytes. Default
-	// 32 MiB.
-	MaxBody int
+	Deadline time.Duration `yaml:"deadline"`
+	// MaxBody is the largest request body accepted. Default 32 MiB.
+	MaxBody units.Size `yaml:"max_body"`
 	// MaxDuration caps a whole response, from the request's start to the
 	// end of its body; past it the body is cut (a stream gets its
 	// interruption event). Zero: 10 minutes for a non-streamed reply
 	// (known length, not SSE or NDJSON), no cap for a stream.
-	MaxDuration time.Duration
-	// Retry is the route's retry policy; its zero fields take policy's
-	// defaults (Retry.WithDefaults).
-	Retry policy.Retry
+	MaxDuration time.Duration `yaml:"max_duration"`
+	// Retry is the route's retry policy (compiled into a policy.Retry).
+	Retry Retry `yaml:"retry"`
 	// StreamHold holds a stream's head until it ends or its window
 	// passes (off when zero).
-	StreamHold StreamHold
+	StreamHold StreamHold `yaml:"stream_hold"`
 	// MaxRescues bounds the continuations of one request's stream cut
-	// mid-answer. 0: the default, 1; negative: none.
-	MaxRescues int
+	// mid-answer. 0: the default, 1; negative: none (the file's written 0).
+	MaxRescues int `yaml:"max_rescues"`
 	// MaxRescueBytes bounds the text a rescuable stream keeps for its
 	// continuation; past it the stream goes on unrescuable. Default 1 MiB.
-	MaxRescueBytes int
+	MaxRescueBytes units.Size `yaml:"max_rescue_bytes"`
+}
+
+// Retry is a route's retry policy as written; its zero fields take
+// policy's defaults (policy.Retry.WithDefaults).
+type Retry struct {
+	// MaxAttempts counts the first attempt, per target; 1: no retries.
+	MaxAttempts int `yaml:"max_attempts"`
+	// BaseDelay is the full-jitter bound before the first retry, doubling
+	// per retry up to MaxDelay.
+	BaseDelay time.Duration `yaml:"base_delay"`
+	MaxDelay  time.Duration `yaml:"max_delay"`
+	// MaxRetryAfter is the longest server-given wait honoured.
+	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
+	// On lists what is retried: 429, 5xx, connect, reset, timeout (nil:
+	// all; policy.ParseRetryOn).
+	On []string `yaml:"on"`
+	// ReplayWrites retries non-inference writes on every reason.
+	ReplayWrites bool `yaml:"replay_writes"`
+	// MaxTotalAttempts caps attempts across all targets.
+	MaxTotalAttempts int `yaml:"max_total_attempts"`
+	// OnTimeout is failover or retry ("": failover when there is a
+	// fallback).
+	OnTimeout string `yaml:"on_timeout"`
+	// AttemptsOnClientRetry caps attempts per target when the client is
+	// retrying on its own (X-Stainless-Retry-Count > 0). Default 1.
+	AttemptsOnClientRetry int `yaml:"attempts_on_client_retry"`
+}
+
+// onTimeout maps retry.on_timeout to policy's values.
+var onTimeout = map[string]policy.OnTimeout{"": policy.OnTimeoutDefault, "retry": policy.OnTimeoutRetry,
+	"failover": policy.OnTimeoutFailover}
+
+// Policy compiles the retry policy, its defaults filled for a route of
+// fallbacks fallbacks; an error names what is wrong with on or on_timeout.
+func (r Retry) Policy(fallbacks int) (policy.Retry, error) {
+	on, err := policy.ParseRetryOn(r.On)
+	if err != nil {
+		return policy.Retry{}, err
+	}
+	ot, ok := onTimeout[r.OnTimeout]
+	if !ok {
+		return policy.Retry{}, fmt.Errorf("on_timeout must be failover or retry (got %q)", r.OnTimeout)
+	}
+	return policy.Retry{MaxAttempts: r.MaxAttempts, Backoff: policy.Backoff{Base: r.BaseDelay, Max: r.MaxDelay},
+		MaxRetryAfter: r.MaxRetryAfter, On: on, ReplayWrites: r.ReplayWrites, MaxTotalAttempts: r.MaxTotalAttempts,
+		OnTimeout: ot}.WithDefaults(fallbacks), nil
 }
 
 func (r Route) withDefaults() Route {
 	upstream.OrDefault(&r.PathPrefix, "/")
-	upstream.OrDefault(&r.AttemptsOnClientRetry, DefaultClientRetries)
+	upstream.OrDefault(&r.Retry.AttemptsOnClientRetry, DefaultClientRetries)
 	upstream.OrDefault(&r.Deadline, DefaultDeadline)
-	upstream.OrDefault(&r.MaxBody, DefaultMaxBody)
-	r.Retry = r.Retry.WithDefaults(len(r.Fallbacks))
+	if r.MaxBody <= 0 {
+		r.MaxBody = DefaultMaxBody
+	}
 	if r.StreamHold != (StreamHold{}) {
 		upstream.OrDefault(&r.StreamHold.Max, DefaultStreamHoldMax)
-		upstream.OrDefault(&r.StreamHold.Bytes, DefaultStreamHoldBytes)
+		if r.StreamHold.Bytes <= 0 {
+			r.StreamHold.Bytes = DefaultStreamHoldBytes
+		}
 	}
-	upstream.OrDefault(&r.MaxRescueBytes, DefaultMaxRescueBytes)
+	if r.MaxRescueBytes <= 0 {
+		r.MaxRescueBytes = DefaultMaxRescueBytes
+	}
 	switch {
 	case r.MaxRescues == 0:
 		r.MaxRescues = DefaultMaxRescues

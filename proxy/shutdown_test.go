@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"sturdy/internal/upstreamtest"
-	"sturdy/policy"
 	"sturdy/upstream"
 )
 
@@ -21,7 +20,7 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 	t.Parallel()
 	long := 20 * time.Second
 	slowRetry := func(o *Options) {
-		o.Routes[0].Retry.Backoff = policy.Backoff{Base: long, Max: long}
+		o.Routes[0].Retry.BaseDelay, o.Routes[0].Retry.MaxDelay = long, long
 		o.Routes[0].Deadline = time.Minute
 	}
 	tests := []struct {

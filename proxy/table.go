@@ -187,10 +187,15 @@ func (p *Proxy) buildUpstreams(t *table, opts []upstream.Options, prev *table) (
 
 // buildRoute builds one route (its defaults filled) over the upstreams.
 func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*route, error) {
+	retry, err := ro.Retry.Policy(len(ro.Fallbacks))
+	if err != nil {
+		return nil, fmt.Errorf("route %q: retry: %w", ro.Name, err)
+	}
 	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
-		clientRetries: ro.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: ro.MaxBody, maxDuration: ro.MaxDuration,
-		retry: ro.Retry, streamHold: ro.StreamHold, maxRescues: ro.MaxRescues, maxRescueBytes: ro.MaxRescueBytes}
+		clientRetries: ro.Retry.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: int(ro.MaxBody), maxDuration: ro.MaxDuration,
+		retry: retry, streamHold: ro.StreamHold, maxRescues: ro.MaxRescues,
+		maxRescueBytes: int(ro.MaxRescueBytes)}
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)
 	}
