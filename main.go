@@ -567,9 +567,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		pfx, _ := config.ParsePrefix(s) // validated by config
 		o.TrustedProxies = append(o.TrustedProxies, pfx)
 	}
-	for _, c := range cfg.Clients {
-		o.Clients = append(o.Clients, proxy.ClientLimit{KeyHeader: c.KeyHeader, RequestsPerSecond: c.RequestsPerSecond, Burst: c.Burst})
-	}
+	o.Clients = cfg.Clients
 	o.Routes = cfg.Routes // one shape: the file decodes into proxy.Route
 	return o
 }

@@ -214,18 +214,9 @@ type Auth struct {
 	KeysFile string `yaml:"keys_file"`
 }
 
-// ClientLimit limits each client, told apart by one header's value.
-type ClientLimit struct {
-	// KeyHeader names the header that identifies a client. Default
-	// Authorization, which means the request's credential (Authorization,
-	// else x-api-key). Requests without it share one bucket.
-	KeyHeader string `yaml:"key_header"`
-	// RequestsPerSecond is each client's sustained rate. Required.
-	RequestsPerSecond float64 `yaml:"requests_per_second"`
-	// Burst is how many requests a client may send at once. Default: the
-	// rate rounded up, at least 1.
-	Burst int `yaml:"burst"`
-}
+// ClientLimit rate-limits each client: its one shape is package proxy's
+// ClientLimit.
+type ClientLimit = proxy.ClientLimit
 
 // Log configures logging.
 type Log struct {

@@ -142,15 +142,21 @@ func RescueNext(ti int, retryable bool) int {
 // its stream, cut mid-answer, may be continued by prefill (the text so
 // far as the trailing assistant message), else what stands in the way —
 // "thinking" (extended thinking: its signed blocks cannot be prefilled,
-// and Anthropic refuses a prefill with thinking on) or "response_format"
-// (a JSON output format: the constraint cannot be resumed mid-value).
+// and Anthropic refuses a prefill with thinking on), "response_format"
+// (a JSON output format: the constraint cannot be resumed mid-value) or
+// "prefill" (the request ends with an assistant message the text cannot
+// be added to: its content neither a string nor ending in a text block).
 func ContinuableMessages(body []byte) (why string) {
 	doc := gjson.ParseBytes(body)
+	last := doc.Get("messages.@reverse.0")
 	switch t := doc.Get("thinking.type").String(); {
 	case t != "" && t != "disabled":
 		return "thinking"
 	case doc.Get("output_format.type").String() == "json_schema", doc.Get("output_config.format.type").String() == "json_schema":
 		return "response_format"
+	case last.Get("role").String() == "assistant" && last.Get("content").Type != gjson.String &&
+		last.Get("content.@reverse.0.type").String() != "text":
+		return "prefill"
 	}
 	return ""
 }

@@ -93,6 +93,10 @@ func TestContinuableMessages(t *testing.T) {
 		{`{"thinking":{"type":"adaptive"}}`, "thinking"},
 		{`{"output_format":{"type":"json_schema","schema":{}}}`, "response_format"},
 		{`{"output_config":{"format":{"type":"json_schema","schema":{}}}}`, "response_format"},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure:"}]}`, ""},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"Sure:"}]}]}`, ""},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]}]}`, "prefill"},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[]}]}`, "prefill"},
 	} {
 		if got := ContinuableMessages([]byte(tt.body)); got != tt.why {
 			t.Errorf("%s: %q, want %q", tt.body, got, tt.why)

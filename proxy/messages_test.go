@@ -347,6 +347,7 @@ func TestACutMessagesStreamIsContinued(t *testing.T) {
 			if want := head + tt.want; resp.StatusCode != 200 || string(body) != want {
 				t.Fatalf("%d:\n%s\nwant\n%s", resp.StatusCode, body, want)
 			}
+			checkMessagesStream(t, body)
 			reqs := fallback.Requests()
 			if len(reqs) != 1 {
 				t.Fatalf("the fallback saw %d requests", len(reqs))
@@ -417,5 +418,146 @@ func TestStreamHoldRestartsAMessagesStream(t *testing.T) {
 	resp, body := h.do("POST", "/v1/messages", msgRequest, "Content-Type", "application/json")
 	if want := strings.Join(whole.Chunks, ""); resp.StatusCode != 200 || string(body) != want || up.Count() != 2 {
 		t.Fatalf("%d after %d attempts:\n%s", resp.StatusCode, up.Count(), body)
+	}
+}
+
+// checkMessagesStream fails t unless body is a valid Messages API stream:
+// one message_start first, blocks started in order from 0 with no gap,
+// deltas and stops only for the open block, none open at message_delta
+// or message_stop, one message_stop and nothing after it. It returns the
+// text of the text deltas and the last output_tokens.
+func checkMessagesStream(t *testing.T, body []byte) (text string, outputTokens int64) {
+	t.Helper()
+	var b strings.Builder
+	next, open, starts, stops := int64(0), int64(-1), 0, 0
+	for i, ev := range strings.Split(strings.TrimSuffix(string(body), "\n\n"), "\n\n") {
+		_, data, _ := strings.Cut(ev, "data: ")
+		d := gjson.Parse(data)
+		typ, idx := d.Get("type").Str, d.Get("index").Int()
+		if stops > 0 {
+			t.Fatalf("event %d after message_stop: %s", i, ev)
+		}
+		switch typ {
+		case "message_start":
+			if starts++; i != 0 || starts > 1 {
+				t.Fatalf("message_start at event %d:\n%s", i, body)
+			}
+		case "content_block_start":
+			if open >= 0 || idx != next {
+				t.Fatalf("block %d started (open %d, next %d):\n%s", idx, open, next, body)
+			}
+			open, next = idx, next+1
+			b.WriteString(d.Get("content_block.text").Str)
+		case "content_block_delta":
+			if idx != open {
+				t.Fatalf("a delta of block %d (open %d):\n%s", idx, open, body)
+			}
+			b.WriteString(d.Get("delta.text").Str)
+		case "content_block_stop":
+			if idx != open {
+				t.Fatalf("a stop of block %d (open %d):\n%s", idx, open, body)
+			}
+			open = -1
+		case "message_delta", "message_stop":
+			if open >= 0 {
+				t.Fatalf("%s with block %d open:\n%s", typ, open, body)
+			}
+			if typ == "message_stop" {
+				stops++
+			} else {
+				outputTokens = d.Get("usage.output_tokens").Int()
+			}
+		case "ping":
+		default:
+			t.Fatalf("event %d: %s", i, ev)
+		}
+	}
+	if stops != 1 {
+		t.Fatalf("%d message_stop:\n%s", stops, body)
+	}
+	return b.String(), outputTokens
+}
+
+// TestMessagesRescuesMakeOneValidStream: whatever the seams — two
+// rescues in a row, events that carry their type only in their data, a
+// continuation that never sends a message_delta — the client's stream is
+// one valid Messages API stream with the whole text.
+func TestMessagesRescuesMakeOneValidStream(t *testing.T) {
+	t.Parallel()
+	cut := func(events ...string) upstreamtest.Step {
+		return upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: events, Fault: upstreamtest.Cut}
+	}
+	unnamed := func(events string) string { // the same events without their event: lines
+		var b strings.Builder
+		for _, line := range strings.SplitAfter(events, "\n") {
+			if !strings.HasPrefix(line, "event: ") {
+				b.WriteString(line)
+			}
+		}
+		return b.String()
+	}
+	for _, tc := range []struct {
+		name   string
+		script []upstreamtest.Step
+		text   string
+		tokens int64
+	}{
+		{"two rescues in a row", []upstreamtest.Step{
+			cut(msgStart, msgBlock, msgText(0, "Hel")),
+			cut(msgStart2, msgBlock, msgText(0, "lo "), msgText(0, "wor")),
+			sseStep(msgStart2, msgBlock, msgText(0, "ld"), msgStop(0), msgFinish(2))},
+			"Hello world", 2 + 1 + 2},
+		{"a second cut after the continuation's block stopped", []upstreamtest.Step{
+			cut(msgStart, msgBlock, msgText(0, "Hel")),
+			cut(msgStart2, msgBlock, msgText(0, "lo"), msgStop(0)),
+			sseStep(msgStart2, msgBlock, msgText(0, "!"), msgStop(0), msgFinish(1))},
+			"Hello!", 1 + 1 + 1},
+		{"events named only in their data", []upstreamtest.Step{
+			cut(unnamed(msgStart), unnamed(msgBlock), unnamed(msgText(0, "Hel"))),
+			sseStep(unnamed(msgStart2), unnamed(msgBlock), unnamed(msgText(0, "lo")), unnamed(msgStop(0)), unnamed(msgFinish(3)))},
+			"Hello", 3 + 1},
+		{"a continuation without a message_delta", []upstreamtest.Step{
+			cut(msgStart, msgBlock, msgText(0, "Hello")),
+			sseStep(msgStart2, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")},
+			"Hello", 0},
+		{"only whitespace before the cut", []upstreamtest.Step{
+			cut(msgStart, msgBlock, msgText(0, " \n")),
+			sseStep(msgStart2, msgBlock, msgText(0, "\nHi"), msgStop(0), msgFinish(1))},
+			" \nHi", 1 + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.Start(t, tc.script...)
+			h := startProxy(t, up.URL, func(o *Options) {
+				o.Upstreams[0].Continuation = upstream.ContinuePrefill
+				o.Routes[0].MaxRescues = 2
+			})
+			resp, body := h.do("POST", "/v1/messages", msgRequest, "Content-Type", "application/json")
+			text, tokens := checkMessagesStream(t, body)
+			if resp.StatusCode != 200 || text != tc.text || tokens != tc.tokens || up.Count() != len(tc.script) {
+				t.Fatalf("%d after %d attempts: %q, %d output tokens:\n%s", resp.StatusCode, up.Count(), text, tokens, body)
+			}
+		})
+	}
+}
+
+// TestAVLLMTargetDoesNotContinueAMessagesStream: vLLM's /v1/messages has
+// no continue_final_message (it would answer a prefill as a new turn), so
+// a target with continuation: vllm is passed over for a Messages API
+// rescue; one with prefill takes it.
+func TestAVLLMTargetDoesNotContinueAMessagesStream(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{msgStart, msgBlock, msgText(0, "Hel")},
+		Fault: upstreamtest.Cut})
+	vllm := upstreamtest.Start(t, sseStep(msgStart2, msgBlock, msgText(0, "restarted"), msgStop(0), msgFinish(1)))
+	prefill := upstreamtest.Start(t, sseStep(msgStart2, msgBlock, msgText(0, "lo"), msgStop(0), msgFinish(1)))
+	h := startRescue(t, primary, vllm, upstream.ContinueVLLM, func(o *Options) {
+		o.Upstreams = append(o.Upstreams, testUpstream("p", prefill.URL))
+		o.Upstreams[2].Continuation = upstream.ContinuePrefill
+		o.Routes[0].Fallbacks = append(o.Routes[0].Fallbacks, Target{Upstream: "p"})
+	})
+	_, body := h.do("POST", "/v1/messages", msgRequest, "Content-Type", "application/json")
+	if text, _ := checkMessagesStream(t, body); text != "Hello" || vllm.Count() != 0 || prefill.Count() != 1 {
+		t.Fatalf("%q; the vllm target saw %d requests, the prefill one %d", text, vllm.Count(), prefill.Count())
 	}
 }

@@ -116,16 +116,18 @@ type Target struct {
 	Model    string `yaml:"model"`
 }
 
-// ClientLimit rate-limits each client, told apart by KeyHeader's value.
+// ClientLimit rate-limits each client, told apart by KeyHeader's value:
+// the config file's clients[] entries decode into it (its yaml keys).
 type ClientLimit struct {
 	// KeyHeader names the header that tells clients apart. Default
-	// Authorization.
-	KeyHeader string
-	// RequestsPerSecond is each client's sustained rate (> 0).
-	RequestsPerSecond float64
+	// Authorization, which means the request's credential (Authorization,
+	// else x-api-key). Requests without it share one bucket.
+	KeyHeader string `yaml:"key_header"`
+	// RequestsPerSecond is each client's sustained rate (> 0). Required.
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	// Burst is how many requests a client may send at once. Default: the
 	// rate rounded up, at least 1.
-	Burst int
+	Burst int `yaml:"burst"`
 }
 
 func (c ClientLimit) withDefaults() ClientLimit {

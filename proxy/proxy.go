@@ -102,13 +102,15 @@ func New(o Options) (*Proxy, error) {
 	}
 	p.maxBody = t.maxBody
 	p.held.max.Store(p.limits.MaxBufferedBytes)
+	// The table first: the fleet, once started, hands over the cooldowns
+	// other replicas learned (sharedCooldown looks their upstreams up).
+	p.tbl.Store(t)
 	if err := p.startShared(o.SharedState); err != nil {
 		return nil, err
 	}
 	if err := p.startTracing(o.Tracing); err != nil {
 		return nil, err
 	}
-	p.tbl.Store(t)
 	p.startUpstreams(t, nil)
 	return p, nil
 }

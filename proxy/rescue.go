@@ -8,8 +8,9 @@ import (
 	"io"
 	"math"
 	"slices"
-	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -284,7 +285,7 @@ func (st *stream) rescueTarget() int {
 	ex := st.ex
 	ts := ex.req.route.targets
 	for i := st.rescue.ti; i < len(ts); i++ {
-		if o := ts[i].up.Options(); o.Continuation != upstream.ContinueNone && o.APIs.Serves(ex.req.api) {
+		if o := ts[i].up.Options(); o.Continuation.Continues(ex.req.api) && o.APIs.Serves(ex.req.api) {
 			return i
 		}
 	}
@@ -491,14 +492,15 @@ func (m *messageSeam) cutOver(ws int) {
 
 // relay appends to dst what the client gets of one event (raw, read as
 // ev) of the relayed stream, a continuation's when cont, and returns the
-// text the client got of it.
+// text the client got of it. An event goes as it came unless the seam
+// changes it (its index, its text's leading whitespace, the final count).
 func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte, cont bool) ([]byte, string) {
 	if ev.OutputTokens >= 0 {
 		m.tokens = ev.OutputTokens
 	}
 	if !cont {
 		m.track(ev, ev.Index)
-		m.chars += len(ev.Text)
+		m.chars += utf8.RuneCountInString(ev.Text)
 		return append(dst, raw...), ev.Text
 	}
 	idx := ev.Index + m.shift
@@ -510,29 +512,19 @@ func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte
 			m.mapped = true
 			if ev.Block == "text" && ev.Index == 0 && m.open && m.text { // joined: the client's block goes on
 				m.shift = m.block
-				return m.delta(dst, m.block, ev.Text)
+				return m.joined(dst, ev.Text, deltaOf(m.block))
 			}
 			dst = m.stopOpen(dst)
 			m.shift = m.block + 1 - ev.Index
 			idx = m.block + 1
 		}
 		m.track(ev, idx)
-		text := m.trimmed(ev.Text)
-		if m.shift == 0 && text == ev.Text {
-			return append(dst, raw...), text
-		}
-		data, _ = sjson.SetBytes(slices.Clone(data), "index", idx)
-		if text != ev.Text {
-			data, _ = sjson.SetBytes(data, "content_block.text", text)
-		}
-		return messageEvent(dst, ev.Type, data), text
+		return m.edit(dst, ev, raw, data, idx, "content_block.text")
 	case "content_block_delta":
-		if ev.Text != "" {
-			return m.delta(dst, idx, ev.Text)
-		}
+		return m.edit(dst, ev, raw, data, idx, "delta.text")
 	case "content_block_stop":
 		m.track(ev, idx)
-	case "message_delta":
+	case "message_delta", "message_stop":
 		if !m.mapped { // a continuation that added nothing: the cut block ends here
 			m.mapped = true
 			dst = m.stopOpen(dst)
@@ -550,34 +542,53 @@ func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte
 	return messageEvent(dst, ev.Type, data), ""
 }
 
-// delta appends a continuation's text as a text_delta of the client's
-// block idx, less the whitespace the seam drops; nothing when none is left.
-func (m *messageSeam) delta(dst []byte, idx int64, text string) ([]byte, string) {
+// edit relays a continuation's block event whose text (at path in data,
+// if any) may lose leading whitespace at the seam, at the client's index
+// idx: as it came when neither changes, else rewritten; a delta left
+// with no text is dropped.
+func (m *messageSeam) edit(dst []byte, ev policy.MessageEvent, raw, data []byte, idx int64, path string) ([]byte, string) {
+	text := m.trimmed(ev.Text)
+	m.chars += utf8.RuneCountInString(text)
+	switch {
+	case text == "" && ev.Text != "" && ev.Type == "content_block_delta":
+		return dst, ""
+	case text == ev.Text && idx == ev.Index:
+		return append(dst, raw...), text
+	}
+	data, _ = sjson.SetBytes(slices.Clone(data), "index", idx)
+	if text != ev.Text {
+		data, _ = sjson.SetBytes(data, path, text)
+	}
+	return messageEvent(dst, ev.Type, data), text
+}
+
+// joined appends a joined block start's own text as a text_delta of the
+// client's block (template: deltaOf), less the seam's whitespace.
+func (m *messageSeam) joined(dst []byte, text string, template []byte) ([]byte, string) {
 	text = m.trimmed(text)
-	m.chars += len(text)
+	m.chars += utf8.RuneCountInString(text)
 	if text == "" {
 		return dst, ""
 	}
-	data, _ := json.Marshal(struct {
-		Type  string `json:"type"`
-		Index int64  `json:"index"`
-		Delta struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"delta"`
-	}{Type: "content_block_delta", Index: idx, Delta: struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}{"text_delta", text}})
+	data, _ := sjson.SetBytes(template, "delta.text", text)
 	return messageEvent(dst, "content_block_delta", data), text
 }
 
+// deltaOf is an empty text_delta of block idx.
+func deltaOf(idx int64) []byte {
+	return fmt.Appendf(nil, `{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":""}}`, idx)
+}
+
 // trimmed is a continuation's text less the leading whitespace the seam
-// still drops (ws); its first other byte ends the dropping.
+// still drops (ws bytes); its first other character ends the dropping.
 func (m *messageSeam) trimmed(text string) string {
 	i := 0
-	for i < len(text) && m.ws > 0 && strings.IndexByte(" \t\r\n", text[i]) >= 0 {
-		i, m.ws = i+1, m.ws-1
+	for i < len(text) && m.ws > 0 {
+		r, n := utf8.DecodeRuneInString(text[i:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i, m.ws = i+n, m.ws-n
 	}
 	if i < len(text) {
 		m.ws = 0
@@ -614,13 +625,14 @@ func messageEvent(dst []byte, typ string, data []byte) []byte {
 
 // prefillMessages is a Messages API body with text as the answer's
 // prefill: appended to a trailing assistant message the request has (a
-// string, or its last text block), else as a new one. Its trailing
+// string, or its last text block; policy.ContinuableMessages rules out
+// any other), else as a new one. Its trailing
 // whitespace is stripped — Anthropic refuses a final assistant message
 // ending in it — and stripped says how much (the seam drops as much of
 // the continuation's leading whitespace). With no text left, the body as
 // it is.
 func prefillMessages(body, text []byte) (b []byte, stripped int, err error) {
-	kept := bytes.TrimRight(text, " \t\r\n")
+	kept := bytes.TrimRightFunc(text, unicode.IsSpace)
 	stripped = len(text) - len(kept)
 	if len(kept) == 0 {
 		return body, stripped, nil

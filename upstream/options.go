@@ -183,6 +183,20 @@ const (
 	ContinuePrefill
 )
 
+// Continues says whether an upstream continuing as c continues a stream
+// of api: vllm's flags are chat completions' (vLLM's /v1/messages takes
+// neither continue_final_message nor add_generation_prompt: it would
+// answer a prefill as a new turn), prefill works on both.
+func (c Continuation) Continues(api policy.API) bool {
+	switch c {
+	case ContinuePrefill:
+		return true
+	case ContinueVLLM:
+		return api != policy.APIAnthropic
+	}
+	return false
+}
+
 // continuations are the values of continuation: in a config file.
 var continuations = map[string]Continuation{"": ContinueNone, "none": ContinueNone, "vllm": ContinueVLLM, "prefill": ContinuePrefill}
 
