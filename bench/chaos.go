@@ -166,29 +166,8 @@ func chaosThrough(t chaosTarget, addrs []string, seed int64, n int) (chaosRun, e
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
-				mu.Lock()
-				for _, s := range []*chaos.Server{p1, p2} {
-					if err := s.SetDown(chaos.Down(seed, s.Name, i)); err != nil {
-						run.failures["harness: "+err.Error()]++
-					}
-				}
-				mu.Unlock()
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				began := time.Now()
-				why := chaos.Ask(ctx, client, url+"/v1/chat/completions", i%2 == 1, i)
-				took := time.Since(began)
-				cancel()
-				mu.Lock()
-				run.lat = append(run.lat, took)
-				if why != "" {
-					run.failures[chaosKind(why)]++
-				}
-				mu.Unlock()
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				chaosAsk(&run, &mu, client, url, seed, i, p1, p2)
 			}
 		}()
 	}
@@ -196,6 +175,30 @@ func chaosThrough(t chaosTarget, addrs []string, seed int64, n int) (chaosRun, e
 	run.elapsed = time.Since(start)
 	run.upstream = p1.Requests() + p2.Requests() + fb.Requests()
 	return run, nil
+}
+
+// chaosAsk sends request i through url, after taking the primaries down
+// or up as the seed says for it, and notes its latency and failure in run
+// (under mu).
+func chaosAsk(run *chaosRun, mu *sync.Mutex, client *http.Client, url string, seed int64, i int, primaries ...*chaos.Server) {
+	mu.Lock()
+	for _, s := range primaries {
+		if err := s.SetDown(chaos.Down(seed, s.Name, i)); err != nil {
+			run.failures["harness: "+err.Error()]++
+		}
+	}
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	began := time.Now()
+	why := chaos.Ask(ctx, client, url+"/v1/chat/completions", i%2 == 1, i)
+	took := time.Since(began)
+	cancel()
+	mu.Lock()
+	run.lat = append(run.lat, took)
+	if why != "" {
+		run.failures[chaosKind(why)]++
+	}
+	mu.Unlock()
 }
 
 // chaosKind names a failure's kind from what chaos.Ask said of it.

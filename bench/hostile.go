@@ -73,52 +73,65 @@ routes:
 	target.Store(&addr)
 	url := "http://" + addr
 	var out []hostileAttack
-	run := func(name, what string, attack func() string) {
+	for _, at := range hostileAttacks(url, tries, streamBytes) {
 		other := startOtherClient(url)
 		peak := &atomic.Int64{}
 		done := watchRSS(pid, peak)
-		result := attack()
+		result := at.attack()
 		done()
-		out = append(out, hostileAttack{name: name, what: what, peakRSS: peak.Load(), otherP99: other(), result: result})
+		out = append(out, hostileAttack{name: at.name, what: at.what, peakRSS: peak.Load(), otherP99: other(), result: result})
 	}
-	run("N1", fmt.Sprintf("one rescuable chat stream of %d MiB, no end", streamBytes>>20), func() string {
-		resp, err := http.Post(url+"/rescue/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"go on"}]}`))
-		if err != nil {
-			return err.Error()
-		}
-		n, _ := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return fmt.Sprintf("%d, %d MiB relayed", resp.StatusCode, n>>20)
-	})
-	run("N2", fmt.Sprintf("%d requests with distinct %d MiB models", tries, hostileModelBytes>>20), func() string {
-		model := strings.Repeat("m", hostileModelBytes)
-		codes := map[int]int{}
-		for i := 0; i < tries; i++ {
-			body := fmt.Sprintf(`{"model":"%d%s","messages":[{"role":"user","content":"hi"}]}`, i, model)
-			if resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				codes[resp.StatusCode]++
-			}
-		}
-		return fmt.Sprintf("statuses %v", codes)
-	})
-	run("N4", fmt.Sprintf("%d requests with distinct client keys", 1000*tries), func() string {
-		rate := distinctKeys(url, 1000*tries)
-		return fmt.Sprintf("first tenth %.0f req/s, last tenth %.0f req/s", rate[0], rate[1])
-	})
-	run("N6", "one request whose upstream is Sturdy itself (through a relay)", func() string {
-		start := time.Now()
-		resp, err := http.Post(url+"/loop/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
-		if err != nil {
-			return err.Error()
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return fmt.Sprintf("%d in %.1f ms", resp.StatusCode, float64(time.Since(start))/float64(time.Millisecond))
-	})
 	return out, nil
+}
+
+// hostileAttacks are the attacks measureHostile makes, in turn, on the
+// Sturdy at url (tries scales them; the rescuable stream is streamBytes).
+func hostileAttacks(url string, tries int, streamBytes int64) []struct {
+	name, what string
+	attack     func() string
+} {
+	return []struct {
+		name, what string
+		attack     func() string
+	}{
+		{"N1", fmt.Sprintf("one rescuable chat stream of %d MiB, no end", streamBytes>>20), func() string {
+			resp, err := http.Post(url+"/rescue/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"go on"}]}`))
+			if err != nil {
+				return err.Error()
+			}
+			n, _ := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return fmt.Sprintf("%d, %d MiB relayed", resp.StatusCode, n>>20)
+		}},
+		{"N2", fmt.Sprintf("%d requests with distinct %d MiB models", tries, hostileModelBytes>>20), func() string {
+			model := strings.Repeat("m", hostileModelBytes)
+			codes := map[int]int{}
+			for i := 0; i < tries; i++ {
+				body := fmt.Sprintf(`{"model":"%d%s","messages":[{"role":"user","content":"hi"}]}`, i, model)
+				if resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					codes[resp.StatusCode]++
+				}
+			}
+			return fmt.Sprintf("statuses %v", codes)
+		}},
+		{"N4", fmt.Sprintf("%d requests with distinct client keys", 1000*tries), func() string {
+			rate := distinctKeys(url, 1000*tries)
+			return fmt.Sprintf("first tenth %.0f req/s, last tenth %.0f req/s", rate[0], rate[1])
+		}},
+		{"N6", "one request whose upstream is Sturdy itself (through a relay)", func() string {
+			start := time.Now()
+			resp, err := http.Post(url+"/loop/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+			if err != nil {
+				return err.Error()
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return fmt.Sprintf("%d in %.1f ms", resp.StatusCode, float64(time.Since(start))/float64(time.Millisecond))
+		}},
+	}
 }
 
 // endlessStream writes a chat completions stream of 4 KiB words until

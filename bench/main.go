@@ -495,22 +495,8 @@ func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (
 	if err != nil {
 		return nil, false, err
 	}
-	if sc.pool && len(upstreams) == 1 {
-		// The one fake server twice, by address and by name: a pool of two.
-		upstreams = append(upstreams, strings.Replace(upstreams[0], "127.0.0.1", "localhost", 1))
-	}
-	where := "url: " + upstreams[0]
-	if len(upstreams) > 1 {
-		where = "endpoints: [" + strings.Join(upstreams, ", ") + "]"
-	}
-	timeouts := sc.timeouts
-	if timeouts == "" {
-		timeouts = "{connect: 1s, first_byte: 30s, idle: 30s}"
-	}
-	cfg := fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    %s\n"+
-		"    max_connections: 4096\n    timeouts: %s\n%s", addr, admin, where, timeouts, sc.sturdy)
 	path := filepath.Join(dir, "sturdy.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(sturdyConfig(addr, admin, sc, upstreams)), 0o600); err != nil {
 		return nil, false, err
 	}
 	cmd := exec.Command(bin, "-config", path)
@@ -543,6 +529,26 @@ func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (
 			return nil, false, fmt.Errorf("sturdy did not listen on %s", addr)
 		}
 	}
+}
+
+// sturdyConfig is the config a measured Sturdy runs: listening on addr
+// and admin, its upstream fake the fake servers at upstreams (a pool of
+// two for a pool scenario with one), then the scenario's own.
+func sturdyConfig(addr, admin string, sc *scenario, upstreams []string) string {
+	if sc.pool && len(upstreams) == 1 {
+		// The one fake server twice, by address and by name: a pool of two.
+		upstreams = append(upstreams, strings.Replace(upstreams[0], "127.0.0.1", "localhost", 1))
+	}
+	where := "url: " + upstreams[0]
+	if len(upstreams) > 1 {
+		where = "endpoints: [" + strings.Join(upstreams, ", ") + "]"
+	}
+	timeouts := sc.timeouts
+	if timeouts == "" {
+		timeouts = "{connect: 1s, first_byte: 30s, idle: 30s}"
+	}
+	return fmt.Sprintf("listen: %s\nadmin_listen: %s\nlog: {level: warn}\nupstreams:\n  - name: fake\n    %s\n"+
+		"    max_connections: 4096\n    timeouts: %s\n%s", addr, admin, where, timeouts, sc.sturdy)
 }
 
 // startSolo starts Sturdy on a free loopback port for a solo measurement,

@@ -128,7 +128,7 @@ func (up *Upstream) Status(now time.Time) Status {
 	}
 	probe := time.Duration(-1)
 	for _, ep := range up.Endpoints() {
-		es := ep.status(now, up.slowStart)
+		es := endpointStatus(ep, now, up.slowStart)
 		s.Endpoints = append(s.Endpoints, es)
 		s.OpenConnections += es.OpenConnections
 		if in, _ := ep.probeIn(now, "", up); state == breaker.StateOpen && (probe < 0 || in < probe) {
@@ -148,14 +148,15 @@ func (up *Upstream) Status(now time.Time) Status {
 		s.Counts.ConsecutiveFailures = max(s.Counts.ConsecutiveFailures, c.ConsecutiveFailures)
 	}
 	for _, ep := range up.draining() { // DNS dropped them; their requests go on
-		s.Endpoints = append(s.Endpoints, ep.status(now, up.slowStart))
+		s.Endpoints = append(s.Endpoints, endpointStatus(ep, now, up.slowStart))
 	}
 	s.ProbeInMS = max(probe, 0).Milliseconds()
 	return s
 }
 
-// status is what /debug/upstreams shows of ep.
-func (ep *Endpoint) status(now time.Time, slowStart time.Duration) EndpointStatus {
+// endpointStatus is what /debug/upstreams shows of ep (a formatter of
+// its state, beside Status: the endpoint's own methods stay with it).
+func endpointStatus(ep *Endpoint, now time.Time, slowStart time.Duration) EndpointStatus {
 	b := ep.breaker.State()
 	s := EndpointStatus{Address: ep.addr, State: "in", Breaker: b.String(), ProbeInMS: ep.breaker.ProbeIn(now).Milliseconds(),
 		InFlight: ep.Load(), Weight: ep.weight(now, slowStart), OpenConnections: ep.client.ConnsCount(),

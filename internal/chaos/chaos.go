@@ -246,6 +246,21 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	if s.schedule != nil {
 		fault = s.schedule(i, attempt)
 	}
+	if failed(w, r, fault, i) {
+		return
+	}
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"c-%d","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}]}`,
+			i, Answer(i, Words)[len(Answer(i, from)):])
+		return
+	}
+	s.stream(w, i, from, fault == Cut)
+}
+
+// failed answers request i as fault says, before any answer: true when it
+// did (Slow only waits, then the answer goes).
+func failed(w http.ResponseWriter, r *http.Request, fault Fault, i int) bool {
 	switch fault {
 	case Reset:
 		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
@@ -254,33 +269,30 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 			}
 			c.Close()
 		}
-		return
 	case Status5xx:
 		http.Error(w, `{"error":{"message":"overloaded"}}`, 503)
-		return
 	case Wait429:
 		w.Header().Set("Retry-After-Ms", strconv.Itoa(50+i%100))
 		http.Error(w, `{"error":{"message":"slow down"}}`, 429)
-		return
 	case Bare429:
 		http.Error(w, `{"error":{"message":"slow down"}}`, 429)
-		return
 	case Stall:
 		select {
 		case <-r.Context().Done():
 		case <-time.After(5 * time.Second):
 		}
-		return
 	case Slow:
 		time.Sleep(time.Duration(50+i%100) * time.Millisecond)
+		return false
+	default:
+		return false
 	}
-	rest := Answer(i, Words)[len(Answer(i, from)):]
-	if !req.Stream {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = fmt.Fprintf(w, `{"id":"c-%d","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}]}`,
-			i, rest)
-		return
-	}
+	return true
+}
+
+// stream streams request i's answer from word from on, cut mid-stream
+// (no last chunk, no [DONE]) when cut.
+func (s *Server) stream(w http.ResponseWriter, i, from int, cut bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
 	event := func(delta string, finish string) {
@@ -290,7 +302,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	event(`{"role":"assistant","content":""}`, "null")
 	cutAt := -1
-	if fault == Cut {
+	if cut {
 		cutAt = 1 + i%(Words/2)
 	}
 	for k := from; k < Words; k++ {
@@ -299,7 +311,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) {
 		}
 		if k == cutAt {
 			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				c.Close() // mid-stream: no last chunk, no [DONE]
+				c.Close()
 			}
 			return
 		}
