@@ -50,7 +50,8 @@
 // and, once committed to go as it comes, the client's body (stream,
 // stream.go; pooled with the exchange). What the loop learns on one target
 // (a visit) and of one try (an attempt) lives in the steps that run them,
-// passed to the steps that use it. The other files:
+// passed to the steps that use it; what stood in the way of the targets
+// (an obstruction) goes from run to respond. The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
 //	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config

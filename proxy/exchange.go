@@ -95,10 +95,12 @@ type outbound struct {
 }
 
 // loopState is where the attempt loop stands: the current target, the
-// attempts so far, what stood in the way, and why it stopped.
+// attempts so far, and why it stopped.
 //
 // What the loop learns on one target is not here: it lives in that
-// target's visit (loop.go), in the step that runs it.
+// target's visit (loop.go), in the step that runs it; what stood in the
+// way of the targets is the loop's obstruction, carried from visit to
+// visit and handed to respond.
 type loopState struct {
 	ti       int                // index of the current target in route.targets
 	up       *upstream.Upstream // the current target's upstream
@@ -113,20 +115,13 @@ type loopState struct {
 	// model is the model as sent to the current target (its breaker and
 	// cooldown scope).
 	model string
-	// sharedRefused says, when set, what Redis did instead of answering
-	// a shared limit, on_failure being refuse.
-	sharedRefused string
 	// slot, entered and rider are what the request holds of the current
 	// target until it leaves it (leaveTarget): whose max_in_flight slot,
 	// whose in-flight count, whose riders' place (ride_through).
 	slot, entered, rider *upstream.Upstream
 	// ep is the endpoint of the current (or last) attempt.
-	ep *upstream.Endpoint
-	// obstacle is the soonest-clearing reason a target could not be used;
-	// blocked says the loop's last step was such a refusal.
-	obstacle obstacle
-	blocked  bool
-	stop     policy.Stop
+	ep   *upstream.Endpoint
+	stop policy.Stop
 }
 
 // ownCooldown is a cooldown a request's own 429 started with its server's

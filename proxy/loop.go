@@ -20,6 +20,7 @@ import (
 // span all targets.
 func (ex *exchange) run() {
 	var last attempt // the try in progress, then the last one made
+	var in obstruction
 	r := ex.req.route
 	for ex.loop.ti = 0; ex.loop.ti < len(r.targets); ex.loop.ti++ {
 		t := &r.targets[ex.loop.ti]
@@ -28,33 +29,52 @@ func (ex *exchange) run() {
 			ex.notes.result(resultUnsupportedAPI, false)
 			continue
 		}
-		if ex.onTarget(t, &last) != policy.ActionFailover || !ex.hasFallback() {
+		if ex.onTarget(t, &last, &in) != policy.ActionFailover || !ex.hasFallback() {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
 	}
-	ex.respond(&last)
+	ex.respond(&last, &in)
+}
+
+// obstruction is what stood in the way of a loop's targets, for the
+// answer when no attempt produced one (respond): the soonest-clearing
+// obstacle, whether the loop's last step was such a refusal (blocked),
+// and, when set, what Redis did instead of answering a shared limit
+// (on_failure: refuse). Each visit carries it on (visit.in).
+type obstruction struct {
+	obstacle      obstacle
+	blocked       bool
+	sharedRefused string
 }
 
 // onTarget runs attempts on t, each in a, until policy says to fail over
-// or to stop, and returns which.
-func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
-	var v visit
-	if act := ex.useTarget(t, &v); act != policy.ActionAttempt {
+// or to stop, and returns which; what stood in the way of the targets so
+// far is in, and what stands in t's goes there too.
+func (ex *exchange) onTarget(t *target, a *attempt, in *obstruction) policy.Action {
+	var v visit // the visit holds the obstruction by value: a pointer in it would go to the heap
+	act := ex.visitTarget(t, a, &v, *in)
+	*in = v.in
+	return act
+}
+
+// visitTarget is onTarget's visit v, which starts from obstruction in.
+func (ex *exchange) visitTarget(t *target, a *attempt, v *visit, in obstruction) policy.Action {
+	if act := ex.useTarget(t, v, in); act != policy.ActionAttempt {
 		return act
 	}
 	for {
-		if act := ex.attemptOn(&v, a); act != policy.ActionAttempt {
+		if act := ex.attemptOn(v, a); act != policy.ActionAttempt {
 			return act
 		}
-		d := ex.decide(&v, a)
+		d := ex.decide(v, a)
 		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
-			ex.allOut(&v, "") // what the client is told: the breaker that is open
+			ex.allOut(v, "") // what the client is told: the breaker that is open
 		}
 		if d.Action != policy.ActionAttempt {
 			return ex.carry(d)
 		}
-		if d.Ride && !ex.startRide(&v) {
+		if d.Ride && !ex.startRide(v) {
 			return ex.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
 		}
 		ex.enter(phaseBackoff)
@@ -67,13 +87,13 @@ func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
 			ex.enter(phaseRideThrough)
 			source = sourceRideThrough
 		}
-		if !ex.wait(d.Wait, source) {
+		if !ex.wait(v, d.Wait, source) {
 			if d.SpendsBudget() {
 				t.up.Budget().Cancel(v.reservedAt) // never sent
 			}
 			return policy.ActionStop
 		}
-		ex.retrying(&v, a, d)
+		ex.retrying(v, a, d)
 	}
 }
 
@@ -86,7 +106,10 @@ func (ex *exchange) onTarget(t *target, a *attempt) policy.Action {
 // back by leaveTarget.
 type visit struct {
 	t *target
-	n int // attempts on it, a stale replay sharing its attempt's number
+	// in is what stood in the way of its loop's targets, this one's
+	// included (its loop's obstruction, carried from visit to visit).
+	in obstruction
+	n  int // attempts on it, a stale replay sharing its attempt's number
 	// replaying is set while the next attempt is a stale replay;
 	// reriding while it follows a ride-through probe that could not
 	// connect.
@@ -142,10 +165,10 @@ func (ex *exchange) hasFallback() bool { return ex.req.route.serving(ex.req.api,
 // useTarget makes t the current target, begun as visit v: it takes a
 // max_in_flight slot (waiting up to queue_timeout) and rebuilds the
 // request's target-specific parts (URL, credentials, model).
-func (ex *exchange) useTarget(t *target, v *visit) policy.Action {
+func (ex *exchange) useTarget(t *target, v *visit, in obstruction) policy.Action {
 	ex.loop.leaveTarget()
 	lp := &ex.loop
-	*v = visit{t: t}
+	*v = visit{t: t, in: in}
 	lp.up, lp.ep = t.up, nil
 	ex.notes.target(t.up.Name(), t.model)
 	if t.up.Limited() {
@@ -157,7 +180,7 @@ func (ex *exchange) useTarget(t *target, v *visit) policy.Action {
 		case upstream.LeaseTimedOut:
 			return ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
 		case upstream.LeaseCancelled:
-			return ex.interrupted()
+			return ex.interrupted(v)
 		}
 		lp.slot = t.up
 	}
@@ -228,7 +251,7 @@ func (ex *exchange) gate(v *visit) policy.Action {
 			return ex.carry(d)
 		}
 		ex.enter(phaseCooldown)
-		if !ex.wait(d.Wait, sourceCooldown) {
+		if !ex.wait(v, d.Wait, sourceCooldown) {
 			return policy.ActionStop
 		}
 		now = time.Now()
@@ -249,7 +272,7 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 	limiter, maxWait := up.Pacing()
 	switch sl := ex.p.reserveShared("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
 	case sl.refused:
-		ex.loop.sharedRefused = sl.why
+		v.in.sharedRefused = sl.why
 		return policy.ActionStop
 	case !sl.local:
 		d := ex.clear(v, policy.ObstaclePacing, sl.wait, maxWait, "")
@@ -257,7 +280,7 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 			return ex.carry(d)
 		}
 		ex.enter(phasePacing)
-		if !ex.wait(d.Wait, sourceFleetLimit) {
+		if !ex.wait(v, d.Wait, sourceFleetLimit) {
 			return policy.ActionStop
 		}
 		return policy.ActionAttempt
@@ -269,7 +292,7 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 		return ex.carry(d)
 	}
 	ex.enter(phasePacing)
-	if !ex.wait(d.Wait, sourceRateLimit) {
+	if !ex.wait(v, d.Wait, sourceRateLimit) {
 		r.Cancel()
 		return policy.ActionStop
 	}
@@ -289,7 +312,7 @@ func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Le
 	case upstream.LeaseTimedOut:
 		return lease, ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_connections"))
 	case upstream.LeaseCancelled:
-		return lease, ex.interrupted()
+		return lease, ex.interrupted(v)
 	}
 	return lease, policy.ActionAttempt
 }
@@ -316,23 +339,23 @@ func (ex *exchange) clearWith(v *visit, o obstacle, maxWait time.Duration) polic
 		HasFallback: ex.hasFallback(), N: v.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
 		o.model = ex.loop.model
-		ex.block(o)
+		ex.block(v, o)
 	}
 	return d
 }
 
-// block records why a target could not be used, keeping the obstacle
-// that clears soonest.
-func (ex *exchange) block(o obstacle) {
+// block records why v's target could not be used, keeping the obstacle
+// that clears soonest (in v's loop's obstruction).
+func (ex *exchange) block(v *visit, o obstacle) {
 	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
 	ex.notes.result(o.kind.String(), false)
 	if o.kind == policy.ObstacleBreaker && ex.notes.nTried > 0 {
 		ex.notes.tried[ex.notes.nTried-1].breaker = o.limit
 	}
-	lp := &ex.loop
-	lp.blocked = true
-	if lp.obstacle.kind == policy.ObstacleNone || o.wait < lp.obstacle.wait {
-		lp.obstacle = o
+	in := &v.in
+	in.blocked = true
+	if in.obstacle.kind == policy.ObstacleNone || o.wait < in.obstacle.wait {
+		in.obstacle = o
 	}
 }
 
@@ -423,7 +446,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 		v.n++
 	}
 	lp.attempts++
-	v.replaying, v.reriding, lp.blocked = false, false, false
+	v.replaying, v.reriding, v.in.blocked = false, false, false
 	a.sentAt = time.Now()
 	if v.n == 1 && !a.stale && !v.continuing {
 		up.Budget().FirstAttempt(a.sentAt)
@@ -471,7 +494,7 @@ func (ex *exchange) retrying(v *visit, a *attempt, d policy.Decision) {
 // leaves) first; false means it ended early, or that shutdown had already
 // begun, and ex.loop.stop says why. The timer is always stopped. source
 // says who set the wait (for a trace).
-func (ex *exchange) wait(d time.Duration, source string) bool {
+func (ex *exchange) wait(v *visit, d time.Duration, source string) bool {
 	ex.tr.wait(phase(ex.phase.Load()), d, source)
 	if d <= 0 {
 		select {
@@ -480,7 +503,7 @@ func (ex *exchange) wait(d time.Duration, source string) bool {
 		default:
 			return true
 		}
-		ex.interrupted()
+		ex.interrupted(v)
 		return false
 	}
 	t := time.NewTimer(d)
@@ -491,7 +514,7 @@ func (ex *exchange) wait(d time.Duration, source string) bool {
 	case <-ex.p.stopping:
 	case <-ex.gone():
 	}
-	ex.interrupted()
+	ex.interrupted(v)
 	return false
 }
 
@@ -501,8 +524,8 @@ func (ex *exchange) gone() <-chan struct{} { return ex.goneCh }
 // interrupted records why a wait ended early — shutdown, else the client
 // left — and stops the loop. What stood in the way before the wait is no
 // longer the answer.
-func (ex *exchange) interrupted() policy.Action {
-	ex.loop.blocked = false
+func (ex *exchange) interrupted(v *visit) policy.Action {
+	v.in.blocked = false
 	ex.loop.stop = policy.StopClientGone
 	select {
 	case <-ex.p.stopping:

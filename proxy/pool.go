@@ -133,9 +133,9 @@ func (ex *exchange) rideThrough(v *visit, changed <-chan struct{}) (again bool, 
 	case <-t.C:
 	case <-changed:
 	case <-ex.p.stopping:
-		return false, ex.interrupted()
+		return false, ex.interrupted(v)
 	case <-ex.gone():
-		return false, ex.interrupted()
+		return false, ex.interrupted(v)
 	}
 	return true, policy.ActionAttempt
 }
@@ -190,7 +190,7 @@ func (ex *exchange) release(v *visit, ep *upstream.Endpoint) bool {
 	}
 	spread := min(up.SlowStart(), up.Options().RideThrough) / 10
 	delay := time.Duration(v.rideDraw * float64(spread))
-	return ex.wait(min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
+	return ex.wait(v, min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
 }
 
 // stopRiding gives back the ride-through queue place, if one is held.

@@ -375,7 +375,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	}
 	lp.ti = ti
 	var v visit
-	if ex.useTarget(t, &v) != policy.ActionAttempt {
+	if ex.useTarget(t, &v, obstruction{}) != policy.ActionAttempt { // its obstruction answers nobody: the stream ends
 		return false, false
 	}
 	v.continuing = true

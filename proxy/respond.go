@@ -15,9 +15,9 @@ import (
 
 // respond answers the client once the attempt loop has stopped: with the
 // last upstream reply when the last attempt (last) produced one (as final
-// when it was a failure), else with what stood in the way of the last
-// target, else with why no attempt produced a reply.
-func (ex *exchange) respond(last *attempt) {
+// when it was a failure), else with what stood in the way of the targets
+// (in), else with why no attempt produced a reply.
+func (ex *exchange) respond(last *attempt, in *obstruction) {
 	lp := &ex.loop
 	switch {
 	case lp.stop == policy.StopClientGone:
@@ -31,11 +31,11 @@ func (ex *exchange) respond(last *attempt) {
 	case ex.reply.has:
 		ex.out.outcome = outcomeExhausted
 		ex.commit(last, true)
-	case lp.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
-		ex.obstructed(lp.obstacle)
-	case lp.sharedRefused != "":
+	case in.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
+		ex.obstructed(in.obstacle)
+	case in.sharedRefused != "":
 		ex.out.outcome = outcomeSharedState
-		ex.fail(sharedFailure(lp.sharedRefused))
+		ex.fail(sharedFailure(in.sharedRefused))
 	case lp.stop == policy.StopShutdown:
 		ex.out.outcome = outcomeShuttingDown
 		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.notes.text(ex.loop.stop)))
