@@ -8,7 +8,8 @@
 //	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
 //	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond(last attempt) → commit | obstructed | noReply → fail
-//	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError
+//	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError;
+//	                                    openStreams, the ones Shutdown interrupts
 //	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn;
 //	                                    messageSeam joins a Messages API stream's continuation to it
 //
@@ -65,7 +66,7 @@
 //	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
 //	               (table.hooks; the clients: limits are the first)
 //	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
-//	               attempt reported once; the access line (accesslog.go), the spans' ends (trace.go)
+//	               attempt reported once, and the notes the loop keeps for it (notes.target, .result); the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them
 //	accesslog.go   the access line; trace.go the spans (traceState, the request's part in a trace,
 //	               told by the loop of each attempt, wait, commit and rescue)

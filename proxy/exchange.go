@@ -296,3 +296,18 @@ func keepHead(head []byte) []byte {
 	}
 	return head[:0]
 }
+
+// responseCap is when the response must have ended (zero: never): the
+// route's max_duration from the request's start — by default 10 minutes
+// for a non-streamed reply (known length, not SSE or NDJSON) and none for
+// a stream (streamed: chunked, or SSE or NDJSON).
+func (q *outbound) responseCap(streamed bool) time.Time {
+	d := q.route.maxDuration
+	if d <= 0 {
+		if streamed {
+			return time.Time{}
+		}
+		d = DefaultMaxDuration
+	}
+	return q.start.Add(d)
+}

@@ -55,26 +55,6 @@ func printable(b []byte) bool {
 	return true
 }
 
-// takeClient spends one request of this client's `clients:` limit cl:
-// the fleet's when shared_state is set, else (or when Redis does not
-// answer and on_failure is local) this replica's own. e is the refusal
-// when Redis does not answer and on_failure is refuse.
-func (ex *exchange) takeClient(cl *clientLimiter, now time.Time) (wait time.Duration, ok bool, e *apiError) {
-	key := cl.keyOf(&ex.ctx.Request.Header)
-	if ex.p.fleet.Load() == nil {
-		wait, ok = cl.take(key, now)
-		return wait, ok, nil
-	}
-	switch sl := ex.p.reserveShared(ex.p.clientLimitName(cl, key), cl.opts.RequestsPerSecond, cl.opts.Burst, 0); {
-	case sl.refused:
-		return 0, false, sharedFailure(sl.why)
-	case !sl.local:
-		return sl.wait, sl.taken, nil
-	}
-	wait, ok = cl.take(key, now)
-	return wait, ok, nil
-}
-
 // admit refuses what Sturdy will not forward — proxy requests (CONNECT,
 // absolute URIs), smuggling-shaped framing, clients without an accepted
 // key or over their rate limit, paths no route serves, bodies over the

@@ -3,6 +3,8 @@ package proxy
 import (
 	"fmt"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // hook is a request-level step around the attempt loop: reserve runs at
@@ -24,7 +26,7 @@ type clientLimits []*clientLimiter
 
 func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
 	for _, cl := range cls {
-		if wait, ok, e := ex.takeClient(cl, now); e != nil {
+		if wait, ok, e := takeClient(ex.p, &ex.ctx.Request.Header, cl, now); e != nil {
 			ex.out.outcome = outcomeSharedState
 			return e
 		} else if !ok {
@@ -63,4 +65,24 @@ func (hs hooks) settle(ex *exchange, passed int, s *summary) {
 	for i := passed - 1; i >= 0; i-- {
 		hs[i].settle(ex, *s)
 	}
+}
+
+// takeClient spends one request of this client's `clients:` limit cl:
+// the fleet's when shared_state is set, else (or when Redis does not
+// answer and on_failure is local) this replica's own. e is the refusal
+// when Redis does not answer and on_failure is refuse.
+func takeClient(p *Proxy, h *fasthttp.RequestHeader, cl *clientLimiter, now time.Time) (wait time.Duration, ok bool, e *apiError) {
+	key := cl.keyOf(h)
+	if p.fleet.Load() == nil {
+		wait, ok = cl.take(key, now)
+		return wait, ok, nil
+	}
+	switch sl := p.reserveShared(p.clientLimitName(cl, key), cl.opts.RequestsPerSecond, cl.opts.Burst, 0); {
+	case sl.refused:
+		return 0, false, sharedFailure(sl.why)
+	case !sl.local:
+		return sl.wait, sl.taken, nil
+	}
+	wait, ok = cl.take(key, now)
+	return wait, ok, nil
 }

@@ -697,35 +697,6 @@ func (ex *exchange) failoverStatus(out *policy.Outcome) string {
 	return ""
 }
 
-// target notes a target the request goes to, with the model as sent
-// there ("" for the client's).
-func (ns *notes) target(upstream, model string) {
-	if ns.nTried < maxLoggedTargets {
-		ns.tried[ns.nTried] = targetNote{upstream: upstream, model: model}
-		ns.nTried++
-	}
-}
-
-// result records how the current target's last attempt ended, or, with
-// attempted false, why it was skipped.
-func (ns *notes) result(result string, attempted bool) {
-	if ns.nTried > 0 {
-		n := &ns.tried[ns.nTried-1]
-		if attempted {
-			n.attempts++
-		}
-		n.result = result
-	}
-}
-
-// resultLabel names an attempt's result for metrics and logs.
-func resultLabel(v policy.Verdict) string {
-	if v.Class == policy.ClassRetryable {
-		return v.Reason.String()
-	}
-	return v.Class.String()
-}
-
 func breakerResult(h policy.Health) breaker.Result {
 	switch h {
 	case policy.HealthSuccess:

@@ -62,8 +62,7 @@ type Proxy struct {
 	draining atomic.Bool
 	// streams are the responses streaming now, for Shutdown to end with
 	// an interruption event once its grace is over.
-	streamsMu sync.Mutex
-	streams   map[*stream]struct{}
+	streams openStreams
 	// failures are the newest failed requests, for the status page.
 	failures failureRing
 }
@@ -72,7 +71,7 @@ type Proxy struct {
 // an invalid upstream URL.
 func New(o Options) (*Proxy, error) {
 	p := &Proxy{log: o.Log, rand: o.Rand, m: o.Metrics, limits: o.Server.withDefaults(), stopping: make(chan struct{}),
-		streams: map[*stream]struct{}{}}
+		streams: openStreams{m: map[*stream]struct{}{}}}
 	if p.rand == nil {
 		p.rand = mrand.Int64N
 	}
@@ -81,7 +80,7 @@ func New(o Options) (*Proxy, error) {
 	}
 	p.held.full = p.m.BufferFull
 	p.env = &upstream.Env{Log: p.log, Metrics: p.m, Lookup: o.LookupHost, IsSelf: o.IsSelf, Stopping: p.stopping,
-		Evicted: p.evicted, Announcer: p.breakerAnnouncer,
+		Evicted: func(name string) func() { return evictions(p.m, name) }, Announcer: p.breakerAnnouncer,
 		ModelLabel: func(model string) string { return p.tbl.Load().modelLabel(model) }}
 	if p.env.IsSelf == nil {
 		p.env.IsSelf = func(string) bool { return false }
@@ -144,13 +143,6 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 
 // The per-key maps, as sturdy_evictions_total names them.
 const mapClients = "clients" // the others are the upstream side's (upstream.Env.Evicted)
-
-// evicted returns the callback that counts an entry of the per-key map
-// name dropped to make room for a new key.
-func (p *Proxy) evicted(name string) func() {
-	c := p.m.Evictions.WithLabelValues(name)
-	return c.Inc
-}
 
 // Server returns the proxy's fasthttp server (the same one on every
 // call), set up for proxying: bodies up to the largest route's max_body,
@@ -226,30 +218,12 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 // interruptStreams ends every open stream with an interruption event and
 // waits, up to streamGraceEnd, for them to be written.
 func (p *Proxy) interruptStreams() {
-	p.streamsMu.Lock()
-	for st := range p.streams {
-		st.interrupt()
-	}
-	p.streamsMu.Unlock()
+	p.streams.interrupt()
 	for deadline := time.Now().Add(streamGraceEnd); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		p.streamsMu.Lock()
-		n := len(p.streams)
-		p.streamsMu.Unlock()
-		if n == 0 {
+		if p.streams.count() == 0 {
 			return
 		}
 	}
-}
-
-// streaming registers (on) or forgets a response that streams.
-func (p *Proxy) streaming(st *stream, on bool) {
-	p.streamsMu.Lock()
-	if on {
-		p.streams[st] = struct{}{}
-	} else {
-		delete(p.streams, st)
-	}
-	p.streamsMu.Unlock()
 }
 
 // CloseIdleConnections closes pooled upstream connections.

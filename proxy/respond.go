@@ -102,7 +102,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 func (ex *exchange) startStream(size int) {
 	ex.out.streaming = true
 	ex.p.m.OpenStreams.Inc()
-	ex.p.streaming(ex.st, true)
+	ex.p.streams.track(ex.st, true)
 	ex.serveBody(size)
 }
 
@@ -189,21 +189,6 @@ func (ex *exchange) whole() {
 // errWholeTooLarge is why a body read whole for an HTTP/1.0 client was
 // given up: it passed maxWholeBody.
 var errWholeTooLarge = errors.New("the body is over 64 MiB")
-
-// responseCap is when the response must have ended (zero: never): the
-// route's max_duration from the request's start — by default 10 minutes
-// for a non-streamed reply (known length, not SSE or NDJSON) and none for
-// a stream (streamed: chunked, or SSE or NDJSON).
-func (q *outbound) responseCap(streamed bool) time.Time {
-	d := q.route.maxDuration
-	if d <= 0 {
-		if streamed {
-			return time.Time{}
-		}
-		d = DefaultMaxDuration
-	}
-	return q.start.Add(d)
-}
 
 // setAttemptsHeader sets x-sturdy-attempts on the client's response: n.
 func (ex *exchange) setAttemptsHeader(n int) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -251,7 +252,7 @@ func (st *stream) interruptionTail() []byte {
 // request and releases the exchange.
 func (st *stream) CloseWithError(err error) error {
 	ex := st.ex
-	ex.p.streaming(st, false)
+	ex.p.streams.track(st, false)
 	// A client that leaves once the stream's terminator went to it has its
 	// answer, whole: delivered, not gone.
 	if err != nil && st.broken == nil && ex.out.outcome != outcomeStreamInterrupted && !st.over {
@@ -273,4 +274,39 @@ func (st *stream) interrupt() {
 	ex := st.ex
 	st.cut.Store(true)
 	ex.reply.conn.Sever()
+}
+
+// openStreams are the responses streaming now, for Shutdown to end with
+// an interruption event once its grace is over.
+type openStreams struct {
+	mu sync.Mutex
+	m  map[*stream]struct{}
+}
+
+// track adds st (on) or takes it out.
+func (o *openStreams) track(st *stream, on bool) {
+	o.mu.Lock()
+	if on {
+		o.m[st] = struct{}{}
+	} else {
+		delete(o.m, st)
+	}
+	o.mu.Unlock()
+}
+
+// interrupt ends every open stream (stream.interrupt), under the lock: no
+// exchange is released meanwhile.
+func (o *openStreams) interrupt() {
+	o.mu.Lock()
+	for st := range o.m {
+		st.interrupt()
+	}
+	o.mu.Unlock()
+}
+
+// count is how many streams are open.
+func (o *openStreams) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.m)
 }

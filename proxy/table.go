@@ -140,7 +140,7 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream.Upstream
 			t.clients = append(t.clients, prevClients[i]) // keep the buckets
 			continue
 		}
-		t.clients = append(t.clients, newClientLimiter(co, p.evicted(mapClients)))
+		t.clients = append(t.clients, newClientLimiter(co, evictions(p.m, mapClients)))
 	}
 	if len(t.clients) > 0 {
 		t.hooks = append(t.hooks, clientLimits(t.clients))
@@ -271,4 +271,11 @@ func (t *table) match(path []byte, model gjson.Result) *route {
 		}
 	}
 	return best
+}
+
+// evictions returns the callback that counts an entry of the per-key map
+// name dropped to make room for a new key.
+func evictions(m *metrics.Metrics, name string) func() {
+	c := m.Evictions.WithLabelValues(name)
+	return c.Inc
 }
