@@ -205,3 +205,12 @@ func Classify(o Outcome) Verdict {
 	v.Conn = HealthSuccess
 	return v
 }
+
+// Label names the attempt's result for metrics, logs and traces: its
+// reason when it is retryable (429, 5xx, timeout …), else its class.
+func (v Verdict) Label() string {
+	if v.Class == ClassRetryable {
+		return v.Reason.String()
+	}
+	return v.Class.String()
+}

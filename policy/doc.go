@@ -12,7 +12,7 @@
 //
 // The files, and what each decides:
 //
-//	classify.go    Classify: an attempt's Outcome → Verdict (class, reason, what each breaker hears)
+//	classify.go    Classify: an attempt's Outcome → Verdict (class, reason, what each breaker hears; Label)
 //	decide.go      Retry.Decide after an attempt (DecideStale: a stale connection's replay); Clear before one (an Obstacle at a Gate)
 //	retry.go       Retry (a route's policy, WithDefaults), RetryOn, full-jitter Backoff
 //	stop.go        Stop: why the loop stopped, as logged and as said to the client

@@ -698,3 +698,20 @@ func TestAnthropicLimitExhausted(t *testing.T) {
 		}
 	}
 }
+
+func TestVerdictLabel(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		v    Verdict
+		want string
+	}{
+		{Verdict{Class: ClassRetryable, Reason: Reason5xx}, Reason5xx.String()},
+		{Verdict{Class: ClassRetryable, Reason: ReasonTimeout}, ReasonTimeout.String()},
+		{Verdict{Class: ClassSuccess}, ClassSuccess.String()},
+		{Verdict{Class: ClassPassThrough, Reason: Reason5xx}, ClassPassThrough.String()},
+	} {
+		if got := tt.v.Label(); got != tt.want {
+			t.Errorf("%+v: %q, want %q", tt.v, got, tt.want)
+		}
+	}
+}

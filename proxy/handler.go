@@ -136,14 +136,6 @@ func (ex *exchange) looped() bool {
 	return false
 }
 
-// rawPath is the request URI up to the query, as received.
-func rawPath(uri []byte) []byte {
-	if i := bytes.IndexByte(uri, '?'); i >= 0 {
-		return uri[:i]
-	}
-	return uri
-}
-
 // prepare fixes what else the request's attempts share: its deadline,
 // whether it may be replayed, the request's retry policy, and the
 // upstream request's headers (useTarget adds each target's URL,

@@ -126,3 +126,11 @@ func isDot(seg []byte, n int) bool {
 	}
 	return len(seg) == 0
 }
+
+// rawPath is the request URI up to the query, as received.
+func rawPath(uri []byte) []byte {
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		return uri[:i]
+	}
+	return uri
+}

@@ -96,7 +96,7 @@ func (ex *exchange) summarize(s *summary) {
 // the attempts metric, the access line's note of its target, and its
 // span's result (attemptDone).
 func (ex *exchange) attemptEnded(a *attempt) {
-	result := resultLabel(a.verdict)
+	result := a.verdict.Label()
 	a.ep.CountAttempt(a.up.Name(), result)
 	ex.notes.result(result, true)
 	if n := &ex.notes; n.nTried > 0 {
@@ -127,12 +127,4 @@ func (ns *notes) result(result string, attempted bool) {
 		}
 		n.result = result
 	}
-}
-
-// resultLabel names an attempt's result for metrics and logs.
-func resultLabel(v policy.Verdict) string {
-	if v.Class == policy.ClassRetryable {
-		return v.Reason.String()
-	}
-	return v.Class.String()
 }

@@ -371,7 +371,7 @@ func (tr *traceState) attemptDone(a *attempt) {
 	}
 	v, out := a.verdict, &a.out
 	attrs := append(tr.attemptAttrs,
-		attrResult.String(resultLabel(v)),
+		attrResult.String(v.Label()),
 		attrConnBreaker.String(a.ep.Breaker().State().String()),
 		attrModelBreaker.String(a.ep.ModelBreakerState(a.model)),
 	)
@@ -396,7 +396,7 @@ func (tr *traceState) attemptDone(a *attempt) {
 	if errType != "" {
 		attrs = append(attrs, attrErrorType.String(errType))
 		if v.Class != policy.ClassClientGone { // abandoned for the client, not failed
-			s.SetStatus(codes.Error, resultLabel(v))
+			s.SetStatus(codes.Error, v.Label())
 		}
 	}
 	tr.attemptAttrs = attrs
