@@ -609,3 +609,22 @@ func TestAnUpstreamNotAnsweringAtStartIsWarnedOnce(t *testing.T) {
 		t.Errorf("the demo's fake server was reported not answering:\n%s", banner)
 	}
 }
+
+// TestAWrittenZeroLoads: slow_start: 0 and max_rescues: 0 ("none") pass
+// the loader, which validates again after the file's own checks, and
+// reach the proxy as none.
+func TestAWrittenZeroLoads(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "zero.yaml")
+	if err := os.WriteFile(path, []byte("upstreams: [{name: a, url: 'http://127.0.0.1:1', slow_start: 0}]\nroutes: [{name: r, upstream: a, max_rescues: 0}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(settings{configPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := proxyOptions(cfg, zerolog.Nop(), nil)
+	if s, r := o.Upstreams[0].SlowStart, o.Routes[0].MaxRescues; s == nil || *s != 0 || r == nil || *r != 0 {
+		t.Fatalf("slow_start %v, max_rescues %v", s, r)
+	}
+}

@@ -148,21 +148,25 @@ auth: {keys: [inline-key-00000001], keys_file: "`+keysFile+`"}
 }
 
 // TestWrittenZeros: 0 is a duration without a unit (as time.ParseDuration
-// reads it); slow_start's and max_rescues' written 0 mean none (negative
-// in the compiled types, whose zero is the default), and left out they
-// stay zero.
+// reads it); slow_start's and max_rescues' written 0 mean none, left out
+// or null the default (nil), and the config stays valid when validated
+// again; a quoted duration may have spaces around it.
 func TestWrittenZeros(t *testing.T) {
 	t.Parallel()
-	c, err := Parse("t.yaml", []byte("upstreams:\n  - {name: a, url: 'http://h', ride_through: 0, slow_start: 0, queue_timeout: 1.5s}\n"+
-		"  - {name: b, url: 'http://h'}\nroutes:\n  - {name: r, upstream: a, max_rescues: 0}\n  - {name: s, upstream: b, path_prefix: /s}\n"))
+	c, err := Parse("t.yaml", []byte("upstreams:\n  - {name: a, url: 'http://h', ride_through: 0, slow_start: 0, queue_timeout: ' 1.5s '}\n"+
+		"  - {name: b, url: 'http://h', slow_start: ~, ride_through: }\nroutes:\n  - {name: r, upstream: a, max_rescues: 0}\n  - {name: s, upstream: b, path_prefix: /s, max_rescues: ~, first_token: ~}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := c.Upstreams[0]; u.RideThrough != 0 || u.SlowStart >= 0 || u.QueueTimeout != 1500*time.Millisecond {
+	if u := c.Upstreams[0]; u.RideThrough != 0 || u.SlowStart == nil || *u.SlowStart != 0 || u.QueueTimeout != 1500*time.Millisecond {
 		t.Fatalf("%+v", u)
 	}
-	if c.Upstreams[1].SlowStart != 0 || c.Routes[0].MaxRescues >= 0 || c.Routes[1].MaxRescues != 0 {
-		t.Fatalf("slow_start %v; max_rescues %d, %d", c.Upstreams[1].SlowStart, c.Routes[0].MaxRescues, c.Routes[1].MaxRescues)
+	if c.Upstreams[1].SlowStart != nil || c.Routes[0].MaxRescues == nil || *c.Routes[0].MaxRescues != 0 || c.Routes[1].MaxRescues != nil {
+		t.Fatalf("slow_start %v; max_rescues %v, %v", c.Upstreams[1].SlowStart, c.Routes[0].MaxRescues, c.Routes[1].MaxRescues)
+	}
+	// Validate again (as the loader's caller does): a written 0 is still valid.
+	if ps := c.Validate(); len(ps) != 0 {
+		t.Fatalf("a second Validate: %v", ps)
 	}
 }
 
@@ -196,7 +200,11 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		{"a duration without its unit, in a flow mapping", "upstreams:\n  - name: a\n    url: http://h\n    timeouts: {idle: 1s, connect: 30}\n",
 			[]string{`t.yaml:4: upstreams[0].timeouts.connect: invalid duration "30"`}},
 		{"a negative count", "upstreams:\n  - name: a\n    url: http://h\n    breaker: {open_for: 2s, consecutive_failures: -1}\n",
-			[]string{`t.yaml:4: upstreams[0].breaker.consecutive_failures: must not be negative`}},
+			[]string{`t.yaml:4: upstreams[0].breaker.consecutive_failures: must be at least 1`}},
+		{"a negative duration through an alias", "routes:\n  - {name: r, upstream: a, failover_codes: [&neg \"-5s\"], first_token: *neg}\nupstreams:\n  - {name: a, url: http://h}\n",
+			[]string{`t.yaml:2: routes[0].first_token: duration "-5s" must not be negative`}},
+		{"a list for balance", "upstreams:\n  - name: a\n    url: http://h\n    balance: [x]\n",
+			[]string{`t.yaml:4: upstreams[0].balance: must be least_requests, round_robin or affinity (got a list)`}},
 		{"bad size", "upstreams: [{name: a, url: 'http://h'}]\nroutes:\n  - name: r\n    upstream: a\n    max_body: lots\n",
 			[]string{`t.yaml:5: routes[0].max_body: invalid size "lots"`}},
 		{"wrong type", "upstreams:\n  - name: a\n    url: http://h\n    max_connections: many\n",
@@ -336,6 +344,7 @@ func TestProblemsNeverQuoteASecret(t *testing.T) {
 		"upstreams: [{name: a, url: 'ftp://h?api_key=hunter2secret&x=1'}]\n",
 		"upstreams: [{name: a, url: 'http://h'}]\nauth: {keys: [short-secret]}\n",
 		"upstreams: [{name: a, url: 'http://h'}]\nauth: {keys: {k: 'Bearer hunter2-secret'}}\n",
+		"upstreams:\n  - name: a\n    url: http://h\n    api_key: !!float hunter2pass\n", // yaml's message names no key
 	} {
 		_, err := Parse("t.yaml", []byte(doc))
 		if err == nil {
@@ -371,11 +380,11 @@ routes: [{name: r, upstream: vllm}]
 	}
 	a, b := c.Upstreams[0], c.Upstreams[1]
 	if len(a.Endpoints) != 2 || a.Endpoints[1] != "http://gpu-b:8000" || a.Balance != upstream.BalanceAffinity || a.Affinity.Prefix != 2048 || a.HealthCheck.Unhealthy != 3 ||
-		a.SlowStart != -1 || a.MaxEjected != 0.25 || a.RideThrough != 10*time.Second {
+		a.SlowStart == nil || *a.SlowStart != 0 || a.MaxEjected != 0.25 || a.RideThrough != 10*time.Second {
 		t.Errorf("endpoints upstream: %+v", a)
 	}
 	if b.Discover.Scheme != "https" || b.Discover.DNS != "vllm-headless.default.svc.cluster.local:8000" || b.MaxEjected != 0.75 ||
-		b.SlowStart != 0 {
+		b.SlowStart != nil {
 		t.Errorf("discover upstream: %+v", b)
 	}
 }

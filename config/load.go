@@ -58,7 +58,9 @@ var secretLike = regexp.MustCompile(`sk-[A-Za-z0-9_\-.]+|(?i:bearer)\s+\S+|://[^
 // a secret-bearing key, and anything that looks like a credential.
 func redact(p Problem) string {
 	msg := p.Msg
-	if secretKeys.MatchString(p.Key) && !p.syntax {
+	// A message that names no key may be about any value, a secret's too:
+	// what it quotes is left out.
+	if (p.Key == "" || secretKeys.MatchString(p.Key)) && !p.syntax {
 		msg = quoted.ReplaceAllString(msg, `"[redacted]"`)
 	}
 	return secretLike.ReplaceAllStringFunc(msg, func(m string) string {
@@ -165,24 +167,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		sort.SliceStable(problems, func(i, j int) bool { return problems[i].Line < problems[j].Line })
 		return nil, &Error{File: name, Problems: problems}
 	}
-	c.writtenZeros() // after Validate, which saw what was written
 	return c, nil
-}
-
-// writtenZeros gives a key whose zero means its default, but which is
-// written 0, the value that says "none" (negative): an upstream's
-// slow_start (no ramp), a route's max_rescues (no rescues).
-func (c *Config) writtenZeros() {
-	for i := range c.Upstreams {
-		if u := &c.Upstreams[i]; u.SlowStart == 0 && c.isWritten(fmt.Sprintf("upstreams[%d].slow_start", i)) {
-			u.SlowStart = -1
-		}
-	}
-	for i := range c.Routes {
-		if r := &c.Routes[i]; r.MaxRescues == 0 && c.isWritten(fmt.Sprintf("routes[%d].max_rescues", i)) {
-			r.MaxRescues = -1
-		}
-	}
 }
 
 // defaultConfig holds the defaults that are config's own: the listen
@@ -626,10 +611,10 @@ func joinKey(path, key string) string {
 // are declared as time.Duration where their package declares its config:
 // package upstream). Such a value is read here, as time.ParseDuration
 // reads it — 0 as well as 2s; "30" has no unit — and left for yaml to
-// decode as that string (yaml refuses a bare number); a bad one is
-// replaced, once reported, so the decode reports it no second time. A
-// negative count for an unsigned field (breaker's) is reported here too,
-// with its key.
+// decode as that string (yaml refuses a bare number; a null is left to
+// mean unset); a bad one is replaced, once reported, so the decode
+// reports it no second time. A negative count for an unsigned field
+// (breaker's) is read as 0, which validation refuses with its key.
 func schemaProblems(root *yaml.Node, t reflect.Type) []Problem {
 	if len(root.Content) == 0 {
 		return nil
@@ -640,15 +625,21 @@ func schemaProblems(root *yaml.Node, t reflect.Type) []Problem {
 		for t.Kind() == reflect.Pointer {
 			t = t.Elem()
 		}
+		if n.Kind == yaml.AliasNode && n.Alias != nil && n.Alias.Kind == yaml.ScalarNode {
+			n = n.Alias // an alias of a value is checked as the value (never followed further: no cycles)
+		}
+		scalar := n.Kind == yaml.ScalarNode && n.Tag != "!!null"
 		switch {
-		case n.Kind == yaml.ScalarNode && t == reflect.TypeFor[time.Duration]():
+		case scalar && t == reflect.TypeFor[time.Duration]():
 			if msg := durationProblem(n.Value); msg != "" {
 				out = append(out, Problem{Line: n.Line, Key: path, Msg: msg})
 				n.Value = "0s"
 			}
-			n.Tag = "!!str"
-		case n.Kind == yaml.ScalarNode && t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uint64 && strings.HasPrefix(strings.TrimSpace(n.Value), "-"):
-			out = append(out, Problem{Line: n.Line, Key: path, Msg: "must not be negative"}) // yaml's own error has no column
+			n.Value, n.Tag = strings.TrimSpace(n.Value), "!!str"
+		case scalar && t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uint64 && !reflect.PointerTo(t).Implements(unmarshaler) &&
+			strings.HasPrefix(strings.TrimSpace(n.Value), "-"):
+			// yaml's own error would name no key: read as 0, which
+			// Validate refuses with the key (every such count is at least 1).
 			n.Value = "0"
 		case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
 			fields := yamlFields(t)
@@ -672,6 +663,9 @@ func schemaProblems(root *yaml.Node, t reflect.Type) []Problem {
 	walk(root.Content[0], t, "")
 	return out
 }
+
+// unmarshaler is the interface of a type that decodes itself.
+var unmarshaler = reflect.TypeFor[yaml.Unmarshaler]()
 
 // durationProblem says what is wrong with v as a duration ("": nothing),
 // in the words of units.Duration's decoding.

@@ -328,7 +328,9 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 			p.bad(k+"stream_hold.bytes", "at most 16MiB (got %d bytes)", h.Bytes)
 		}
 	}
-	notNegative(p, k+"max_rescues", r.MaxRescues, " (0: no rescues)")
+	if r.MaxRescues != nil {
+		notNegative(p, k+"max_rescues", *r.MaxRescues, " (0: no rescues)")
+	}
 	atLeast1(p, k+"max_rescue_bytes", r.MaxRescueBytes)
 }
 

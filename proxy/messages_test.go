@@ -530,7 +530,7 @@ func TestMessagesRescuesMakeOneValidStream(t *testing.T) {
 			up := upstreamtest.Start(t, tc.script...)
 			h := startProxy(t, up.URL, func(o *Options) {
 				o.Upstreams[0].Continuation = upstream.ContinuePrefill
-				o.Routes[0].MaxRescues = 2
+				o.Routes[0].MaxRescues = new(2)
 			})
 			resp, body := h.do("POST", "/v1/messages", msgRequest, "Content-Type", "application/json")
 			text, tokens := checkMessagesStream(t, body)

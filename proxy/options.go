@@ -180,8 +180,8 @@ type Route struct {
 	// passes (off when zero).
 	StreamHold StreamHold `yaml:"stream_hold"`
 	// MaxRescues bounds the continuations of one request's stream cut
-	// mid-answer. 0: the default, 1; negative: none (the file's written 0).
-	MaxRescues int `yaml:"max_rescues"`
+	// mid-answer; 0: none. nil: the default, 1.
+	MaxRescues *int `yaml:"max_rescues"`
 	// MaxRescueBytes bounds the text a rescuable stream keeps for its
 	// continuation; past it the stream goes on unrescuable. Default 1 MiB.
 	MaxRescueBytes units.Size `yaml:"max_rescue_bytes"`
@@ -249,11 +249,8 @@ func (r Route) withDefaults() Route {
 	if r.MaxRescueBytes <= 0 {
 		r.MaxRescueBytes = DefaultMaxRescueBytes
 	}
-	switch {
-	case r.MaxRescues == 0:
-		r.MaxRescues = DefaultMaxRescues
-	case r.MaxRescues < 0:
-		r.MaxRescues = 0
+	if r.MaxRescues == nil {
+		r.MaxRescues = new(DefaultMaxRescues)
 	}
 	return r
 }

@@ -342,7 +342,7 @@ func TestHealthCheckEjectsAndRestores(t *testing.T) {
 	a, b := startReplica(t, ""), startReplica(t, "")
 	h := startPool(t, func(u *upstream.Options) {
 		u.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 2, Unhealthy: 2}
-		u.SlowStart = 10 * time.Second
+		u.SlowStart = new(10 * time.Second)
 	}, a, b)
 	ep := h.endpoint(a)
 	a.health.Store(503)
@@ -418,7 +418,7 @@ func TestAReloadWithoutHealthChecksBringsAnEndpointBack(t *testing.T) {
 	var o Options
 	h := startProxy(t, "", func(opts *Options) {
 		u := &opts.Upstreams[0]
-		u.URL, u.Endpoints, u.SlowStart = "", []string{a.url, b.url}, -1
+		u.URL, u.Endpoints, u.SlowStart = "", []string{a.url, b.url}, new(time.Duration(0))
 		u.HealthCheck = upstream.HealthCheck{Path: "/health", Every: 50 * time.Millisecond, Timeout: time.Second, Healthy: 1, Unhealthy: 1}
 		o = *opts
 	})
@@ -443,7 +443,7 @@ func TestAReloadWithoutHealthChecksBringsAnEndpointBack(t *testing.T) {
 func TestNoSlowStartSharesAtOnce(t *testing.T) {
 	t.Parallel()
 	a, b := startReplica(t, ""), startReplica(t, "")
-	h := startPool(t, func(u *upstream.Options) { u.SlowStart = -1 }, a, b)
+	h := startPool(t, func(u *upstream.Options) { u.SlowStart = new(time.Duration(0)) }, a, b)
 	h.endpoint(a).CameBack(time.Now())
 	h.burst(40, 1)
 	if n := a.served.Load(); n < 10 {

@@ -175,7 +175,7 @@ func TestMaxRescuesBoundsContinuations(t *testing.T) {
 	up := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "A"), second, third, continuationOf("never"))
 	h := startProxy(t, up.URL, func(o *Options) {
 		o.Upstreams[0].Continuation = upstream.ContinuePrefill
-		o.Routes[0].MaxRescues = 2
+		o.Routes[0].MaxRescues = new(2)
 	})
 	resp, body := h.chat(streamChat)
 	s := string(body)

@@ -194,7 +194,7 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*rou
 	r := &route{name: ro.Name, prefix: []byte(ro.PathPrefix), model: ro.Model, specificity: -1,
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
 		clientRetries: ro.Retry.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: int(ro.MaxBody), maxDuration: ro.MaxDuration,
-		retry: retry, streamHold: ro.StreamHold, maxRescues: ro.MaxRescues,
+		retry: retry, streamHold: ro.StreamHold, maxRescues: *ro.MaxRescues,
 		maxRescueBytes: int(ro.MaxRescueBytes)}
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)

@@ -60,9 +60,9 @@ type Options struct {
 	Affinity Affinity `yaml:"affinity"`
 	// HealthCheck probes each endpoint; off when Path is empty.
 	HealthCheck HealthCheck `yaml:"health_check"`
-	// SlowStart ramps a returning endpoint's share up over this long.
-	// Default 30 s; negative: no ramp (the file's written 0s).
-	SlowStart time.Duration `yaml:"slow_start"`
+	// SlowStart ramps a returning endpoint's share up over this long; 0:
+	// no ramp. nil: the default, 30 s.
+	SlowStart *time.Duration `yaml:"slow_start"`
 	// MaxEjected is the share of the pool its breakers may take out at
 	// once (always at least one endpoint). Default 0.5.
 	MaxEjected units.Percent `yaml:"max_ejected"`
@@ -148,8 +148,8 @@ func (u Options) WithDefaults() Options {
 	OrDefault(&u.RetryBudget.MinPerSecond, DefaultBudgetPerSecond)
 	OrDefault(&u.Cooldown.WithoutHeader, DefaultBareCooldown)
 	OrDefault(&u.Cooldown.Max, DefaultCooldownMax)
-	if u.SlowStart == 0 {
-		u.SlowStart = DefaultSlowStart
+	if u.SlowStart == nil {
+		u.SlowStart = new(DefaultSlowStart)
 	}
 	if u.MaxEjected <= 0 {
 		u.MaxEjected = DefaultMaxEjected
@@ -203,7 +203,10 @@ var continuations = map[string]Continuation{"": ContinueNone, "none": ContinueNo
 // UnmarshalYAML reads continuation: vllm, prefill or none.
 func (c *Continuation) UnmarshalYAML(n *yaml.Node) error {
 	v, ok := continuations[n.Value]
-	if !ok || n.Kind != yaml.ScalarNode {
+	if n.Kind != yaml.ScalarNode {
+		return units.TypeError(n, "must be vllm, prefill or none (got %s)", kindOf(n))
+	}
+	if !ok {
 		return units.TypeError(n, "must be vllm, prefill or none (got %q)", n.Value)
 	}
 	*c = v
@@ -220,6 +223,17 @@ const (
 	ServesOpenAI APIs = 1 << iota
 	ServesAnthropic
 )
+
+// kindOf names what a node holds that is not a scalar, for an error.
+func kindOf(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping (key: value)"
+	}
+	return "an alias"
+}
 
 // UnmarshalYAML reads apis: a list of openai and anthropic.
 func (a *APIs) UnmarshalYAML(n *yaml.Node) error {
@@ -286,7 +300,10 @@ var balances = map[string]Balance{"": BalanceLeastRequests, "least_requests": Ba
 // UnmarshalYAML reads balance: least_requests, round_robin or affinity.
 func (b *Balance) UnmarshalYAML(n *yaml.Node) error {
 	v, ok := balances[n.Value]
-	if !ok || n.Kind != yaml.ScalarNode {
+	if n.Kind != yaml.ScalarNode {
+		return units.TypeError(n, "must be least_requests, round_robin or affinity (got %s)", kindOf(n))
+	}
+	if !ok {
 		return units.TypeError(n, "must be least_requests, round_robin or affinity (got %q)", n.Value)
 	}
 	*b = v

@@ -81,7 +81,7 @@ func New(env *Env, o Options, prev *Upstream) (*Upstream, error) {
 		prev:       prev,
 		budget:     &policy.Budget{Ratio: o.RetryBudget.Ratio, MinPerSecond: o.RetryBudget.MinPerSecond},
 		balance:    o.Balance,
-		slowStart:  max(o.SlowStart, 0),
+		slowStart:  max(*o.SlowStart, 0),
 		maxEjected: float64(o.MaxEjected),
 		changed:    make(chan struct{}),
 		quit:       make(chan struct{}),
