@@ -48,7 +48,8 @@
 // The exchange's state is what outlives an attempt, split into named parts
 // (exchange.go): the outbound request, the loop's state, the last upstream
 // reply, the client's response, the access log's notes, the trace's part
-// and, once committed to go as it comes, the client's body (stream,
+// (a pooled traceState only when the request is traced; nil, and every
+// step of it a no-op, when not) and, once committed to go as it comes, the client's body (stream,
 // stream.go; pooled with the exchange). What the loop learns on one target
 // (a visit) and of one try (an attempt) lives in the steps that run them,
 // passed to the steps that use it; what stood in the way of the targets

@@ -59,7 +59,7 @@ type exchange struct {
 	reply reply
 	out   response
 	notes notes
-	tr    traceState
+	tr    *traceState // nil: the request is not traced
 	// st is the client's body as it goes, once committed to go so (a
 	// stream, or a body read whole for an HTTP/1.0 client): its own
 	// part, with its own reader's life, pooled with the exchange.
@@ -241,6 +241,7 @@ func (ex *exchange) finish() {
 	s.measure(ex.p.m)
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
+	ex.tr.release()
 	ex.reply.close()
 	ex.p.held.give(ex.held.n)
 	ex.req.msg.Reset()
@@ -257,7 +258,6 @@ func (ex *exchange) finish() {
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
 		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head)},
-		tr:    traceState{tail: ex.tr.tail[:0], attrs: ex.tr.attrs[:0], attemptAttrs: ex.tr.attemptAttrs[:0]},
 	}
 	exchangePool.Put(ex)
 }

@@ -21,7 +21,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
-	ex.tr.start(p.tracer.Load(), ctx, ex.req.id, ex.req.start)
+	ex.tr = startTrace(p.tracer.Load(), ctx, ex.req.id, ex.req.start)
 	if ex.cc = clientConnOf(ctx.Conn()); ex.cc != nil {
 		ex.cc.serving(ex)
 	}

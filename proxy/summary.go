@@ -83,7 +83,7 @@ func (ex *exchange) summarize(s *summary) {
 	if out.outcome == outcomeClientGone {
 		s.gonePhase = phase(ex.gonePhase.Load())
 	}
-	if ex.tr.rec {
+	if ex.tr != nil && ex.tr.rec {
 		body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
 		if len(body) == 0 && ex.reply.has {
 			body = ex.reply.head // a reply set whole

@@ -235,13 +235,34 @@ func (p *Proxy) stopTracing() {
 	}
 }
 
+// tracePool keeps the traced requests' states (their buffers with them).
+var tracePool = sync.Pool{New: func() any { return new(traceState) }}
+
+// startTrace is the trace state of a request when tracing is on (t set):
+// its server span started (start); nil otherwise, and every traceState
+// method is then a no-op.
+func startTrace(t *tracer, ctx *fasthttp.RequestCtx, id []byte, at time.Time) *traceState {
+	if t == nil {
+		return nil
+	}
+	tr := tracePool.Get().(*traceState)
+	tr.start(t, ctx, id, at)
+	return tr
+}
+
+// release gives tr back to the pool, emptied, its buffers kept.
+func (tr *traceState) release() {
+	if tr == nil {
+		return
+	}
+	*tr = traceState{tail: tr.tail[:0], attrs: tr.attrs[:0], attemptAttrs: tr.attemptAttrs[:0]}
+	tracePool.Put(tr)
+}
+
 // start starts the request's server span with tracer t (nil: tracing
 // off), continuing the client's trace when its traceparent says so; id is
 // the request's, at when it arrived.
 func (tr *traceState) start(t *tracer, ctx *fasthttp.RequestCtx, id []byte, at time.Time) {
-	if t == nil {
-		return
-	}
 	rh := &ctx.Request.Header
 	parent := propagator.Extract(context.Background(), headerCarrier{rh})
 	tr.t = t.t
@@ -296,6 +317,9 @@ func providerOf(api policy.API) string {
 // route names the server span for the route r the request took and
 // notes the model it asked for (the request's, read in place).
 func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	s := tr.span
 	if !tr.rec {
 		return
@@ -321,6 +345,9 @@ func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
 // is the client's, up the upstream's name; a stale connection's replay
 // (a.stale) is marked sturdy.stale_replay.
 func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *attempt) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if tr.span == nil {
 		return
 	}
@@ -365,6 +392,9 @@ func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *att
 // attemptDone records how attempt a went: its status or fault, its
 // result and the breakers' states after it.
 func (tr *traceState) attemptDone(a *attempt) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	s := tr.attempt
 	if s == nil || !tr.rec {
 		return
@@ -405,6 +435,9 @@ func (tr *traceState) attemptDone(a *attempt) {
 // attemptDecided records what policy chose after the attempt; the
 // attempt's span ends unless its reply may be the client's.
 func (tr *traceState) attemptDecided(d policy.Decision) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if tr.attempt == nil {
 		return
 	}
@@ -423,6 +456,9 @@ func (tr *traceState) attemptDecided(d policy.Decision) {
 // attemptCut marks the attempt whose stream failed mid-answer (err says
 // how, if known) and ends its span.
 func (tr *traceState) attemptCut(err error) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	s := tr.attempt
 	if s == nil || !tr.rec {
 		tr.endAttempt()
@@ -439,6 +475,9 @@ func (tr *traceState) attemptCut(err error) {
 
 // endAttempt ends the attempt's span, if one is open.
 func (tr *traceState) endAttempt() {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if s := tr.attempt; s != nil {
 		s.SetAttributes(tr.attemptAttrs...)
 		s.End()
@@ -450,6 +489,9 @@ func (tr *traceState) endAttempt() {
 // is in (backoff, retry_after, cooldown, pacing, queue, ride_through),
 // with who set it.
 func (tr *traceState) wait(in phase, d time.Duration, source string) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if !tr.rec || d <= 0 {
 		return
 	}
@@ -460,6 +502,9 @@ func (tr *traceState) wait(in phase, d time.Duration, source string) {
 // queued notes a queue wait that began at start, when it had to wait
 // (zero start: not traced).
 func (tr *traceState) queued(start time.Time, r upstream.LeaseResult, source string) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if !tr.rec || r == upstream.LeaseTaken {
 		return
 	}
@@ -469,6 +514,9 @@ func (tr *traceState) queued(start time.Time, r upstream.LeaseResult, source str
 
 // queueStart is when a queue wait begins, read only when traced.
 func (tr *traceState) queueStart() time.Time {
+	if tr == nil {
+		return time.Time{}
+	}
 	if !tr.rec {
 		return time.Time{}
 	}
@@ -478,6 +526,9 @@ func (tr *traceState) queueStart() time.Time {
 // committed notes the moment the reply went to the client (at: its ttft)
 // and whether it streams.
 func (tr *traceState) committed(at time.Time, streaming bool) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if !tr.rec {
 		return
 	}
@@ -487,6 +538,9 @@ func (tr *traceState) committed(at time.Time, streaming bool) {
 // rescueResult notes a rescue of a stream cut mid-answer: continued,
 // failed, or why none was tried.
 func (tr *traceState) rescueResult(result string) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if !tr.rec {
 		return
 	}
@@ -496,6 +550,9 @@ func (tr *traceState) rescueResult(result string) {
 // keepTail keeps the last tailSize bytes relayed, for the usage a
 // stream's last event tells.
 func (tr *traceState) keepTail(b []byte) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	if !tr.rec {
 		return
 	}
@@ -517,6 +574,9 @@ func (tr *traceState) keepTail(b []byte) {
 // end ends the request's spans with how it went, from its summary;
 // broken is why its stream failed mid-body, if it did.
 func (tr *traceState) end(sm *summary, broken error) {
+	if tr == nil { // the request is not traced
+		return
+	}
 	s := tr.span
 	if s == nil {
 		return
@@ -594,7 +654,7 @@ func (sm *summary) spanAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 // traceID is the request's trace id, for the access line; false: not
 // traced.
 func (tr *traceState) traceID() (trace.TraceID, bool) {
-	if tr.span == nil {
+	if tr == nil || tr.span == nil {
 		return trace.TraceID{}, false
 	}
 	return tr.span.SpanContext().TraceID(), true
