@@ -3,11 +3,13 @@
 // `go run ./tools/shape` lists the file-level cycles):
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
-//	loop.go     targets, gates, waits   run → onTarget (a visit per target) → attemptOn (gate, choose, send) → decide → wait
+//	loop.go     targets, gates          run → onTarget (a visit per target) → attemptOn (gate, choose, send) → decide
+//	gates.go    obstacles and waits     visit.clear → policy.Clear → block (the loop's obstruction); visit.wait,
+//	                                    interrupted, carry: what loop.go and pool.go both go through
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
 //	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
 //	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
-//	respond.go  commit, errors          respond(last attempt) → commit | obstructed | noReply → fail
+//	respond.go  commit, errors          respond(last attempt, obstruction) → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError;
 //	                                    openStreams, the ones Shutdown interrupts
 //	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn;
@@ -19,7 +21,8 @@
 //   - after an attempt, retry in place / fail over / stop, the wait and
 //     who set it, the stop reason: policy.Retry.Decide, called once in decide;
 //   - before an attempt, wait / fail over / refuse for a cooldown, pacing,
-//     an open breaker or a busy upstream: policy.Clear, called in clear;
+//     an open breaker or a busy upstream: policy.Clear, called in
+//     visit.clearWith (gates.go);
 //   - retry budget: reserved in decide before Decide (policy.Budget.Reserve),
 //     given back when the retry is not sent; a rescue's continuation is
 //     paid for the same way (rescueStream);
@@ -30,7 +33,7 @@
 //     (upstream.Tickets.Report); the attempt's time to first token, and
 //     whether it counts, by reply.close as it gives the lease back
 //     (upstream.Lease.Release; sampled decides);
-//   - waits end early on shutdown or when the client leaves: wait (and
+//   - waits end early on shutdown or when the client leaves: visit.wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving
 //     is noticed by the watcher (watch_linux.go) and acted on by
 //     clientLeft (gone.go), which also closes the upstream connection an

@@ -45,3 +45,6 @@ func (ex *exchange) clientLeft() {
 	close(ex.goneCh)
 	ex.reply.conn.Sever()
 }
+
+// gone is closed when the client has left (see clientLeft).
+func (ex *exchange) gone() <-chan struct{} { return ex.goneCh }

@@ -29,7 +29,7 @@ func (ex *exchange) run() {
 			ex.notes.result(resultUnsupportedAPI, false)
 			continue
 		}
-		if ex.onTarget(t, &last, &in) != policy.ActionFailover || !ex.hasFallback() {
+		if ex.onTarget(t, &last, &in) != policy.ActionFailover || !ex.req.route.fallbackAfter(ex.req.api, ex.loop.ti) {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
@@ -72,10 +72,10 @@ func (ex *exchange) visitTarget(t *target, a *attempt, v *visit, in obstruction)
 			ex.allOut(v, "") // what the client is told: the breaker that is open
 		}
 		if d.Action != policy.ActionAttempt {
-			return ex.carry(d)
+			return v.carry(d)
 		}
 		if d.Ride && !ex.startRide(v) {
-			return ex.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
+			return v.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
 		}
 		ex.enter(phaseBackoff)
 		source := sourceSturdy
@@ -87,7 +87,7 @@ func (ex *exchange) visitTarget(t *target, a *attempt, v *visit, in obstruction)
 			ex.enter(phaseRideThrough)
 			source = sourceRideThrough
 		}
-		if !ex.wait(v, d.Wait, source) {
+		if !v.wait(d.Wait, source) {
 			if d.SpendsBudget() {
 				t.up.Budget().Cancel(v.reservedAt) // never sent
 			}
@@ -106,6 +106,8 @@ func (ex *exchange) visitTarget(t *target, a *attempt, v *visit, in obstruction)
 // back by leaveTarget.
 type visit struct {
 	t *target
+	// ex is the request the visit is made for.
+	ex *exchange
 	// in is what stood in the way of its loop's targets, this one's
 	// included (its loop's obstruction, carried from visit to visit).
 	in obstruction
@@ -142,25 +144,9 @@ type visit struct {
 	rideDraw  float64
 }
 
-// carry records what the loop needs of a decision (the stop reason, a
-// spent budget) and returns its action.
-func (ex *exchange) carry(d policy.Decision) policy.Action {
-	if d.Stop == policy.StopBudget {
-		ex.p.m.BudgetExhausted.WithLabelValues(ex.loop.up.Name()).Inc()
-	}
-	if d.Action == policy.ActionStop {
-		ex.loop.stop = d.Stop
-	}
-	return d.Action
-}
-
 // resultUnsupportedAPI is a target's result in the access log when the
 // request's API is not among its upstream's apis.
 const resultUnsupportedAPI = "unsupported_api"
-
-// hasFallback reports whether a target that serves the request's API
-// follows the current one.
-func (ex *exchange) hasFallback() bool { return ex.req.route.serving(ex.req.api, ex.loop.ti+1) >= 0 }
 
 // useTarget makes t the current target, begun as visit v: it takes a
 // max_in_flight slot (waiting up to queue_timeout) and rebuilds the
@@ -168,7 +154,7 @@ func (ex *exchange) hasFallback() bool { return ex.req.route.serving(ex.req.api,
 func (ex *exchange) useTarget(t *target, v *visit, in obstruction) policy.Action {
 	ex.loop.leaveTarget()
 	lp := &ex.loop
-	*v = visit{t: t, in: in}
+	*v = visit{ex: ex, t: t, in: in}
 	lp.up, lp.ep = t.up, nil
 	ex.notes.target(t.up.Name(), t.model)
 	if t.up.Limited() {
@@ -178,9 +164,9 @@ func (ex *exchange) useTarget(t *target, v *visit, in obstruction) policy.Action
 		ex.tr.queued(start, r, sourceInFlight)
 		switch r {
 		case upstream.LeaseTimedOut:
-			return ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
+			return v.carry(v.clear(policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
 		case upstream.LeaseCancelled:
-			return ex.interrupted(v)
+			return v.interrupted()
 		}
 		lp.slot = t.up
 	}
@@ -246,12 +232,12 @@ func (lp *loopState) leaveTarget() {
 func (ex *exchange) gate(v *visit) policy.Action {
 	up, now := v.t.up, time.Now()
 	if left := ex.cooldownLeft(v, now); left > 0 && !ex.ownRetry(v) {
-		d := ex.clear(v, policy.ObstacleCooldown, left, ex.req.retry.MaxRetryAfter, "")
+		d := v.clear(policy.ObstacleCooldown, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
-			return ex.carry(d)
+			return v.carry(d)
 		}
 		ex.enter(phaseCooldown)
-		if !ex.wait(v, d.Wait, sourceCooldown) {
+		if !v.wait(d.Wait, sourceCooldown) {
 			return policy.ActionStop
 		}
 		now = time.Now()
@@ -275,88 +261,28 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 		v.in.sharedRefused = sl.why
 		return policy.ActionStop
 	case !sl.local:
-		d := ex.clear(v, policy.ObstaclePacing, sl.wait, maxWait, "")
+		d := v.clear(policy.ObstaclePacing, sl.wait, maxWait, "")
 		if d.Action != policy.ActionAttempt {
-			return ex.carry(d)
+			return v.carry(d)
 		}
 		ex.enter(phasePacing)
-		if !ex.wait(v, d.Wait, sourceFleetLimit) {
+		if !v.wait(d.Wait, sourceFleetLimit) {
 			return policy.ActionStop
 		}
 		return policy.ActionAttempt
 	}
 	r := limiter.ReserveN(now, 1)
-	d := ex.clear(v, policy.ObstaclePacing, r.DelayFrom(now), maxWait, "")
+	d := v.clear(policy.ObstaclePacing, r.DelayFrom(now), maxWait, "")
 	if d.Action != policy.ActionAttempt {
 		r.CancelAt(now)
-		return ex.carry(d)
+		return v.carry(d)
 	}
 	ex.enter(phasePacing)
-	if !ex.wait(v, d.Wait, sourceRateLimit) {
+	if !v.wait(d.Wait, sourceRateLimit) {
 		r.Cancel()
 		return policy.ActionStop
 	}
 	return policy.ActionAttempt
-}
-
-// takeConnection waits, up to queue_timeout, for a place among ep's
-// max_connections. That wait is Sturdy's own congestion, never the
-// upstream's fault: no attempt, no breaker count; when it runs out the
-// target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
-	ex.enter(phaseQueue)
-	start := ex.tr.queueStart()
-	lease, r := ep.Lease(ex.leaseRequest(v.t.up))
-	ex.tr.queued(start, r, sourceConnections)
-	switch r {
-	case upstream.LeaseTimedOut:
-		return lease, ex.carry(ex.clear(v, policy.ObstacleBusy, time.Second, 0, "max_connections"))
-	case upstream.LeaseCancelled:
-		return lease, ex.interrupted(v)
-	}
-	return lease, policy.ActionAttempt
-}
-
-// leaseRequest is this request's ask for a place on up (a max_in_flight
-// slot, a connection place): waiting up to queue_timeout within the
-// deadline, ended by shutdown or the client leaving. It has the default
-// priority and no tenant: today's queues are first come, first served.
-func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
-	return upstream.LeaseRequest{Wait: min(up.Options().QueueTimeout, time.Until(ex.req.deadline)),
-		Cancel: ex.p.stopping, Gone: ex.gone()}
-}
-
-// clear asks policy what an obstacle before an attempt on v's target
-// means — it clears in wait and may be waited for up to maxWait — and
-// records a refusal (limit names the setting a busy target is at).
-func (ex *exchange) clear(v *visit, kind policy.Obstacle, wait, maxWait time.Duration, limit string) policy.Decision {
-	return ex.clearWith(v, obstacle{kind: kind, upstream: v.t.up.Name(), wait: wait, limit: limit}, maxWait)
-}
-
-// clearWith is clear of an obstacle told whole (with its cause).
-func (ex *exchange) clearWith(v *visit, o obstacle, maxWait time.Duration) policy.Decision {
-	d := policy.Clear(policy.Gate{Obstacle: o.kind, Wait: o.wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
-		HasFallback: ex.hasFallback(), N: v.n, Total: ex.loop.attempts})
-	if d.Action != policy.ActionAttempt {
-		o.model = ex.loop.model
-		ex.block(v, o)
-	}
-	return d
-}
-
-// block records why v's target could not be used, keeping the obstacle
-// that clears soonest (in v's loop's obstruction).
-func (ex *exchange) block(v *visit, o obstacle) {
-	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
-	ex.notes.result(o.kind.String(), false)
-	if o.kind == policy.ObstacleBreaker && ex.notes.nTried > 0 {
-		ex.notes.tried[ex.notes.nTried-1].breaker = o.limit
-	}
-	in := &v.in
-	in.blocked = true
-	if in.obstacle.kind == policy.ObstacleNone || o.wait < in.obstacle.wait {
-		in.obstacle = o
-	}
 }
 
 // attemptOn clears the gates of v's target (gate), chooses an endpoint
@@ -384,7 +310,7 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
 	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.loop.counted(), AfterStale: at.stale,
-		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.hasFallback(),
+		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.req.route.fallbackAfter(ex.req.api, ex.loop.ti),
 		Riding:    now.Before(v.rideUntil) && at.ep.Out(),
 		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
 	if vd.Class == policy.ClassRetryable {
@@ -488,51 +414,6 @@ func (ex *exchange) retrying(v *visit, a *attempt, d policy.Decision) {
 		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: a.ep.Addr(), wait: d.Wait}
 		n.nRetries++
 	}
-}
-
-// wait waits d, unless Sturdy shuts down (or, once watched, the client
-// leaves) first; false means it ended early, or that shutdown had already
-// begun, and ex.loop.stop says why. The timer is always stopped. source
-// says who set the wait (for a trace).
-func (ex *exchange) wait(v *visit, d time.Duration, source string) bool {
-	ex.tr.wait(phase(ex.phase.Load()), d, source)
-	if d <= 0 {
-		select {
-		case <-ex.p.stopping:
-		case <-ex.goneCh:
-		default:
-			return true
-		}
-		ex.interrupted(v)
-		return false
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ex.p.stopping:
-	case <-ex.gone():
-	}
-	ex.interrupted(v)
-	return false
-}
-
-// gone is closed when the client has left (see clientLeft).
-func (ex *exchange) gone() <-chan struct{} { return ex.goneCh }
-
-// interrupted records why a wait ended early — shutdown, else the client
-// left — and stops the loop. What stood in the way before the wait is no
-// longer the answer.
-func (ex *exchange) interrupted(v *visit) policy.Action {
-	v.in.blocked = false
-	ex.loop.stop = policy.StopClientGone
-	select {
-	case <-ex.p.stopping:
-		ex.loop.stop = policy.StopShutdown
-	default:
-	}
-	return policy.ActionStop
 }
 
 // ownRetry reports whether this attempt is the retry of the request whose

@@ -28,7 +28,7 @@ func (ex *exchange) choose(v *visit, a *attempt) policy.Action {
 			} else if act != policy.ActionAttempt {
 				return act
 			}
-			return ex.carry(ex.allOut(v, last))
+			return v.carry(ex.allOut(v, last))
 		}
 		if !ex.release(v, ep) {
 			return policy.ActionStop
@@ -102,7 +102,7 @@ func (ex *exchange) allOut(v *visit, refused string) policy.Decision {
 	if a.Breaker {
 		o.kind = policy.ObstacleBreaker
 	}
-	return ex.clearWith(v, o, 0)
+	return v.clearWith(o, 0)
 }
 
 // rideThrough waits, when the upstream has ride_through, for an endpoint
@@ -133,9 +133,9 @@ func (ex *exchange) rideThrough(v *visit, changed <-chan struct{}) (again bool, 
 	case <-t.C:
 	case <-changed:
 	case <-ex.p.stopping:
-		return false, ex.interrupted(v)
+		return false, v.interrupted()
 	case <-ex.gone():
-		return false, ex.interrupted(v)
+		return false, v.interrupted()
 	}
 	return true, policy.ActionAttempt
 }
@@ -190,7 +190,7 @@ func (ex *exchange) release(v *visit, ep *upstream.Endpoint) bool {
 	}
 	spread := min(up.SlowStart(), up.Options().RideThrough) / 10
 	delay := time.Duration(v.rideDraw * float64(spread))
-	return ex.wait(v, min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
+	return v.wait(min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
 }
 
 // stopRiding gives back the ride-through queue place, if one is held.
@@ -199,4 +199,31 @@ func (lp *loopState) stopRiding() {
 		up.FreeRider()
 		lp.rider = nil
 	}
+}
+
+// takeConnection waits, up to queue_timeout, for a place among ep's
+// max_connections. That wait is Sturdy's own congestion, never the
+// upstream's fault: no attempt, no breaker count; when it runs out the
+// target is busy (fail over, or 503 upstream_busy).
+func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
+	ex.enter(phaseQueue)
+	start := ex.tr.queueStart()
+	lease, r := ep.Lease(ex.leaseRequest(v.t.up))
+	ex.tr.queued(start, r, sourceConnections)
+	switch r {
+	case upstream.LeaseTimedOut:
+		return lease, v.carry(v.clear(policy.ObstacleBusy, time.Second, 0, "max_connections"))
+	case upstream.LeaseCancelled:
+		return lease, v.interrupted()
+	}
+	return lease, policy.ActionAttempt
+}
+
+// leaseRequest is this request's ask for a place on up (a max_in_flight
+// slot, a connection place): waiting up to queue_timeout within the
+// deadline, ended by shutdown or the client leaving. It has the default
+// priority and no tenant: today's queues are first come, first served.
+func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
+	return upstream.LeaseRequest{Wait: min(up.Options().QueueTimeout, time.Until(ex.req.deadline)),
+		Cancel: ex.p.stopping, Gone: ex.gone()}
 }

@@ -213,6 +213,10 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*rou
 	return r, nil
 }
 
+// fallbackAfter reports whether a target that serves api follows target
+// ti (a fallback to fail over to).
+func (r *route) fallbackAfter(api policy.API, ti int) bool { return r.serving(api, ti+1) >= 0 }
+
 // serving returns the index of the first of r's targets from from on
 // whose upstream serves api (its apis), or -1 when none does.
 func (r *route) serving(api policy.API, from int) int {
