@@ -178,38 +178,23 @@ func TestTrailersAreReadBoundedAndDropped(t *testing.T) {
 // mid-answer at the test's moment.
 func gatedStream(t *testing.T, contentType string, chunks []string, gate <-chan struct{}) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				w := bufio.NewWriterSize(c, 64<<10)
-				fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", contentType)
-				for _, ch := range chunks {
-					fmt.Fprintf(w, "%x\r\n%s\r\n", len(ch), ch)
-				}
-				if w.Flush() != nil {
-					return
-				}
-				select {
-				case <-gate:
-				case <-time.After(20 * time.Second):
-				}
-			}()
+	return "http://" + upstreamtest.ServeConns(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
 		}
-	}()
-	return "http://" + ln.Addr().String()
+		w := bufio.NewWriterSize(c, 64<<10)
+		fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", contentType)
+		for _, ch := range chunks {
+			fmt.Fprintf(w, "%x\r\n%s\r\n", len(ch), ch)
+		}
+		if w.Flush() != nil {
+			return
+		}
+		select {
+		case <-gate:
+		case <-time.After(20 * time.Second):
+		}
+	})
 }
 
 // words is n chat chunks of a 4 KiB word each.
@@ -453,42 +438,28 @@ func TestDiscoveryLeavesOutSturdysOwnListener(t *testing.T) {
 // dropped, not cut. Five streams, one connection.
 func TestAConnectionIsKeptWhenTheLastChunkFollowsTheTerminator(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var conns atomic.Int64
-	go func() {
+	addr := upstreamtest.ServeConns(t, func(c net.Conn) {
+		conns.Add(1)
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					w := bufio.NewWriter(c)
-					fmt.Fprint(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-					for _, ch := range upstreamtest.SSE("Hi") {
-						fmt.Fprintf(w, "%x\r\n%s\r\n", len(ch), ch)
-					}
-					_ = w.Flush()
-					time.Sleep(5 * time.Millisecond)
-					fmt.Fprint(w, "0\r\n\r\n")
-					_ = w.Flush()
-				}
-			}()
+			_, _ = io.Copy(io.Discard, req.Body)
+			w := bufio.NewWriter(c)
+			fmt.Fprint(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			for _, ch := range upstreamtest.SSE("Hi") {
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(ch), ch)
+			}
+			_ = w.Flush()
+			time.Sleep(5 * time.Millisecond)
+			fmt.Fprint(w, "0\r\n\r\n")
+			_ = w.Flush()
 		}
-	}()
-	h := startProxy(t, "http://"+ln.Addr().String(), nil)
+	})
+	h := startProxy(t, "http://"+addr, nil)
 	for i := 0; i < 5; i++ {
 		if resp, body := h.chat(streamChat); resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 			t.Fatalf("stream %d: %d %q", i, resp.StatusCode, body)

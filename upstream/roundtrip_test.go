@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sturdy/internal/upstreamtest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,45 +23,30 @@ import (
 // "<close>" is written without it and the connection is closed.
 func scriptedUpstream(t *testing.T, reply string) (addr string, conns *atomic.Int32) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
 	conns = new(atomic.Int32)
-	go func() {
-		for {
-			c, err := ln.Accept()
+	return upstreamtest.ServeConns(t, func(c net.Conn) {
+		conns.Add(1)
+		br := bufio.NewReader(c)
+		for range 100 {
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for range 100 {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					body, closing := strings.CutSuffix(reply, "<close>")
-					for i, piece := range strings.Split(body, "<pause>") {
-						if i > 0 {
-							time.Sleep(30 * time.Millisecond)
-						}
-						if _, err := io.WriteString(c, piece); err != nil {
-							return
-						}
-					}
-					if closing {
-						return
-					}
+			_, _ = io.Copy(io.Discard, req.Body)
+			body, closing := strings.CutSuffix(reply, "<close>")
+			for i, piece := range strings.Split(body, "<pause>") {
+				if i > 0 {
+					time.Sleep(30 * time.Millisecond)
 				}
-			}()
+				if _, err := io.WriteString(c, piece); err != nil {
+					return
+				}
+			}
+			if closing {
+				return
+			}
 		}
-	}()
-	return ln.Addr().String(), conns
+	}), conns
 }
 
 // TestUpstreamTransportReadsBodies: a small body of known length is read

@@ -1,7 +1,9 @@
 // Package upstreamtest is a scripted model server for Sturdy's tests: a
 // real fasthttp server on 127.0.0.1:0 that answers each request with the
 // next step of a script (status, headers, body, streamed chunks with
-// delays, or a transport fault) and records every request it receives.
+// delays, or a transport fault) and records every request it receives;
+// and, for servers that misbehave below HTTP, raw ones (StartRaw, and
+// ServeConns, the one accept loop the tests' hand-written servers share).
 package upstreamtest
 
 import (
@@ -416,34 +418,45 @@ var SSEHeader = [2]string{"Content-Type", "text/event-stream"}
 // a test needs. It returns the http:// URL.
 func StartRaw(t testing.TB, replies ...string) string {
 	t.Helper()
+	var mu sync.Mutex
+	return "http://" + ServeConns(t, func(c net.Conn) {
+		mu.Lock()
+		reply := replies[0]
+		if len(replies) > 1 {
+			replies = replies[1:]
+		}
+		mu.Unlock()
+		_ = c.SetDeadline(time.Now().Add(MaxHang))
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			_, _ = io.WriteString(c, reply)
+		}
+	})
+}
+
+// ServeConns accepts connections on a free 127.0.0.1 port until the test
+// ends, handing each to handle on a goroutine of its own (and closing it
+// when handle returns); it returns the address (host:port). For servers
+// that misbehave below HTTP: a reply written raw, cut, paused or gated.
+func ServeConns(t testing.TB, handle func(c net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var mu sync.Mutex
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			reply := replies[0]
-			if len(replies) > 1 {
-				replies = replies[1:]
-			}
-			mu.Unlock()
 			go func() {
 				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(MaxHang))
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-					_, _ = io.WriteString(c, reply)
-				}
+				handle(c)
 			}()
 		}
 	}()
-	return "http://" + ln.Addr().String()
+	return ln.Addr().String()
 }
 
 // RaiseParallel parses the test flags and, unless -parallel was given,
