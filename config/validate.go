@@ -463,7 +463,7 @@ func (c *Config) validateRetry(p *problems, k string, rt Retry) {
 	if rt.BaseDelay > 0 && rt.MaxDelay > 0 && rt.MaxDelay < rt.BaseDelay {
 		p.bad(k+"max_delay", "must not be below base_delay (%v)", rt.BaseDelay)
 	}
-	if c.isWritten(k+"on_timeout") && rt.OnTimeout != "failover" && rt.OnTimeout != "retry" {
+	if _, err := policy.ParseOnTimeout(rt.OnTimeout); err != nil || (rt.OnTimeout == "" && c.isWritten(k+"on_timeout")) {
 		p.bad(k+"on_timeout", "must be failover or retry (got %q)", rt.OnTimeout)
 	}
 	if _, err := policy.ParseRetryOn(rt.On); err != nil {

@@ -715,3 +715,16 @@ func TestVerdictLabel(t *testing.T) {
 		}
 	}
 }
+
+func TestParseOnTimeout(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		want OnTimeout
+		bad  bool
+	}{{"", OnTimeoutDefault, false}, {"retry", OnTimeoutRetry, false}, {"failover", OnTimeoutFailover, false}, {"panic", OnTimeoutDefault, true}} {
+		if got, err := ParseOnTimeout(tt.name); got != tt.want || (err != nil) != tt.bad {
+			t.Errorf("%q: %v, %v", tt.name, got, err)
+		}
+	}
+}

@@ -36,6 +36,21 @@ func ParseRetryOn(names []string) (RetryOn, error) {
 	return on, nil
 }
 
+// ParseOnTimeout turns `retry.on_timeout` ("failover", "retry", or ""
+// for the default) into an OnTimeout; anything else is an error naming
+// the two.
+func ParseOnTimeout(name string) (OnTimeout, error) {
+	switch name {
+	case "":
+		return OnTimeoutDefault, nil
+	case "retry":
+		return OnTimeoutRetry, nil
+	case "failover":
+		return OnTimeoutFailover, nil
+	}
+	return OnTimeoutDefault, fmt.Errorf("must be failover or retry (got %q)", name)
+}
+
 // Backoff computes Sturdy's own wait between attempts with full jitter.
 type Backoff struct {
 	// Base is the wait bound before the first retry; it doubles per retry.

@@ -213,10 +213,6 @@ type Retry struct {
 	AttemptsOnClientRetry int `yaml:"attempts_on_client_retry"`
 }
 
-// onTimeout maps retry.on_timeout to policy's values.
-var onTimeout = map[string]policy.OnTimeout{"": policy.OnTimeoutDefault, "retry": policy.OnTimeoutRetry,
-	"failover": policy.OnTimeoutFailover}
-
 // Policy compiles the retry policy, its defaults filled for a route of
 // fallbacks fallbacks; an error names what is wrong with on or on_timeout.
 func (r Retry) Policy(fallbacks int) (policy.Retry, error) {
@@ -224,9 +220,9 @@ func (r Retry) Policy(fallbacks int) (policy.Retry, error) {
 	if err != nil {
 		return policy.Retry{}, err
 	}
-	ot, ok := onTimeout[r.OnTimeout]
-	if !ok {
-		return policy.Retry{}, fmt.Errorf("on_timeout must be failover or retry (got %q)", r.OnTimeout)
+	ot, err := policy.ParseOnTimeout(r.OnTimeout)
+	if err != nil {
+		return policy.Retry{}, fmt.Errorf("on_timeout %w", err)
 	}
 	return policy.Retry{MaxAttempts: r.MaxAttempts, Backoff: policy.Backoff{Base: r.BaseDelay, Max: r.MaxDelay},
 		MaxRetryAfter: r.MaxRetryAfter, On: on, ReplayWrites: r.ReplayWrites, MaxTotalAttempts: r.MaxTotalAttempts,

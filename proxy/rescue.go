@@ -78,8 +78,11 @@ func (st *stream) followForRescue(ti int) {
 	if st.rescueTarget() < 0 {
 		return
 	}
-	if rs.blocker = policy.Continuable(ex.ctx.Request.Body()); api == policy.APIAnthropic {
-		rs.blocker, rs.join = policy.ContinuableMessages(ex.ctx.Request.Body()), messageSeam{block: -1}
+	switch body := ex.ctx.Request.Body(); api {
+	case policy.APIAnthropic:
+		rs.blocker, rs.join = policy.ContinuableMessages(body), messageSeam{block: -1}
+	default:
+		rs.blocker = policy.Continuable(body)
 	}
 	rs.on = true
 	rs.pending = make([]byte, 0, headSize) // one read takes what a chunk brings
