@@ -247,7 +247,3 @@ type (
 	Percent  = units.Percent
 	Size     = units.Size
 )
-
-// ParseSize parses plain bytes or a number with a KB/KiB/MB/MiB/GB/GiB
-// suffix (units.ParseSize).
-func ParseSize(s string) (Size, error) { return units.ParseSize(s) }

@@ -170,20 +170,6 @@ func TestWrittenZeros(t *testing.T) {
 	}
 }
 
-func TestSizes(t *testing.T) {
-	tests := map[string]Size{"0": 0, "1024": 1024, "1KB": 1000, "1KiB": 1024, "32MiB": 32 << 20, "2MB": 2e6, "1 GiB": 1 << 30, "10B": 10}
-	for in, want := range tests {
-		if got, err := ParseSize(in); err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %v, %v; want %v", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "-1", "1TB", "MiB", "1.5MiB", "x"} {
-		if _, err := ParseSize(in); err == nil {
-			t.Errorf("ParseSize(%q) accepted", in)
-		}
-	}
-}
-
 func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 	tests := []struct {
 		name, yaml string

@@ -83,9 +83,7 @@ func (s ServerLimits) withDefaults() ServerLimits {
 	upstream.OrDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	upstream.OrDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
 	upstream.OrDefault(&s.WriteTimeout, DefaultWriteTimeout)
-	if s.MaxBufferedBytes <= 0 {
-		s.MaxBufferedBytes = DefaultMaxBufferedBytes
-	}
+	upstream.OrDefault(&s.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	return s
 }
 
@@ -233,18 +231,12 @@ func (r Route) withDefaults() Route {
 	upstream.OrDefault(&r.PathPrefix, "/")
 	upstream.OrDefault(&r.Retry.AttemptsOnClientRetry, DefaultClientRetries)
 	upstream.OrDefault(&r.Deadline, DefaultDeadline)
-	if r.MaxBody <= 0 {
-		r.MaxBody = DefaultMaxBody
-	}
+	upstream.OrDefault(&r.MaxBody, DefaultMaxBody)
 	if r.StreamHold != (StreamHold{}) {
 		upstream.OrDefault(&r.StreamHold.Max, DefaultStreamHoldMax)
-		if r.StreamHold.Bytes <= 0 {
-			r.StreamHold.Bytes = DefaultStreamHoldBytes
-		}
+		upstream.OrDefault(&r.StreamHold.Bytes, DefaultStreamHoldBytes)
 	}
-	if r.MaxRescueBytes <= 0 {
-		r.MaxRescueBytes = DefaultMaxRescueBytes
-	}
+	upstream.OrDefault(&r.MaxRescueBytes, DefaultMaxRescueBytes)
 	if r.MaxRescues == nil {
 		r.MaxRescues = new(DefaultMaxRescues)
 	}

@@ -4,7 +4,7 @@
 // error is reported so the loader collects every one with its line. It is
 // a leaf: the packages that declare config types (config, upstream) use it.
 //
-//	units.go   Duration, Percent, Size (ParseSize), TypeError
+//	units.go   Duration, Percent, Size (ParseSize), Enum, TypeError
 package units
 
 import (
@@ -101,4 +101,23 @@ func (z *Size) UnmarshalYAML(n *yaml.Node) error {
 // collects every such error with its line instead of stopping at the first.
 func TypeError(n *yaml.Node, format string, args ...any) error {
 	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d:%d: ", n.Line, n.Column) + fmt.Sprintf(format, args...)}}
+}
+
+// Enum decodes a scalar written as one of names' keys into its value;
+// anything else is a TypeError saying what is wanted ("least_requests,
+// round_robin or affinity") and what was got.
+func Enum[T any](n *yaml.Node, names map[string]T, want string) (T, error) {
+	var zero T
+	if n.Kind != yaml.ScalarNode {
+		got := "a list"
+		if n.Kind == yaml.MappingNode {
+			got = "a mapping (key: value)"
+		}
+		return zero, TypeError(n, "must be %s (got %s)", want, got)
+	}
+	v, ok := names[n.Value]
+	if !ok {
+		return zero, TypeError(n, "must be %s (got %q)", want, n.Value)
+	}
+	return v, nil
 }

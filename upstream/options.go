@@ -151,9 +151,7 @@ func (u Options) WithDefaults() Options {
 	if u.SlowStart == nil {
 		u.SlowStart = new(DefaultSlowStart)
 	}
-	if u.MaxEjected <= 0 {
-		u.MaxEjected = DefaultMaxEjected
-	}
+	OrDefault(&u.MaxEjected, DefaultMaxEjected)
 	if u.HealthCheck.Path != "" {
 		OrDefault(&u.HealthCheck.Every, DefaultHealthEvery)
 		OrDefault(&u.HealthCheck.Timeout, DefaultHealthTimeout)
@@ -201,16 +199,9 @@ func (c Continuation) Continues(api policy.API) bool {
 var continuations = map[string]Continuation{"": ContinueNone, "none": ContinueNone, "vllm": ContinueVLLM, "prefill": ContinuePrefill}
 
 // UnmarshalYAML reads continuation: vllm, prefill or none.
-func (c *Continuation) UnmarshalYAML(n *yaml.Node) error {
-	v, ok := continuations[n.Value]
-	if n.Kind != yaml.ScalarNode {
-		return units.TypeError(n, "must be vllm, prefill or none (got %s)", kindOf(n))
-	}
-	if !ok {
-		return units.TypeError(n, "must be vllm, prefill or none (got %q)", n.Value)
-	}
-	*c = v
-	return nil
+func (c *Continuation) UnmarshalYAML(n *yaml.Node) (err error) {
+	*c, err = units.Enum(n, continuations, "vllm, prefill or none")
+	return err
 }
 
 // APIs is a set of the request formats an upstream serves: OpenAI's
@@ -224,17 +215,6 @@ const (
 	ServesAnthropic
 )
 
-// kindOf names what a node holds that is not a scalar, for an error.
-func kindOf(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.MappingNode:
-		return "a mapping (key: value)"
-	}
-	return "an alias"
-}
-
 // UnmarshalYAML reads apis: a list of openai and anthropic.
 func (a *APIs) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
@@ -242,18 +222,18 @@ func (a *APIs) UnmarshalYAML(n *yaml.Node) error {
 	}
 	var set APIs
 	for _, item := range n.Content {
-		switch item.Value {
-		case "openai":
-			set |= ServesOpenAI
-		case "anthropic":
-			set |= ServesAnthropic
-		default:
-			return units.TypeError(item, "must be openai or anthropic (got %q)", item.Value)
+		api, err := units.Enum(item, apiNames, "openai or anthropic")
+		if err != nil {
+			return err
 		}
+		set |= api
 	}
 	*a = set
 	return nil
 }
+
+// apiNames are the values of apis: in a config file.
+var apiNames = map[string]APIs{"openai": ServesOpenAI, "anthropic": ServesAnthropic}
 
 // Serves says whether a request speaking api may go to an upstream
 // serving a (none set: both).
@@ -298,16 +278,9 @@ var balances = map[string]Balance{"": BalanceLeastRequests, "least_requests": Ba
 	"round_robin": BalanceRoundRobin, "affinity": BalanceAffinity}
 
 // UnmarshalYAML reads balance: least_requests, round_robin or affinity.
-func (b *Balance) UnmarshalYAML(n *yaml.Node) error {
-	v, ok := balances[n.Value]
-	if n.Kind != yaml.ScalarNode {
-		return units.TypeError(n, "must be least_requests, round_robin or affinity (got %s)", kindOf(n))
-	}
-	if !ok {
-		return units.TypeError(n, "must be least_requests, round_robin or affinity (got %q)", n.Value)
-	}
-	*b = v
-	return nil
+func (b *Balance) UnmarshalYAML(n *yaml.Node) (err error) {
+	*b, err = units.Enum(n, balances, "least_requests, round_robin or affinity")
+	return err
 }
 
 // Affinity says what keys a request for BalanceAffinity: a header's
@@ -367,7 +340,7 @@ type RetryBudget struct {
 }
 
 // OrDefault sets *v to def when it is zero (or negative).
-func OrDefault[T int | float64 | time.Duration | string](v *T, def T) {
+func OrDefault[T ~int | ~int64 | ~float64 | ~string](v *T, def T) {
 	var zero T
 	if *v == zero || (*v < zero) {
 		*v = def
