@@ -63,20 +63,8 @@ var rescueAPIs = []rescueAPI{
 		finish: func(id string) string {
 			return chatEvent(id, `{}`, `"stop"`) + "data: [DONE]\n\n"
 		},
-		failure: `data: {"error":{"message":"engine died","type":"server_error","code":null}}` + "\n\n",
-		continuation: func(b []byte) (string, bool) {
-			var body struct {
-				Messages []struct{ Role, Content string }
-			}
-			if json.Unmarshal(b, &body) != nil || len(body.Messages) == 0 {
-				return "", false
-			}
-			last := body.Messages[len(body.Messages)-1]
-			if last.Role != "assistant" {
-				return "", true
-			}
-			return last.Content, true
-		},
+		failure:      `data: {"error":{"message":"engine died","type":"server_error","code":null}}` + "\n\n",
+		continuation: prefilled,
 		read: func(data string) (string, bool, bool, bool) {
 			if data == "[DONE]" {
 				return "", true, false, false
@@ -110,20 +98,14 @@ var rescueAPIs = []rescueAPI{
 		failure: `event: error` + "\n" + `data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}` + "\n\n",
 		again:   " ",
 		continuation: func(b []byte) (string, bool) {
-			var body struct {
-				Messages []struct{ Role, Content string }
+			kept, ok := prefilled(b)
+			if !ok || kept == "" {
+				return kept, ok
 			}
-			if json.Unmarshal(b, &body) != nil || len(body.Messages) == 0 {
+			if strings.TrimRight(kept, " ") != kept { // Anthropic refuses a prefill ending in whitespace
 				return "", false
 			}
-			last := body.Messages[len(body.Messages)-1]
-			if last.Role != "assistant" {
-				return "", true
-			}
-			if strings.TrimRight(last.Content, " ") != last.Content { // Anthropic refuses a prefill ending in whitespace
-				return "", false
-			}
-			return last.Content + " ", true // the whitespace Sturdy stripped, which the continuation sends again
+			return kept + " ", true // the whitespace Sturdy stripped, which the continuation sends again
 		},
 		read: func(data string) (string, bool, bool, bool) {
 			var ev struct {
@@ -139,6 +121,22 @@ var rescueAPIs = []rescueAPI{
 			}
 			return ev.Delta.Text, ev.Type == "message_stop", ev.Type == "message_delta" && ev.Delta.StopReason != nil, false
 		}},
+}
+
+// prefilled reads a request's trailing assistant message (the text a
+// continuation carries; "" when the last message is not the assistant's),
+// ok false for a body that is not a chat request.
+func prefilled(b []byte) (string, bool) {
+	var body struct {
+		Messages []struct{ Role, Content string }
+	}
+	if json.Unmarshal(b, &body) != nil || len(body.Messages) == 0 {
+		return "", false
+	}
+	if last := body.Messages[len(body.Messages)-1]; last.Role == "assistant" {
+		return last.Content, true
+	}
+	return "", true
 }
 
 // chatEvent is a chat.completion.chunk event of stream id.
