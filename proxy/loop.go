@@ -441,8 +441,8 @@ func (ex *exchange) setCredential(up *upstream.Upstream) {
 	h.DelBytes(hdrAuthorization)
 	h.DelBytes(hdrXAPIKey)
 	switch {
-	case up.Auth() != nil && ex.req.api == policy.APIAnthropic && !up.Options().Bearer():
-		h.SetBytesKV(hdrXAPIKey, up.APIKey())
+	case up.Auth() != nil && ex.req.api == policy.APIAnthropic:
+		h.SetBytesKV(up.MessagesAuth())
 	case up.Auth() != nil:
 		h.SetBytesKV(hdrAuthorization, up.Auth())
 	case len(ex.tbl.authKeys) > 0:

@@ -24,7 +24,9 @@ type Upstream struct {
 	opts Options // as configured, to tell a changed definition on reload
 	env  *Env
 	auth []byte // "Bearer <api_key>", or nil to pass the client's
-	key  []byte // the api_key itself, for x-api-key
+	// msgAuth is the header api_key goes in on the Messages API's paths,
+	// and its value: x-api-key, or Authorization (api_key_header).
+	msgAuth, msgAuthValue []byte
 	// inFlight counts requests using this upstream, streams included.
 	inFlight atomic.Int64
 
@@ -87,7 +89,11 @@ func New(env *Env, o Options, prev *Upstream) (*Upstream, error) {
 		quit:       make(chan struct{}),
 	}
 	if o.APIKey != "" {
-		up.auth, up.key = []byte("Bearer "+o.APIKey), []byte(o.APIKey)
+		up.auth = []byte("Bearer " + o.APIKey)
+		up.msgAuth, up.msgAuthValue = []byte("x-api-key"), []byte(o.APIKey)
+		if o.Bearer() {
+			up.msgAuth, up.msgAuthValue = []byte("Authorization"), up.auth
+		}
 	}
 	if o.RateLimit.RequestsPerSecond > 0 {
 		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), o.RateLimit.Burst)
@@ -296,9 +302,11 @@ func (up *Upstream) Options() *Options { return &up.opts }
 // nil to pass the client's. It must never reach a log or an error.
 func (up *Upstream) Auth() []byte { return up.auth }
 
-// APIKey is the upstream's api_key itself (nil when it has none), as sent
-// in x-api-key; never to be logged.
-func (up *Upstream) APIKey() []byte { return up.key }
+// MessagesAuth is the header and value Sturdy sends api_key in on the
+// Messages API's paths (x-api-key, or Authorization: Bearer with
+// api_key_header: authorization); nil when the upstream has no api_key.
+// Never to be logged.
+func (up *Upstream) MessagesAuth() (name, value []byte) { return up.msgAuth, up.msgAuthValue }
 
 // Budget is the upstream's retry budget.
 func (up *Upstream) Budget() *policy.Budget { return up.budget }
