@@ -14,7 +14,6 @@ import (
 
 	"sturdy/breaker"
 	"sturdy/internal/upstreamtest"
-	"sturdy/policy"
 )
 
 func TestSuccessIsForwardedWithAttemptsAndRequestID(t *testing.T) {
@@ -795,8 +794,6 @@ func TestLargeBodyIsStreamedIntact(t *testing.T) {
 		t.Fatalf("got %d, %d bytes (content-length %d)", resp.StatusCode, len(body), resp.ContentLength)
 	}
 }
-
-var _ = policy.RetryOnAll
 
 func TestChunkedAndExpectContinueRequestBodiesAreForwardedWhole(t *testing.T) {
 	t.Parallel()
