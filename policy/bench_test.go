@@ -118,3 +118,16 @@ func TestHotDecisionsDoNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFollow reads a followed stream's events as a rescue does: a
+// chat chunk (FollowChunk) and a Messages API text delta (FollowMessage).
+func BenchmarkFollow(b *testing.B) {
+	chunk := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}`)
+	name := []byte("content_block_delta")
+	delta := []byte(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}`)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_, _, _ = FollowChunk(chunk)
+		_ = FollowMessage(name, delta)
+	}
+}

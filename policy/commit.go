@@ -30,7 +30,7 @@ const (
 // reads them in place and allocates nothing but the code of a failure.
 func Judge(api API, name, data []byte) (mark Mark, code string) {
 	// Read in place: no result outlives this call but the cloned code.
-	doc := gjson.Parse(unsafe.String(unsafe.SliceData(data), len(data)))
+	doc := inPlace(data)
 	switch api {
 	case APIChat, APICompletions:
 		// One pass over the top-level keys (each Get would scan from the
@@ -68,6 +68,10 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 	}
 	return MarkContent, ""
 }
+
+// inPlace parses the JSON in b without copying it: every string of the
+// result points into b, valid as long as b is and unchanged.
+func inPlace(b []byte) gjson.Result { return gjson.Parse(unsafe.String(unsafe.SliceData(b), len(b))) }
 
 // eventType is an event's type: its SSE name, else its data's "type"
 // (read in place).

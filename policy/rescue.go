@@ -29,14 +29,15 @@ func Continuable(body []byte) (why string) {
 }
 
 // FollowChunk reads one chat.completion.chunk of a committed stream (one
-// parse): its id, the text it adds to the answer (choice 0's content),
+// parse, in place: id and text point into data, to be copied if they
+// outlive it): its id, the text it adds to the answer (choice 0's content),
 // and what in it, once
 // streamed, rules a continuation out ("" for nothing): "tool_calls"
 // (partial JSON arguments), "reasoning" (a continuation would think
 // again), "refusal", "audio", or "finished" (a finish_reason: the answer
 // is whole, nothing is left to continue).
 func FollowChunk(data []byte) (id, text, blocker string) {
-	chunk := gjson.ParseBytes(data)
+	chunk := inPlace(data)
 	id = chunk.Get("id").Str
 	for _, c := range chunk.Get("choices").Array() {
 		d := c.Get("delta")
@@ -186,13 +187,12 @@ type MessageEvent struct {
 }
 
 // FollowMessage reads one event of a committed Messages API stream (one
-// parse): name is its SSE event name (its data's "type" when empty).
+// parse, in place: its strings point into name and data, to be copied if
+// they outlive them): name is its SSE event name (its data's "type" when
+// empty).
 func FollowMessage(name, data []byte) MessageEvent {
-	doc := gjson.ParseBytes(data)
-	m := MessageEvent{Type: string(name), Index: -1, OutputTokens: -1}
-	if m.Type == "" {
-		m.Type = doc.Get("type").String()
-	}
+	doc := inPlace(data)
+	m := MessageEvent{Type: eventType(name, doc), Index: -1, OutputTokens: -1}
 	if i := doc.Get("index"); i.Exists() {
 		m.Index = i.Int()
 	}
