@@ -515,7 +515,7 @@ func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte
 			m.mapped = true
 			if ev.Block == "text" && ev.Index == 0 && m.open && m.text { // joined: the client's block goes on
 				m.shift = m.block
-				return m.joined(dst, ev.Text, deltaOf(m.block))
+				return m.joined(dst, ev.Text)
 			}
 			dst = m.stopOpen(dst)
 			m.shift = m.block + 1 - ev.Index
@@ -566,20 +566,16 @@ func (m *messageSeam) edit(dst []byte, ev policy.MessageEvent, raw, data []byte,
 }
 
 // joined appends a joined block start's own text as a text_delta of the
-// client's block (template: deltaOf), less the seam's whitespace.
-func (m *messageSeam) joined(dst []byte, text string, template []byte) ([]byte, string) {
+// client's block, less the seam's whitespace (nothing when none is left).
+func (m *messageSeam) joined(dst []byte, text string) ([]byte, string) {
 	text = m.trimmed(text)
 	m.chars += utf8.RuneCountInString(text)
 	if text == "" {
 		return dst, ""
 	}
-	data, _ := sjson.SetBytes(template, "delta.text", text)
+	data := fmt.Appendf(nil, `{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":""}}`, m.block)
+	data, _ = sjson.SetBytes(data, "delta.text", text)
 	return messageEvent(dst, "content_block_delta", data), text
-}
-
-// deltaOf is an empty text_delta of block idx.
-func deltaOf(idx int64) []byte {
-	return fmt.Appendf(nil, `{"type":"content_block_delta","index":%d,"delta":{"type":"text_delta","text":""}}`, idx)
 }
 
 // trimmed is a continuation's text less the leading whitespace the seam
