@@ -35,7 +35,6 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
-	"go.yaml.in/yaml/v3"
 
 	"sturdy/admin"
 	"sturdy/config"
@@ -190,32 +189,28 @@ func servingSettings(c cli, proc string) settings {
 	return served.settings
 }
 
-// adminAddr is the admin address -healthcheck probes: -admin-listen, else
-// the file's admin.listen (or admin_listen), read for that key alone — a
-// file edited into something invalid, which the serving Sturdy refused to
-// reload, must not make it unhealthy —, else the container's default,
-// else the default.
+// adminAddr is the admin address -healthcheck probes: as adminListen
+// decides it, with the file's address read for that key alone
+// (config.AdminListenOf) — a file edited into something invalid, which the
+// serving Sturdy refused to reload, must not make it unhealthy.
 func adminAddr(s settings) string {
-	if s.adminListen != "" {
-		return s.adminListen
-	}
+	var file string
 	if b, err := os.ReadFile(s.configPath); s.configPath != "" && err == nil {
-		var f struct {
-			AdminListen string `yaml:"admin_listen"`
-			Admin       struct {
-				Listen string `yaml:"listen"`
-			} `yaml:"admin"`
-		}
-		if yaml.Unmarshal(b, &f) == nil {
-			if f.Admin.Listen != "" {
-				return f.Admin.Listen
-			}
-			if f.AdminListen != "" {
-				return f.AdminListen
-			}
-		}
+		file = config.AdminListenOf(b)
 	}
-	if d := os.Getenv("STURDY_DEFAULT_ADMIN_LISTEN"); d != "" {
+	return adminListen(s.adminListen, file)
+}
+
+// adminListen is the admin listener's address: the -admin-listen flag's,
+// else the one the file writes (file), else the container's default
+// (STURDY_DEFAULT_ADMIN_LISTEN), else config's default.
+func adminListen(flag, file string) string {
+	switch d := os.Getenv("STURDY_DEFAULT_ADMIN_LISTEN"); {
+	case flag != "":
+		return flag
+	case file != "":
+		return file
+	case d != "":
 		return d
 	}
 	return config.DefaultAdminListen
@@ -537,11 +532,11 @@ func loadConfig(s settings) (*config.Config, error) {
 	} else if d := os.Getenv("STURDY_DEFAULT_LISTEN"); d != "" && !cfg.Written("listen") {
 		cfg.Listen = d // a container's default: the file's listen wins over it
 	}
-	if s.adminListen != "" {
-		cfg.AdminListen = s.adminListen
-	} else if d := os.Getenv("STURDY_DEFAULT_ADMIN_LISTEN"); d != "" && !cfg.Written("admin_listen") {
-		cfg.AdminListen = d
+	file := ""
+	if cfg.Written("admin_listen") || cfg.Written("admin.listen") {
+		file = cfg.AdminListen
 	}
+	cfg.AdminListen = adminListen(s.adminListen, file)
 	name := s.configPath
 	if name == "" {
 		name = "default config"

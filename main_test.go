@@ -628,3 +628,31 @@ func TestAWrittenZeroLoads(t *testing.T) {
 		t.Fatalf("slow_start %v, max_rescues %v", s, r)
 	}
 }
+
+// TestTheAdminAddressComesFromTheFileBeforeTheContainerDefault: with the
+// image's STURDY_DEFAULT_ADMIN_LISTEN set, a file's admin.listen (or
+// admin_listen) still wins, for the server and for -healthcheck alike,
+// and the probe expands ${VAR} in it as the server does.
+func TestTheAdminAddressComesFromTheFileBeforeTheContainerDefault(t *testing.T) {
+	t.Setenv("STURDY_DEFAULT_ADMIN_LISTEN", ":9090")
+	t.Setenv("STURDY_TEST_ADMIN", "127.0.0.1:18491")
+	dir := t.TempDir()
+	for _, tc := range []struct{ yaml, want string }{
+		{"admin: {listen: 127.0.0.1:19090}\n", "127.0.0.1:19090"},
+		{"admin_listen: 127.0.0.1:19091\n", "127.0.0.1:19091"},
+		{"admin: {listen: \"${STURDY_TEST_ADMIN}\"}\n", "127.0.0.1:18491"},
+		{"log: {level: warn}\n", ":9090"},
+	} {
+		path := filepath.Join(dir, "admin.yaml")
+		if err := os.WriteFile(path, []byte(tc.yaml+"upstreams: [{name: a, url: 'http://127.0.0.1:1'}]\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadConfig(settings{configPath: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if probe := adminAddr(settings{configPath: path}); cfg.AdminListen != tc.want || probe != tc.want {
+			t.Errorf("%q: the server listens on %q, the probe asks %q; want %q", tc.yaml, cfg.AdminListen, probe, tc.want)
+		}
+	}
+}

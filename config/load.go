@@ -278,9 +278,6 @@ var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 // tracing's endpoint and header values with the environment's value
 // (empty when unset).
 func (c *Config) expandEnv() {
-	expand := func(s string) string {
-		return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
-	}
 	c.Listen = expand(c.Listen)
 	c.AdminListen = expand(c.AdminListen)
 	c.Admin.Token = expand(c.Admin.Token)
@@ -301,6 +298,32 @@ func (c *Config) expandEnv() {
 		}
 		c.Upstreams[i].APIKey = expand(c.Upstreams[i].APIKey)
 	}
+}
+
+// expand replaces each ${VAR} in s with the variable's value.
+func expand(s string) string {
+	return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
+}
+
+// AdminListenOf is the admin listener's address the config file data
+// writes — admin.listen, else its alias admin_listen, ${VAR} expanded as
+// Parse does — or "" when it writes none or is not YAML. It reads that
+// key alone and checks nothing: for the health probe, which must not fail
+// on a file the server would refuse.
+func AdminListenOf(data []byte) string {
+	var f struct {
+		AdminListen string `yaml:"admin_listen"`
+		Admin       struct {
+			Listen string `yaml:"listen"`
+		} `yaml:"admin"`
+	}
+	if yaml.Unmarshal(data, &f) != nil {
+		return ""
+	}
+	if f.Admin.Listen != "" {
+		return expand(f.Admin.Listen)
+	}
+	return expand(f.AdminListen)
 }
 
 // yamlLine matches yaml's "line N: msg" and typeError's "line N:C: msg".
