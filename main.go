@@ -70,8 +70,8 @@ type settings struct {
 // cli is the command line: the settings and what to do with them.
 type cli struct {
 	settings
-	check, healthcheck, version, runDemo bool
-	fs                                   *flag.FlagSet
+	check, healthcheck, version bool
+	fs                          *flag.FlagSet
 }
 
 // parseFlags reads args (environment variables give the defaults).
@@ -86,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (cli, error) {
 	fs.BoolVar(&c.check, "check", false, "validate the config, print what is wrong, exit 0 (valid) or 2 (invalid)")
 	fs.BoolVar(&c.healthcheck, "healthcheck", false, "exit 0 when /healthz on the admin listener answers (for container health checks); without -config or -admin-listen it probes the admin listener of the Sturdy that is PID 1 (a container's), flags included")
 	fs.BoolVar(&c.version, "version", false, "print version, commit and Go version")
-	fs.BoolVar(&c.runDemo, "demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
+	fs.BoolVar(&c.demo, "demo", false, "run in front of an embedded fake model server with a mild fault profile (no model needed)")
 	fs.Usage = func() {} // -h is answered by run, on stdout; a bad flag gets one hint
 	c.fs = fs
 	if err := fs.Parse(args); err != nil {
@@ -125,21 +125,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commitID(), runtime.Version())
 		return 0
 	}
-	if c.runDemo {
+	if s.demo {
 		fake, err := startDemoUpstream()
 		if err != nil {
 			fmt.Fprintln(stderr, "demo:", err)
 			return 2
 		}
 		defer fake.Close()
-		s.upstream, s.configPath, s.demo = fake.URL, "", true
+		s.upstream, s.configPath = fake.URL, ""
 	}
 	cfg, err := loadConfig(s)
 	if err != nil {
 		config.WriteProblems(stderr, err)
 		return 2
 	}
-	if c.runDemo {
+	if s.demo {
 		demoConfig(cfg)
 	}
 	switch {

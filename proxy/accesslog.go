@@ -106,7 +106,7 @@ func (s *summary) logAccess(log *zerolog.Logger) {
 		return
 	}
 	ev.Bytes(fieldID, s.id).Bytes(fieldMethod, s.method).Bytes(fieldPath, s.path)
-	if s.routed {
+	if s.rt != nil {
 		ev.Str(fieldRoute, s.route).Str(fieldUpstream, s.upstream)
 		if s.endpoint != "" {
 			ev.Str(fieldEndpoint, s.endpoint).Str(fieldBreaker, s.breaker).Str(fieldModelBreaker, s.modelBreaker)

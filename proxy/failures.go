@@ -80,7 +80,7 @@ func failed(s *summary) bool {
 	case outcomeOK, outcomePassThrough, outcomeRejected, outcomeUnauthorized, outcomeClientGone:
 		return false
 	case outcomeRateLimited:
-		return s.routed
+		return s.rt != nil
 	}
 	return true
 }

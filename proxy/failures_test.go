@@ -27,7 +27,7 @@ func TestTheFailureRingKeepsTheNewestFailures(t *testing.T) {
 		p.failures.record(&summary{outcome: outcomeExhausted, id: id, path: long, status: 503,
 			targets: []targetNote{{upstream: "u", attempts: 2, result: "5xx"}}})
 	}
-	p.failures.record(&summary{outcome: outcomeRateLimited, id: []byte("cooling"), routed: true, targets: []targetNote{{upstream: "u", result: "cooldown"}}})
+	p.failures.record(&summary{outcome: outcomeRateLimited, id: []byte("cooling"), rt: &route{}, targets: []targetNote{{upstream: "u", result: "cooldown"}}})
 	if got := p.Failures(); got[0].ID != "cooling" {
 		t.Fatalf("a 429 of every target's cooldown is not listed: %+v", got[0])
 	}

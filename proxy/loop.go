@@ -379,7 +379,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 	}
 	a.n, a.model, a.cont = lp.attempts, lp.model, ex.st.rescue.tries > 0
 	ex.aim(v, ep)
-	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), up.Name(), a)
+	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), a)
 	ex.roundTrip(t, a)
 	out := a.out
 	a.verdict = policy.Classify(out)

@@ -24,7 +24,6 @@ type summary struct {
 	// breaker and modelBreaker are their states as it ends.
 	route, upstream, endpoint string
 	breaker, modelBreaker     string
-	routed                    bool
 	// status and outcome are what the client got, errCode Sturdy's own
 	// error code (if it answered itself), stop why the loop stopped,
 	// cause what a breaker or a connection failure said (for
@@ -71,7 +70,7 @@ func (ex *exchange) summarize(s *summary) {
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
 	s.traceID, s.traced = ex.tr.traceID()
 	if r := ex.req.route; r != nil {
-		s.rt, s.routed, s.route, s.upstream = r, true, r.name, lp.up.Name()
+		s.rt, s.route, s.upstream = r, r.name, lp.up.Name()
 		s.answered = &r.targets[lp.ti] // where it went: its reply's, once committed (commit, continueOn)
 		if ep := lp.ep; ep != nil {
 			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(lp.model)

@@ -342,15 +342,13 @@ func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
 // startAttempt starts attempt a's client span under the request's and
 // puts its traceparent (and the client's tracestate) on the upstream
 // request q, so the model server's spans hang under this attempt. method
-// is the client's, up the upstream's name; a stale connection's replay
-// (a.stale) is marked sturdy.stale_replay.
-func (tr *traceState) startAttempt(q *outbound, method []byte, up string, a *attempt) {
+// is the client's; a stale connection's replay (a.stale) is marked
+// sturdy.stale_replay.
+func (tr *traceState) startAttempt(q *outbound, method []byte, a *attempt) {
 	if tr == nil { // the request is not traced
 		return
 	}
-	if tr.span == nil {
-		return
-	}
+	up := a.up.Name()
 	tr.endAttempt()
 	h := &q.msg.Header
 	h.Del("tracestate") // the client's, copied with its headers: Inject sends it again if its traceparent was valid
@@ -578,9 +576,6 @@ func (tr *traceState) end(sm *summary, broken error) {
 		return
 	}
 	s := tr.span
-	if s == nil {
-		return
-	}
 	if !tr.rec {
 		tr.endAttempt()
 		s.End()
@@ -618,7 +613,7 @@ func (sm *summary) spanAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 		attrBodySize.Int64(sm.bytesOut),
 		attrStream.Bool(sm.streaming),
 	)
-	if sm.routed {
+	if sm.rt != nil {
 		attrs = append(attrs, attrUpstream.String(sm.upstream))
 		if sm.endpoint != "" {
 			attrs = append(attrs, attrEndpoint.String(sm.endpoint))
@@ -654,7 +649,7 @@ func (sm *summary) spanAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 // traceID is the request's trace id, for the access line; false: not
 // traced.
 func (tr *traceState) traceID() (trace.TraceID, bool) {
-	if tr == nil || tr.span == nil {
+	if tr == nil {
 		return trace.TraceID{}, false
 	}
 	return tr.span.SpanContext().TraceID(), true
