@@ -528,8 +528,11 @@ func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) 
 		exhausted(policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])))
 	}
 	if ex.req.api == policy.APIAnthropic { // only its replies carry them: no header scans on every other
+		date := h.PeekCanonical(hdrDate)
 		for _, q := range anthropicLimits {
-			exhausted(policy.AnthropicLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1]), h.PeekCanonical(hdrDate), now))
+			if rem := h.PeekCanonical(q[0]); len(rem) > 0 { // its reset is read only when it is there
+				exhausted(policy.AnthropicLimitExhausted(rem, h.PeekCanonical(q[1]), date, now))
+			}
 		}
 	}
 	switch {
