@@ -318,7 +318,7 @@ func TestAModelFailingOnOneReplicaDoesNotEjectIt(t *testing.T) {
 		t.Fatalf("replica a: connection breaker %v, model breaker %v", ep.Breaker().State(), ep.ModelBreakerState("broken"))
 	}
 	before := a.served.Load()
-	h.burst(20, 2)
+	h.burst(40, 4) // requests in flight together: ties between the replicas are few (one of 9 full runs had none reach a with 2)
 	if a.served.Load() == before {
 		t.Fatal("replica a got no request for the other model")
 	}
