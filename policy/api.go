@@ -77,6 +77,12 @@ func APIOf(path []byte) API { return CallOf(path).API }
 // (files, batches, fine-tuning …) are not: they are retried only when the
 // request provably never left.
 func Replayable(method, path []byte, hasIdempotencyKey bool) bool {
+	return CallOf(path).Replayable(method, hasIdempotencyKey)
+}
+
+// Replayable is Replayable for a request of method to c's path (its
+// CallOf read once, by the caller).
+func (c Call) Replayable(method []byte, hasIdempotencyKey bool) bool {
 	if hasIdempotencyKey {
 		return true
 	}
@@ -84,7 +90,7 @@ func Replayable(method, path []byte, hasIdempotencyKey bool) bool {
 	case "GET", "HEAD", "OPTIONS":
 		return true
 	case "POST":
-		return CallOf(path).Inference
+		return c.Inference
 	}
 	return false
 }

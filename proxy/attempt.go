@@ -150,7 +150,7 @@ func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
 		return policy.FaultNone
 	}
 	cl := rp.msg.Header.ContentLength()
-	if api := ex.req.api; api != policy.APIOther && status < 300 && cl < 0 {
+	if api := ex.req.call.API; api != policy.APIOther && status < 300 && cl < 0 {
 		if kind := events.KindOf(rp.msg.Header.ContentType()); kind != 0 {
 			return ex.holdToCommit(a, kind, api)
 		}

@@ -73,8 +73,9 @@ type outbound struct {
 	start      time.Time
 	deadline   time.Time
 	replayable bool
-	// api is the streaming API the request speaks (its commit point).
-	api policy.API
+	// call is what the request's path calls: its API (the commit point,
+	// the error shape), whether it is inference, its operation's name.
+	call policy.Call
 	// firstToken bounds each attempt's first body byte when the request
 	// asks for a stream (route first_token); 0: no such bound.
 	firstToken time.Duration

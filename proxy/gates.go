@@ -35,7 +35,7 @@ func (v *visit) clear(kind policy.Obstacle, wait, maxWait time.Duration, limit s
 func (v *visit) clearWith(o obstacle, maxWait time.Duration) policy.Decision {
 	ex := v.ex
 	d := policy.Clear(policy.Gate{Obstacle: o.kind, Wait: o.wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
-		HasFallback: ex.req.route.fallbackAfter(ex.req.api, ex.loop.ti), N: v.n, Total: ex.loop.attempts})
+		HasFallback: ex.req.route.fallbackAfter(ex.req.call.API, ex.loop.ti), N: v.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
 		o.model = ex.loop.model
 		v.block(o)

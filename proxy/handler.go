@@ -31,7 +31,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ex.prepare()
-	ex.tr.route(ex.ctx, ex.req.route, ex.req.model)
+	ex.tr.route(ex.ctx.Method(), ex.req.route, ex.req.call, ex.req.model)
 	ex.run()
 	if !ex.out.reader { // else the body's reader ends it (CloseWithError)
 		ex.finish()
@@ -92,18 +92,18 @@ func (ex *exchange) admit() *apiError {
 		return e
 	}
 	model, stream := bodyFields(ctx.Request.Body())
-	ex.req.api = policy.APIOf(rawPath(uri))
+	ex.req.call = policy.CallOf(rawPath(uri))
 	ex.req.model = policy.ModelKey(model.Str) // the body's own bytes, unless too long to keep
 	r := ex.tbl.match(rawPath(uri), model)
 	if r == nil {
 		return newError(CodeRouteNotFound, rawPath(uri))
 	}
-	first := r.serving(ex.req.api, 0)
+	first := r.serving(ex.req.call.API, 0)
 	if first < 0 {
-		return newError(CodeAPINotServed, r.name, apiName(ex.req.api))
+		return newError(CodeAPINotServed, r.name, apiName(ex.req.call.API))
 	}
 	ex.req.route, ex.loop.up = r, r.targets[first].up
-	if asksToStream(ex.req.api, stream) {
+	if asksToStream(ex.req.call.API, stream) {
 		ex.req.firstToken = r.firstToken
 	}
 	if !confined(rawPath(uri), r.prefix) {
@@ -148,8 +148,7 @@ func (ex *exchange) prepare() {
 		rh.PeekCanonical(hdrRequestTimeout), rh.PeekCanonical(hdrXRequestTimeout)); ok && d < r.deadline {
 		q.deadline = q.start.Add(d)
 	}
-	path := rawPath(rh.RequestURI())
-	q.replayable = policy.Replayable(ctx.Method(), path, len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
+	q.replayable = q.call.Replayable(ctx.Method(), len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
 	q.retry = r.retry
 	if policy.RequestedRetries(rh.PeekCanonical(hdrStainlessRetryCount)) > 0 {
 		// The client is retrying on its own: its retries and ours multiply.

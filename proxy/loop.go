@@ -24,12 +24,12 @@ func (ex *exchange) run() {
 	r := ex.req.route
 	for ex.loop.ti = 0; ex.loop.ti < len(r.targets); ex.loop.ti++ {
 		t := &r.targets[ex.loop.ti]
-		if !t.up.Options().APIs.Serves(ex.req.api) { // passed over: it speaks another API (apis)
+		if !t.up.Options().APIs.Serves(ex.req.call.API) { // passed over: it speaks another API (apis)
 			ex.notes.target(t.up.Name(), "")
 			ex.notes.result(resultUnsupportedAPI, false)
 			continue
 		}
-		if ex.onTarget(t, &last, &in) != policy.ActionFailover || !ex.req.route.fallbackAfter(ex.req.api, ex.loop.ti) {
+		if ex.onTarget(t, &last, &in) != policy.ActionFailover || !ex.req.route.fallbackAfter(ex.req.call.API, ex.loop.ti) {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
@@ -310,7 +310,7 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
 	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.loop.counted(), AfterStale: at.stale,
-		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.req.route.fallbackAfter(ex.req.api, ex.loop.ti),
+		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.req.route.fallbackAfter(ex.req.call.API, ex.loop.ti),
 		Riding:    now.Before(v.rideUntil) && at.ep.Out(),
 		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
 	if vd.Class == policy.ClassRetryable {
@@ -441,7 +441,7 @@ func (ex *exchange) setCredential(up *upstream.Upstream) {
 	h.DelBytes(hdrAuthorization)
 	h.DelBytes(hdrXAPIKey)
 	switch {
-	case up.Auth() != nil && ex.req.api == policy.APIAnthropic:
+	case up.Auth() != nil && ex.req.call.API == policy.APIAnthropic:
 		h.SetBytesKV(up.MessagesAuth())
 	case up.Auth() != nil:
 		h.SetBytesKV(hdrAuthorization, up.Auth())
@@ -527,7 +527,7 @@ func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) 
 	for _, q := range [][2][]byte{{hdrRateLimitRemaining, hdrRateLimitReset}, {hdrRateLimitRemainingTokens, hdrRateLimitResetTokens}} {
 		exhausted(policy.RateLimitExhausted(h.PeekCanonical(q[0]), h.PeekCanonical(q[1])))
 	}
-	if ex.req.api == policy.APIAnthropic { // only its replies carry them: no header scans on every other
+	if ex.req.call.API == policy.APIAnthropic { // only its replies carry them: no header scans on every other
 		date := h.PeekCanonical(hdrDate)
 		for _, q := range anthropicLimits {
 			if rem := h.PeekCanonical(q[0]); len(rem) > 0 { // its reset is read only when it is there

@@ -69,7 +69,7 @@ var errInBand = errors.New("the upstream reported an error mid-stream")
 func (st *stream) followForRescue(ti int) {
 	ex := st.ex
 	rs := &st.rescue
-	api := ex.req.api
+	api := ex.req.call.API
 	if (api != policy.APIChat && api != policy.APIAnthropic) || st.kind != events.SSE || !st.chunked || ex.req.route.maxRescues == 0 ||
 		ex.out.outcome != outcomeOK {
 		return
@@ -201,7 +201,7 @@ func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
 		rs.done = ev.Data != nil
 		return false
 	}
-	mark, code := policy.Judge(st.ex.req.api, ev.Name, ev.Data)
+	mark, code := policy.Judge(st.ex.req.call.API, ev.Name, ev.Data)
 	if mark == policy.MarkFailure {
 		if policy.EventFailure(code).Class == policy.ClassRetryable && st.rescueState(st.rescueTarget(), false).Refusal() == "" {
 			return true
@@ -209,7 +209,7 @@ func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
 		rs.ready = append(rs.ready, raw...)
 		return false
 	}
-	if st.ex.req.api == policy.APIAnthropic {
+	if st.ex.req.call.API == policy.APIAnthropic {
 		st.followMessage(ev, raw)
 		return false
 	}
@@ -288,7 +288,7 @@ func (st *stream) rescueTarget() int {
 	ex := st.ex
 	ts := ex.req.route.targets
 	for i := st.rescue.ti; i < len(ts); i++ {
-		if o := ts[i].up.Options(); o.Continuation.Continues(ex.req.api) && o.APIs.Serves(ex.req.api) {
+		if o := ts[i].up.Options(); o.Continuation.Continues(ex.req.call.API) && o.APIs.Serves(ex.req.call.API) {
 			return i
 		}
 	}
@@ -426,7 +426,7 @@ func (st *stream) continuation(t *target) (b []byte, ws int, ok bool) {
 	rs := &st.rescue
 	var err error
 	switch {
-	case ex.req.api == policy.APIAnthropic:
+	case ex.req.call.API == policy.APIAnthropic:
 		b, ws, err = prefillMessages(ex.bodyFor(t), rs.text)
 	case len(rs.text) == 0:
 		return ex.bodyFor(t), 0, true

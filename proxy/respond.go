@@ -119,7 +119,7 @@ func (ex *exchange) serveBody(size int) {
 // follows [DONE] is not the stream's); any other body as it is.
 func (ex *exchange) untilTerminator(body []byte) []byte {
 	kind := events.KindOf(ex.reply.msg.Header.ContentType())
-	if kind == 0 || ex.req.api == policy.APIOther {
+	if kind == 0 || ex.req.call.API == policy.APIOther {
 		return body
 	}
 	var s events.Scanner
@@ -206,7 +206,7 @@ func (ex *exchange) fail(e *apiError) {
 	if ex.reply.has {
 		e.details.LastStatus = ex.reply.msg.StatusCode()
 	}
-	e.write(ex.ctx, ex.req.id, ex.req.api)
+	e.write(ex.ctx, ex.req.id, ex.req.call.API)
 	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
 	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
 	if ex.loop.attempts > 0 {

@@ -110,7 +110,7 @@ func (st *stream) Read(p []byte) (int, error) {
 func (st *stream) relayed(b []byte) int {
 	ex := st.ex
 	if st.kind != 0 {
-		if ex.req.api != policy.APIOther {
+		if ex.req.call.API != policy.APIOther {
 			b = b[:st.scan.Feed(b)]
 			st.over = st.scan.Ended()
 		} else {
@@ -233,7 +233,7 @@ func (st *stream) interruptionTail() []byte {
 			b = append(b, '\n')
 		}
 		e.details = errorDetails{Upstream: up.Name(), Attempts: ex.loop.attempts, LastStatus: out.status}
-		b = shapeOf(ex.req.api).event(b, e, st.scan.Events())
+		b = shapeOf(ex.req.call.API).event(b, e, st.scan.Events())
 	default:
 		if st.scan.InLine() {
 			b = append(b, '\n')

@@ -63,7 +63,7 @@ type summary struct {
 // summarize reads the finished request into s.
 func (ex *exchange) summarize(s *summary) {
 	lp, out, n, rs := &ex.loop, &ex.out, &ex.notes, &ex.st.rescue
-	*s = summary{id: ex.req.id, method: ex.ctx.Method(), path: rawPath(ex.ctx.Request.Header.RequestURI()), api: ex.req.api,
+	*s = summary{id: ex.req.id, method: ex.ctx.Method(), path: rawPath(ex.ctx.Request.Header.RequestURI()), api: ex.req.call.API,
 		status: out.status, outcome: out.outcome, errCode: out.errCode, stop: lp.stop, attempts: lp.attempts,
 		streaming: out.streaming, bytesOut: out.bytesOut, ttfb: out.ttfb, ttft: out.ttft, dur: time.Since(ex.req.start),
 		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries],

@@ -316,7 +316,7 @@ func providerOf(api policy.API) string {
 
 // route names the server span for the route r the request took and
 // notes the model it asked for (the request's, read in place).
-func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
+func (tr *traceState) route(method []byte, r *route, call policy.Call, model string) {
 	if tr == nil { // the request is not traced
 		return
 	}
@@ -324,13 +324,13 @@ func (tr *traceState) route(ctx *fasthttp.RequestCtx, r *route, model string) {
 	if !tr.rec {
 		return
 	}
-	s.SetName(spanText(ctx.Method()) + " " + string(r.prefix))
+	s.SetName(spanText(method) + " " + string(r.prefix))
 	attrs := append(tr.attrs, attrRoute.String(string(r.prefix)), attrSturdyRoute.String(r.name))
-	if call := policy.CallOf(rawPath(ctx.Request.Header.RequestURI())); call.Operation != "" {
+	if call.Operation != "" {
 		attrs = append(attrs, attrOperation.String(call.Operation))
-		if p := providerOf(call.API); p != "" {
-			attrs = append(attrs, attrProvider.String(p))
-		}
+	}
+	if p := providerOf(call.API); p != "" {
+		attrs = append(attrs, attrProvider.String(p))
 	}
 	if model != "" {
 		tr.model = strings.Clone(model) // policy.ModelKey's: at most 256 bytes
