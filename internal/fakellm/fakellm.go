@@ -56,6 +56,11 @@ type Outage struct {
 	Reset bool          `yaml:"reset"`
 }
 
+// covers says whether the server's age since is inside the outage.
+func (o Outage) covers(since time.Duration) bool {
+	return o.To > o.From && since >= o.From && since < o.To
+}
+
 // Profile is a fault mix. Probabilities are per request, in [0, 1], and
 // add up to at most 1; the rest of the requests are answered normally.
 type Profile struct {
@@ -217,8 +222,7 @@ func (s *Server) fate(now time.Time) (fate string, status int, ttft, itl time.Du
 	}
 	ttft, itl = jitter(p.TTFT), jitter(p.InterToken)
 	x := s.rng.Float64()
-	since := now.Sub(start)
-	if p.Outage.To > p.Outage.From && since >= p.Outage.From && since < p.Outage.To {
+	if p.Outage.covers(now.Sub(start)) {
 		s.fates[FateOutage]++
 		s.inOutage.Add(1)
 		return FateOutage, 503, ttft, itl
@@ -379,7 +383,7 @@ func (s *Server) health(ctx *fasthttp.RequestCtx, path string, now time.Time) {
 	s.mu.Lock()
 	since := now.Sub(s.start)
 	s.mu.Unlock()
-	if p.Outage.To > p.Outage.From && since >= p.Outage.From && since < p.Outage.To {
+	if p.Outage.covers(since) {
 		if p.Outage.Reset {
 			ResetBeforeResponse(ctx)
 			return
@@ -480,10 +484,9 @@ func writeVector(ctx *fasthttp.RequestCtx, b64 bool) {
 // endpoints are the paths the fake server serves, with the method and
 // the body fields each needs (what a real server rejects without them).
 var endpoints = map[string]struct {
-	method    string
-	needs     []string
-	ollama    bool
-	anthropic bool
+	method string
+	needs  []string
+	ollama bool
 }{
 	"/v1/chat/completions":      {method: "POST", needs: []string{"model", "messages"}},
 	"/v1/completions":           {method: "POST", needs: []string{"model", "prompt"}},
@@ -492,8 +495,8 @@ var endpoints = map[string]struct {
 	"/v1/models":                {method: "GET"},
 	"/api/chat":                 {method: "POST", needs: []string{"model", "messages"}, ollama: true},
 	"/api/generate":             {method: "POST", needs: []string{"model"}, ollama: true},
-	"/v1/messages":              {method: "POST", needs: []string{"model", "messages", "max_tokens"}, anthropic: true},
-	"/v1/messages/count_tokens": {method: "POST", needs: []string{"model", "messages"}, anthropic: true},
+	"/v1/messages":              {method: "POST", needs: []string{"model", "messages", "max_tokens"}},
+	"/v1/messages/count_tokens": {method: "POST", needs: []string{"model", "messages"}},
 }
 
 // refuse answers a request a real server would refuse — an unknown path
@@ -535,10 +538,10 @@ func refuse(ctx *fasthttp.RequestCtx, path string) bool {
 	case ep.ollama:
 		fmt.Fprintf(ctx, `{"error":%q}`, msg)
 		return true
-	case ep.anthropic || (!ok && anthropicPath(path)):
-		typ := map[int]string{404: "not_found_error", 405: "invalid_request_error"}[status]
-		if typ == "" {
-			typ = "invalid_request_error"
+	case anthropicPath(path):
+		typ := "invalid_request_error"
+		if status == 404 {
+			typ = "not_found_error"
 		}
 		fmt.Fprintf(ctx, `{"type":"error","error":{"type":%q,"message":%q},"request_id":"req_fake"}`, typ, msg)
 		return true
