@@ -42,6 +42,7 @@ import (
 	"sturdy/metrics"
 	"sturdy/proxy"
 	"sturdy/tracing"
+	"sturdy/upstream"
 )
 
 // version and commit are stamped at build time:
@@ -376,39 +377,16 @@ func warnUnanswered(logger zerolog.Logger, cfg *config.Config) {
 			if err != nil || target.Host == "" {
 				continue
 			}
-			addr := target.Host
-			if target.Port() == "" {
-				port := "80"
-				if target.Scheme == "https" {
-					port = "443"
-				}
-				addr = net.JoinHostPort(target.Hostname(), port)
-			}
-			c, err := net.DialTimeout("tcp", addr, startProbeTimeout)
+			host, port := upstream.SplitHostPort(target.Host, target.Scheme)
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(port)), startProbeTimeout)
 			if err == nil {
 				c.Close()
 				continue
 			}
-			logger.Warn().Str("upstream", u.Name).Str("url", target.Scheme+"://"+target.Host).Str("error", describeDialError(err)).
+			logger.Warn().Str("upstream", u.Name).Str("url", target.Scheme+"://"+target.Host).Str("error", proxy.WhyUnreachable(err)).
 				Msg("the upstream does not answer at start; requests to it fail until it does (no model server? try -demo)")
 		}
 	}
-}
-
-// describeDialError is a dial error as the OS says it: "connection
-// refused", "no such host", "i/o timeout".
-func describeDialError(err error) string {
-	var dns *net.DNSError
-	var sys *os.SyscallError
-	switch {
-	case errors.As(err, &dns):
-		return dns.Err
-	case errors.As(err, &sys):
-		return sys.Err.Error()
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return "i/o timeout"
-	}
-	return err.Error()
 }
 
 // demoWatch is a curl loop that shows the demo's requests as they go, one

@@ -43,7 +43,7 @@ type attempt struct {
 	out     policy.Outcome
 	verdict policy.Verdict
 	// why says why a try without a response reached nothing
-	// (whyUnreachable); refused that its connection was refused (nothing
+	// (WhyUnreachable); refused that its connection was refused (nothing
 	// listened). Both are set as it is sent (roundTrip): a try not sent
 	// keeps the last one's.
 	why     string
@@ -93,7 +93,7 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 			f = policy.FaultStale
 		default:
 			f = faultOf(err)
-			a.why, a.refused = whyUnreachable(err), refusedConnection(err)
+			a.why, a.refused = WhyUnreachable(err), refusedConnection(err)
 		}
 		ex.sampled(a, f)
 		ex.reply.close()

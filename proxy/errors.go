@@ -308,9 +308,9 @@ func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte, api policy.AP
 // as if it had succeeded.
 var errStreamAborted = errors.New("upstream stream failed mid-body")
 
-// whyUnreachable names, in a few fixed words (never quoting a server),
+// WhyUnreachable names, in a few fixed words (never quoting a server),
 // why an attempt got no response: the OS's or the TLS library's reason.
-func whyUnreachable(err error) string {
+func WhyUnreachable(err error) string {
 	var dns *net.DNSError
 	var unknownCA x509.UnknownAuthorityError
 	var badHost x509.HostnameError
