@@ -72,7 +72,8 @@ func (a *attempt) failureCause() string {
 // first_byte, or for a stream the route's first_token when shorter, cut
 // short by the deadline. It only reports what happened; the loop asks
 // policy what that means.
-func (ex *exchange) roundTrip(t *target, a *attempt) {
+func (v *visit) roundTrip(a *attempt) {
+	ex, t := v.ex, v.t
 	timeout := min(t.up.Options().Timeouts.FirstByte, ex.req.deadline.Sub(a.sentAt))
 	if ex.req.firstToken > 0 {
 		timeout = min(timeout, ex.req.firstToken)
@@ -84,18 +85,18 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 	resp := ex.reply.msg
 	ex.reply.heldToEnd = false
 	a.why, a.refused = "", false // this attempt's, not an earlier one's
-	ex.enter(phaseHead)
-	if err := a.ep.Send(&ex.reply.conn, ex.req.msg, resp, timeout); err != nil || ex.isGone.Load() {
+	ex.client.enter(phaseHead)
+	if err := a.ep.Send(&ex.client.inUse, ex.req.msg, resp, timeout); err != nil || ex.client.isGone.Load() {
 		f := policy.FaultClientGone
 		switch {
-		case ex.isGone.Load():
+		case ex.client.isGone.Load():
 		case !upstream.IsTimeout(err) && upstream.Stale(resp):
 			f = policy.FaultStale
 		default:
 			f = faultOf(err)
 			a.why, a.refused = WhyUnreachable(err), refusedConnection(err)
 		}
-		ex.sampled(a, f)
+		v.sampled(a, f)
 		ex.reply.close()
 		a.out = policy.Outcome{Fault: f}
 		return
@@ -108,16 +109,16 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 	status := resp.StatusCode()
 	out := &a.out
 	*out = policy.Outcome{Status: status}
-	if f := ex.readHead(a, status); f != policy.FaultNone {
-		if ex.isGone.Load() { // the watcher closed the connection: no fault of the upstream's
+	if f := v.readHead(a, status); f != policy.FaultNone {
+		if ex.client.isGone.Load() { // the watcher closed the connection: no fault of the upstream's
 			f = policy.FaultClientGone
 		}
-		ex.sampled(a, f)
+		v.sampled(a, f)
 		ex.reply.close()
 		*out = policy.Outcome{Fault: f}
 		return
 	}
-	ex.sampled(a, policy.FaultNone) // the first output is held: the attempt's ttft
+	v.sampled(a, policy.FaultNone) // the first output is held: the attempt's ttft
 	// An error event before the stream's first output (judge): what it
 	// means is policy's (EventFailure). A retryable one gives the stream up.
 	if out.StreamFailed && policy.EventFailure(out.StreamError).Class == policy.ClassRetryable {
@@ -140,7 +141,8 @@ func (ex *exchange) roundTrip(t *target, a *attempt) {
 // headers. A body of unknown length (a stream) gives one chunk, unless it
 // is a 429/5xx (inspected or kept as the last reply) or a 400 the route
 // may fail over on, which are read whole up to the head's size.
-func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
+func (v *visit) readHead(a *attempt, status int) policy.Fault {
+	ex := v.ex
 	rp := &ex.reply
 	rp.head, rp.headOff = rp.head[:0], 0
 	rp.body = rp.msg.BodyStream()
@@ -152,7 +154,7 @@ func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
 	cl := rp.msg.Header.ContentLength()
 	if api := ex.req.call.API; api != policy.APIOther && status < 300 && cl < 0 {
 		if kind := events.KindOf(rp.msg.Header.ContentType()); kind != 0 {
-			return ex.holdToCommit(a, kind, api)
+			return v.holdToCommit(a, kind, api)
 		}
 	}
 	whole := cl >= 0 || status == 429 || status == 402 || status >= 500 || (status == 400 && len(ex.req.route.failoverCodes) > 0)
@@ -160,7 +162,7 @@ func (ex *exchange) readHead(a *attempt, status int) policy.Fault {
 		n, err := rp.body.Read(rp.head[len(rp.head):cap(rp.head)])
 		rp.head = rp.head[:len(rp.head)+n]
 		if err == io.EOF {
-			ex.sampled(a, policy.FaultNone)
+			v.sampled(a, policy.FaultNone)
 			ex.reply.close() // fully read: the connection goes back to the pool
 			return policy.FaultNone
 		}
@@ -189,7 +191,8 @@ const maxHold = 1 << 20
 // it (noted on a's outcome), the stream's end, or maxHold bytes. Until
 // then nothing is committed, so a stream that fails in its framing is
 // retried like any failure, and first_token runs to the first output.
-func (ex *exchange) holdToCommit(a *attempt, kind events.Kind, api policy.API) policy.Fault {
+func (v *visit) holdToCommit(a *attempt, kind events.Kind, api policy.API) policy.Fault {
+	ex := v.ex
 	rp := &ex.reply
 	judged := 0
 	for {
@@ -198,14 +201,14 @@ func (ex *exchange) holdToCommit(a *attempt, kind events.Kind, api policy.API) p
 		switch {
 		case mark == policy.MarkContent && ex.req.route.streamHold.Max > 0 && !ex.out.streaming: // not a continuation's
 			upstream.MarkStreaming(rp.msg)
-			return ex.holdWindow(a, kind, api, judged)
+			return v.holdWindow(a, kind, api, judged)
 		case mark != policy.MarkFraming, len(rp.head) >= maxHold:
 			upstream.MarkStreaming(rp.msg)
 			return policy.FaultNone
 		}
 		// At the stream's end the whole stream was framing: it goes as it
 		// is, and its end is checked as a stream's (see Read).
-		if done, f := ex.holdMore(a, maxHold, nil); done || f != policy.FaultNone {
+		if done, f := v.holdMore(a, maxHold, nil); done || f != policy.FaultNone {
 			return f
 		}
 	}
@@ -218,7 +221,8 @@ func (ex *exchange) holdToCommit(a *attempt, kind events.Kind, api policy.API) p
 // error — is the attempt's, retried or failed over from scratch with
 // nothing sent; past it the stream flows as any. judged is how much of
 // the head has been judged.
-func (ex *exchange) holdWindow(a *attempt, kind events.Kind, api policy.API, judged int) policy.Fault {
+func (v *visit) holdWindow(a *attempt, kind events.Kind, api policy.API, judged int) policy.Fault {
+	ex := v.ex
 	rp, hold := &ex.reply, ex.req.route.streamHold
 	until := time.Now().Add(hold.Max)
 	if until.After(ex.req.deadline) {
@@ -230,7 +234,7 @@ func (ex *exchange) holdWindow(a *attempt, kind events.Kind, api policy.API, jud
 	// follows. So a silence inside
 	// the window holds the head until the next bytes (or idle passes,
 	// which is a stall: retried).
-	ex.enter(phaseStreamHold)
+	ex.client.enter(phaseStreamHold)
 	var scan events.Scanner
 	scan.Reset(kind)
 	_, _ = scan.Write(rp.head)
@@ -240,7 +244,7 @@ func (ex *exchange) holdWindow(a *attempt, kind events.Kind, api policy.API, jud
 			len(rp.head) >= int(hold.Bytes) || !time.Now().Before(until) {
 			return policy.FaultNone
 		}
-		if done, f := ex.holdMore(a, int(hold.Bytes), &scan); done || f != policy.FaultNone {
+		if done, f := v.holdMore(a, int(hold.Bytes), &scan); done || f != policy.FaultNone {
 			return f
 		}
 	}
@@ -277,7 +281,8 @@ func (a *attempt) judge(head []byte, kind events.Kind, api policy.API, judged in
 // stream goes on as it stands; a fault, that it failed: a cut, a stall
 // past idle — or, followed by scan, an end that only the connection's
 // close made, before the stream's terminator.
-func (ex *exchange) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool, f policy.Fault) {
+func (v *visit) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool, f policy.Fault) {
+	ex := v.ex
 	rp := &ex.reply
 	before := len(rp.head)
 	var room bool
@@ -297,7 +302,7 @@ func (ex *exchange) holdMore(a *attempt, limit int, scan *events.Scanner) (done 
 				return false, policy.FaultReset
 			}
 		}
-		ex.sampled(a, policy.FaultNone)
+		v.sampled(a, policy.FaultNone)
 		ex.reply.close()
 		rp.heldToEnd = true
 		return true, policy.FaultNone
@@ -342,8 +347,9 @@ func (rp *reply) close() {
 // token from when it was sent, counted unless it is a stale connection's
 // replay, its client left, or it failed before it was sent (a failed
 // dial, no connection, a stale connection's).
-func (ex *exchange) sampled(a *attempt, f policy.Fault) {
-	counts := !a.stale && !ex.isGone.Load()
+func (v *visit) sampled(a *attempt, f policy.Fault) {
+	ex := v.ex
+	counts := !a.stale && !ex.client.isGone.Load()
 	switch f {
 	case policy.FaultClientGone, policy.FaultStale, policy.FaultConnect, policy.FaultLocal:
 		counts = false

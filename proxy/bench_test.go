@@ -207,10 +207,10 @@ func cooldownCase(tb testing.TB, inForce bool) (check func() time.Duration) {
 	ctx.Request.Header.Set("Authorization", "Bearer sk-bench")
 	ex := &exchange{p: p, ctx: ctx}
 	ex.loop.model = "gpt-4o"
-	v := &visit{t: &target{up: up}}
+	v := &visit{ex: ex, t: &target{up: up}}
 	return func() time.Duration {
 		v.coolKnown = false // a new request: its key is computed again
-		return ex.cooldownLeft(v, now)
+		return v.cooldownLeft(now)
 	}
 }
 

@@ -3,7 +3,8 @@
 // `go run ./tools/shape` lists the file-level cycles):
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
-//	loop.go     targets, gates          run → onTarget (a visit per target) → attemptOn (gate, choose, send) → decide
+//	loop.go     targets, gates          run → onTarget → visit.run (one visit per target: useTarget, then
+//	                                    attemptOn: gate, choose, send; then decide)
 //	gates.go    obstacles and waits     visit.clear → policy.Clear → block (the loop's obstruction); visit.wait,
 //	                                    interrupted, carry: what loop.go and pool.go both go through
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
@@ -36,7 +37,7 @@
 //   - waits end early on shutdown or when the client leaves: visit.wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving
 //     is noticed by the watcher (watch_linux.go) and acted on by
-//     clientLeft (gone.go), which also closes the upstream connection an
+//     presence.left (gone.go), which also closes the upstream connection an
 //     attempt holds (upstream.Hold.Sever);
 //   - commit and the answer: respond; every error body: errorTable, in the
 //     shape of the request's API (errorShapes), written by apiError.write
@@ -78,7 +79,7 @@
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)
 //	listener.go    the client listener: accept errors, max_connections, write deadlines
-//	gone.go        phases, and a client's leaving acted on (clientLeft)
+//	gone.go        phases, and the client's presence: a client's leaving acted on (presence.left)
 //	watch_linux.go, watch_other.go   the watcher that sees clients leave (epoll on Linux)
 //	fdlimit_unix.go, fdlimit_other.go   the file descriptor limit behind max_connections' default
 package proxy

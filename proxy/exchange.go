@@ -3,7 +3,6 @@ package proxy
 import (
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -39,14 +38,9 @@ type exchange struct {
 	p   *Proxy
 	tbl *table // the configuration this request started with
 	ctx *fasthttp.RequestCtx
-	// cc is the client connection (nil outside Serve); goneCh closes and
-	// isGone is set when the client leaves; phase is where the request
-	// stands, gonePhase where it stood then.
-	cc        *clientConn
-	goneCh    chan struct{}
-	isGone    atomic.Bool
-	phase     atomic.Uint32
-	gonePhase atomic.Uint32
+	// client is whether the client is still there, and where the request
+	// stands (gone.go).
+	client presence
 	// held is what the request holds of the proxy's buffer budget
 	// (server.max_buffered_bytes), given back when it ends.
 	held share
@@ -138,10 +132,10 @@ type ownCooldown struct {
 // before commit.
 type reply struct {
 	msg *fasthttp.Response
-	// conn is what the request holds of the upstream connection in use
-	// (an attempt's, then the stream's), to close when the client leaves
-	// or Shutdown's grace ends (upstream.Hold.Sever).
-	conn upstream.Hold
+	// conn is where the request holds the upstream connection in use
+	// (its presence's inUse: closed when the client leaves or Shutdown's
+	// grace ends), let go of as the reply is closed.
+	conn *upstream.Hold
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
 	// ttft, and whether that counts: not for a stale connection's replay,
@@ -222,8 +216,9 @@ type targetNote struct {
 }
 
 var exchangePool = sync.Pool{New: func() any {
-	ex := &exchange{goneCh: make(chan struct{}), req: outbound{msg: new(fasthttp.Request)},
+	ex := &exchange{client: presence{goneCh: make(chan struct{})}, req: outbound{msg: new(fasthttp.Request)},
 		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}, st: new(stream)}
+	ex.reply.conn = &ex.client.inUse
 	ex.st.ex = ex
 	return ex
 }}
@@ -231,8 +226,8 @@ var exchangePool = sync.Pool{New: func() any {
 // finish logs and measures the request and returns the exchange to the
 // pool.
 func (ex *exchange) finish() {
-	if ex.cc != nil {
-		ex.cc.serving(nil)
+	if cc := ex.client.cc; cc != nil {
+		cc.serving(nil)
 	}
 	ex.loop.leaveTarget()
 	var s summary
@@ -247,18 +242,18 @@ func (ex *exchange) finish() {
 	ex.p.held.give(ex.held.n)
 	ex.req.msg.Reset()
 	ex.reply.msg.Reset()
-	gone := ex.goneCh
-	if ex.isGone.Load() {
+	gone := ex.client.goneCh
+	if ex.client.isGone.Load() {
 		gone = make(chan struct{}) // a closed one cannot be reused
 	}
 	st := ex.st
 	*st = stream{ex: ex}
 	*ex = exchange{
 		st:     st,
-		goneCh: gone,
+		client: presence{goneCh: gone},
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
-		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head)},
+		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head), conn: &ex.client.inUse},
 	}
 	exchangePool.Put(ex)
 }

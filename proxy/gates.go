@@ -65,11 +65,11 @@ func (v *visit) block(o obstacle) {
 // says who set the wait (for a trace).
 func (v *visit) wait(d time.Duration, source string) bool {
 	ex := v.ex
-	ex.tr.wait(phase(ex.phase.Load()), d, source)
+	ex.tr.wait(phase(ex.client.phase.Load()), d, source)
 	if d <= 0 {
 		select {
 		case <-ex.p.stopping:
-		case <-ex.goneCh:
+		case <-ex.client.goneCh:
 		default:
 			return true
 		}
@@ -82,7 +82,7 @@ func (v *visit) wait(d time.Duration, source string) bool {
 	case <-t.C:
 		return true
 	case <-ex.p.stopping:
-	case <-ex.goneCh:
+	case <-ex.client.goneCh:
 	}
 	v.interrupted()
 	return false

@@ -1,5 +1,11 @@
 package proxy
 
+import (
+	"sync/atomic"
+
+	"sturdy/upstream"
+)
+
 // phase is where a request stands, for the access log and
 // sturdy_client_gone_total when its client leaves.
 type phase uint32
@@ -28,23 +34,38 @@ func (p phase) String() string {
 	return ""
 }
 
-// enter records the phase the request is in now.
-func (ex *exchange) enter(p phase) { ex.phase.Store(uint32(p)) }
-
-// clientLeft is the watcher's news that the client closed its
-// connection: every wait ends (gone), no attempt or wait follows, and the
-// upstream connection in use is closed — which is what makes vLLM,
-// Ollama and llama.cpp stop generating. It runs on the watcher's
-// goroutine, with the client connection's lock held, so the exchange is
-// not released meanwhile.
-func (ex *exchange) clientLeft() {
-	if ex.isGone.Swap(true) {
-		return
-	}
-	ex.gonePhase.Store(ex.phase.Load())
-	close(ex.goneCh)
-	ex.reply.conn.Sever()
+// presence is whether the request's client is still there: its
+// connection (nil outside Serve), where the request stands (phase), and
+// once the watcher saw the client leave (left) where it stood then
+// (gonePhase), a channel every wait ends on (goneCh, closed) and isGone
+// set. inUse is what the request holds of the upstream connection in use
+// (an attempt's, then the stream's), which the client's leaving closes
+// (upstream.Hold.Sever).
+type presence struct {
+	cc               *clientConn
+	goneCh           chan struct{}
+	isGone           atomic.Bool
+	phase, gonePhase atomic.Uint32
+	inUse            upstream.Hold
 }
 
-// gone is closed when the client has left (see clientLeft).
-func (ex *exchange) gone() <-chan struct{} { return ex.goneCh }
+// enter records the phase the request is in now.
+func (c *presence) enter(p phase) { c.phase.Store(uint32(p)) }
+
+// left is the watcher's news that the client closed its connection:
+// every wait ends (gone), no attempt or wait follows, and the upstream
+// connection in use is closed — which is what makes vLLM, Ollama and
+// llama.cpp stop generating. It runs on the watcher's goroutine, with the
+// client connection's lock held, so the exchange is not released
+// meanwhile.
+func (c *presence) left() {
+	if c.isGone.Swap(true) {
+		return
+	}
+	c.gonePhase.Store(c.phase.Load())
+	close(c.goneCh)
+	c.inUse.Sever()
+}
+
+// gone is closed when the client has left (see left).
+func (c *presence) gone() <-chan struct{} { return c.goneCh }

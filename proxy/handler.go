@@ -22,8 +22,8 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
 	ex.tr = startTrace(p.tracer.Load(), ctx, ex.req.id, ex.req.start)
-	if ex.cc = clientConnOf(ctx.Conn()); ex.cc != nil {
-		ex.cc.serving(ex)
+	if ex.client.cc = clientConnOf(ctx.Conn()); ex.client.cc != nil {
+		ex.client.cc.serving(ex)
 	}
 	if err := ex.admit(); err != nil {
 		ex.fail(err)

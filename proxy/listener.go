@@ -210,7 +210,7 @@ func (c *clientConn) serving(ex *exchange) {
 	c.mu.Lock()
 	c.ex = ex
 	if ex != nil && c.gone {
-		ex.clientLeft()
+		ex.client.left()
 	}
 	c.mu.Unlock()
 }
@@ -220,7 +220,7 @@ func (c *clientConn) left() {
 	c.mu.Lock()
 	c.gone = true
 	if c.ex != nil {
-		c.ex.clientLeft()
+		c.ex.client.left()
 	}
 	c.mu.Unlock()
 }

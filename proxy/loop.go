@@ -52,39 +52,41 @@ type obstruction struct {
 // or to stop, and returns which; what stood in the way of the targets so
 // far is in, and what stands in t's goes there too.
 func (ex *exchange) onTarget(t *target, a *attempt, in *obstruction) policy.Action {
-	var v visit // the visit holds the obstruction by value: a pointer in it would go to the heap
-	act := ex.visitTarget(t, a, &v, *in)
+	v := visit{ex: ex, t: t, in: *in} // the visit holds the obstruction by value: a pointer in it would go to the heap
+	act := v.run(a)
 	*in = v.in
 	return act
 }
 
-// visitTarget is onTarget's visit v, which starts from obstruction in.
-func (ex *exchange) visitTarget(t *target, a *attempt, v *visit, in obstruction) policy.Action {
-	if act := ex.useTarget(t, v, in); act != policy.ActionAttempt {
+// run is onTarget's visit: its attempts, each in a, until policy says
+// to fail over or to stop.
+func (v *visit) run(a *attempt) policy.Action {
+	ex, t := v.ex, v.t
+	if act := v.useTarget(); act != policy.ActionAttempt {
 		return act
 	}
 	for {
-		if act := ex.attemptOn(v, a); act != policy.ActionAttempt {
+		if act := v.attemptOn(a); act != policy.ActionAttempt {
 			return act
 		}
-		d := ex.decide(v, a)
+		d := v.decide(a)
 		if d.Action == policy.ActionStop && d.Stop == policy.StopBreakerOpen {
-			ex.allOut(v, "") // what the client is told: the breaker that is open
+			v.allOut("") // what the client is told: the breaker that is open
 		}
 		if d.Action != policy.ActionAttempt {
 			return v.carry(d)
 		}
-		if d.Ride && !ex.startRide(v) {
+		if d.Ride && !v.startRide() {
 			return v.carry(policy.Decision{Action: policy.ActionStop, Stop: policy.StopUnavailable}) // no place to wait in
 		}
-		ex.enter(phaseBackoff)
+		ex.client.enter(phaseBackoff)
 		source := sourceSturdy
 		switch {
 		case d.Source == policy.WaitServer:
-			ex.enter(phaseRetryAfter)
+			ex.client.enter(phaseRetryAfter)
 			source = sourceServer
 		case d.Ride:
-			ex.enter(phaseRideThrough)
+			ex.client.enter(phaseRideThrough)
 			source = sourceRideThrough
 		}
 		if !v.wait(d.Wait, source) {
@@ -93,7 +95,7 @@ func (ex *exchange) visitTarget(t *target, a *attempt, v *visit, in obstruction)
 			}
 			return policy.ActionStop
 		}
-		ex.retrying(v, a, d)
+		v.retrying(a, d)
 	}
 }
 
@@ -151,16 +153,16 @@ const resultUnsupportedAPI = "unsupported_api"
 // useTarget makes t the current target, begun as visit v: it takes a
 // max_in_flight slot (waiting up to queue_timeout) and rebuilds the
 // request's target-specific parts (URL, credentials, model).
-func (ex *exchange) useTarget(t *target, v *visit, in obstruction) policy.Action {
+func (v *visit) useTarget() policy.Action {
+	ex, t := v.ex, v.t
 	ex.loop.leaveTarget()
 	lp := &ex.loop
-	*v = visit{ex: ex, t: t, in: in}
 	lp.up, lp.ep = t.up, nil
 	ex.notes.target(t.up.Name(), t.model)
 	if t.up.Limited() {
-		ex.enter(phaseQueue)
+		ex.client.enter(phaseQueue)
 		start := ex.tr.queueStart()
-		r := t.up.TakeSlot(ex.leaseRequest(t.up))
+		r := t.up.TakeSlot(v.leaseRequest())
 		ex.tr.queued(start, r, sourceInFlight)
 		switch r {
 		case upstream.LeaseTimedOut:
@@ -198,7 +200,8 @@ func (ex *exchange) bodyFor(t *target) []byte {
 
 // aim points the request at ep: its URI (and, for an address found in
 // DNS, its Host), unless it already is (on this visit).
-func (ex *exchange) aim(v *visit, ep *upstream.Endpoint) {
+func (v *visit) aim(ep *upstream.Endpoint) {
+	ex := v.ex
 	q := &ex.req
 	if v.aimed == ep {
 		return
@@ -229,14 +232,15 @@ func (lp *loopState) leaveTarget() {
 // gate clears the way for one attempt on v's target: a cooldown learned
 // from a 429 for this request's credential, then pacing. It waits where
 // policy says to; otherwise it returns the failover or stop policy chose.
-func (ex *exchange) gate(v *visit) policy.Action {
+func (v *visit) gate() policy.Action {
+	ex := v.ex
 	up, now := v.t.up, time.Now()
-	if left := ex.cooldownLeft(v, now); left > 0 && !ex.ownRetry(v) {
+	if left := v.cooldownLeft(now); left > 0 && !v.ownRetry() {
 		d := v.clear(policy.ObstacleCooldown, left, ex.req.retry.MaxRetryAfter, "")
 		if d.Action != policy.ActionAttempt {
 			return v.carry(d)
 		}
-		ex.enter(phaseCooldown)
+		ex.client.enter(phaseCooldown)
 		if !v.wait(d.Wait, sourceCooldown) {
 			return policy.ActionStop
 		}
@@ -245,14 +249,15 @@ func (ex *exchange) gate(v *visit) policy.Action {
 	if lim, _ := up.Pacing(); lim == nil {
 		return policy.ActionAttempt
 	}
-	return ex.pace(v, now)
+	return v.pace(now)
 }
 
 // pace waits for the upstream's rate_limit turn: the fleet's when
 // shared_state is set (one slot for the fleet, GCRA in Redis), else —
 // or when Redis does not answer and on_failure is local — this
 // replica's own limiter.
-func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
+func (v *visit) pace(now time.Time) policy.Action {
+	ex := v.ex
 	up := v.t.up
 	o := up.Options().RateLimit
 	limiter, maxWait := up.Pacing()
@@ -265,7 +270,7 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 		if d.Action != policy.ActionAttempt {
 			return v.carry(d)
 		}
-		ex.enter(phasePacing)
+		ex.client.enter(phasePacing)
 		if !v.wait(d.Wait, sourceFleetLimit) {
 			return policy.ActionStop
 		}
@@ -277,7 +282,7 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 		r.CancelAt(now)
 		return v.carry(d)
 	}
-	ex.enter(phasePacing)
+	ex.client.enter(phasePacing)
 	if !v.wait(d.Wait, sourceRateLimit) {
 		r.Cancel()
 		return policy.ActionStop
@@ -290,22 +295,23 @@ func (ex *exchange) pace(v *visit, now time.Time) policy.Action {
 // which a rescue's continuation takes too. Its action is ActionAttempt
 // when the attempt was sent, else what stood in the way (and a is the
 // last one made).
-func (ex *exchange) attemptOn(v *visit, a *attempt) policy.Action {
-	if act := ex.gate(v); act != policy.ActionAttempt {
+func (v *visit) attemptOn(a *attempt) policy.Action {
+	if act := v.gate(); act != policy.ActionAttempt {
 		return act
 	}
 	next := attempt{why: a.why, refused: a.refused} // until it is sent (roundTrip), the last one's
-	if act := ex.choose(v, &next); act != policy.ActionAttempt {
+	if act := v.choose(&next); act != policy.ActionAttempt {
 		return act
 	}
 	*a = next
-	ex.send(v, a)
+	v.send(a)
 	return policy.ActionAttempt
 }
 
 // decide returns policy's decision on what follows attempt at on v's
 // target, with the retry budget reserved for a retry it chose.
-func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
+func (v *visit) decide(at *attempt) policy.Decision {
+	ex := v.ex
 	up, lp, vd := v.t.up, &ex.loop, at.verdict
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
@@ -315,11 +321,11 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
 	if vd.Class == policy.ClassRetryable {
 		a.Refused = at.refused && !a.Elsewhere
-		a.RideLeft = ex.rideLeft(v, now)
+		a.RideLeft = v.rideLeft(now)
 		a.Out = !up.AnyUsable(lp.model)
 	}
 	if ex.reply.has {
-		a.ServerWait, a.HasServerWait, a.Cooldown = ex.learnRateLimits(v, vd, now)
+		a.ServerWait, a.HasServerWait, a.Cooldown = v.learnRateLimits(vd, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
 		if vd.Class == policy.ClassPassThrough {
@@ -353,7 +359,8 @@ func (ex *exchange) decide(v *visit, at *attempt) policy.Decision {
 
 // send makes attempt a on v's target, reports it to the breakers, counts
 // and notes it; a's outcome and verdict say how it went.
-func (ex *exchange) send(v *visit, a *attempt) {
+func (v *visit) send(a *attempt) {
+	ex := v.ex
 	t, lp, ep := v.t, &ex.loop, a.ep
 	up := t.up
 	a.ti, a.up = lp.ti, up
@@ -378,9 +385,9 @@ func (ex *exchange) send(v *visit, a *attempt) {
 		up.Budget().FirstAttempt(a.sentAt)
 	}
 	a.n, a.model, a.cont = lp.attempts, lp.model, ex.st.rescue.tries > 0
-	ex.aim(v, ep)
+	v.aim(ep)
 	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), a)
-	ex.roundTrip(t, a)
+	v.roundTrip(a)
 	out := a.out
 	a.verdict = policy.Classify(out)
 	vd, cause := a.verdict, ""
@@ -392,7 +399,7 @@ func (ex *exchange) send(v *visit, a *attempt) {
 		v.failedOn(ep)
 	}
 	if vd.Class != policy.ClassRetryable && vd.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
-		up.Cooldowns().Succeeded(ex.cooldownKey(v)) // a run of bare 429s ends
+		up.Cooldowns().Succeeded(v.cooldownKey()) // a run of bare 429s ends
 	}
 	ex.reply.has = out.Fault == policy.FaultNone
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
@@ -403,7 +410,8 @@ func (ex *exchange) send(v *visit, a *attempt) {
 
 // retrying counts and notes a retry policy chose after attempt a on v's
 // target, once its wait is over.
-func (ex *exchange) retrying(v *visit, a *attempt, d policy.Decision) {
+func (v *visit) retrying(a *attempt, d policy.Decision) {
+	ex := v.ex
 	up, reason := v.t.up, a.verdict.Reason
 	v.replaying, v.reriding = d.Replay, d.Ride
 	if !d.Replay && !d.Ride {
@@ -420,10 +428,11 @@ func (ex *exchange) retrying(v *visit, a *attempt, d policy.Decision) {
 // 429 started the cooldown of v's upstream with the wait it asked for, that wait now
 // waited: the cooldown (its end moved later by the jitter, for everyone
 // else) does not hold it — unless something has set a later end since.
-func (ex *exchange) ownRetry(v *visit) bool {
+func (v *visit) ownRetry() bool {
+	ex := v.ex
 	up, own := v.t.up, ex.loop.own
 	ex.loop.own = ownCooldown{}
-	return own.up == up && up.Cooldowns().End(ex.cooldownKey(v)).Equal(own.until)
+	return own.up == up && up.Cooldowns().End(v.cooldownKey()).Equal(own.until)
 }
 
 // counted is the attempts max_total_attempts counts: stale replays and
@@ -460,7 +469,8 @@ func (ex *exchange) setCredential(up *upstream.Upstream) {
 // Sturdy injects one (all clients share it), else the client's (Bearer,
 // else x-api-key: credential) — and the model as sent, since providers
 // rate-limit per key and per model.
-func (ex *exchange) cooldownKey(v *visit) uint64 {
+func (v *visit) cooldownKey() uint64 {
+	ex := v.ex
 	lp := &ex.loop
 	if !v.coolKnown {
 		var cred []byte
@@ -477,12 +487,12 @@ func (ex *exchange) cooldownKey(v *visit) uint64 {
 // cooldownLeft returns how long the cooldown of v's upstream for this
 // request's key lasts from now (0: none); with no cooldown in force it is
 // one atomic load.
-func (ex *exchange) cooldownLeft(v *visit, now time.Time) time.Duration {
+func (v *visit) cooldownLeft(now time.Time) time.Duration {
 	cd := v.t.up.Cooldowns()
 	if !cd.Possible(now) {
 		return 0
 	}
-	return cd.Remaining(ex.cooldownKey(v), now)
+	return cd.Remaining(v.cooldownKey(), now)
 }
 
 // extend adds a random 0–10 % to a cooldown, so clients that learned the
@@ -503,7 +513,8 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
 // wait (lp.own): its retry is not held by the cooldown the wait started.
-func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+func (v *visit) learnRateLimits(vd policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+	ex := v.ex
 	up, h := v.t.up, &ex.reply.msg.Header
 	is429 := vd.Reason == policy.Reason429
 	if vd.Class == policy.ClassRetryable {
@@ -537,13 +548,13 @@ func (ex *exchange) learnRateLimits(v *visit, vd policy.Verdict, now time.Time) 
 	}
 	switch {
 	case until.After(now):
-		until = up.Cooldowns().Set(ex.cooldownKey(v), now, until) // cooldown.max caps it
+		until = up.Cooldowns().Set(v.cooldownKey(), now, until) // cooldown.max caps it
 		ex.p.publishCooldown(up, v.coolDigest, until, 0)
 		if fromWait {
 			ex.loop.own = ownCooldown{up: up, until: until}
 		}
 	case is429 && !ok: // "too many", but not for how long
-		d, streak := up.Cooldowns().Bare(ex.cooldownKey(v), now, up.BareCooldown(), ex.extend)
+		d, streak := up.Cooldowns().Bare(v.cooldownKey(), now, up.BareCooldown(), ex.extend)
 		ex.p.publishCooldown(up, v.coolDigest, now.Add(d), streak)
 		cooldown = d
 	default:

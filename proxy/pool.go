@@ -12,28 +12,29 @@ import (
 // refuses (a half-open one with its probe out) is left out and another
 // picked. With every endpoint out it rides through the outage when
 // configured, else returns what policy says of an open breaker.
-func (ex *exchange) choose(v *visit, a *attempt) policy.Action {
+func (v *visit) choose(a *attempt) policy.Action {
+	ex := v.ex
 	up := v.t.up
 	var refusedBuf [upstream.MaxPick]*upstream.Endpoint
 	refused := refusedBuf[:0]
 	last := ""
 	for {
 		changed := up.Changes() // before looking: no change is missed
-		ask := ex.ask(v, refused)
+		ask := v.ask(refused)
 		ep := up.Pick(&ask)
 		if ep == nil {
-			if again, act := ex.rideThrough(v, changed); again {
+			if again, act := v.rideThrough(changed); again {
 				refused, last = refused[:0], ""
 				continue
 			} else if act != policy.ActionAttempt {
 				return act
 			}
-			return v.carry(ex.allOut(v, last))
+			return v.carry(v.allOut(last))
 		}
-		if !ex.release(v, ep) {
+		if !v.release(ep) {
 			return policy.ActionStop
 		}
-		lease, act := ex.takeConnection(v, ep)
+		lease, act := v.takeConnection(ep)
 		if act != policy.ActionAttempt {
 			return act
 		}
@@ -53,11 +54,12 @@ func (ex *exchange) choose(v *visit, a *attempt) policy.Action {
 // ask is what the pick of v's upstream needs of this request
 // (upstream.Ask): the endpoints it failed on, those refused, its
 // affinity key when the upstream balances by affinity.
-func (ex *exchange) ask(v *visit, refused []*upstream.Endpoint) upstream.Ask {
+func (v *visit) ask(refused []*upstream.Endpoint) upstream.Ask {
+	ex := v.ex
 	up := v.t.up
 	a := upstream.Ask{Model: ex.loop.model, Tried: v.tried[:v.nTried], Refused: refused, Rand: ex.p.rand}
 	if up.Options().Balance == upstream.BalanceAffinity && len(up.Endpoints()) > 1 {
-		a.Key, a.HasKey = ex.affinityKey(v)
+		a.Key, a.HasKey = v.affinityKey()
 	}
 	return a
 }
@@ -78,7 +80,8 @@ func (v *visit) triedOn(ep *upstream.Endpoint) bool {
 // affinityKey returns the request's key for BalanceAffinity
 // (upstream.AffinityKey) on v's upstream, computed once; ok is false when
 // it has none.
-func (ex *exchange) affinityKey(v *visit) (key uint64, ok bool) {
+func (v *visit) affinityKey() (key uint64, ok bool) {
+	ex := v.ex
 	if !v.affKnown {
 		a := v.t.up.Options().Affinity
 		var header []byte
@@ -95,7 +98,8 @@ func (ex *exchange) affinityKey(v *visit) (key uint64, ok bool) {
 // take the request (upstream.AllOut says why: breakers, else health
 // checks or DNS; refused names the breaker that refused last, if one
 // did). The obstacle says what put the soonest endpoint out.
-func (ex *exchange) allOut(v *visit, refused string) policy.Decision {
+func (v *visit) allOut(refused string) policy.Decision {
+	ex := v.ex
 	up := v.t.up
 	a := up.AllOut(ex.loop.model, refused)
 	o := obstacle{kind: policy.ObstacleUnhealthy, upstream: up.Name(), wait: a.Wait, limit: a.Limit, cause: a.Cause}
@@ -111,13 +115,14 @@ func (ex *exchange) allOut(v *visit, refused string) policy.Decision {
 // the deadline) or an interruption. again says to look again; otherwise
 // action is ActionAttempt when the ride is over (or off, or its queue
 // full), ActionStop when interrupted.
-func (ex *exchange) rideThrough(v *visit, changed <-chan struct{}) (again bool, action policy.Action) {
+func (v *visit) rideThrough(changed <-chan struct{}) (again bool, action policy.Action) {
+	ex := v.ex
 	up := v.t.up
 	if up.Options().RideThrough <= 0 {
 		return false, policy.ActionAttempt
 	}
 	now := time.Now()
-	if !ex.startRide(v) {
+	if !v.startRide() {
 		return false, policy.ActionAttempt // the queue is full: at once
 	}
 	left := v.rideUntil.Sub(now)
@@ -125,7 +130,7 @@ func (ex *exchange) rideThrough(v *visit, changed <-chan struct{}) (again bool, 
 		return false, policy.ActionAttempt
 	}
 	wait := up.NextChange(ex.loop.model, now, left)
-	ex.enter(phaseRideThrough)
+	ex.client.enter(phaseRideThrough)
 	ex.tr.wait(phaseRideThrough, wait, sourceRideThrough)
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -134,7 +139,7 @@ func (ex *exchange) rideThrough(v *visit, changed <-chan struct{}) (again bool, 
 	case <-changed:
 	case <-ex.p.stopping:
 		return false, v.interrupted()
-	case <-ex.gone():
+	case <-ex.client.gone():
 		return false, v.interrupted()
 	}
 	return true, policy.ActionAttempt
@@ -144,7 +149,8 @@ func (ex *exchange) rideThrough(v *visit, changed <-chan struct{}) (again bool, 
 // within the deadline) unless it has begun: a place among the riders
 // taken, when max_in_flight does not bound them. false: their queue is
 // full.
-func (ex *exchange) startRide(v *visit) bool {
+func (v *visit) startRide() bool {
+	ex := v.ex
 	up := v.t.up
 	if !v.rideUntil.IsZero() {
 		return true
@@ -165,7 +171,8 @@ func (ex *exchange) startRide(v *visit) bool {
 // rideLeft is how long this request may still ride through an outage of
 // v's upstream: what is left of the ride it began, or the ride it may begin (none
 // without ride_through, or with the riders' queue full).
-func (ex *exchange) rideLeft(v *visit, now time.Time) time.Duration {
+func (v *visit) rideLeft(now time.Time) time.Duration {
+	ex := v.ex
 	up := v.t.up
 	ride := up.Options().RideThrough
 	switch {
@@ -183,7 +190,8 @@ func (ex *exchange) rideLeft(v *visit, now time.Time) time.Duration {
 // once an endpoint returns, so the waiting requests reach it spread over
 // a tenth of min(slow_start, ride_through) instead of all at once. false
 // means it was interrupted.
-func (ex *exchange) release(v *visit, ep *upstream.Endpoint) bool {
+func (v *visit) release(ep *upstream.Endpoint) bool {
+	ex := v.ex
 	up := v.t.up
 	if v.rideUntil.IsZero() || v.rideDraw == 0 {
 		return true
@@ -205,10 +213,11 @@ func (lp *loopState) stopRiding() {
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the
 // target is busy (fail over, or 503 upstream_busy).
-func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
-	ex.enter(phaseQueue)
+func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
+	ex := v.ex
+	ex.client.enter(phaseQueue)
 	start := ex.tr.queueStart()
-	lease, r := ep.Lease(ex.leaseRequest(v.t.up))
+	lease, r := ep.Lease(v.leaseRequest())
 	ex.tr.queued(start, r, sourceConnections)
 	switch r {
 	case upstream.LeaseTimedOut:
@@ -223,7 +232,8 @@ func (ex *exchange) takeConnection(v *visit, ep *upstream.Endpoint) (upstream.Le
 // slot, a connection place): waiting up to queue_timeout within the
 // deadline, ended by shutdown or the client leaving. It has the default
 // priority and no tenant: today's queues are first come, first served.
-func (ex *exchange) leaseRequest(up *upstream.Upstream) upstream.LeaseRequest {
-	return upstream.LeaseRequest{Wait: min(up.Options().QueueTimeout, time.Until(ex.req.deadline)),
-		Cancel: ex.p.stopping, Gone: ex.gone()}
+func (v *visit) leaseRequest() upstream.LeaseRequest {
+	ex := v.ex
+	return upstream.LeaseRequest{Wait: min(v.t.up.Options().QueueTimeout, time.Until(ex.req.deadline)),
+		Cancel: ex.p.stopping, Gone: ex.client.gone()}
 }

@@ -305,7 +305,7 @@ func (st *stream) rescueState(ti int, budgetSpent bool) policy.Rescue {
 	return policy.Rescue{Blocker: rs.blocker, HasTarget: ti >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
 		Total: ex.loop.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
 		Elapsed: time.Since(ex.req.start), MaxDuration: r.maxDuration,
-		Interrupted: st.cut.Load() || ex.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
+		Interrupted: st.cut.Load() || ex.client.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
 }
 
 // rescueStream continues the failed stream on a target that can, as
@@ -377,8 +377,8 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 		return false, false
 	}
 	lp.ti = ti
-	var v visit
-	if ex.useTarget(t, &v, obstruction{}) != policy.ActionAttempt { // its obstruction answers nobody: the stream ends
+	v := visit{ex: ex, t: t}
+	if v.useTarget() != policy.ActionAttempt { // its obstruction answers nobody: the stream ends
 		return false, false
 	}
 	v.continuing = true
@@ -387,7 +387,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 		v.failedOn(failedEp) // another replica, if one is in
 	}
 	for {
-		if ex.attemptOn(&v, a) != policy.ActionAttempt {
+		if v.attemptOn(a) != policy.ActionAttempt {
 			return false, sent
 		}
 		sent = true
@@ -399,7 +399,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 			}
 		}
 		if !rp.has || a.verdict.Class != policy.ClassSuccess || a.out.StreamFailed ||
-			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || st.cut.Load() || ex.isGone.Load() {
+			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || st.cut.Load() || ex.client.isGone.Load() {
 			ex.reply.close()
 			return false, true
 		}
@@ -410,7 +410,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.join.cutOver(ws)
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()
-	ex.enter(phaseStream)
+	ex.client.enter(phaseStream)
 	return true, true
 }
 

@@ -89,7 +89,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	ex.st.chunked, ex.st.closeDelimited = cl < 0, cl == -2
 	upstream.CapReads(src, ex.req.responseCap(ex.st.streamed()))
 	ex.st.followForRescue(a.ti)
-	ex.enter(phaseStream)
+	ex.client.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()
 		return
@@ -160,7 +160,7 @@ func (ex *exchange) whole() {
 		n, err = ex.st.Read(body[len(body):cap(body)])
 		body = body[:len(body)+n]
 	}
-	if ex.isGone.Load() { // the client left while the body was read
+	if ex.client.isGone.Load() { // the client left while the body was read
 		ex.leftUnanswered()
 		return
 	}

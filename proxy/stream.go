@@ -139,7 +139,7 @@ var errUnterminated = errors.New("the upstream closed the stream before its term
 func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
 	ex := st.ex
 	out := &ex.out
-	if ex.isGone.Load() { // the watcher closed the upstream: the client left
+	if ex.client.isGone.Load() { // the watcher closed the upstream: the client left
 		ex.reply.close()
 		out.outcome, out.status = outcomeClientGone, 499
 		return 0, errStreamAborted
@@ -258,7 +258,7 @@ func (st *stream) CloseWithError(err error) error {
 	if err != nil && st.broken == nil && ex.out.outcome != outcomeStreamInterrupted && !st.over {
 		ex.out.outcome = outcomeClientGone
 		ex.out.status = 499
-		ex.gonePhase.Store(uint32(phaseStream))
+		ex.client.gonePhase.Store(uint32(phaseStream))
 	}
 	ex.reply.close()
 	ex.finish()
@@ -273,7 +273,7 @@ func (st *stream) CloseWithError(err error) error {
 func (st *stream) interrupt() {
 	ex := st.ex
 	st.cut.Store(true)
-	ex.reply.conn.Sever()
+	ex.client.inUse.Sever()
 }
 
 // openStreams are the responses streaming now, for Shutdown to end with

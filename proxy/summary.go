@@ -80,7 +80,7 @@ func (ex *exchange) summarize(s *summary) {
 	}
 	s.cause = out.cause
 	if out.outcome == outcomeClientGone {
-		s.gonePhase = phase(ex.gonePhase.Load())
+		s.gonePhase = phase(ex.client.gonePhase.Load())
 	}
 	if ex.tr != nil && ex.tr.rec {
 		body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
