@@ -59,22 +59,25 @@
 // passed to the steps that use it; what stood in the way of the targets
 // (an obstruction) goes from run to respond. The other files:
 //
-//	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids
+//	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids, and what the
+//	               admin side reads (Upstreams, Ready, RefreshBreakerGauges, Failures)
 //	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config
 //	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
 //	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
-//	shared.go      the fleet (package fleet) as the proxy uses it
-//	status.go      /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
+//	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet)
+//	               and what a table does with its news (adoptCooldown, hint)
+//	status.go      a table's status: /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
 //	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
 //	               (table.hooks; the clients: limits are the first)
-//	summary.go     what a finished request was (summary, read once in finish) and attemptEnded, each
+//	summary.go     what a finished request was (summary, read once in finish) and attempt.ended, each
 //	               attempt reported once, and the notes the loop keeps for it (notes.target, .result); the access line (accesslog.go), the spans' ends (trace.go)
 //	               and the metrics (measure) are formatters of them
 //	accesslog.go   the access line; trace.go the spans (traceState, the request's part in a trace,
-//	               told by the loop of each attempt, wait, commit and rescue)
+//	               told by the loop of each attempt, wait, commit and rescue) and the proxy's tracers
+//	               (the current one, those a reload retired)
 //	failures.go    the last failed requests (a fixed ring, from the summary) for the status page
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)

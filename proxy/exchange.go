@@ -231,7 +231,7 @@ func (ex *exchange) finish() {
 	}
 	ex.loop.leaveTarget()
 	var s summary
-	ex.summarize(&s)
+	s.read(ex)
 	s.logAccess(&ex.p.log)
 	ex.tr.end(&s, ex.st.broken)
 	s.measure(ex.p.m)

@@ -118,11 +118,9 @@ func (r *failureRing) record(s *summary) {
 	r.mu.Unlock()
 }
 
-// Failures lists the newest failed requests (at most MaxListedFailures),
-// newest first. Their slices are the ring's: read them, do not change
-// them.
-func (p *Proxy) Failures() []FailedRequest {
-	r := &p.failures
+// list lists the ring's failed requests, newest first (see
+// Proxy.Failures).
+func (r *failureRing) list() []FailedRequest {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]FailedRequest, 0, r.n)

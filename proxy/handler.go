@@ -21,7 +21,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
-	ex.tr = startTrace(p.tracer.Load(), ctx, ex.req.id, ex.req.start)
+	ex.tr = startTrace(p.tracers.cur.Load(), ctx, ex.req.id, ex.req.start)
 	if ex.client.cc = clientConnOf(ctx.Conn()); ex.client.cc != nil {
 		ex.client.cc.serving(ex)
 	}

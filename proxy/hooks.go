@@ -73,11 +73,12 @@ func (hs hooks) settle(ex *exchange, passed int, s *summary) {
 // when Redis does not answer and on_failure is refuse.
 func takeClient(p *Proxy, h *fasthttp.RequestHeader, cl *clientLimiter, now time.Time) (wait time.Duration, ok bool, e *apiError) {
 	key := cl.keyOf(h)
-	if p.fleet.Load() == nil {
+	f := p.fleet.Load()
+	if f == nil {
 		wait, ok = cl.take(key, now)
 		return wait, ok, nil
 	}
-	switch sl := p.reserveShared(p.clientLimitName(cl, key), cl.opts.RequestsPerSecond, cl.opts.Burst, 0); {
+	switch sl := f.reserve(f.clientLimitName(cl, key), cl.opts.RequestsPerSecond, cl.opts.Burst, 0); {
 	case sl.refused:
 		return 0, false, sharedFailure(sl.why)
 	case !sl.local:

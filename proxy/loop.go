@@ -261,7 +261,7 @@ func (v *visit) pace(now time.Time) policy.Action {
 	up := v.t.up
 	o := up.Options().RateLimit
 	limiter, maxWait := up.Pacing()
-	switch sl := ex.p.reserveShared("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
+	switch sl := ex.p.fleet.Load().reserve("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
 	case sl.refused:
 		v.in.sharedRefused = sl.why
 		return policy.ActionStop
@@ -405,7 +405,7 @@ func (v *visit) send(a *attempt) {
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
 		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
-	ex.attemptEnded(a)
+	a.ended(&ex.notes, ex.tr)
 }
 
 // retrying counts and notes a retry policy chose after attempt a on v's
@@ -478,7 +478,7 @@ func (v *visit) cooldownKey() uint64 {
 			cred, _ = credential(&ex.ctx.Request.Header)
 		}
 		// The same in every replica, so the fleet shares it.
-		v.coolDigest = fleet.Digest(ex.p.hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
+		v.coolDigest = fleet.Digest(ex.p.fleet.Load().hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
 		v.coolKey, v.coolKnown = localKey(v.coolDigest), true
 	}
 	return v.coolKey
@@ -549,13 +549,13 @@ func (v *visit) learnRateLimits(vd policy.Verdict, now time.Time) (wait time.Dur
 	switch {
 	case until.After(now):
 		until = up.Cooldowns().Set(v.cooldownKey(), now, until) // cooldown.max caps it
-		ex.p.publishCooldown(up, v.coolDigest, until, 0)
+		ex.p.fleet.Load().publishCooldown(up, v.coolDigest, until, 0)
 		if fromWait {
 			ex.loop.own = ownCooldown{up: up, until: until}
 		}
 	case is429 && !ok: // "too many", but not for how long
 		d, streak := up.Cooldowns().Bare(v.cooldownKey(), now, up.BareCooldown(), ex.extend)
-		ex.p.publishCooldown(up, v.coolDigest, now.Add(d), streak)
+		ex.p.fleet.Load().publishCooldown(up, v.coolDigest, now.Add(d), streak)
 		cooldown = d
 	default:
 		return wait, ok, 0

@@ -30,13 +30,12 @@ type Proxy struct {
 	tbl atomic.Pointer[table]
 	// fleet is the connection to the fleet's shared state (nil: none).
 	fleet atomic.Pointer[shared]
-	// tracer traces requests (nil: tracing off); retiredTracers are
+	// tracers trace requests: the current one (nil: tracing off) and
 	// those a reload replaced, still exporting their requests' spans.
-	tracer         atomic.Pointer[tracer]
-	retiredTracers retired
-	log            zerolog.Logger
-	rand           func(int64) int64
-	m              *metrics.Metrics
+	tracers tracers
+	log     zerolog.Logger
+	rand    func(int64) int64
+	m       *metrics.Metrics
 	// env is what its upstreams share (package upstream).
 	env     *upstream.Env
 	maxBody int // the server's body limit, fixed at New
@@ -80,7 +79,7 @@ func New(o Options) (*Proxy, error) {
 	}
 	p.held.full = p.m.BufferFull
 	p.env = &upstream.Env{Log: p.log, Metrics: p.m, Lookup: o.LookupHost, IsSelf: o.IsSelf, Stopping: p.stopping,
-		Evicted: func(name string) func() { return evictions(p.m, name) }, Announcer: p.breakerAnnouncer,
+		Evicted: func(name string) func() { return evictions(p.m, name) }, Announcer: func() func(upstream, endpoint string, until time.Time) { return p.fleet.Load().breakerAnnouncer() },
 		ModelLabel: func(model string) string { return p.tbl.Load().modelLabel(model) }}
 	if p.env.IsSelf == nil {
 		p.env.IsSelf = func(string) bool { return false }
@@ -95,7 +94,7 @@ func New(o Options) (*Proxy, error) {
 	_, _ = rand.Read(via[:])
 	p.viaID = []byte("sturdy-" + hex.EncodeToString(via[:]))
 	p.via, p.via10 = append([]byte("1.1 "), p.viaID...), append([]byte("1.0 "), p.viaID...)
-	t, _, err := p.buildTable(o, nil)
+	t, _, err := buildTable(o, nil, p.env, p.m)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +106,7 @@ func New(o Options) (*Proxy, error) {
 	if err := p.startShared(o.SharedState); err != nil {
 		return nil, err
 	}
-	if err := p.startTracing(o.Tracing); err != nil {
+	if err := p.tracers.start(o.Tracing, &p.log); err != nil {
 		return nil, err
 	}
 	p.startUpstreams(t, nil)
@@ -122,7 +121,7 @@ func New(o Options) (*Proxy, error) {
 // its warnings.
 func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 	old := p.tbl.Load()
-	t, dropped, err := p.buildTable(o, old)
+	t, dropped, err := buildTable(o, old, p.env, p.m)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +131,7 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 	if err := p.startShared(o.SharedState); err != nil {
 		return nil, err
 	}
-	if err := p.startTracing(o.Tracing); err != nil {
+	if err := p.tracers.start(o.Tracing, &p.log); err != nil {
 		return nil, err
 	}
 	p.held.max.Store(o.Server.withDefaults().MaxBufferedBytes)
@@ -210,7 +209,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			p.interruptStreams()
 		}
 		p.CloseIdleConnections()
-		p.stopTracing()
+		p.tracers.stop(&p.log)
 	})
 	return err
 }
@@ -225,6 +224,33 @@ func (p *Proxy) interruptStreams() {
 		}
 	}
 }
+
+// Upstreams reports the state of every configured upstream, for the
+// admin listener's /debug/upstreams (upstream.Status: no secret in it).
+func (p *Proxy) Upstreams() []upstream.Status { return p.tbl.Load().status(time.Now()) }
+
+// Ready reports whether every route has a target with an endpoint that
+// is in (half-open counts as ready: probes go through); notReady names
+// the routes that have none. While draining it is false (see Draining).
+func (p *Proxy) Ready() (ok bool, notReady []string) {
+	if p.Draining() {
+		return false, nil
+	}
+	notReady = p.tbl.Load().unready()
+	return len(notReady) == 0, notReady
+}
+
+// RefreshBreakerGauges brings the gauges read on scrape up to date: the
+// bytes held for clients, and every upstream's per-endpoint gauges.
+func (p *Proxy) RefreshBreakerGauges() {
+	p.m.BufferedBytes.Set(float64(p.held.used.Load()))
+	p.tbl.Load().refreshGauges()
+}
+
+// Failures lists the newest failed requests (at most MaxListedFailures),
+// newest first. Their slices are the ring's: read them, do not change
+// them.
+func (p *Proxy) Failures() []FailedRequest { return p.failures.list() }
 
 // CloseIdleConnections closes pooled upstream connections.
 func (p *Proxy) CloseIdleConnections() {

@@ -57,9 +57,11 @@ func (p *Proxy) startShared(o *SharedState) error {
 	}
 	var next *shared
 	if o != nil {
-		st, err := fleet.New(o.Config, p.log, fleet.Hooks{Cooldown: p.sharedCooldown, BreakerOpened: p.breakerHint,
-			Up:    func(up bool) { p.m.SharedStateUp.Set(boolGauge(up)) },
-			Error: func(op string) { p.m.SharedStateErrors.WithLabelValues(op).Inc() }})
+		st, err := fleet.New(o.Config, p.log, fleet.Hooks{
+			Cooldown:      func(c fleet.Cooldown) time.Time { return p.tbl.Load().adoptCooldown(c) },
+			BreakerOpened: func(name, endpoint string, until time.Time) { p.tbl.Load().hint(name, endpoint, until) },
+			Up:            func(up bool) { p.m.SharedStateUp.Set(boolGauge(up)) },
+			Error:         func(op string) { p.m.SharedStateErrors.WithLabelValues(op).Inc() }})
 		if err != nil {
 			return err
 		}
@@ -88,11 +90,11 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// sharedCooldown adopts a cooldown another replica learned, capped at
+// adoptCooldown adopts a cooldown another replica learned, capped at
 // the upstream's cooldown.max, and returns the end adopted (the fleet
 // shortens a longer one in Redis).
-func (p *Proxy) sharedCooldown(c fleet.Cooldown) time.Time {
-	if up := p.tbl.Load().upstream(c.Upstream); up != nil && up.BareCooldown() > 0 {
+func (t *table) adoptCooldown(c fleet.Cooldown) time.Time {
+	if up := t.upstream(c.Upstream); up != nil && up.BareCooldown() > 0 {
 		return up.Cooldowns().Adopt(localKey(c.Key), time.Now(), c.Until, c.Streak)
 	}
 	return c.Until
@@ -101,18 +103,19 @@ func (p *Proxy) sharedCooldown(c fleet.Cooldown) time.Time {
 // localKey is the cooldown map's key of a fleet key.
 func localKey(k fleet.Key) uint64 { return binary.LittleEndian.Uint64(k[:8]) }
 
-// hashKey is the key credentials are hashed with: the fleet's, or none.
-func (p *Proxy) hashKey() string {
-	if f := p.fleet.Load(); f != nil {
+// hashKey is the key credentials are hashed with: the fleet's, or none
+// (f nil: no fleet).
+func (f *shared) hashKey() string {
+	if f != nil {
 		return f.st.HashKey()
 	}
 	return ""
 }
 
 // publishCooldown shares a cooldown this replica learned for key on up,
-// if in a fleet.
-func (p *Proxy) publishCooldown(up *upstream.Upstream, key fleet.Key, until time.Time, streak int) {
-	if f := p.fleet.Load(); f != nil {
+// if in a fleet (f nil: not).
+func (f *shared) publishCooldown(up *upstream.Upstream, key fleet.Key, until time.Time, streak int) {
+	if f != nil {
 		f.st.PublishCooldown(fleet.Cooldown{Upstream: up.Name(), Key: key, Until: until, Streak: streak})
 	}
 }
@@ -132,9 +135,9 @@ type sharedLimit struct {
 
 // reserveShared takes a slot of the fleet-wide limit name. While Redis
 // is known down only one request a second tries it (to find out it is
-// back); the others never wait on a dead Redis.
-func (p *Proxy) reserveShared(name string, rps float64, burst int, maxWait time.Duration) sharedLimit {
-	f := p.fleet.Load()
+// back); the others never wait on a dead Redis. With no fleet (f nil)
+// the limit is local.
+func (f *shared) reserve(name string, rps float64, burst int, maxWait time.Duration) sharedLimit {
 	if f == nil {
 		return sharedLimit{local: true}
 	}
@@ -162,24 +165,25 @@ func sharedFailure(why string) *apiError {
 
 // clientLimitName names a `clients:` entry's limit of one client in the
 // fleet: by its settings and the hash of its key, never the key.
-func (p *Proxy) clientLimitName(cl *clientLimiter, key []byte) string {
-	d := fleet.Digest(p.hashKey(), key)
+func (f *shared) clientLimitName(cl *clientLimiter, key []byte) string {
+	d := fleet.Digest(f.hashKey(), key)
 	return fmt.Sprintf("client:%s:%g:%d:%s", cl.opts.KeyHeader, cl.opts.RequestsPerSecond, cl.opts.Burst, hex.EncodeToString(d[:]))
 }
 
 // breakerHint takes an endpoint another replica's breaker opened on out
 // of this replica's picks until that replica's probe (share_breakers);
 // this replica's own breaker is untouched and probes on its own.
-func (p *Proxy) breakerHint(name, endpoint string, until time.Time) {
-	if up := p.tbl.Load().upstream(name); up != nil {
+func (t *table) hint(name, endpoint string, until time.Time) {
+	if up := t.upstream(name); up != nil {
 		up.Hint(endpoint, until)
 	}
 }
 
 // breakerAnnouncer is what tells the fleet that an endpoint's breaker
-// opened (share_breakers), nil when breakers are not shared.
-func (p *Proxy) breakerAnnouncer() func(upstream, endpoint string, until time.Time) {
-	if f := p.fleet.Load(); f != nil && f.opts.ShareBreakers {
+// opened (share_breakers), nil when breakers are not shared (or f is nil:
+// no fleet).
+func (f *shared) breakerAnnouncer() func(upstream, endpoint string, until time.Time) {
+	if f != nil && f.opts.ShareBreakers {
 		return f.st.AnnounceBreaker
 	}
 	return nil

@@ -7,28 +7,23 @@ import (
 	"sturdy/upstream"
 )
 
-// Upstreams reports the state of every configured upstream, for the
-// admin listener's /debug/upstreams (upstream.Status: no secret in it).
-func (p *Proxy) Upstreams() []upstream.Status {
-	now := time.Now()
+// status reports the state of every upstream of the table at now (see
+// Proxy.Upstreams).
+func (t *table) status(now time.Time) []upstream.Status {
 	var out []upstream.Status
-	for _, up := range p.tbl.Load().upstreams {
+	for _, up := range t.upstreams {
 		out = append(out, up.Status(now))
 	}
 	return out
 }
 
-// Ready reports whether every route has a target with an endpoint that
-// is in (half-open counts as ready: probes go through); notReady names
-// the routes that have none. While draining it is false (see Draining).
-func (p *Proxy) Ready() (ok bool, notReady []string) {
-	if p.Draining() {
-		return false, nil
-	}
-	for _, r := range p.tbl.Load().routes {
+// unready names the routes of the table that have no target with an
+// endpoint that is in (half-open counts as in: probes go through).
+func (t *table) unready() (notReady []string) {
+	for _, r := range t.routes {
 		ready := false
-		for _, t := range r.targets {
-			if t.up.State() != breaker.StateOpen {
+		for _, tg := range r.targets {
+			if tg.up.State() != breaker.StateOpen {
 				ready = true
 				break
 			}
@@ -37,15 +32,13 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 			notReady = append(notReady, r.name)
 		}
 	}
-	return len(notReady) == 0, notReady
+	return notReady
 }
 
-// RefreshBreakerGauges brings the gauges read on scrape up to date: the
-// bytes held for clients, and every upstream's per-endpoint gauges
+// refreshGauges brings every upstream's per-endpoint gauges up to date
 // (upstream.RefreshGauges).
-func (p *Proxy) RefreshBreakerGauges() {
-	p.m.BufferedBytes.Set(float64(p.held.used.Load()))
-	for _, up := range p.tbl.Load().upstreams {
+func (t *table) refreshGauges() {
+	for _, up := range t.upstreams {
 		up.RefreshGauges()
 	}
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // summary is what a finished request was, read off the exchange once as
-// it ends (summarize): the access line, the trace's server span and the
+// it ends (read): the access line, the trace's server span and the
 // metrics are formatters of it (its logAccess and measure,
 // traceState.end), none of them reading the exchange's state again. It lives on finish's stack;
 // its strings and slices alias the exchange's, valid until the exchange
@@ -60,8 +60,8 @@ type summary struct {
 	usage usage
 }
 
-// summarize reads the finished request into s.
-func (ex *exchange) summarize(s *summary) {
+// read reads the finished request ex into s.
+func (s *summary) read(ex *exchange) {
 	lp, out, n, rs := &ex.loop, &ex.out, &ex.notes, &ex.st.rescue
 	*s = summary{id: ex.req.id, method: ex.ctx.Method(), path: rawPath(ex.ctx.Request.Header.RequestURI()), api: ex.req.call.API,
 		status: out.status, outcome: out.outcome, errCode: out.errCode, stop: lp.stop, attempts: lp.attempts,
@@ -91,20 +91,20 @@ func (ex *exchange) summarize(s *summary) {
 	}
 }
 
-// attemptEnded reports attempt a once, as it ends (its breakers told):
-// the attempts metric, the access line's note of its target, and its
-// span's result (attemptDone).
-func (ex *exchange) attemptEnded(a *attempt) {
+// ended reports attempt a once, as it ends (its breakers told): the
+// attempts metric, the access line's note of its target (in n), and its
+// span's result (tr.attemptDone).
+func (a *attempt) ended(n *notes, tr *traceState) {
 	result := a.verdict.Label()
 	a.ep.CountAttempt(a.up.Name(), result)
-	ex.notes.result(result, true)
-	if n := &ex.notes; n.nTried > 0 {
+	n.result(result, true)
+	if n.nTried > 0 {
 		n.tried[n.nTried-1].endpoint = a.ep.Addr()
 		if a.stale {
 			n.tried[n.nTried-1].replays++
 		}
 	}
-	ex.tr.attemptDone(a)
+	tr.attemptDone(a)
 }
 
 // target notes a target the request goes to, with the model as sent

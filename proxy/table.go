@@ -101,16 +101,17 @@ func (t *table) upstream(name string) *upstream.Upstream {
 	return nil
 }
 
-// buildTable builds a table from o, reusing the upstreams of prev whose
+// buildTable builds a table from o (its upstreams sharing env, its
+// series in m), reusing the upstreams of prev whose
 // options are unchanged; it also returns prev's upstreams left out.
-func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream.Upstream, error) {
+func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (*table, []*upstream.Upstream, error) {
 	t := &table{}
-	byName, err := p.buildUpstreams(t, o.Upstreams, prev)
+	byName, err := buildUpstreams(t, o.Upstreams, prev, env, m)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, ro := range o.Routes {
-		r, err := p.buildRoute(ro.withDefaults(), byName)
+		r, err := buildRoute(ro.withDefaults(), byName, m)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -140,7 +141,7 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream.Upstream
 			t.clients = append(t.clients, prevClients[i]) // keep the buckets
 			continue
 		}
-		t.clients = append(t.clients, newClientLimiter(co, evictions(p.m, mapClients)))
+		t.clients = append(t.clients, newClientLimiter(co, evictions(m, mapClients)))
 	}
 	if len(t.clients) > 0 {
 		t.hooks = append(t.hooks, clientLimits(t.clients))
@@ -159,7 +160,7 @@ func (p *Proxy) buildTable(o Options, prev *table) (*table, []*upstream.Upstream
 // buildUpstreams adds o's upstreams to t, reusing those of prev whose
 // options are unchanged (their connections and breaker state survive);
 // a changed upstream keeps the endpoints whose definition did not change.
-func (p *Proxy) buildUpstreams(t *table, opts []upstream.Options, prev *table) (map[string]*upstream.Upstream, error) {
+func buildUpstreams(t *table, opts []upstream.Options, prev *table, env *upstream.Env, m *metrics.Metrics) (map[string]*upstream.Upstream, error) {
 	reuse := map[string]*upstream.Upstream{}
 	if prev != nil {
 		for _, up := range prev.upstreams {
@@ -172,11 +173,11 @@ func (p *Proxy) buildUpstreams(t *table, opts []upstream.Options, prev *table) (
 		up := reuse[uo.Name]
 		if up == nil || !reflect.DeepEqual(*up.Options(), uo) {
 			var err error
-			if up, err = upstream.New(p.env, uo, up); err != nil {
+			if up, err = upstream.New(env, uo, up); err != nil {
 				return nil, err
 			}
 			for _, ep := range up.Endpoints() {
-				p.m.BreakerState.WithLabelValues(up.Name(), ep.Addr()).Set(float64(ep.Breaker().State()))
+				m.BreakerState.WithLabelValues(up.Name(), ep.Addr()).Set(float64(ep.Breaker().State()))
 			}
 		}
 		byName[uo.Name] = up
@@ -186,7 +187,7 @@ func (p *Proxy) buildUpstreams(t *table, opts []upstream.Options, prev *table) (
 }
 
 // buildRoute builds one route (its defaults filled) over the upstreams.
-func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*route, error) {
+func buildRoute(ro Route, byName map[string]*upstream.Upstream, m *metrics.Metrics) (*route, error) {
 	retry, err := ro.Retry.Policy(len(ro.Fallbacks))
 	if err != nil {
 		return nil, fmt.Errorf("route %q: retry: %w", ro.Name, err)
@@ -199,16 +200,16 @@ func (p *Proxy) buildRoute(ro Route, byName map[string]*upstream.Upstream) (*rou
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)
 	}
-	r.ttfb = p.m.TimeToFirstByte.WithLabelValues(ro.Name)
-	r.durPlain = p.m.Duration.WithLabelValues(ro.Name, "false")
-	r.durStream = p.m.Duration.WithLabelValues(ro.Name, "true")
+	r.ttfb = m.TimeToFirstByte.WithLabelValues(ro.Name)
+	r.durPlain = m.Duration.WithLabelValues(ro.Name, "false")
+	r.durStream = m.Duration.WithLabelValues(ro.Name, "true")
 	for _, tg := range append([]Target{{Upstream: ro.Upstream}}, ro.Fallbacks...) {
 		up := byName[tg.Upstream]
 		if up == nil {
 			return nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, tg.Upstream)
 		}
 		r.targets = append(r.targets, target{up: up, model: tg.Model,
-			answered: p.m.Requests.WithLabelValues(ro.Name, up.Name(), metrics.StatusClass(200), outcomeOK)})
+			answered: m.Requests.WithLabelValues(ro.Name, up.Name(), metrics.StatusClass(200), outcomeOK)})
 	}
 	return r, nil
 }

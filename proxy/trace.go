@@ -7,8 +7,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -150,12 +152,20 @@ type tracer struct {
 // spans of requests that started with it.
 const retireAfter = time.Minute
 
-// startTracing starts tracing when o asks for it and makes it the
-// proxy's; the tracer it replaces exports its requests' spans for
+// tracers are the proxy's tracers: the current one (cur, nil: tracing
+// off) and those a reload replaced, not yet stopped (retired).
+type tracers struct {
+	cur     atomic.Pointer[tracer]
+	mu      sync.Mutex
+	retired map[*tracing.Tracer]struct{}
+}
+
+// start starts tracing when o asks for it and makes it the current
+// tracer; the tracer it replaces exports its requests' spans for
 // retireAfter more, then stops. A reload that keeps the settings keeps
 // the tracer.
-func (p *Proxy) startTracing(o *Tracing) error {
-	old := p.tracer.Load()
+func (ts *tracers) start(o *Tracing, log *zerolog.Logger) error {
+	old := ts.cur.Load()
 	switch {
 	case o == nil && old == nil:
 		return nil
@@ -170,38 +180,32 @@ func (p *Proxy) startTracing(o *Tracing) error {
 		}
 		next = &tracer{opts: *o, t: t}
 	}
-	p.tracer.Store(next)
+	ts.cur.Store(next)
 	if old != nil {
-		p.retire(old.t)
+		ts.retire(old.t)
 	}
 	if next == nil {
-		p.log.Info().Msg("tracing off")
+		log.Info().Msg("tracing off")
 	} else {
-		p.log.Info().Str("exporter", next.opts.Protocol).Str("endpoint", next.opts.URL).
+		log.Info().Str("exporter", next.opts.Protocol).Str("endpoint", next.opts.URL).
 			Float64("sample_ratio", next.opts.SampleRatio).Str("service_name", next.opts.ServiceName).Msg("tracing on")
 	}
 	return nil
 }
 
-// retired are the tracers replaced by a reload, not yet stopped.
-type retired struct {
-	mu sync.Mutex
-	ts map[*tracing.Tracer]struct{}
-}
-
 // retire stops t after retireAfter (or at Shutdown, if sooner).
-func (p *Proxy) retire(t *tracing.Tracer) {
-	p.retiredTracers.mu.Lock()
-	if p.retiredTracers.ts == nil {
-		p.retiredTracers.ts = map[*tracing.Tracer]struct{}{}
+func (ts *tracers) retire(t *tracing.Tracer) {
+	ts.mu.Lock()
+	if ts.retired == nil {
+		ts.retired = map[*tracing.Tracer]struct{}{}
 	}
-	p.retiredTracers.ts[t] = struct{}{}
-	p.retiredTracers.mu.Unlock()
+	ts.retired[t] = struct{}{}
+	ts.mu.Unlock()
 	time.AfterFunc(retireAfter, func() {
-		p.retiredTracers.mu.Lock()
-		_, ok := p.retiredTracers.ts[t]
-		delete(p.retiredTracers.ts, t)
-		p.retiredTracers.mu.Unlock()
+		ts.mu.Lock()
+		_, ok := ts.retired[t]
+		delete(ts.retired, t)
+		ts.mu.Unlock()
 		if ok {
 			ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
 			defer cancel()
@@ -213,24 +217,24 @@ func (p *Proxy) retire(t *tracing.Tracer) {
 // traceFlushTimeout bounds exporting the last spans at shutdown.
 const traceFlushTimeout = 5 * time.Second
 
-// stopTracing exports the spans not yet exported, of every tracer, and
-// stops them (Shutdown, once requests are done).
-func (p *Proxy) stopTracing() {
-	ts := []*tracing.Tracer{}
-	if cur := p.tracer.Load(); cur != nil {
-		ts = append(ts, cur.t)
+// stop exports the spans not yet exported, of every tracer, and stops
+// them (Shutdown, once requests are done).
+func (ts *tracers) stop(log *zerolog.Logger) {
+	all := []*tracing.Tracer{}
+	if cur := ts.cur.Load(); cur != nil {
+		all = append(all, cur.t)
 	}
-	p.retiredTracers.mu.Lock()
-	for t := range p.retiredTracers.ts {
-		ts = append(ts, t)
+	ts.mu.Lock()
+	for t := range ts.retired {
+		all = append(all, t)
 	}
-	clear(p.retiredTracers.ts)
-	p.retiredTracers.mu.Unlock()
+	clear(ts.retired)
+	ts.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
 	defer cancel()
-	for _, t := range ts {
+	for _, t := range all {
 		if err := t.Shutdown(ctx); err != nil {
-			p.log.Warn().Err(err).Msg("tracing: spans not all exported at shutdown")
+			log.Warn().Err(err).Msg("tracing: spans not all exported at shutdown")
 		}
 	}
 }

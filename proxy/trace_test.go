@@ -273,7 +273,7 @@ func TestSamplingFollowsASampledParent(t *testing.T) {
 	}
 	// Flush: shutting down exports everything; only the sampled trace
 	// is there.
-	h.p.stopTracing()
+	h.p.tracers.stop(&h.p.log)
 	for _, s := range rcv.Spans() {
 		if s.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
 			t.Fatalf("an unsampled span was exported: %v", s)
