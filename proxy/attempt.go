@@ -3,21 +3,24 @@ package proxy
 import (
 	"io"
 	"strconv"
+	"sync"
 	"time"
 
 	"sturdy/events"
 	"sturdy/policy"
 	"sturdy/upstream"
+
+	"github.com/valyala/fasthttp"
 )
 
 // attempt is one try of the request on an endpoint: what the upstream
 // side readied for it (the endpoint, a connection place, both breakers'
 // tickets), how it went (its outcome; for one that reached nothing, why)
-// and what policy made of that (its verdict). The loop holds one per
-// request (run, and a rescue's continueOn its own): attemptOn fills it for
-// each try, decide judges it, and respond answers from the last. What it
-// read of the upstream's reply is the exchange's (reply): that outlives it
-// once committed.
+// and what policy made of that (its verdict), and the upstream's reply to
+// it. The loop holds one per request (run, and a rescue's continueOn its
+// own): attemptOn fills it for each try, decide judges it, and respond
+// answers from the last, handing its reply to the client's stream when
+// it is committed to go as it comes.
 type attempt struct {
 	// ti is the index of its target in the route, up its upstream, ep
 	// its endpoint.
@@ -48,6 +51,72 @@ type attempt struct {
 	// keeps the last one's.
 	why     string
 	refused bool
+	// rp is its reply (nil until one is sent): the upstream's message,
+	// body and connection. A sent try takes over the one before it, its
+	// reply closed (reply.reuse).
+	rp *reply
+}
+
+// replied says a's try produced a response (a status, no fault).
+func (a *attempt) replied() bool { return a.rp != nil && a.out.Fault == policy.FaultNone }
+
+// reply is an attempt's reply: its message, the body still to be read,
+// the connection and the place it holds, and the body bytes read before
+// commit. It is pooled (replyPool): an attempt takes one as it is sent,
+// the next attempt takes it over (reuse), and it goes back as the request
+// ends without it (respond) or, once committed to go as it comes, as its
+// stream ends (stream.rp).
+type reply struct {
+	msg *fasthttp.Response
+	// conn is where the request holds the upstream connection in use
+	// (its presence's inUse: closed when the client leaves or Shutdown's
+	// grace ends), let go of as the reply is closed.
+	conn *upstream.Hold
+	// lease is the connection place (max_connections) the attempt holds
+	// until its body is closed; sample is what it reports then (its
+	// ttft, and whether that counts: not for a stale connection's replay,
+	// nor for an attempt not sent or whose client left; see sampled).
+	lease  upstream.Lease
+	sample upstream.Sample
+	// body is the upstream response stream still to be read, nil once
+	// fully read or closed.
+	body io.Reader
+	// head holds the body bytes read before commit; headOff is how much
+	// of it went to the client.
+	head    []byte
+	headOff int
+	// heldToEnd is set when a stream ended while its framing was held:
+	// all of it is in head.
+	heldToEnd bool
+}
+
+var replyPool = sync.Pool{New: func() any {
+	return &reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}
+}}
+
+// reuse readies rp for the next attempt, whose connection is held in
+// conn (a request's presence.inUse): the previous attempt's reply closed
+// (its body and its connection place given up) and emptied, or a pooled
+// one when there was none.
+func (rp *reply) reuse(conn *upstream.Hold) *reply {
+	if rp == nil {
+		rp = replyPool.Get().(*reply)
+	} else {
+		rp.close()
+	}
+	rp.conn, rp.sample, rp.heldToEnd = conn, upstream.Sample{}, false
+	return rp
+}
+
+// release closes rp and returns it to the pool (nil: none).
+func (rp *reply) release() {
+	if rp == nil {
+		return
+	}
+	rp.close()
+	rp.msg.Reset()
+	*rp = reply{msg: rp.msg, head: keepHead(rp.head)}
+	replyPool.Put(rp)
 }
 
 // failureCause names a failed attempt in a few words, for a breaker it
@@ -82,11 +151,12 @@ func (v *visit) roundTrip(a *attempt) {
 		a.out = policy.Outcome{Fault: policy.FaultTimeout} // not sent: its sample does not count
 		return
 	}
-	resp := ex.reply.msg
-	ex.reply.heldToEnd = false
+	rp := a.rp
+	resp := rp.msg
+	rp.heldToEnd = false
 	a.why, a.refused = "", false // this attempt's, not an earlier one's
 	ex.client.enter(phaseHead)
-	if err := a.ep.Send(&ex.client.inUse, ex.req.msg, resp, timeout); err != nil || ex.client.isGone.Load() {
+	if err := a.ep.Send(rp.conn, ex.req.msg, resp, timeout); err != nil || ex.client.isGone.Load() {
 		f := policy.FaultClientGone
 		switch {
 		case ex.client.isGone.Load():
@@ -97,7 +167,7 @@ func (v *visit) roundTrip(a *attempt) {
 			a.why, a.refused = WhyUnreachable(err), refusedConnection(err)
 		}
 		v.sampled(a, f)
-		ex.reply.close()
+		a.rp.close()
 		a.out = policy.Outcome{Fault: f}
 		return
 	}
@@ -114,7 +184,7 @@ func (v *visit) roundTrip(a *attempt) {
 			f = policy.FaultClientGone
 		}
 		v.sampled(a, f)
-		ex.reply.close()
+		a.rp.close()
 		*out = policy.Outcome{Fault: f}
 		return
 	}
@@ -122,10 +192,10 @@ func (v *visit) roundTrip(a *attempt) {
 	// An error event before the stream's first output (judge): what it
 	// means is policy's (EventFailure). A retryable one gives the stream up.
 	if out.StreamFailed && policy.EventFailure(out.StreamError).Class == policy.ClassRetryable {
-		ex.reply.close()
+		a.rp.close()
 	}
 	if status == 429 || status == 402 {
-		out.InsufficientQuota = policy.InsufficientQuota(ex.reply.head)
+		out.InsufficientQuota = policy.InsufficientQuota(rp.head)
 	}
 	if out.StreamFailed && (out.StreamError == "insufficient_quota" || out.StreamError == "billing_error") {
 		out.InsufficientQuota = true // told in-band: fails over all the same
@@ -143,7 +213,7 @@ func (v *visit) roundTrip(a *attempt) {
 // may fail over on, which are read whole up to the head's size.
 func (v *visit) readHead(a *attempt, status int) policy.Fault {
 	ex := v.ex
-	rp := &ex.reply
+	rp := a.rp
 	rp.head, rp.headOff = rp.head[:0], 0
 	rp.body = rp.msg.BodyStream()
 	if rp.body == nil {
@@ -163,7 +233,7 @@ func (v *visit) readHead(a *attempt, status int) policy.Fault {
 		rp.head = rp.head[:len(rp.head)+n]
 		if err == io.EOF {
 			v.sampled(a, policy.FaultNone)
-			ex.reply.close() // fully read: the connection goes back to the pool
+			a.rp.close() // fully read: the connection goes back to the pool
 			return policy.FaultNone
 		}
 		if err != nil {
@@ -193,7 +263,7 @@ const maxHold = 1 << 20
 // retried like any failure, and first_token runs to the first output.
 func (v *visit) holdToCommit(a *attempt, kind events.Kind, api policy.API) policy.Fault {
 	ex := v.ex
-	rp := &ex.reply
+	rp := a.rp
 	judged := 0
 	for {
 		var mark policy.Mark
@@ -223,7 +293,7 @@ func (v *visit) holdToCommit(a *attempt, kind events.Kind, api policy.API) polic
 // the head has been judged.
 func (v *visit) holdWindow(a *attempt, kind events.Kind, api policy.API, judged int) policy.Fault {
 	ex := v.ex
-	rp, hold := &ex.reply, ex.req.route.streamHold
+	rp, hold := a.rp, ex.req.route.streamHold
 	until := time.Now().Add(hold.Max)
 	if until.After(ex.req.deadline) {
 		until = ex.req.deadline
@@ -283,7 +353,7 @@ func (a *attempt) judge(head []byte, kind events.Kind, api policy.API, judged in
 // close made, before the stream's terminator.
 func (v *visit) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool, f policy.Fault) {
 	ex := v.ex
-	rp := &ex.reply
+	rp := a.rp
 	before := len(rp.head)
 	var room bool
 	if rp.head, room = ex.held.headRoom(&ex.p.held, rp.head, limit); !room {
@@ -303,7 +373,7 @@ func (v *visit) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool
 			}
 		}
 		v.sampled(a, policy.FaultNone)
-		ex.reply.close()
+		a.rp.close()
 		rp.heldToEnd = true
 		return true, policy.FaultNone
 	case err != nil && upstream.IsTimeout(err):
@@ -329,6 +399,9 @@ func readOnto(buf []byte, r io.Reader, limit int) ([]byte, error) {
 // also tells a model server to stop generating. Either way the
 // connection's place under max_connections is free again.
 func (rp *reply) close() {
+	if rp == nil {
+		return
+	}
 	// From here the connection may serve another request: it must not be
 	// closed for this one.
 	rp.conn.Drop()
@@ -354,5 +427,5 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 	case policy.FaultClientGone, policy.FaultStale, policy.FaultConnect, policy.FaultLocal:
 		counts = false
 	}
-	ex.reply.sample = upstream.Sample{TTFT: time.Since(a.sentAt), Counts: counts}
+	a.rp.sample = upstream.Sample{TTFT: time.Since(a.sentAt), Counts: counts}
 }

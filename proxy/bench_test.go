@@ -206,8 +206,7 @@ func cooldownCase(tb testing.TB, inForce bool) (check func() time.Duration) {
 	ctx := &fasthttp.RequestCtx{}
 	ctx.Request.Header.Set("Authorization", "Bearer sk-bench")
 	ex := &exchange{p: p, ctx: ctx}
-	ex.loop.model = "gpt-4o"
-	v := &visit{ex: ex, t: &target{up: up}}
+	v := &visit{ex: ex, t: &target{up: up}, model: "gpt-4o"}
 	return func() time.Duration {
 		v.coolKnown = false // a new request: its key is computed again
 		return v.cooldownLeft(now)

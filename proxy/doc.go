@@ -8,7 +8,7 @@
 //	gates.go    obstacles and waits     visit.clear → policy.Clear → block (the loop's obstruction); visit.wait,
 //	                                    interrupted, carry: what loop.go and pool.go both go through
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow
-//	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict);
+//	attempt.go  the attempt, its head   attempt (one try: endpoint, lease, tickets, outcome, verdict, reply);
 //	                                    roundTrip → Endpoint.Send → readHead → holdToCommit → holdWindow
 //	respond.go  commit, errors          respond(last attempt, obstruction) → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError;
@@ -50,14 +50,19 @@
 //     Redis side).
 //
 // The exchange's state is what outlives an attempt, split into named parts
-// (exchange.go): the outbound request, the loop's state, the last upstream
-// reply, the client's response, the access log's notes, the trace's part
-// (a pooled traceState only when the request is traced; nil, and every
-// step of it a no-op, when not) and, once committed to go as it comes, the client's body (stream,
-// stream.go; pooled with the exchange). What the loop learns on one target
-// (a visit) and of one try (an attempt) lives in the steps that run them,
-// passed to the steps that use it; what stood in the way of the targets
-// (an obstruction) goes from run to respond. The other files:
+// (exchange.go): the client's presence (gone.go), the outbound request,
+// the loop's counts and where it stands, the client's response, the
+// access log's notes, the trace's part (a pooled traceState only when the
+// request is traced; nil, and every step of it a no-op, when not) and,
+// once committed to go as it comes, the client's body (stream, stream.go;
+// pooled with the exchange). What the loop learns on one target (a visit:
+// the model as sent, its cooldown keys, the endpoints that failed) and of
+// one try (an attempt: its endpoint, lease, tickets, outcome, verdict and
+// its reply, pooled and taken over by the next try) lives in the steps
+// that run them, the target's steps being the visit's methods; what
+// stood in the way of the targets (an obstruction) goes from run to
+// respond, and the answering attempt's reply to the stream at commit
+// (respond gives back one not committed). The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids, and what the
 //	               admin side reads (Upstreams, Ready, RefreshBreakerGauges, Failures)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"io"
 	"sync"
 	"time"
 
@@ -28,11 +27,12 @@ const maxTriedEndpoints = 8
 
 // exchange is the state of one client request that outlives an attempt,
 // from arrival to the end of its response stream, in named parts: the
-// request as it goes upstream, the attempt loop's state, the last
-// upstream reply, the client's response, and the notes the access log
-// needs. A try's own state is its attempt, a target's its visit (both
-// in the loop's steps). It is pooled; once a reply is committed as a
-// stream its stream is the body reader fasthttp pulls from, and it is
+// client's presence, the request as it goes upstream, the attempt loop's
+// counts and where it stands, the client's response, and the notes the
+// access log needs. A try's own state — its reply included — is its
+// attempt, a target's its visit (both in the loop's steps). It is
+// pooled; once a reply is committed as a stream its stream (holding that
+// reply) is the body reader fasthttp pulls from, and the exchange is
 // released when fasthttp closes that reader.
 type exchange struct {
 	p   *Proxy
@@ -50,7 +50,6 @@ type exchange struct {
 
 	req   outbound
 	loop  loopState
-	reply reply
 	out   response
 	notes notes
 	tr    *traceState // nil: the request is not traced
@@ -97,19 +96,15 @@ type outbound struct {
 // way of the targets is the loop's obstruction, carried from visit to
 // visit and handed to respond.
 type loopState struct {
-	ti       int                // index of the current target in route.targets
-	up       *upstream.Upstream // the current target's upstream
-	attempts int                // across all targets, stale replays included
+	// ti is the index in route.targets of the current target (the first
+	// that serves the request's API until the loop uses one; the
+	// answering one once committed): see exchange.target.
+	ti       int
+	attempts int // across all targets, stale replays included
 	// replays counts the stale replays, rides the ride-through probes
 	// that could not connect: max_total_attempts counts neither
 	// (counted).
 	rides, replays int
-	// own is the cooldown this request's own 429 started with the wait it
-	// asked for, which that request's retry is not held by.
-	own ownCooldown
-	// model is the model as sent to the current target (its breaker and
-	// cooldown scope).
-	model string
 	// slot, entered and rider are what the request holds of the current
 	// target until it leaves it (leaveTarget): whose max_in_flight slot,
 	// whose in-flight count, whose riders' place (ride_through).
@@ -117,6 +112,18 @@ type loopState struct {
 	// ep is the endpoint of the current (or last) attempt.
 	ep   *upstream.Endpoint
 	stop policy.Stop
+	// lastStatus is the status of the last attempt that produced one
+	// (0: none did), for an error's details.
+	lastStatus int
+}
+
+// target is the request's current target (loopState.ti), nil before it
+// is routed.
+func (ex *exchange) target() *target {
+	if ex.req.route == nil {
+		return nil
+	}
+	return &ex.req.route.targets[ex.loop.ti]
 }
 
 // ownCooldown is a cooldown a request's own 429 started with its server's
@@ -125,35 +132,6 @@ type loopState struct {
 type ownCooldown struct {
 	up    *upstream.Upstream
 	until time.Time // the cooldown's end as set
-}
-
-// reply is the last upstream reply: its message, the body still to be
-// read, the connection and the place it holds, and the body bytes read
-// before commit.
-type reply struct {
-	msg *fasthttp.Response
-	// conn is where the request holds the upstream connection in use
-	// (its presence's inUse: closed when the client leaves or Shutdown's
-	// grace ends), let go of as the reply is closed.
-	conn *upstream.Hold
-	// lease is the connection place (max_connections) the attempt holds
-	// until its body is closed; sample is what it reports then (its
-	// ttft, and whether that counts: not for a stale connection's replay,
-	// nor for an attempt not sent or whose client left; see sampled).
-	lease  upstream.Lease
-	sample upstream.Sample
-	// has says the last attempt produced a status (no fault).
-	has bool
-	// body is the upstream response stream still to be read, nil once
-	// fully read or closed.
-	body io.Reader
-	// head holds the body bytes read before commit; headOff is how much
-	// of it went to the client.
-	head    []byte
-	headOff int
-	// heldToEnd is set when a stream ended while its framing was held:
-	// all of it is in head.
-	heldToEnd bool
 }
 
 // response is what the client gets: the status and outcome, and for a
@@ -217,8 +195,7 @@ type targetNote struct {
 
 var exchangePool = sync.Pool{New: func() any {
 	ex := &exchange{client: presence{goneCh: make(chan struct{})}, req: outbound{msg: new(fasthttp.Request)},
-		reply: reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}, st: new(stream)}
-	ex.reply.conn = &ex.client.inUse
+		st: new(stream)}
 	ex.st.ex = ex
 	return ex
 }}
@@ -238,10 +215,9 @@ func (ex *exchange) finish() {
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
 	ex.tr.release()
-	ex.reply.close()
+	ex.st.rp.release() // the reply it streamed, if it was committed to go as it comes
 	ex.p.held.give(ex.held.n)
 	ex.req.msg.Reset()
-	ex.reply.msg.Reset()
 	gone := ex.client.goneCh
 	if ex.client.isGone.Load() {
 		gone = make(chan struct{}) // a closed one cannot be reused
@@ -253,7 +229,6 @@ func (ex *exchange) finish() {
 		client: presence{goneCh: gone},
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
 			scratch: ex.req.scratch[:0]},
-		reply: reply{msg: ex.reply.msg, head: keepHead(ex.reply.head), conn: &ex.client.inUse},
 	}
 	exchangePool.Put(ex)
 }

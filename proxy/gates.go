@@ -16,7 +16,7 @@ import (
 func (v *visit) carry(d policy.Decision) policy.Action {
 	ex := v.ex
 	if d.Stop == policy.StopBudget {
-		ex.p.m.BudgetExhausted.WithLabelValues(ex.loop.up.Name()).Inc()
+		ex.p.m.BudgetExhausted.WithLabelValues(v.t.up.Name()).Inc()
 	}
 	if d.Action == policy.ActionStop {
 		ex.loop.stop = d.Stop
@@ -35,9 +35,9 @@ func (v *visit) clear(kind policy.Obstacle, wait, maxWait time.Duration, limit s
 func (v *visit) clearWith(o obstacle, maxWait time.Duration) policy.Decision {
 	ex := v.ex
 	d := policy.Clear(policy.Gate{Obstacle: o.kind, Wait: o.wait, MaxWait: maxWait, Remaining: time.Until(ex.req.deadline),
-		HasFallback: ex.req.route.fallbackAfter(ex.req.call.API, ex.loop.ti), N: v.n, Total: ex.loop.attempts})
+		HasFallback: ex.req.route.fallbackAfter(ex.req.call.API, v.ti), N: v.n, Total: ex.loop.attempts})
 	if d.Action != policy.ActionAttempt {
-		o.model = ex.loop.model
+		o.model = v.model
 		v.block(o)
 	}
 	return d

@@ -102,7 +102,7 @@ func (ex *exchange) admit() *apiError {
 	if first < 0 {
 		return newError(CodeAPINotServed, r.name, apiName(ex.req.call.API))
 	}
-	ex.req.route, ex.loop.up = r, r.targets[first].up
+	ex.req.route, ex.loop.ti = r, first
 	if asksToStream(ex.req.call.API, stream) {
 		ex.req.firstToken = r.firstToken
 	}

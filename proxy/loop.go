@@ -22,14 +22,14 @@ func (ex *exchange) run() {
 	var last attempt // the try in progress, then the last one made
 	var in obstruction
 	r := ex.req.route
-	for ex.loop.ti = 0; ex.loop.ti < len(r.targets); ex.loop.ti++ {
-		t := &r.targets[ex.loop.ti]
+	for i := range r.targets {
+		t := &r.targets[i]
 		if !t.up.Options().APIs.Serves(ex.req.call.API) { // passed over: it speaks another API (apis)
 			ex.notes.target(t.up.Name(), "")
 			ex.notes.result(resultUnsupportedAPI, false)
 			continue
 		}
-		if ex.onTarget(t, &last, &in) != policy.ActionFailover || !ex.req.route.fallbackAfter(ex.req.call.API, ex.loop.ti) {
+		if ex.onTarget(t, i, &last, &in) != policy.ActionFailover || !r.fallbackAfter(ex.req.call.API, i) {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
@@ -51,8 +51,8 @@ type obstruction struct {
 // onTarget runs attempts on t, each in a, until policy says to fail over
 // or to stop, and returns which; what stood in the way of the targets so
 // far is in, and what stands in t's goes there too.
-func (ex *exchange) onTarget(t *target, a *attempt, in *obstruction) policy.Action {
-	v := visit{ex: ex, t: t, in: *in} // the visit holds the obstruction by value: a pointer in it would go to the heap
+func (ex *exchange) onTarget(t *target, ti int, a *attempt, in *obstruction) policy.Action {
+	v := visit{ex: ex, t: t, ti: ti, in: *in} // the visit holds the obstruction by value: a pointer in it would go to the heap
 	act := v.run(a)
 	*in = v.in
 	return act
@@ -107,7 +107,14 @@ func (v *visit) run(a *attempt) policy.Action {
 // slot, its in-flight count, a riders' place) is the exchange's, given
 // back by leaveTarget.
 type visit struct {
-	t *target
+	// t is its target, ti its index in the route; model the model as sent
+	// there (its breaker and cooldown scope).
+	t     *target
+	ti    int
+	model string
+	// own is the cooldown this request's own 429 there started with the
+	// wait it asked for, which that request's retry is not held by.
+	own ownCooldown
 	// ex is the request the visit is made for.
 	ex *exchange
 	// in is what stood in the way of its loop's targets, this one's
@@ -157,7 +164,7 @@ func (v *visit) useTarget() policy.Action {
 	ex, t := v.ex, v.t
 	ex.loop.leaveTarget()
 	lp := &ex.loop
-	lp.up, lp.ep = t.up, nil
+	lp.ti, lp.ep = v.ti, nil
 	ex.notes.target(t.up.Name(), t.model)
 	if t.up.Limited() {
 		ex.client.enter(phaseQueue)
@@ -177,9 +184,7 @@ func (v *visit) useTarget() policy.Action {
 
 	q := &ex.req
 	ex.setCredential(t.up)
-	if lp.model = t.model; lp.model == "" {
-		lp.model = ex.req.model
-	}
+	v.model = t.sent(ex.req.model)
 	q.msg.SetBodyRaw(ex.bodyFor(t))
 	return policy.ActionAttempt
 }
@@ -299,7 +304,7 @@ func (v *visit) attemptOn(a *attempt) policy.Action {
 	if act := v.gate(); act != policy.ActionAttempt {
 		return act
 	}
-	next := attempt{why: a.why, refused: a.refused} // until it is sent (roundTrip), the last one's
+	next := attempt{why: a.why, refused: a.refused, rp: a.rp} // until it is sent (roundTrip), the last one's; its reply to take over
 	if act := v.choose(&next); act != policy.ActionAttempt {
 		return act
 	}
@@ -312,24 +317,24 @@ func (v *visit) attemptOn(a *attempt) policy.Action {
 // target, with the retry budget reserved for a retry it chose.
 func (v *visit) decide(at *attempt) policy.Decision {
 	ex := v.ex
-	up, lp, vd := v.t.up, &ex.loop, at.verdict
+	up, vd := v.t.up, at.verdict
 	now := time.Now()
 	failoverBy := "" // what of a pass-through reply the route fails over on
 	a := policy.Attempt{Verdict: vd, N: v.n, Total: ex.loop.counted(), AfterStale: at.stale,
-		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.req.route.fallbackAfter(ex.req.call.API, ex.loop.ti),
+		Replayable: ex.req.replayable, Remaining: ex.req.deadline.Sub(now), HasFallback: ex.req.route.fallbackAfter(ex.req.call.API, v.ti),
 		Riding:    now.Before(v.rideUntil) && at.ep.Out(),
-		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(lp.model, v.tried[:v.nTried])}
+		Elsewhere: vd.Class == policy.ClassRetryable && up.Elsewhere(v.model, v.tried[:v.nTried])}
 	if vd.Class == policy.ClassRetryable {
 		a.Refused = at.refused && !a.Elsewhere
 		a.RideLeft = v.rideLeft(now)
-		a.Out = !up.AnyUsable(lp.model)
+		a.Out = !up.AnyUsable(v.model)
 	}
-	if ex.reply.has {
-		a.ServerWait, a.HasServerWait, a.Cooldown = v.learnRateLimits(vd, now)
+	if at.replied() {
+		a.ServerWait, a.HasServerWait, a.Cooldown = v.learnRateLimits(at, now)
 		// A pass-through fails over when the route says so, and on a
 		// billing quota spent (another provider may have one left).
 		if vd.Class == policy.ClassPassThrough {
-			if failoverBy = ex.failoverStatus(&at.out); at.out.InsufficientQuota {
+			if failoverBy = ex.failoverStatus(at); at.out.InsufficientQuota {
 				failoverBy = "insufficient_quota"
 			}
 			a.FailoverStatus = failoverBy != ""
@@ -345,7 +350,7 @@ func (v *visit) decide(at *attempt) policy.Decision {
 		ex.notes.result(failoverBy, false) // not passed through: the client never saw it
 	}
 	if d.Source != policy.WaitServer {
-		lp.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
+		v.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
 	}
 	ex.tr.attemptDecided(d)
 	if reserved && !d.SpendsBudget() {
@@ -363,12 +368,11 @@ func (v *visit) send(a *attempt) {
 	ex := v.ex
 	t, lp, ep := v.t, &ex.loop, a.ep
 	up := t.up
-	a.ti, a.up = lp.ti, up
+	a.ti, a.up = v.ti, up
 	// The previous reply is given up now (its body and its connection
-	// place), and the place taken for this attempt goes with the new one.
-	ex.reply.close()
-	ex.reply.lease, a.lease = a.lease, upstream.Lease{}
-	ex.reply.sample = upstream.Sample{} // no sample counts until one is taken
+	// place), and the place taken for this attempt goes with this one's.
+	a.rp = a.rp.reuse(&ex.client.inUse)
+	a.rp.lease, a.lease = a.lease, upstream.Lease{}
 	a.stale = v.replaying
 	switch {
 	case v.reriding:
@@ -384,7 +388,7 @@ func (v *visit) send(a *attempt) {
 	if v.n == 1 && !a.stale && !v.continuing {
 		up.Budget().FirstAttempt(a.sentAt)
 	}
-	a.n, a.model, a.cont = lp.attempts, lp.model, ex.st.rescue.tries > 0
+	a.n, a.model, a.cont = lp.attempts, v.model, ex.st.rescue.tries > 0
 	v.aim(ep)
 	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), a)
 	v.roundTrip(a)
@@ -401,7 +405,9 @@ func (v *visit) send(a *attempt) {
 	if vd.Class != policy.ClassRetryable && vd.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
 		up.Cooldowns().Succeeded(v.cooldownKey()) // a run of bare 429s ends
 	}
-	ex.reply.has = out.Fault == policy.FaultNone
+	if out.Fault == policy.FaultNone {
+		lp.lastStatus = out.Status
+	}
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
 		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
@@ -429,9 +435,8 @@ func (v *visit) retrying(a *attempt, d policy.Decision) {
 // waited: the cooldown (its end moved later by the jitter, for everyone
 // else) does not hold it — unless something has set a later end since.
 func (v *visit) ownRetry() bool {
-	ex := v.ex
-	up, own := v.t.up, ex.loop.own
-	ex.loop.own = ownCooldown{}
+	up, own := v.t.up, v.own
+	v.own = ownCooldown{}
 	return own.up == up && up.Cooldowns().End(v.cooldownKey()).Equal(own.until)
 }
 
@@ -471,14 +476,13 @@ func (ex *exchange) setCredential(up *upstream.Upstream) {
 // rate-limit per key and per model.
 func (v *visit) cooldownKey() uint64 {
 	ex := v.ex
-	lp := &ex.loop
 	if !v.coolKnown {
 		var cred []byte
 		if v.t.up.Auth() == nil {
 			cred, _ = credential(&ex.ctx.Request.Header)
 		}
 		// The same in every replica, so the fleet shares it.
-		v.coolDigest = fleet.Digest(ex.p.fleet.Load().hashKey(), cred, unsafe.Slice(unsafe.StringData(lp.model), len(lp.model)))
+		v.coolDigest = fleet.Digest(ex.p.fleet.Load().hashKey(), cred, unsafe.Slice(unsafe.StringData(v.model), len(v.model)))
 		v.coolKey, v.coolKnown = localKey(v.coolDigest), true
 	}
 	return v.coolKey
@@ -505,7 +509,7 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 	return d + time.Duration(ex.p.rand(int64(d/10)+1))
 }
 
-// learnRateLimits reads the reply's rate-limit headers: a 429's
+// learnRateLimits reads the rate-limit headers of at's reply: a 429's
 // Retry-After (returned as the server's wait), OpenAI's
 // x-ratelimit-remaining-requests (or -tokens): 0 and Anthropic's
 // anthropic-ratelimit-*-remaining: 0 (on any reply) put the upstream in
@@ -513,9 +517,9 @@ func (ex *exchange) extend(d time.Duration) time.Duration {
 // that gives no wait starts a bare cooldown, returned as cooldown: the
 // next attempt here would meet it. A 429's own wait is this request's to
 // wait (lp.own): its retry is not held by the cooldown the wait started.
-func (v *visit) learnRateLimits(vd policy.Verdict, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
+func (v *visit) learnRateLimits(at *attempt, now time.Time) (wait time.Duration, ok bool, cooldown time.Duration) {
 	ex := v.ex
-	up, h := v.t.up, &ex.reply.msg.Header
+	up, h, vd := v.t.up, &at.rp.msg.Header, at.verdict
 	is429 := vd.Reason == policy.Reason429
 	if vd.Class == policy.ClassRetryable {
 		wait, ok = policy.RetryAfter(h.PeekCanonical(hdrRetryAfterMS), h.PeekCanonical(hdrRetryAfter), now)
@@ -551,7 +555,7 @@ func (v *visit) learnRateLimits(vd policy.Verdict, now time.Time) (wait time.Dur
 		until = up.Cooldowns().Set(v.cooldownKey(), now, until) // cooldown.max caps it
 		ex.p.fleet.Load().publishCooldown(up, v.coolDigest, until, 0)
 		if fromWait {
-			ex.loop.own = ownCooldown{up: up, until: until}
+			v.own = ownCooldown{up: up, until: until}
 		}
 	case is429 && !ok: // "too many", but not for how long
 		d, streak := up.Cooldowns().Bare(v.cooldownKey(), now, up.BareCooldown(), ex.extend)
@@ -568,8 +572,8 @@ func (v *visit) learnRateLimits(vd policy.Verdict, now time.Time) (wait time.Dur
 // over on — "failover_on" (its status is in failover_on), "failover_code"
 // (a 400 whose error code, or a stream's in-band error code, is in
 // failover_codes) — or "" when it is not.
-func (ex *exchange) failoverStatus(out *policy.Outcome) string {
-	status, r := ex.reply.msg.StatusCode(), ex.req.route
+func (ex *exchange) failoverStatus(at *attempt) string {
+	out, status, r := &at.out, at.rp.msg.StatusCode(), ex.req.route
 	if slices.Contains(r.failoverOn, status) {
 		return "failover_on"
 	}
@@ -583,7 +587,7 @@ func (ex *exchange) failoverStatus(out *policy.Outcome) string {
 		return ""
 	}
 	// OpenAI's error.code, or Anthropic's error.type (it has no code).
-	e := gjson.GetBytes(ex.reply.head, "error")
+	e := gjson.GetBytes(at.rp.head, "error")
 	for _, code := range [2]string{e.Get("code").String(), e.Get("type").String()} {
 		if code != "" && slices.Contains(r.failoverCodes, code) {
 			return "failover_code"

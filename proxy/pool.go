@@ -38,7 +38,7 @@ func (v *visit) choose(a *attempt) policy.Action {
 		if act != policy.ActionAttempt {
 			return act
 		}
-		tk, no := ep.Allow(ex.loop.model)
+		tk, no := ep.Allow(v.model)
 		if no == "" {
 			ex.loop.stopRiding() // its place in the queue, and its spread, go once it has its attempt
 			v.rideDraw = 0
@@ -57,7 +57,7 @@ func (v *visit) choose(a *attempt) policy.Action {
 func (v *visit) ask(refused []*upstream.Endpoint) upstream.Ask {
 	ex := v.ex
 	up := v.t.up
-	a := upstream.Ask{Model: ex.loop.model, Tried: v.tried[:v.nTried], Refused: refused, Rand: ex.p.rand}
+	a := upstream.Ask{Model: v.model, Tried: v.tried[:v.nTried], Refused: refused, Rand: ex.p.rand}
 	if up.Options().Balance == upstream.BalanceAffinity && len(up.Endpoints()) > 1 {
 		a.Key, a.HasKey = v.affinityKey()
 	}
@@ -99,9 +99,8 @@ func (v *visit) affinityKey() (key uint64, ok bool) {
 // checks or DNS; refused names the breaker that refused last, if one
 // did). The obstacle says what put the soonest endpoint out.
 func (v *visit) allOut(refused string) policy.Decision {
-	ex := v.ex
 	up := v.t.up
-	a := up.AllOut(ex.loop.model, refused)
+	a := up.AllOut(v.model, refused)
 	o := obstacle{kind: policy.ObstacleUnhealthy, upstream: up.Name(), wait: a.Wait, limit: a.Limit, cause: a.Cause}
 	if a.Breaker {
 		o.kind = policy.ObstacleBreaker
@@ -129,7 +128,7 @@ func (v *visit) rideThrough(changed <-chan struct{}) (again bool, action policy.
 	if left <= 0 {
 		return false, policy.ActionAttempt
 	}
-	wait := up.NextChange(ex.loop.model, now, left)
+	wait := up.NextChange(v.model, now, left)
 	ex.client.enter(phaseRideThrough)
 	ex.tr.wait(phaseRideThrough, wait, sourceRideThrough)
 	t := time.NewTimer(wait)

@@ -132,8 +132,7 @@ func (st *stream) readEvents(p []byte) (int, error) {
 // pull adds the next upstream bytes to pending: the reply's held head
 // first, then its body.
 func (st *stream) pull() error {
-	ex := st.ex
-	rp, rs := &ex.reply, &st.rescue
+	rp, rs := st.rp, &st.rescue
 	if rp.headOff < len(rp.head) {
 		rs.pending = append(rs.pending, rp.head[rp.headOff:]...)
 		rp.headOff = len(rp.head)
@@ -365,10 +364,11 @@ func (st *stream) rescueStream() bool {
 // a is the last one.
 func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	ex := st.ex
-	rs, lp, rp := &st.rescue, &ex.loop, &ex.reply
+	rs, lp := &st.rescue, &ex.loop
 	t := &ex.req.route.targets[ti]
-	failedUp, failedEp := lp.up, lp.ep
-	ex.reply.close() // closing the cut stream's connection stops its generation
+	failedUp, failedEp := ex.target().up, lp.ep
+	st.rp.close() // closing the cut stream's connection stops its generation
+	a.rp = st.rp  // the continuation's attempt takes the reply over: the stream reads what it gets
 	// The event it was cut in never reached the client, nor the text so
 	// far: the continuation starts after the last whole event.
 	rs.pending = rs.pending[:0]
@@ -376,8 +376,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	if !ok {
 		return false, false
 	}
-	lp.ti = ti
-	v := visit{ex: ex, t: t}
+	v := visit{ex: ex, t: t, ti: ti}
 	if v.useTarget() != policy.ActionAttempt { // its obstruction answers nobody: the stream ends
 		return false, false
 	}
@@ -398,15 +397,15 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 				continue
 			}
 		}
-		if !rp.has || a.verdict.Class != policy.ClassSuccess || a.out.StreamFailed ||
-			events.KindOf(rp.msg.Header.ContentType()) != events.SSE || st.cut.Load() || ex.client.isGone.Load() {
-			ex.reply.close()
+		if !a.replied() || a.verdict.Class != policy.ClassSuccess || a.out.StreamFailed ||
+			events.KindOf(a.rp.msg.Header.ContentType()) != events.SSE || st.cut.Load() || ex.client.isGone.Load() {
+			a.rp.close()
 			return false, true
 		}
 		break
 	}
-	st.closeDelimited = rp.msg.Header.ContentLength() == -2
-	upstream.CapReads(rp.msg, ex.req.responseCap(st.streamed()))
+	st.closeDelimited = a.rp.msg.Header.ContentLength() == -2
+	upstream.CapReads(a.rp.msg, ex.req.responseCap(st.streamed()))
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.join.cutOver(ws)
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()

@@ -19,16 +19,16 @@ import (
 // (in), else with why no attempt produced a reply.
 func (ex *exchange) respond(last *attempt, in *obstruction) {
 	lp := &ex.loop
-	switch {
+	switch replied := last.replied(); {
 	case lp.stop == policy.StopClientGone:
-		ex.leftUnanswered()
-	case ex.reply.has && last.verdict.Class == policy.ClassSuccess:
+		ex.leftUnanswered(last.rp)
+	case replied && last.verdict.Class == policy.ClassSuccess:
 		ex.out.outcome = outcomeOK
 		ex.commit(last, false)
-	case ex.reply.has && last.verdict.Class == policy.ClassPassThrough:
+	case replied && last.verdict.Class == policy.ClassPassThrough:
 		ex.out.outcome = outcomePassThrough
 		ex.commit(last, false)
-	case ex.reply.has:
+	case replied:
 		ex.out.outcome = outcomeExhausted
 		ex.commit(last, true)
 	case in.blocked && (lp.attempts == 0 || time.Until(ex.req.deadline) > 0):
@@ -38,9 +38,12 @@ func (ex *exchange) respond(last *attempt, in *obstruction) {
 		ex.fail(sharedFailure(in.sharedRefused))
 	case lp.stop == policy.StopShutdown:
 		ex.out.outcome = outcomeShuttingDown
-		ex.fail(newError(CodeShuttingDown, lp.up.Name(), ex.notes.text(ex.loop.stop)))
+		ex.fail(newError(CodeShuttingDown, ex.target().up.Name(), ex.notes.text(ex.loop.stop)))
 	default:
 		ex.noReply(last)
+	}
+	if ex.st.rp != last.rp { // not the stream's to give back as it ends
+		last.rp.release()
 	}
 }
 
@@ -49,16 +52,17 @@ func (ex *exchange) respond(last *attempt, in *obstruction) {
 // once when it is already whole, else as a stream. final marks a reply
 // Sturdy gave up retrying.
 func (ex *exchange) commit(a *attempt, final bool) {
-	ctx, rh, src := ex.ctx, &ex.ctx.Response.Header, ex.reply.msg
+	ctx, rh, rp := ex.ctx, &ex.ctx.Response.Header, a.rp
+	src := rp.msg
 	// The reply may be an earlier target's, when later ones were skipped:
 	// the request went where it came from.
-	ex.loop.ti, ex.loop.up, ex.loop.ep = a.ti, a.up, a.ep
+	ex.loop.ti, ex.loop.ep = a.ti, a.ep
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
 	passThrough := ex.out.outcome == outcomePassThrough
 	if !passThrough {
 		rh.SetBytesKV(hdrRequestID, ex.req.id)
-		rh.SetBytesK(hdrUpstream, ex.loop.up.Name())
+		rh.SetBytesK(hdrUpstream, a.up.Name())
 	}
 	if !passThrough || ex.loop.attempts > 1 {
 		ex.setAttemptsHeader(ex.loop.attempts)
@@ -71,16 +75,17 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	ex.out.ttft = time.Since(ex.req.start)
 	ex.out.ttfb = a.headAt.Sub(ex.req.start)
 	defer func() { ex.tr.committed(ex.req.start.Add(ex.out.ttft), ex.out.streaming) }()
-	if ex.reply.body == nil && !ex.reply.heldToEnd {
+	if rp.body == nil && !rp.heldToEnd {
 		if ctx.IsHead() {
 			ctx.Response.SkipBody = true
 			return
 		}
-		body := ex.untilTerminator(ex.reply.head)
+		body := ex.untilTerminator(rp)
 		ctx.Response.SetBody(body)
 		ex.out.bytesOut = int64(len(body))
 		return
 	}
+	ex.st.rp = rp // the stream's from here: it reads the rest of it
 	ex.st.kind = events.KindOf(src.Header.ContentType())
 	if ex.st.kind != 0 {
 		ex.st.scan.Reset(ex.st.kind)
@@ -114,11 +119,13 @@ func (ex *exchange) serveBody(size int) {
 	ex.ctx.SetBodyStream(ex.st, size)
 }
 
-// untilTerminator returns a whole body up to the end of its stream's
-// terminator, when it is an SSE or NDJSON stream of a known API (what
-// follows [DONE] is not the stream's); any other body as it is.
-func (ex *exchange) untilTerminator(body []byte) []byte {
-	kind := events.KindOf(ex.reply.msg.Header.ContentType())
+// untilTerminator returns the whole body of rp (its head) up to the end
+// of its stream's terminator, when it is an SSE or NDJSON stream of a
+// known API (what follows [DONE] is not the stream's); any other body as
+// it is.
+func (ex *exchange) untilTerminator(rp *reply) []byte {
+	body := rp.head
+	kind := events.KindOf(rp.msg.Header.ContentType())
 	if kind == 0 || ex.req.call.API == policy.APIOther {
 		return body
 	}
@@ -128,9 +135,9 @@ func (ex *exchange) untilTerminator(body []byte) []byte {
 }
 
 // leftUnanswered ends a request whose client left before its response
-// began: nobody is left to answer.
-func (ex *exchange) leftUnanswered() {
-	ex.reply.close()
+// began: nobody is left to answer (rp, the reply at hand, is closed).
+func (ex *exchange) leftUnanswered(rp *reply) {
+	rp.close()
 	ex.out.outcome, ex.out.status = outcomeClientGone, 499
 	ex.ctx.SetConnectionClose()
 }
@@ -161,22 +168,22 @@ func (ex *exchange) whole() {
 		body = body[:len(body)+n]
 	}
 	if ex.client.isGone.Load() { // the client left while the body was read
-		ex.leftUnanswered()
+		ex.leftUnanswered(ex.st.rp)
 		return
 	}
-	ex.reply.close()
+	ex.st.rp.close()
 	switch {
 	case errors.Is(err, errWholeTooLarge):
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.Name(), sizeText(maxWholeBody)+" per response"))
+		ex.fail(newError(CodeResponseTooLarge, ex.target().up.Name(), sizeText(maxWholeBody)+" per response"))
 		return
 	case errors.Is(err, errBuffersFull):
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeResponseTooLarge, ex.loop.up.Name(), "server.max_buffered_bytes, for all clients together, is in use"))
+		ex.fail(newError(CodeResponseTooLarge, ex.target().up.Name(), "server.max_buffered_bytes, for all clients together, is in use"))
 		return
 	case err != io.EOF:
 		ex.out.outcome = outcomeUpstreamError
-		ex.fail(newError(CodeUpstreamUnreachable, ex.loop.up.Name(), "failed mid-body", ex.notes.text(ex.loop.stop)))
+		ex.fail(newError(CodeUpstreamUnreachable, ex.target().up.Name(), "failed mid-body", ex.notes.text(ex.loop.stop)))
 		return
 	}
 	// Written from where it was read, as a stream's last bytes are: the
@@ -198,14 +205,11 @@ func (ex *exchange) setAttemptsHeader(n int) {
 
 // fail answers with an error Sturdy produced itself (see errorTable).
 func (ex *exchange) fail(e *apiError) {
-	ex.reply.close()
 	e.details.Attempts = ex.loop.attempts
-	if ex.loop.up != nil {
-		e.details.Upstream = ex.loop.up.Name()
+	if t := ex.target(); t != nil {
+		e.details.Upstream = t.up.Name()
 	}
-	if ex.reply.has {
-		e.details.LastStatus = ex.reply.msg.StatusCode()
-	}
+	e.details.LastStatus = ex.loop.lastStatus
 	e.write(ex.ctx, ex.req.id, ex.req.call.API)
 	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
 	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
@@ -250,7 +254,7 @@ func (ex *exchange) obstructed(o obstacle) {
 // noReply answers when attempts were made but none produced a response;
 // last is the last one.
 func (ex *exchange) noReply(last *attempt) {
-	up, tried := ex.loop.up.Name(), ex.notes.text(ex.loop.stop)
+	up, tried := ex.target().up.Name(), ex.notes.text(ex.loop.stop)
 	at := ""
 	if ep := ex.loop.ep; ep != nil {
 		at = " at " + ep.Public() // no credentials

@@ -20,10 +20,13 @@ import (
 // It is what the client side knows of the body as it goes: how the
 // upstream frames it, the events relayed so far, how it failed, and a
 // rescue's state. Each exchange has one, pooled with it (ex: its
-// exchange, for the upstream reply it reads and the loop a rescue runs
-// again); it begins at commit and is reset as the exchange ends.
+// exchange, for the loop a rescue runs again); it begins at commit, when
+// the answering attempt hands it its reply (rp: the upstream body it
+// reads, a continuation's once a rescue took over), and is reset as the
+// exchange ends, the reply given back.
 type stream struct {
 	ex      *exchange
+	rp      *reply
 	kind    events.Kind // 0: neither SSE nor NDJSON
 	chunked bool        // the client's body has no length: failures can be told in-band
 	// closeDelimited says the upstream body had neither length nor
@@ -56,7 +59,7 @@ func (st *stream) streamed() bool { return st.chunked || st.kind != 0 }
 // an error line, and anything else by aborting the connection: a failed
 // stream never ends as if it had succeeded.
 func (st *stream) Read(p []byte) (int, error) {
-	rp := &st.ex.reply
+	rp := st.rp
 	if st.tail != nil {
 		if len(st.tail) == 0 {
 			return 0, io.EOF
@@ -140,7 +143,7 @@ func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
 	ex := st.ex
 	out := &ex.out
 	if ex.client.isGone.Load() { // the watcher closed the upstream: the client left
-		ex.reply.close()
+		st.rp.close()
 		out.outcome, out.status = outcomeClientGone, 499
 		return 0, errStreamAborted
 	}
@@ -162,7 +165,7 @@ func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
 	}
 	st.broken = err
 	out.outcome = outcomeStreamInterrupted
-	ex.reply.close()
+	st.rp.close()
 	if !st.chunked || st.kind == 0 {
 		return 0, errStreamAborted
 	}
@@ -185,8 +188,7 @@ const (
 // or the body's own end): what is left of it is read, within drainWait
 // and drainBytes, and dropped, then the body is closed.
 func (st *stream) endBody() {
-	ex := st.ex
-	rp := &ex.reply
+	rp := st.rp
 	if rp.body != nil && st.pending == nil {
 		upstream.CapReads(rp.msg, time.Now().Add(drainWait))
 		var buf [4 << 10]byte
@@ -197,7 +199,7 @@ func (st *stream) endBody() {
 			}
 		}
 	}
-	ex.reply.close()
+	st.rp.close()
 }
 
 // interruptionTail is the last thing an interrupted SSE or NDJSON stream
@@ -205,7 +207,7 @@ func (st *stream) endBody() {
 // the failure in the stream's own format. SSE gets no [DONE] after it.
 func (st *stream) interruptionTail() []byte {
 	ex := st.ex
-	out, up := &ex.out, ex.loop.up
+	out, up := &ex.out, ex.target().up
 	what := "the upstream stream failed mid-response"
 	switch {
 	case st.cut.Load():
@@ -260,7 +262,7 @@ func (st *stream) CloseWithError(err error) error {
 		ex.out.status = 499
 		ex.client.gonePhase.Store(uint32(phaseStream))
 	}
-	ex.reply.close()
+	st.rp.close()
 	ex.finish()
 	return nil
 }

@@ -70,12 +70,12 @@ func (s *summary) read(ex *exchange) {
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
 	s.traceID, s.traced = ex.tr.traceID()
 	if r := ex.req.route; r != nil {
-		s.rt, s.route, s.upstream = r, r.name, lp.up.Name()
-		s.answered = &r.targets[lp.ti] // where it went: its reply's, once committed (commit, continueOn)
+		t := ex.target() // where it went: its reply's, once committed (commit, continueOn)
+		s.rt, s.route, s.upstream, s.answered = r, r.name, t.up.Name(), t
 		if ep := lp.ep; ep != nil {
-			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(lp.model)
+			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(t.sent(ex.req.model))
 		} else {
-			s.breaker = lp.up.State().String()
+			s.breaker = t.up.State().String()
 		}
 	}
 	s.cause = out.cause
@@ -84,8 +84,8 @@ func (s *summary) read(ex *exchange) {
 	}
 	if ex.tr != nil && ex.tr.rec {
 		body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
-		if len(body) == 0 && ex.reply.has {
-			body = ex.reply.head // a reply set whole
+		if len(body) == 0 && !out.reader && ex.loop.lastStatus != 0 {
+			body = ex.ctx.Response.Body() // a reply set whole (never a body stream: Body would read it)
 		}
 		s.usage = usageOf(body)
 	}

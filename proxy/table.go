@@ -91,6 +91,14 @@ type target struct {
 	answered prometheus.Counter
 }
 
+// sent is the model as t gets it: its own, else the client's.
+func (t *target) sent(client string) string {
+	if t.model != "" {
+		return t.model
+	}
+	return client
+}
+
 // upstream returns the upstream named name, nil when there is none.
 func (t *table) upstream(name string) *upstream.Upstream {
 	for _, up := range t.upstreams {
