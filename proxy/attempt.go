@@ -429,3 +429,12 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 	}
 	a.rp.sample = upstream.Sample{TTFT: time.Since(a.sentAt), Counts: counts}
 }
+
+// keepHead returns head emptied for the next request, or a fresh one
+// when holding a stream's framing grew it far past headSize.
+func keepHead(head []byte) []byte {
+	if cap(head) > 4*headSize {
+		return make([]byte, 0, headSize)
+	}
+	return head[:0]
+}

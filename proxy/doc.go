@@ -1,6 +1,9 @@
 // Package proxy is Sturdy's fasthttp handler. A request goes through
-// files named for their phase (calls do not yet go one way between them:
-// `go run ./tools/shape` lists the file-level cycles):
+// files named for their phase, and calls between files go one way (no
+// file calls back into one that calls it: tools/shape's test holds it,
+// `go run ./tools/shape` shows the shape). Handle admits and prepares,
+// then runs the loop and responds (handler.go); a rescue is a caller of
+// the loop's step, never called by it:
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
 //	loop.go     targets, gates          run → onTarget → visit.run (one visit per target: useTarget, then

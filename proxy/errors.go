@@ -365,3 +365,14 @@ func faultOf(err error) policy.Fault {
 		return policy.FaultReset
 	}
 }
+
+// sizeText says a byte count as a person would: 32 KiB, 1 MiB, 900 bytes.
+func sizeText(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}

@@ -117,6 +117,27 @@ type loopState struct {
 	lastStatus int
 }
 
+// leaveTarget gives back what the request holds of the current target.
+func (lp *loopState) leaveTarget() {
+	lp.stopRiding()
+	if lp.slot != nil {
+		lp.slot.FreeSlot()
+		lp.slot = nil
+	}
+	if lp.entered != nil {
+		lp.entered.Leave()
+		lp.entered = nil
+	}
+}
+
+// stopRiding gives back the ride-through queue place, if one is held.
+func (lp *loopState) stopRiding() {
+	if up := lp.rider; up != nil {
+		up.FreeRider()
+		lp.rider = nil
+	}
+}
+
 // target is the request's current target (loopState.ti), nil before it
 // is routed.
 func (ex *exchange) target() *target {
@@ -257,15 +278,6 @@ func (s *summary) measure(m *metrics.Metrics) {
 		dur.Observe(s.dur.Seconds())
 	}
 	m.InFlight.Dec()
-}
-
-// keepHead returns head emptied for the next request, or a fresh one
-// when holding a stream's framing grew it far past headSize.
-func keepHead(head []byte) []byte {
-	if cap(head) > 4*headSize {
-		return make([]byte, 0, headSize)
-	}
-	return head[:0]
 }
 
 // responseCap is when the response must have ended (zero: never): the

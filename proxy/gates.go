@@ -95,10 +95,19 @@ func (v *visit) interrupted() policy.Action {
 	ex := v.ex
 	v.in.blocked = false
 	ex.loop.stop = policy.StopClientGone
-	select {
-	case <-ex.p.stopping:
+	if closed(ex.p.stopping) {
 		ex.loop.stop = policy.StopShutdown
-	default:
 	}
 	return policy.ActionStop
+}
+
+// closed reports whether ch is closed (Proxy.stopping: shutdown has
+// begun).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

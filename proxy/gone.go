@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"sync/atomic"
 
 	"sturdy/upstream"
@@ -69,3 +70,34 @@ func (c *presence) left() {
 
 // gone is closed when the client has left (see left).
 func (c *presence) gone() <-chan struct{} { return c.goneCh }
+
+// clientConnOf finds Sturdy's clientConn under the connection fasthttp
+// serves (a *tls.Conn wraps it); nil when there is none.
+func clientConnOf(c net.Conn) *clientConn {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	cc, _ := c.(*clientConn)
+	return cc
+}
+
+// serving makes ex the exchange told if the client leaves (nil: none);
+// an exchange that starts on a connection already left is told at once.
+func (c *clientConn) serving(ex *exchange) {
+	c.mu.Lock()
+	c.ex = ex
+	if ex != nil && c.gone {
+		ex.client.left()
+	}
+	c.mu.Unlock()
+}
+
+// left is the watcher's news that the peer closed.
+func (c *clientConn) left() {
+	c.mu.Lock()
+	c.gone = true
+	if c.ex != nil {
+		c.ex.client.left()
+	}
+	c.mu.Unlock()
+}

@@ -32,7 +32,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	ex.prepare()
 	ex.tr.route(ex.ctx.Method(), ex.req.route, ex.req.call, ex.req.model)
-	ex.run()
+	var last attempt // the try in progress, then the last one made
+	var in obstruction
+	ex.run(&last, &in)
+	ex.respond(&last, &in)
 	if !ex.out.reader { // else the body's reader ends it (CloseWithError)
 		ex.finish()
 	}
@@ -234,4 +237,19 @@ func bodyFields(body []byte) (model, stream gjson.Result) {
 // non-streamed reply's first byte comes only when generation ends.
 func asksToStream(api policy.API, stream gjson.Result) bool {
 	return stream.Bool() || (api == policy.APIOllama && stream.Type != gjson.False)
+}
+
+// appendRequestID appends a process-unique request id: a random prefix
+// per process and a sequence number, in hex.
+func (p *Proxy) appendRequestID(dst []byte) []byte {
+	dst = append(dst, p.idPrefix...)
+	n := p.idSeq.Add(1)
+	var digits [16]byte
+	i := len(digits)
+	for n > 0 || i > len(digits)-8 {
+		i--
+		digits[i] = "0123456789abcdef"[n&15]
+		n >>= 4
+	}
+	return append(dst, digits[i:]...)
 }

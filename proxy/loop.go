@@ -16,11 +16,10 @@ import (
 
 // run is the attempt loop. It walks the route's targets in order and on
 // each carries out policy's decisions — wait, attempt, fail over, stop —
-// then answers the client (respond). One deadline and max_total_attempts
-// span all targets.
-func (ex *exchange) run() {
-	var last attempt // the try in progress, then the last one made
-	var in obstruction
+// with each try in last (the last one made, once it stops) and what
+// stood in the way of the targets in in: what the client is answered
+// from (respond). One deadline and max_total_attempts span all targets.
+func (ex *exchange) run(last *attempt, in *obstruction) {
 	r := ex.req.route
 	for i := range r.targets {
 		t := &r.targets[i]
@@ -29,12 +28,11 @@ func (ex *exchange) run() {
 			ex.notes.result(resultUnsupportedAPI, false)
 			continue
 		}
-		if ex.onTarget(t, i, &last, &in) != policy.ActionFailover || !r.fallbackAfter(ex.req.call.API, i) {
+		if ex.onTarget(t, i, last, in) != policy.ActionFailover || !r.fallbackAfter(ex.req.call.API, i) {
 			break
 		}
 		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
 	}
-	ex.respond(&last, &in)
 }
 
 // obstruction is what stood in the way of a loop's targets, for the
@@ -218,19 +216,6 @@ func (v *visit) aim(ep *upstream.Endpoint) {
 	q.msg.UseHostHeader = host != nil
 	if host != nil {
 		q.msg.Header.SetHostBytes(host)
-	}
-}
-
-// leaveTarget gives back what the request holds of the current target.
-func (lp *loopState) leaveTarget() {
-	lp.stopRiding()
-	if lp.slot != nil {
-		lp.slot.FreeSlot()
-		lp.slot = nil
-	}
-	if lp.entered != nil {
-		lp.entered.Leave()
-		lp.entered = nil
 	}
 }
 

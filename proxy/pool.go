@@ -200,14 +200,6 @@ func (v *visit) release(ep *upstream.Endpoint) bool {
 	return v.wait(min(delay, time.Until(ex.req.deadline)/2), sourceRideThrough)
 }
 
-// stopRiding gives back the ride-through queue place, if one is held.
-func (lp *loopState) stopRiding() {
-	if up := lp.rider; up != nil {
-		up.FreeRider()
-		lp.rider = nil
-	}
-}
-
 // takeConnection waits, up to queue_timeout, for a place among ep's
 // max_connections. That wait is Sturdy's own congestion, never the
 // upstream's fault: no attempt, no breaker count; when it runs out the

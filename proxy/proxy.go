@@ -169,16 +169,6 @@ func (p *Proxy) Server() *fasthttp.Server {
 	return p.server
 }
 
-// isStopping reports whether shutdown has begun.
-func (p *Proxy) isStopping() bool {
-	select {
-	case <-p.stopping:
-		return true
-	default:
-		return false
-	}
-}
-
 // Drain makes Ready report false from now on — load balancers stop
 // sending — while requests go on being served (a sidecar's agent may
 // still be finishing its work). Shutdown drains too.
@@ -308,17 +298,6 @@ func answered(err error) bool {
 		!errors.Is(err, net.ErrClosed) || errors.As(err, &small) || errors.Is(err, fasthttp.ErrBodyTooLarge)
 }
 
-// sizeText says a byte count as a person would: 32 KiB, 1 MiB, 900 bytes.
-func sizeText(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	}
-	return fmt.Sprintf("%d bytes", n)
-}
-
 // describe names the kind of a connection or parse error without any of
 // its text, which may quote request bytes.
 func describe(err error) string {
@@ -358,19 +337,4 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	p.log.Info().Bytes(fieldID, id).Str(fieldOutcome, outcomeRejected).Int(fieldStatus, e.spec.status).
 		Str(fieldError, e.spec.code).Msg("request")
 	p.m.Requests.WithLabelValues("", "", metrics.StatusClass(e.spec.status), outcomeRejected).Inc()
-}
-
-// appendRequestID appends a process-unique request id: a random prefix
-// per process and a sequence number, in hex.
-func (p *Proxy) appendRequestID(dst []byte) []byte {
-	dst = append(dst, p.idPrefix...)
-	n := p.idSeq.Add(1)
-	var digits [16]byte
-	i := len(digits)
-	for n > 0 || i > len(digits)-8 {
-		i--
-		digits[i] = "0123456789abcdef"[n&15]
-		n >>= 4
-	}
-	return append(dst, digits[i:]...)
 }

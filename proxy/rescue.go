@@ -88,17 +88,18 @@ func (st *stream) followForRescue(ti int) {
 	rs.pending = make([]byte, 0, headSize) // one read takes what a chunk brings
 }
 
-// readEvents is Read for a followed stream: it relays whole events, and
-// when the upstream stream fails — a cut, a stall past idle, an in-band
-// error — continues it on a target that can (rescueStream), or ends it
-// as any failed stream.
-func (st *stream) readEvents(p []byte) (int, error) {
+// readEvents is Read for a followed stream: it puts whole events in p
+// (n bytes, to be relayed), and when the upstream stream fails — a cut, a
+// stall past idle, an in-band error — continues it on a target that can
+// (rescueStream); end is how the stream ended, when no target took it
+// over (or when it ended whole: io.EOF), for Read to end it as any.
+func (st *stream) readEvents(p []byte) (n int, end error) {
 	rs := &st.rescue
 	for {
 		if rs.readyOff < len(rs.ready) {
 			n := copy(p, rs.ready[rs.readyOff:])
 			rs.readyOff += n
-			return st.relayed(p[:n]), nil
+			return n, nil
 		}
 		rs.ready, rs.readyOff = rs.ready[:0], 0
 		if rs.end != nil {
@@ -107,7 +108,7 @@ func (st *stream) readEvents(p []byte) (int, error) {
 				continue
 			}
 			rs.on = false
-			return st.upstreamEnded(rs.end, p)
+			return 0, rs.end
 		}
 		err := st.pull()
 		if st.takeEvents() {
@@ -304,7 +305,7 @@ func (st *stream) rescueState(ti int, budgetSpent bool) policy.Rescue {
 	return policy.Rescue{Blocker: rs.blocker, HasTarget: ti >= 0, Tries: rs.tries, MaxRescues: r.maxRescues,
 		Total: ex.loop.counted(), MaxTotal: ex.req.retry.TotalAttempts(), Remaining: time.Until(ex.req.deadline),
 		Elapsed: time.Since(ex.req.start), MaxDuration: r.maxDuration,
-		Interrupted: st.cut.Load() || ex.client.isGone.Load() || ex.p.isStopping(), BudgetSpent: budgetSpent}
+		Interrupted: st.cut.Load() || ex.client.isGone.Load() || closed(ex.p.stopping), BudgetSpent: budgetSpent}
 }
 
 // rescueStream continues the failed stream on a target that can, as
@@ -405,7 +406,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 		break
 	}
 	st.closeDelimited = a.rp.msg.Header.ContentLength() == -2
-	upstream.CapReads(a.rp.msg, ex.req.responseCap(st.streamed()))
+	upstream.CapReads(a.rp.msg, ex.req.responseCap(true)) // a followed stream is chunked SSE (followForRescue)
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.join.cutOver(ws)
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()

@@ -76,7 +76,11 @@ func (st *stream) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	if st.rescue.on {
-		return st.readEvents(p)
+		n, end := st.readEvents(p)
+		if end != nil {
+			return st.upstreamEnded(end, p)
+		}
+		return st.relayed(p[:n]), nil
 	}
 	if rp.headOff < len(rp.head) {
 		n := copy(p, rp.head[rp.headOff:])

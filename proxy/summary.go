@@ -70,7 +70,7 @@ func (s *summary) read(ex *exchange) {
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
 	s.traceID, s.traced = ex.tr.traceID()
 	if r := ex.req.route; r != nil {
-		t := ex.target() // where it went: its reply's, once committed (commit, continueOn)
+		t := &r.targets[lp.ti] // where it went: its reply's, once committed (commit, continueOn)
 		s.rt, s.route, s.upstream, s.answered = r, r.name, t.up.Name(), t
 		if ep := lp.ep; ep != nil {
 			s.endpoint, s.breaker, s.modelBreaker = ep.Addr(), ep.Breaker().State().String(), ep.ModelBreakerState(t.sent(ex.req.model))
