@@ -80,9 +80,12 @@
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
 //	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
 //	               (table.hooks; the clients: limits are the first)
-//	summary.go     what a finished request was (summary, read once in finish) and attempt.ended, each
-//	               attempt reported once, and the notes the loop keeps for it (notes.target, .result); the access line (accesslog.go), the spans' ends (trace.go)
-//	               and the metrics (measure) are formatters of them
+//	summary.go     what a finished request was (summary, read once in finish: the access line
+//	               (accesslog.go), the spans' ends (trace.go) and the metrics (measure) are formatters of
+//	               it), and report: where the steps say what happened as it happens, each event once (an
+//	               attempt started, ended, decided; a retry, a skip, a wait, a failover, a rescue), to the
+//	               notes the summary lists, the metrics and the trace — no step of the loop, the response
+//	               or a rescue calls those itself
 //	accesslog.go   the access line; trace.go the spans (traceState, the request's part in a trace,
 //	               told by the loop of each attempt, wait, commit and rescue) and the proxy's tracers
 //	               (the current one, those a reload retired)

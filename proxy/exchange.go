@@ -138,6 +138,15 @@ func (lp *loopState) stopRiding() {
 	}
 }
 
+// report is where this request's steps report what happened (summary.go).
+func (ex *exchange) report() report {
+	r := report{n: &ex.notes, m: ex.p.m, tr: ex.tr}
+	if ex.req.route != nil {
+		r.route = ex.req.route.name
+	}
+	return r
+}
+
 // target is the request's current target (loopState.ti), nil before it
 // is routed.
 func (ex *exchange) target() *target {

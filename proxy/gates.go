@@ -16,7 +16,7 @@ import (
 func (v *visit) carry(d policy.Decision) policy.Action {
 	ex := v.ex
 	if d.Stop == policy.StopBudget {
-		ex.p.m.BudgetExhausted.WithLabelValues(v.t.up.Name()).Inc()
+		ex.report().budgetSpent(v.t.up)
 	}
 	if d.Action == policy.ActionStop {
 		ex.loop.stop = d.Stop
@@ -47,11 +47,7 @@ func (v *visit) clearWith(o obstacle, maxWait time.Duration) policy.Decision {
 // that clears soonest (in v's loop's obstruction).
 func (v *visit) block(o obstacle) {
 	ex := v.ex
-	ex.p.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
-	ex.notes.result(o.kind.String(), false)
-	if o.kind == policy.ObstacleBreaker && ex.notes.nTried > 0 {
-		ex.notes.tried[ex.notes.nTried-1].breaker = o.limit
-	}
+	ex.report().skipped(o)
 	in := &v.in
 	in.blocked = true
 	if in.obstacle.kind == policy.ObstacleNone || o.wait < in.obstacle.wait {
@@ -65,7 +61,7 @@ func (v *visit) block(o obstacle) {
 // says who set the wait (for a trace).
 func (v *visit) wait(d time.Duration, source string) bool {
 	ex := v.ex
-	ex.tr.wait(phase(ex.client.phase.Load()), d, source)
+	ex.report().waiting(phase(ex.client.phase.Load()), d, source)
 	if d <= 0 {
 		select {
 		case <-ex.p.stopping:

@@ -24,14 +24,13 @@ func (ex *exchange) run(last *attempt, in *obstruction) {
 	for i := range r.targets {
 		t := &r.targets[i]
 		if !t.up.Options().APIs.Serves(ex.req.call.API) { // passed over: it speaks another API (apis)
-			ex.notes.target(t.up.Name(), "")
-			ex.notes.result(resultUnsupportedAPI, false)
+			ex.report().passedOver(t)
 			continue
 		}
 		if ex.onTarget(t, i, last, in) != policy.ActionFailover || !r.fallbackAfter(ex.req.call.API, i) {
 			break
 		}
-		ex.p.m.Failovers.WithLabelValues(ex.req.route.name, t.up.Name()).Inc()
+		ex.report().failedOver(t)
 	}
 }
 
@@ -163,12 +162,12 @@ func (v *visit) useTarget() policy.Action {
 	ex.loop.leaveTarget()
 	lp := &ex.loop
 	lp.ti, lp.ep = v.ti, nil
-	ex.notes.target(t.up.Name(), t.model)
+	ex.report().visiting(t)
 	if t.up.Limited() {
 		ex.client.enter(phaseQueue)
-		start := ex.tr.queueStart()
+		start := ex.report().queueing()
 		r := t.up.TakeSlot(v.leaseRequest())
-		ex.tr.queued(start, r, sourceInFlight)
+		ex.report().queued(start, r, sourceInFlight)
 		switch r {
 		case upstream.LeaseTimedOut:
 			return v.carry(v.clear(policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
@@ -331,13 +330,10 @@ func (v *visit) decide(at *attempt) policy.Decision {
 		a.BudgetSpent = !reserved
 	}
 	d := ex.req.retry.Decide(a, ex.p.rand)
-	if d.Action == policy.ActionFailover && failoverBy != "" {
-		ex.notes.result(failoverBy, false) // not passed through: the client never saw it
-	}
 	if d.Source != policy.WaitServer {
 		v.own = ownCooldown{} // only the retry its wait was honoured for is not held by it
 	}
-	ex.tr.attemptDecided(d)
+	ex.report().decided(d, failoverBy)
 	if reserved && !d.SpendsBudget() {
 		up.Budget().Cancel(now)
 	}
@@ -375,7 +371,7 @@ func (v *visit) send(a *attempt) {
 	}
 	a.n, a.model, a.cont = lp.attempts, v.model, ex.st.rescue.tries > 0
 	v.aim(ep)
-	ex.tr.startAttempt(&ex.req, ex.ctx.Method(), a)
+	ex.report().attemptStarted(&ex.req, ex.ctx.Method(), a)
 	v.roundTrip(a)
 	out := a.out
 	a.verdict = policy.Classify(out)
@@ -396,23 +392,15 @@ func (v *visit) send(a *attempt) {
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
 		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}
-	a.ended(&ex.notes, ex.tr)
+	ex.report().attemptEnded(a)
 }
 
-// retrying counts and notes a retry policy chose after attempt a on v's
-// target, once its wait is over.
+// retrying notes a retry policy chose after attempt a on v's target,
+// once its wait is over: the next attempt is a stale replay, or follows
+// a ride-through probe, when d says so.
 func (v *visit) retrying(a *attempt, d policy.Decision) {
-	ex := v.ex
-	up, reason := v.t.up, a.verdict.Reason
 	v.replaying, v.reriding = d.Replay, d.Ride
-	if !d.Replay && !d.Ride {
-		ex.p.m.RetryWait.WithLabelValues(up.Name(), d.Source.String()).Observe(d.Wait.Seconds())
-	}
-	ex.p.m.Retries.WithLabelValues(up.Name(), reason.String()).Inc()
-	if n := &ex.notes; n.nRetries < maxLoggedRetries {
-		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: a.ep.Addr(), wait: d.Wait}
-		n.nRetries++
-	}
+	v.ex.report().retried(v.t.up, a.verdict.Reason, a.ep, d)
 }
 
 // ownRetry reports whether this attempt is the retry of the request whose
@@ -549,7 +537,7 @@ func (v *visit) learnRateLimits(at *attempt, now time.Time) (wait time.Duration,
 	default:
 		return wait, ok, 0
 	}
-	ex.p.m.Cooldowns.WithLabelValues(up.Name()).Inc()
+	ex.report().cooledDown(up)
 	return wait, ok, cooldown
 }
 

@@ -130,7 +130,7 @@ func (v *visit) rideThrough(changed <-chan struct{}) (again bool, action policy.
 	}
 	wait := up.NextChange(v.model, now, left)
 	ex.client.enter(phaseRideThrough)
-	ex.tr.wait(phaseRideThrough, wait, sourceRideThrough)
+	ex.report().waiting(phaseRideThrough, wait, sourceRideThrough)
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -163,7 +163,7 @@ func (v *visit) startRide() bool {
 	}
 	v.rideUntil = time.Now().Add(min(up.Options().RideThrough, time.Until(ex.req.deadline)))
 	v.rideDraw = float64(ex.p.rand(1<<20)) / (1 << 20)
-	ex.p.m.RideThroughs.WithLabelValues(up.Name()).Inc()
+	ex.report().riding(up)
 	return true
 }
 
@@ -207,9 +207,9 @@ func (v *visit) release(ep *upstream.Endpoint) bool {
 func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Action) {
 	ex := v.ex
 	ex.client.enter(phaseQueue)
-	start := ex.tr.queueStart()
+	start := ex.report().queueing()
 	lease, r := ep.Lease(v.leaseRequest())
-	ex.tr.queued(start, r, sourceConnections)
+	ex.report().queued(start, r, sourceConnections)
 	switch r {
 	case upstream.LeaseTimedOut:
 		return lease, v.carry(v.clear(policy.ObstacleBusy, time.Second, 0, "max_connections"))

@@ -330,30 +330,25 @@ func (st *stream) rescueStream() bool {
 			if rs.refused == "" && why != "interrupted" {
 				rs.refused = why
 			}
-			ex.tr.rescueResult(why)
-			if rs.tries == 0 || why != "exhausted" {
-				ex.p.m.StreamRescues.WithLabelValues(why).Inc()
-			}
+			ex.report().rescued(why, rs.tries == 0 || why != "exhausted")
 			return false
 		}
 		rs.tries++
-		ex.tr.attemptCut(rs.end)
+		ex.report().cut(rs.end)
 		took, sent := st.continueOn(ti, &a)
 		if !sent {
 			budget.Cancel(now)
 		}
 		if took {
-			ex.p.m.StreamRescues.WithLabelValues("continued").Inc()
-			ex.tr.rescueResult("continued")
+			ex.report().rescued("continued", true)
 			return true
 		}
 		if rs.blocker == policy.RescueTooLarge { // its body would pass max_body: never sent
 			rs.tries--
 			continue
 		}
-		ex.p.m.StreamRescues.WithLabelValues("failed").Inc()
-		ex.tr.rescueResult("failed")
-		ex.tr.endAttempt() // the continuation's span: it said how it failed
+		ex.report().rescued("failed", true)
+		ex.report().continuationFailed()
 		rs.ti = policy.RescueNext(ti, sent && a.verdict.Class == policy.ClassRetryable)
 	}
 }

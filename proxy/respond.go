@@ -74,7 +74,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	}
 	ex.out.ttft = time.Since(ex.req.start)
 	ex.out.ttfb = a.headAt.Sub(ex.req.start)
-	defer func() { ex.tr.committed(ex.req.start.Add(ex.out.ttft), ex.out.streaming) }()
+	defer func() { ex.report().committed(ex.req.start.Add(ex.out.ttft), ex.out.streaming) }()
 	if rp.body == nil && !rp.heldToEnd {
 		if ctx.IsHead() {
 			ctx.Response.SkipBody = true
@@ -106,7 +106,6 @@ func (ex *exchange) commit(a *attempt, final bool) {
 // (Read), of size bytes (-1: unknown).
 func (ex *exchange) startStream(size int) {
 	ex.out.streaming = true
-	ex.p.m.OpenStreams.Inc()
 	ex.p.streams.track(ex.st, true)
 	ex.serveBody(size)
 }
@@ -244,7 +243,7 @@ func (ex *exchange) obstructed(o obstacle) {
 		e = newError(CodeUpstreamBusy, o.upstream, o.limit, ex.notes.alsoTried(ex.loop.stop))
 	default:
 		ex.out.outcome = outcomeRateLimited
-		ex.p.m.RateLimited.WithLabelValues(o.kind.String()).Inc()
+		ex.report().refused(o.kind)
 		e = newError(CodeRateLimited, fmt.Sprintf("upstream %q is rate-limited for this client (%s)%s", o.upstream, o.kind, ex.notes.alsoTried(ex.loop.stop)))
 	}
 	e.retryAfter = o.wait

@@ -124,7 +124,7 @@ func (st *stream) relayed(b []byte) int {
 			_, _ = st.scan.Write(b)
 		}
 	}
-	ex.tr.keepTail(b)
+	ex.report().relayed(b)
 	return st.sent(b)
 }
 
@@ -160,7 +160,7 @@ func (st *stream) upstreamEnded(err error, p []byte) (int, error) {
 		} else {
 			// A framed stream that ends cleanly without a terminator is the
 			// server's choice: passed on, and counted.
-			ex.p.m.StreamsUnterminated.WithLabelValues(ex.req.route.name).Inc()
+			ex.report().unterminated()
 		}
 	}
 	if err == io.EOF {

@@ -5,7 +5,9 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"sturdy/metrics"
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // summary is what a finished request was, read off the exchange once as
@@ -91,12 +93,41 @@ func (s *summary) read(ex *exchange) {
 	}
 }
 
-// ended reports attempt a once, as it ends (its breakers told): the
-// attempts metric, the access line's note of its target (in n), and its
-// span's result (tr.attemptDone).
-func (a *attempt) ended(n *notes, tr *traceState) {
+// report is where the loop's steps say what happened, each event once:
+// it goes to the access line's notes (n), the metrics (m) and the
+// request's trace (tr) from here, so the steps read as decisions. route
+// is the request's route's name (its series).
+type report struct {
+	n     *notes
+	m     *metrics.Metrics
+	tr    *traceState
+	route string
+}
+
+// passedOver: the loop passed t over, its upstream speaking another API
+// (apis).
+func (r report) passedOver(t *target) {
+	r.n.target(t.up.Name(), "")
+	r.n.result(resultUnsupportedAPI, false)
+}
+
+// visiting: the loop begins a visit of t.
+func (r report) visiting(t *target) { r.n.target(t.up.Name(), t.model) }
+
+// failedOver: the loop leaves t for the route's next target.
+func (r report) failedOver(t *target) { r.m.Failovers.WithLabelValues(r.route, t.up.Name()).Inc() }
+
+// attemptStarted: attempt a of request q (method) is sent.
+func (r report) attemptStarted(q *outbound, method []byte, a *attempt) {
+	r.tr.startAttempt(q, method, a)
+}
+
+// attemptEnded: attempt a ended (its breakers told) — the attempts
+// metric, the note of its target, and its span's result.
+func (r report) attemptEnded(a *attempt) {
 	result := a.verdict.Label()
 	a.ep.CountAttempt(a.up.Name(), result)
+	n := r.n
 	n.result(result, true)
 	if n.nTried > 0 {
 		n.tried[n.nTried-1].endpoint = a.ep.Addr()
@@ -104,7 +135,96 @@ func (a *attempt) ended(n *notes, tr *traceState) {
 			n.tried[n.nTried-1].replays++
 		}
 	}
-	tr.attemptDone(a)
+	r.tr.attemptDone(a)
+}
+
+// decided: policy chose d after an attempt; failoverBy says what of a
+// pass-through reply it failed over on ("" for none).
+func (r report) decided(d policy.Decision, failoverBy string) {
+	if d.Action == policy.ActionFailover && failoverBy != "" {
+		r.n.result(failoverBy, false) // not passed through: the client never saw it
+	}
+	r.tr.attemptDecided(d)
+}
+
+// retried: a retry on up after a failure (reason) on endpoint ep, once
+// its wait (d.Wait, set by d.Source) is over.
+func (r report) retried(up *upstream.Upstream, reason policy.Reason, ep *upstream.Endpoint, d policy.Decision) {
+	if !d.Replay && !d.Ride {
+		r.m.RetryWait.WithLabelValues(up.Name(), d.Source.String()).Observe(d.Wait.Seconds())
+	}
+	r.m.Retries.WithLabelValues(up.Name(), reason.String()).Inc()
+	if n := r.n; n.nRetries < maxLoggedRetries {
+		n.retries[n.nRetries] = retryNote{reason: reason, endpoint: ep.Addr(), wait: d.Wait}
+		n.nRetries++
+	}
+}
+
+// skipped: obstacle o kept the loop from its target.
+func (r report) skipped(o obstacle) {
+	r.m.TargetSkips.WithLabelValues(o.upstream, o.kind.String()).Inc()
+	n := r.n
+	n.result(o.kind.String(), false)
+	if o.kind == policy.ObstacleBreaker && n.nTried > 0 {
+		n.tried[n.nTried-1].breaker = o.limit
+	}
+}
+
+// budgetSpent: up's retry budget refused a retry.
+func (r report) budgetSpent(up *upstream.Upstream) {
+	r.m.BudgetExhausted.WithLabelValues(up.Name()).Inc()
+}
+
+// cooledDown: a reply put up in cooldown.
+func (r report) cooledDown(up *upstream.Upstream) { r.m.Cooldowns.WithLabelValues(up.Name()).Inc() }
+
+// riding: the request begins riding through an outage of up.
+func (r report) riding(up *upstream.Upstream) { r.m.RideThroughs.WithLabelValues(up.Name()).Inc() }
+
+// waiting: the request waits d in phase in, set by source.
+func (r report) waiting(in phase, d time.Duration, source string) { r.tr.wait(in, d, source) }
+
+// queueing: the request joins a queue (a max_in_flight slot, a
+// connection place); it returns when, for queued.
+func (r report) queueing() time.Time { return r.tr.queueStart() }
+
+// queued: the queue joined at start ended with res (source: whose).
+func (r report) queued(start time.Time, res upstream.LeaseResult, source string) {
+	r.tr.queued(start, res, source)
+}
+
+// committed: the response began at at (streaming: relayed as it comes).
+func (r report) committed(at time.Time, streaming bool) {
+	if streaming {
+		r.m.OpenStreams.Inc() // taken off as the request is measured
+	}
+	r.tr.committed(at, streaming)
+}
+
+// refused: the request is refused as rate-limited, for kind.
+func (r report) refused(kind policy.Obstacle) { r.m.RateLimited.WithLabelValues(kind.String()).Inc() }
+
+// relayed: b went to the client as part of a stream.
+func (r report) relayed(b []byte) { r.tr.keepTail(b) }
+
+// unterminated: a framed stream ended cleanly without its terminator.
+func (r report) unterminated() { r.m.StreamsUnterminated.WithLabelValues(r.route).Inc() }
+
+// cut: the stream failed mid-answer (err: how, if known); its
+// attempt's span ends.
+func (r report) cut(err error) { r.tr.attemptCut(err) }
+
+// continuationFailed: a continuation's attempt failed (its span said
+// how); its span ends.
+func (r report) continuationFailed() { r.tr.endAttempt() }
+
+// rescued: a cut stream's rescue came to result (continued, failed, or
+// why it was refused); counted says it counts in the metric.
+func (r report) rescued(result string, counted bool) {
+	if counted {
+		r.m.StreamRescues.WithLabelValues(result).Inc()
+	}
+	r.tr.rescueResult(result)
 }
 
 // target notes a target the request goes to, with the model as sent

@@ -11,10 +11,11 @@
 // It type-checks from the compiler's export data (go list -export), so
 // a call is attributed to the file that declares the function or method
 // it calls. A function whose doc comment holds a line "shape:long <why>"
-// (a flat registration list, a decision table) is listed apart. Its test
-// holds the shape of the request path: no file-level cycle in proxy, no
+// (a flat registration list, a decision table) is listed apart. Its tests
+// hold the shape of the request path: no file-level cycle in proxy, no
 // type's methods over four files and no function over 60 lines in
-// proxy, policy and events.
+// proxy, policy and events, and the proxy's loop, response and rescue
+// telling the metrics and the trace only through the request's report.
 package main
 
 import (
@@ -103,9 +104,24 @@ type pkg struct {
 }
 
 func run(w io.Writer, patterns []string, structName string, top int) error {
-	all, err := golist(patterns)
+	pkgs, err := load(patterns)
 	if err != nil {
 		return err
+	}
+	reportLines(w, pkgs)
+	reportStructs(w, pkgs, structName, top)
+	reportMethods(w, pkgs)
+	reportFuncs(w, pkgs, top)
+	reportCycles(w, pkgs)
+	return nil
+}
+
+// load lists, parses and type-checks the packages of patterns (not
+// their dependencies), sorted by name.
+func load(patterns []string) ([]*pkg, error) {
+	all, err := golist(patterns)
+	if err != nil {
+		return nil, err
 	}
 	exports := map[string]string{}
 	module := ""
@@ -130,17 +146,12 @@ func run(w io.Writer, patterns []string, structName string, top int) error {
 		}
 		p, err := check(fset, imp, l, module)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		pkgs = append(pkgs, p)
 	}
 	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].short < pkgs[j].short })
-	reportLines(w, pkgs)
-	reportStructs(w, pkgs, structName, top)
-	reportMethods(w, pkgs)
-	reportFuncs(w, pkgs, top)
-	reportCycles(w, pkgs)
-	return nil
+	return pkgs, nil
 }
 
 // check parses and type-checks one package.

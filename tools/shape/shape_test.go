@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"go/ast"
+	"go/types"
 	"strings"
 	"testing"
 )
@@ -27,4 +29,61 @@ func TestTheRequestPathKeepsItsShape(t *testing.T) {
 			t.Errorf("the report lacks %q:\n%s", want, report)
 		}
 	}
+}
+
+// TestTheLoopReportsThroughOnePlace holds observation to one place: the
+// steps of the loop, the response and a rescue neither touch the metrics
+// nor call the trace's methods themselves — they say what happened to
+// the request's report (proxy/summary.go), which tells those.
+func TestTheLoopReportsThroughOnePlace(t *testing.T) {
+	t.Parallel()
+	pkgs, err := load([]string{"sturdy/proxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string]bool{"loop.go": true, "pool.go": true, "gates.go": true, "attempt.go": true, "respond.go": true,
+		"rescue.go": true, "stream.go": true}
+	checked := 0
+	for _, f := range pkgs[0].files {
+		name := pkgs[0].fileOf(f.Pos())
+		if !steps[name] {
+			continue
+		}
+		checked++
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			what := ""
+			switch obj := pkgs[0].info.Uses[sel.Sel].(type) {
+			case *types.Var: // a field of the metrics (p.m.Retries…)
+				if named, ok := types.Unalias(derefType(obj.Type())).(*types.Named); ok && named.Obj().Pkg() != nil &&
+					named.Obj().Pkg().Path() == "sturdy/metrics" {
+					what = "the metrics"
+				}
+			case *types.Func: // a method of the request's trace part
+				if sig, ok := obj.Type().(*types.Signature); ok && sig.Recv() != nil {
+					if named, ok := derefType(sig.Recv().Type()).(*types.Named); ok && named.Obj().Name() == "traceState" {
+						what = "the trace"
+					}
+				}
+			}
+			if what != "" {
+				t.Errorf("%s: %s touches %s itself; say it to the request's report instead",
+					pkgs[0].fset.Position(sel.Pos()), sel.Sel.Name, what)
+			}
+			return true
+		})
+	}
+	if checked != len(steps) {
+		t.Fatalf("checked %d of the %d step files: one was renamed", checked, len(steps))
+	}
+}
+
+func derefType(t types.Type) types.Type {
+	if p, ok := t.(*types.Pointer); ok {
+		return p.Elem()
+	}
+	return t
 }
