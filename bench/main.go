@@ -125,8 +125,10 @@ func main() {
 
 // command is the command line of one bench run.
 type command struct {
-	s                                settings
-	name, fakeListen, sturdyBin      string
+	s                           settings
+	name, fakeListen, sturdyBin string
+	// baseBin is another sturdy build measured beside this one (-base).
+	baseBin                          string
 	sturdyListen, targetURL, fakeURL string
 	out, chart                       string
 	noDirect                         bool
@@ -152,6 +154,7 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	fs.IntVar(&c.s.storm, "clients", 200, "concurrent clients of the storm scenario")
 	fs.StringVar(&c.fakeListen, "fake-listen", "127.0.0.1:18000", "address of the fake model server (peer configs point here)")
 	fs.StringVar(&c.sturdyBin, "sturdy", "", "sturdy binary to measure (default: build this checkout)")
+	fs.StringVar(&c.baseBin, "base", "", "another sturdy binary (an earlier commit's build) measured beside this one as target base, its ratios printed")
 	fs.StringVar(&c.sturdyListen, "sturdy-listen", "auto", "address Sturdy listens on during the run (auto: a free loopback port)")
 	fs.StringVar(&c.targetURL, "target", "", "measure only this URL (a proxy you started in front of -fake)")
 	fs.StringVar(&c.fakeURL, "fake", "", "with -target: the fake server's URL, for its counters")
@@ -296,7 +299,10 @@ func (c *command) targets() ([]target, error) {
 			return nil, err
 		}
 	}
-	targets = append(targets, sturdyTarget(bin, c.sturdyListen))
+	targets = append(targets, sturdyTarget("sturdy", bin, c.sturdyListen))
+	if c.baseBin != "" {
+		targets = append(targets, sturdyTarget("base", c.baseBin, "auto"))
+	}
 	return append(targets, c.peers...), nil
 }
 
@@ -449,13 +455,13 @@ func repoRoot() string {
 	return dir
 }
 
-// sturdyTarget runs the sturdy binary with each scenario's settings, on
+// sturdyTarget is target name: the sturdy binary bin run with each scenario's settings, on
 // listen ("auto": a free loopback port, picked again if another process
 // takes it first).
-func sturdyTarget(bin, listen string) target {
+func sturdyTarget(name, bin, listen string) target {
 	var pid int
 	return target{
-		name: "sturdy",
+		name: name,
 		pids: func() []int { return []int{pid} },
 		start: func(sc *scenario, upstreams []string) (string, func(), error) {
 			for try := 1; ; try++ {

@@ -98,8 +98,9 @@ func writeMarkdown(w io.Writer, res scenarioResult) {
 }
 
 // ratioPeers are the targets Sturdy is divided by under each table: the
-// reference proxy, and the floor (a bare fasthttp forwarder).
-var ratioPeers = []string{"nginx", "floor"}
+// reference proxy, the floor (a bare fasthttp forwarder) and base, another
+// Sturdy build measured beside this one (-base).
+var ratioPeers = []string{"nginx", "floor", "base"}
 
 // ratios says, per run, Sturdy's throughput (p50 latency for a fixed-rate
 // run) and CPU per request as a multiple of each ratio peer's measured in
