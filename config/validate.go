@@ -180,6 +180,33 @@ func (c *Config) validateUpstream(p *problems, i int, names map[string]bool) {
 	}
 	notNegative(p, k+"rate_limit.requests_per_second", u.RateLimit.RequestsPerSecond, " (0 disables pacing)")
 	notNegative(p, k+"max_in_flight", u.MaxInFlight, " (0 means unlimited)")
+	c.validateConcurrency(p, k, u)
+}
+
+// validateConcurrency checks upstream u's concurrency (its key prefix k).
+func (c *Config) validateConcurrency(p *problems, k string, u Upstream) {
+	cc, ck := u.Concurrency, k+"concurrency."
+	atLeast1(p, ck+"max", cc.Max)
+	atLeast1(p, ck+"adaptive.min", cc.Adaptive.Min)
+	atLeast1(p, ck+"adaptive.initial", cc.Adaptive.Initial)
+	atLeast1(p, ck+"adaptive.min_samples", cc.Adaptive.MinSamples)
+	atLeast1(p, ck+"queue.max", cc.Queue.Max)
+	positive(p, ck+"queue.timeout", cc.Queue.Timeout)
+	if t := cc.Adaptive.Tolerance; t < 0 || (t < 1 && (t != 0 || c.isWritten(ck+"adaptive.tolerance"))) {
+		p.bad(ck+"adaptive.tolerance", "must be at least 1 (how much slower than its baseline a reply may start: 1.5 is half again)")
+	}
+	if s := cc.Adaptive.Smoothing; s < 0 || s > 1 || (s == 0 && c.isWritten(ck+"adaptive.smoothing")) {
+		p.bad(ck+"adaptive.smoothing", "must be in (0, 1]")
+	}
+	if b := cc.BatchShare; b < 0 || b > 1 || (b == 0 && c.isWritten(ck+"batch_share")) {
+		p.bad(ck+"batch_share", "must be in (0, 100 %%]")
+	}
+	if cc.Adaptive.Min > 0 && cc.Max > 0 && cc.Adaptive.Min > cc.Max {
+		p.bad(ck+"adaptive.min", "must not be above concurrency.max (%d)", cc.Max)
+	}
+	if cc.Queue.Timeout > 0 && u.QueueTimeout > 0 && cc.Queue.Timeout != u.QueueTimeout {
+		p.bad(ck+"queue.timeout", "is queue_timeout under another name, and they differ: set one of them")
+	}
 }
 
 // validatePool checks how upstream u (its key prefix k) finds and

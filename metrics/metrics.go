@@ -55,6 +55,15 @@ type Metrics struct {
 	// check failing, drained).
 	EndpointInFlight *prometheus.GaugeVec
 	EndpointUp       *prometheus.GaugeVec
+	// ConcurrencyLimit and ConcurrencyQueued are an endpoint's concurrency
+	// limit and its queue per class (refreshed on scrape);
+	// ConcurrencyWait is the time requests waited in that queue, by
+	// upstream; ConcurrencyShed counts the requests it turned away (full,
+	// or their wait ran out), by upstream and class.
+	ConcurrencyLimit  *prometheus.GaugeVec
+	ConcurrencyQueued *prometheus.GaugeVec
+	ConcurrencyWait   *prometheus.HistogramVec
+	ConcurrencyShed   *prometheus.CounterVec
 	// HealthChecks counts active health checks by upstream and result
 	// (ok, fail).
 	HealthChecks *prometheus.CounterVec
@@ -164,6 +173,17 @@ func New() *Metrics {
 		EndpointUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_endpoint_up",
 			Help: "1 while the endpoint takes requests, 0 while it is out (breaker open, health check failing, drained)."},
 			[]string{"upstream", "endpoint"}),
+		ConcurrencyLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_concurrency_limit",
+			Help: "An endpoint's concurrency limit (concurrency: fixed or adaptive)."}, []string{"upstream", "endpoint"}),
+		ConcurrencyQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sturdy_concurrency_queued",
+			Help: "Requests waiting in an endpoint's concurrency queue, by class (interactive, batch)."},
+			[]string{"upstream", "endpoint", "class"}),
+		ConcurrencyWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sturdy_concurrency_wait_seconds",
+			Help:    "Time requests waited in an endpoint's concurrency queue (those that got a place or were turned away).",
+			Buckets: []float64{0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, []string{"upstream"}),
+		ConcurrencyShed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_concurrency_shed_total",
+			Help: "Requests an endpoint's concurrency queue turned away (full, or their wait ran out), by class."},
+			[]string{"upstream", "class"}),
 		HealthChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_health_checks_total",
 			Help: "Active health checks by upstream and result (ok, fail)."}, []string{"upstream", "result"}),
 		RideThroughs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_ride_throughs_total",
@@ -220,7 +240,7 @@ func New() *Metrics {
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateErrors, m.ModelBreakerState,
-		m.Evictions, m.BufferedBytes, m.BufferFull,
+		m.Evictions, m.BufferedBytes, m.BufferFull, m.ConcurrencyLimit, m.ConcurrencyQueued, m.ConcurrencyWait, m.ConcurrencyShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -427,7 +427,17 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 	case policy.FaultClientGone, policy.FaultStale, policy.FaultConnect, policy.FaultLocal:
 		counts = false
 	}
-	a.rp.sample = upstream.Sample{TTFT: time.Since(a.sentAt), Counts: counts}
+	s := upstream.Sample{TTFT: time.Since(a.sentAt), Counts: counts, Size: len(ex.req.msg.Body())}
+	if a.ep.Concurrent() {
+		rp := a.rp
+		status := rp.msg.StatusCode()
+		// A stream's first content (not one held whole, nor past a
+		// stream_hold window) is the adaptive limit's signal.
+		s.Streamed = f == policy.FaultNone && status < 300 && ex.req.route.streamHold.Max <= 0 && !rp.heldToEnd &&
+			ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
+		s.Overload = f == policy.FaultTimeout || f == policy.FaultConnect || f == policy.FaultNone && (status == 503 || status == 529)
+	}
+	a.rp.sample = s
 }
 
 // keepHead returns head emptied for the next request, or a fresh one

@@ -98,7 +98,7 @@ var errorTable = []errorSpec{
 		when:    "the upstream's connection breaker, or the model's reply breaker on it, is open; `Retry-After` = seconds until the next probe"},
 	{code: CodeUpstreamBusy, anthropic: "overloaded_error", status: 503,
 		message: "upstream %q is running as many requests as it is allowed (%s)%s; retry after the Retry-After delay",
-		when:    "the upstream's `max_in_flight` slots, or its `max_connections`, stayed full for `queue_timeout`"},
+		when:    "the upstream's `max_in_flight` slots, its `max_connections`, or an endpoint's `concurrency` limit stayed full for `queue_timeout`, or that endpoint's queue was full (`Retry-After` from how fast its queue drains); SDKs retry it after that wait", sdkRetries: true},
 	{code: CodeUpstreamUnreachable, anthropic: "api_error", status: 502,
 		message: "upstream %q %s (%s); retry later or check the upstream",
 		when:    "one attempt, no response (connect failure or reset)"},

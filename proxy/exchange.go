@@ -76,6 +76,9 @@ type outbound struct {
 	// place (admit): it lives as long as the request, and whatever keeps
 	// it longer copies it (breaker.Group and a trace's span do).
 	model string
+	// priority is its class in a concurrency queue (the route's, or the
+	// request's own x-sturdy-priority where the route lets it say).
+	priority upstream.Priority
 	// retry is the route's retry policy, with fewer attempts per target
 	// when the client is retrying on its own.
 	retry   policy.Retry

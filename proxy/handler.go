@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"sturdy/policy"
+	"sturdy/upstream"
 )
 
 // Handle serves one client request: admit it, pick its route, run the
@@ -67,24 +69,11 @@ func (ex *exchange) admit() *apiError {
 	ctx := ex.ctx
 	uri := ctx.Request.Header.RequestURI()
 	ex.out.outcome = outcomeRejected
-	if ctx.IsConnect() || len(uri) == 0 || uri[0] != '/' {
-		return newError(CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
-	}
-	if bytes.IndexByte(uri, '#') >= 0 {
-		// An origin-form target has no fragment. fasthttp would drop it on
-		// the way upstream, after the path_prefix check saw it as part of
-		// a segment: "/v1/..#x" would reach "/v1/..".
-		return newError(CodeBadRequest, "the request target has a fragment ('#'); an HTTP request path never does: leave it out (or send it as %23)")
+	if e := malformed(ctx, uri); e != nil {
+		return e
 	}
 	if ex.looped() {
 		return newError(CodeLoopDetected)
-	}
-	if bothFramings(ctx.Request.Header.RawHeaders()) {
-		// Both framings at once is the classic request-smuggling shape:
-		// refuse it and close the connection, so nothing after it on the
-		// connection is read as another request.
-		ctx.SetConnectionClose()
-		return newError(CodeBadRequest, "the request has both Content-Length and Transfer-Encoding; send one")
 	}
 	if _, key := credential(&ctx.Request.Header); !ex.tbl.authorized(key) {
 		ex.out.outcome = outcomeUnauthorized
@@ -118,8 +107,49 @@ func (ex *exchange) admit() *apiError {
 	if n := len(ctx.Request.Body()); n > r.maxBody {
 		return newError(CodeRequestTooLarge, fmt.Sprintf("route %q", r.name), r.maxBody)
 	}
+	if ex.req.priority, e = priorityOf(r, &ctx.Request.Header); e != nil {
+		return e
+	}
 	ex.out.outcome = ""
 	return nil
+}
+
+// malformed refuses a request of a shape no origin-form request has
+// (CONNECT, an absolute URI, a fragment), or that has both framings.
+func malformed(ctx *fasthttp.RequestCtx, uri []byte) *apiError {
+	if ctx.IsConnect() || len(uri) == 0 || uri[0] != '/' {
+		return newError(CodeBadRequest, "Sturdy is a reverse proxy, not an open proxy: send origin-form requests (a path like /v1/chat/completions), not CONNECT or absolute URIs")
+	}
+	if bytes.IndexByte(uri, '#') >= 0 {
+		// An origin-form target has no fragment. fasthttp would drop it on
+		// the way upstream, after the path_prefix check saw it as part of
+		// a segment: "/v1/..#x" would reach "/v1/..".
+		return newError(CodeBadRequest, "the request target has a fragment ('#'); an HTTP request path never does: leave it out (or send it as %23)")
+	}
+	if bothFramings(ctx.Request.Header.RawHeaders()) {
+		// Both framings at once is the classic request-smuggling shape:
+		// refuse it and close the connection, so nothing after it on the
+		// connection is read as another request.
+		ctx.SetConnectionClose()
+		return newError(CodeBadRequest, "the request has both Content-Length and Transfer-Encoding; send one")
+	}
+	return nil
+}
+
+// priorityOf is the class of a request on route r in a concurrency
+// queue: the route's, or its x-sturdy-priority where the route lets it
+// say (priority_header); a value that names no class is a bad request.
+func priorityOf(r *route, h *fasthttp.RequestHeader) (upstream.Priority, *apiError) {
+	v := h.PeekCanonical(hdrPriority)
+	if !r.priorityHeader || len(v) == 0 {
+		return r.priority, nil
+	}
+	p, ok := upstream.ParsePriority(string(v))
+	if !ok {
+		return 0, newError(CodeBadRequest, fmt.Sprintf("x-sturdy-priority must be interactive or batch (got %s)",
+			strconv.Quote(spanText(v[:min(len(v), 32)]))))
+	}
+	return p, nil
 }
 
 // looped reports whether the request already went through this process:

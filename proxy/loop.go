@@ -379,7 +379,11 @@ func (v *visit) send(a *attempt) {
 	if vd.Class == policy.ClassRetryable {
 		cause = a.failureCause() // for what a breaker this opens says tripped it
 	}
-	a.tk.Report(breakerResult(vd.Conn), breakerResult(vd.Health), cause)
+	health := vd.Health
+	if ep.Adaptive() && out.Fault == policy.FaultNone && (out.Status == 503 || out.Status == 529) {
+		health = policy.HealthExcluded // an overload: the adaptive limit backs off instead (upstream.Sample.Overload)
+	}
+	a.tk.Report(breakerResult(vd.Conn), breakerResult(health), cause)
 	if vd.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		v.failedOn(ep)
 	}

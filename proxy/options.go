@@ -183,6 +183,11 @@ type Route struct {
 	// MaxRescueBytes bounds the text a rescuable stream keeps for its
 	// continuation; past it the stream goes on unrescuable. Default 1 MiB.
 	MaxRescueBytes units.Size `yaml:"max_rescue_bytes"`
+	// Priority is the class of the route's requests in an endpoint's
+	// concurrency queue (interactive, the default, or batch);
+	// PriorityHeader lets a request say its own in x-sturdy-priority.
+	Priority       upstream.Priority `yaml:"priority"`
+	PriorityHeader bool              `yaml:"priority_header"`
 }
 
 // Retry is a route's retry policy as written; its zero fields take

@@ -208,11 +208,24 @@ func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Ac
 	ex := v.ex
 	ex.client.enter(phaseQueue)
 	start := ex.report().queueing()
-	lease, r := ep.Lease(v.leaseRequest())
-	ex.report().queued(start, r, sourceConnections)
+	lr := v.leaseRequest()
+	source := sourceConnections
+	if ep.Concurrent() {
+		lr.Priority, lr.Tenant, source = ex.req.priority, tenantOf(&ex.ctx.Request.Header), sourceConcurrency
+	}
+	lease, r := ep.Lease(lr)
+	ex.report().queued(start, r, source)
+	if source == sourceConcurrency {
+		by, _ := lease.Refusal()
+		ex.report().concurrencyQueued(v.t.up, lr.Priority, start, r, r == upstream.LeaseTimedOut && by == "concurrency")
+	}
 	switch r {
 	case upstream.LeaseTimedOut:
-		return lease, v.carry(v.clear(policy.ObstacleBusy, time.Second, 0, "max_connections"))
+		limit, wait := lease.Refusal()
+		if wait <= 0 {
+			wait = time.Second
+		}
+		return lease, v.carry(v.clear(policy.ObstacleBusy, wait, 0, limit))
 	case upstream.LeaseCancelled:
 		return lease, v.interrupted()
 	}

@@ -218,6 +218,19 @@ func (r report) cut(err error) { r.tr.attemptCut(err) }
 // how); its span ends.
 func (r report) continuationFailed() { r.tr.endAttempt() }
 
+// concurrencyQueued: a request of class pr asked for a place on an
+// endpoint of up with a concurrency limit at start, with result res; shed
+// says that limit's queue turned it away. A wait is observed, a
+// refusal counted.
+func (r report) concurrencyQueued(up *upstream.Upstream, pr upstream.Priority, start time.Time, res upstream.LeaseResult, shed bool) {
+	if res == upstream.LeaseWaited || shed {
+		r.m.ConcurrencyWait.WithLabelValues(up.Name()).Observe(time.Since(start).Seconds())
+	}
+	if shed {
+		r.m.ConcurrencyShed.WithLabelValues(up.Name(), pr.String()).Inc()
+	}
+}
+
 // rescued: a cut stream's rescue came to result (continued, failed, or
 // why it was refused); counted says it counts in the metric.
 func (r report) rescued(result string, counted bool) {

@@ -61,21 +61,25 @@ func (t *table) trusts(peer netip.Addr) bool {
 }
 
 type route struct {
-	name          string
-	prefix        []byte
-	model         string // glob, or "" for any
-	specificity   int    // of model; -1 without one
-	targets       []target
-	firstToken    time.Duration
-	failoverOn    []int
-	failoverCodes []string
-	clientRetries int
-	deadline      time.Duration
-	maxBody       int
-	maxDuration   time.Duration // 0: the defaults by kind (responseCap)
-	retry         policy.Retry
-	streamHold    StreamHold // off when Max is 0
-	maxRescues    int
+	// priority is its requests' class in a concurrency queue;
+	// priorityHeader lets x-sturdy-priority say it instead.
+	priority       upstream.Priority
+	priorityHeader bool
+	name           string
+	prefix         []byte
+	model          string // glob, or "" for any
+	specificity    int    // of model; -1 without one
+	targets        []target
+	firstToken     time.Duration
+	failoverOn     []int
+	failoverCodes  []string
+	clientRetries  int
+	deadline       time.Duration
+	maxBody        int
+	maxDuration    time.Duration // 0: the defaults by kind (responseCap)
+	retry          policy.Retry
+	streamHold     StreamHold // off when Max is 0
+	maxRescues     int
 	// maxRescueBytes bounds the text a rescue keeps (max_rescue_bytes).
 	maxRescueBytes int
 	// Histograms of this route, resolved once.
@@ -204,7 +208,7 @@ func buildRoute(ro Route, byName map[string]*upstream.Upstream, m *metrics.Metri
 		firstToken: ro.FirstToken, failoverOn: ro.FailoverOn, failoverCodes: ro.FailoverCodes,
 		clientRetries: ro.Retry.AttemptsOnClientRetry, deadline: ro.Deadline, maxBody: int(ro.MaxBody), maxDuration: ro.MaxDuration,
 		retry: retry, streamHold: ro.StreamHold, maxRescues: *ro.MaxRescues,
-		maxRescueBytes: int(ro.MaxRescueBytes)}
+		maxRescueBytes: int(ro.MaxRescueBytes), priority: ro.Priority, priorityHeader: ro.PriorityHeader}
 	if ro.Model != "" {
 		r.specificity = policy.GlobSpecificity(ro.Model)
 	}

@@ -91,6 +91,7 @@ const (
 	sourceFleetLimit  = "fleet_limit"     // the upstream's rate_limit, the fleet's (Redis)
 	sourceInFlight    = "max_in_flight"   // a max_in_flight slot
 	sourceConnections = "max_connections" // a connection place
+	sourceConcurrency = "concurrency"     // a place under an endpoint's concurrency limit
 	sourceRideThrough = "ride_through"    // an endpoint to come back
 )
 

@@ -12,13 +12,17 @@
 // max_in_flight slots (TakeSlot) take the same LeaseRequest.
 //
 // A LeaseRequest may wait in a queue (Wait) that shutdown (Cancel) or the
-// client leaving (Gone) ends; it names a Priority and a Tenant for a
-// queue that orders by them (today's are first come, first served). A
-// lease given back reports the attempt's Sample: its time to first token
-// and whether it Counts (not for a stale connection's replay, an attempt
-// whose client left, or one that failed before it was sent); each
-// endpoint keeps the count and the last one (Endpoint.Samples), ready for
-// an adaptive limit. A Hold is what a request holds of the connection its
+// client leaving (Gone) ends; it names a Priority and a Tenant, which an
+// endpoint's concurrency queue orders by (interactive before batch,
+// tenants in turn; max_in_flight's and max_connections' waits are first
+// come, first served). A lease given back reports the attempt's Sample:
+// its time to first token, whether it Counts (not for a stale
+// connection's replay, an attempt whose client left, or one that failed
+// before it was sent), whether it was a stream's first content, the
+// prompt's size and whether the attempt met an overload — which an
+// adaptive concurrency limit follows (concurrency.go); a refused lease
+// says which limit refused it and how soon a place is likely free
+// (Lease.Refusal). A Hold is what a request holds of the connection its
 // attempt was given, so the request path can close it when the client
 // leaves (Hold.Sever) without the upstream side knowing the request.
 //
@@ -32,6 +36,9 @@
 //   - what an attempt's result means, whether to retry, wait or fail
 //     over: not here — the request path asks policy, and reports the
 //     result back (Tickets.Report);
+//   - how many requests an endpoint takes at once, and who waits first:
+//     its concurrency (fixed, or gradient: Gradient2 on streamed replies'
+//     time to first content), under its own lock;
 //   - why no endpoint can take a request, and until when: AllOut,
 //     NextChange (the request path asks policy.Clear what it means and
 //     does the waiting).
@@ -47,5 +54,7 @@
 //	transport.go  the dial and the upstream connection (idle deadlines, stale connections, Hold), DialError, IsTimeout
 //	roundtrip.go  the round trip: head, small bodies read whole, streamed bodies, trailers
 //	limits.go     cooldowns learned from 429s (bounded: MaxTrackedKeys), Slots, LeaseRequest, Lease, Sample
+//	concurrency.go  a limit per endpoint (concurrency:): its options, the adaptive control law (gradient),
+//	              the queue in front of it (classes, tenants in turn, bounded, its drain for Retry-After)
 //	status.go     what /debug/upstreams shows (Status, no secret in it) and the gauges refreshed on scrape
 package upstream

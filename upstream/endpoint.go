@@ -32,9 +32,12 @@ type endpointSpec struct {
 	idle      time.Duration
 	maxConns  int
 	queue     time.Duration
-	breaker   breaker.Settings // OnStateChange left out
-	caFile    string
-	insecure  bool
+	// concurrency is the endpoint's limit (a reload that keeps it keeps
+	// the endpoint, and so what an adaptive limit learned).
+	concurrency Concurrency
+	breaker     breaker.Settings // OnStateChange left out
+	caFile      string
+	insecure    bool
 }
 
 // Endpoint is one replica of an upstream: its connection pool, its
@@ -66,6 +69,8 @@ type Endpoint struct {
 	// is closed, so fasthttp never waits for a connection itself. Places
 	// in use are the endpoint's load.
 	conns Slots
+	// conc is its concurrency limit and queue (nil: concurrency off).
+	conc *concurrency
 	// samples counts the samples that count its leases reported
 	// (Lease.Release); lastTTFT is the last one's (nanoseconds).
 	samples, lastTTFT atomic.Int64
@@ -120,7 +125,7 @@ func newEndpoint(env *Env, name string, spec endpointSpec, onState func(*Endpoin
 		return nil, fmt.Errorf("upstream %q: invalid url %q", name, spec.url)
 	}
 	ep := &Endpoint{spec: spec, addr: u.Host, base: []byte(u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")),
-		conns: make(Slots, spec.maxConns), env: env}
+		conns: make(Slots, spec.maxConns), conc: newConcurrency(spec.concurrency), env: env}
 	ep.healthy.Store(true)
 	id := policy.NewKeyHash()
 	id.WriteString(ep.addr)
@@ -288,11 +293,26 @@ func (ep *Endpoint) takeClaim() *Hold {
 // allows; the Lease holds nothing unless the result is LeaseTaken or
 // LeaseWaited.
 func (ep *Endpoint) Lease(r LeaseRequest) (Lease, LeaseResult) {
-	res := ep.conns.Acquire(r)
-	if res == LeaseTimedOut || res == LeaseCancelled {
-		return Lease{}, res
+	var l Lease
+	start, res := time.Now(), LeaseTaken
+	if c := ep.conc; c != nil {
+		r.Priority = min(r.Priority, PriorityBatch)
+		var ra time.Duration
+		if res, ra = c.acquire(r); res == LeaseTimedOut || res == LeaseCancelled {
+			return Lease{by: "concurrency", retryAfter: ra}, res
+		}
+		l.conc, l.pr = true, r.Priority
+		r.Wait -= time.Since(start)
 	}
-	return Lease{ep: ep}, res
+	cres := ep.conns.Acquire(r)
+	if cres == LeaseTimedOut || cres == LeaseCancelled {
+		if l.conc {
+			ep.conc.release(l.pr, Sample{}, time.Now())
+		}
+		return Lease{}, cres
+	}
+	l.ep = ep
+	return l, max(res, cres)
 }
 
 // Samples returns how many samples that count ep's leases reported, and

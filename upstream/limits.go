@@ -257,12 +257,13 @@ type LeaseRequest struct {
 	// Cancel ends the wait when closed (Sturdy shuts down); Gone when the
 	// client left. Either may be nil.
 	Cancel, Gone <-chan struct{}
-	// Priority and Tenant are the request's class and who it is for, for
-	// a queue that orders or shares its places by them; today's queues
-	// are first come, first served and read neither (zero: the default
-	// class, no tenant).
+	// Priority and Tenant are the request's class and who it is for (a
+	// hash of its credential; 0: none): an endpoint's concurrency queue
+	// serves interactive before batch and takes its tenants in turn;
+	// max_in_flight's and max_connections' waits are first come, first
+	// served.
 	Priority Priority
-	Tenant   string
+	Tenant   uint64
 }
 
 // Priority is a request's class in a lease queue; zero is the default.
@@ -320,11 +321,41 @@ func (s Slots) Release() { <-s }
 type Sample struct {
 	TTFT   time.Duration
 	Counts bool
+	// Streamed says the reply is a stream, whose TTFT is its first
+	// content's (an adaptive limit's signal; a non-streamed reply's first
+	// byte comes when generation ends, mixing in its length). Size is the
+	// request body's, for its prompt-size baseline. Overload says the
+	// attempt met a 503/529, a timeout or a failed connection: an
+	// adaptive limit backs off.
+	Streamed bool
+	Size     int
+	Overload bool
 }
 
-// Lease is an attempt's connection place on an endpoint (max_connections),
-// held until its reply's body is closed; the zero Lease holds nothing.
-type Lease struct{ ep *Endpoint }
+// Lease is an attempt's place on an endpoint — its connection place
+// (max_connections) and, with concurrency on, its place under the
+// endpoint's limit — held until its reply's body is closed; the zero
+// Lease holds nothing. One refused says which limit refused it and how
+// soon a place is likely free (Refusal).
+type Lease struct {
+	ep *Endpoint
+	// conc says it holds a concurrency place, of class pr.
+	conc bool
+	pr   Priority
+	// by and retryAfter are a refusal's (by "": max_connections).
+	by         string
+	retryAfter time.Duration
+}
+
+// Refusal says, of a lease not taken, which limit refused it —
+// "concurrency" or "max_connections" — and, for the concurrency limit,
+// how soon a place is likely free (from its queue's drain; 0: unknown).
+func (l Lease) Refusal() (limit string, retryAfter time.Duration) {
+	if l.by == "" {
+		return "max_connections", 0
+	}
+	return l.by, l.retryAfter
+}
 
 // Held reports whether l holds a place.
 func (l Lease) Held() bool { return l.ep != nil }
@@ -340,4 +371,7 @@ func (l Lease) Release(s Sample) {
 		l.ep.samples.Add(1)
 	}
 	l.ep.conns.Release()
+	if l.conc {
+		l.ep.conc.release(l.pr, s, time.Now())
+	}
 }

@@ -102,8 +102,13 @@ type Options struct {
 	// unlimited.
 	MaxInFlight int `yaml:"max_in_flight"`
 	// QueueTimeout is how long a request waits for a slot under
-	// MaxInFlight. Default 5 s.
+	// MaxInFlight, a connection place, or a place under the endpoint's
+	// concurrency limit (it is Concurrency.Queue.Timeout: either key sets
+	// both). Default 5 s.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Concurrency limits the requests in flight on each endpoint, fixed
+	// or adaptive, with a bounded queue in front; off by default.
+	Concurrency Concurrency `yaml:"concurrency"`
 	// RetryBudget caps retries to the upstream.
 	RetryBudget RetryBudget `yaml:"retry_budget"`
 	// Cooldown says how the upstream's 429s are learned.
@@ -139,7 +144,9 @@ func (u Options) WithDefaults() Options {
 	OrDefault(&u.Timeouts.FirstByte, DefaultFirstByteTimeout)
 	OrDefault(&u.Timeouts.Idle, DefaultIdleTimeout)
 	OrDefault(&u.MaxConnections, DefaultMaxConnections)
+	OrDefault(&u.QueueTimeout, u.Concurrency.Queue.Timeout) // one setting, two keys
 	OrDefault(&u.QueueTimeout, DefaultQueueTimeout)
+	u.Concurrency = u.Concurrency.withDefaults(u.QueueTimeout)
 	if u.RateLimit.RequestsPerSecond > 0 {
 		OrDefault(&u.RateLimit.MaxWait, DefaultPacingMaxWait)
 		OrDefault(&u.RateLimit.Burst, BurstFor(u.RateLimit.RequestsPerSecond))

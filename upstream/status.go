@@ -77,6 +77,9 @@ type EndpointStatus struct {
 	// the last: connection refused").
 	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
 	Cause     string      `json:"cause,omitempty"`
+	// Concurrency is its limit, its places in flight, its queue per class
+	// and the adaptive signal (nil: concurrency off).
+	Concurrency *ConcurrencyStatus `json:"concurrency,omitempty"`
 }
 
 // TripCounts are the breaker counts that opened a breaker.
@@ -98,6 +101,9 @@ type ModelBreakerState struct {
 	Failures  uint32      `json:"failures"`
 	TrippedOn *TripCounts `json:"tripped_on,omitempty"`
 	Cause     string      `json:"cause,omitempty"`
+	// Concurrency is its limit, its places in flight, its queue per class
+	// and the adaptive signal (nil: concurrency off).
+	Concurrency *ConcurrencyStatus `json:"concurrency,omitempty"`
 }
 
 // LimiterStatus is an upstream's pacing limiter.
@@ -160,7 +166,7 @@ func endpointStatus(ep *Endpoint, now time.Time, slowStart time.Duration) Endpoi
 	b := ep.breaker.State()
 	s := EndpointStatus{Address: ep.addr, State: "in", Breaker: b.String(), ProbeInMS: ep.breaker.ProbeIn(now).Milliseconds(),
 		InFlight: ep.Load(), Weight: ep.weight(now, slowStart), OpenConnections: ep.client.ConnsCount(),
-		Ejections: ep.ejections.Load()}
+		Ejections: ep.ejections.Load(), Concurrency: ep.conc.status()}
 	switch {
 	case ep.draining.Load():
 		s.State = "draining"
@@ -199,6 +205,12 @@ func (up *Upstream) RefreshGauges() {
 			in = 0
 		}
 		m.EndpointUp.WithLabelValues(up.name, ep.addr).Set(in)
+		if st := ep.conc.status(); st != nil {
+			m.ConcurrencyLimit.WithLabelValues(up.name, ep.addr).Set(float64(st.Limit))
+			for pr, n := range st.Queued {
+				m.ConcurrencyQueued.WithLabelValues(up.name, ep.addr, Priority(pr).String()).Set(float64(n))
+			}
+		}
 		up.refreshModelBreakers(ep)
 	}
 }

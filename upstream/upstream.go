@@ -181,7 +181,7 @@ func (up *Upstream) endpoints(urls []string, kept []*Endpoint, ramp bool) ([]*En
 func (up *Upstream) spec(url string) endpointSpec {
 	o := up.opts
 	s := endpointSpec{url: url, connect: o.Timeouts.Connect, firstByte: o.Timeouts.FirstByte, idle: o.Timeouts.Idle,
-		maxConns: o.MaxConnections, queue: o.QueueTimeout, breaker: o.Breaker, caFile: o.TLS.CAFile,
+		maxConns: o.MaxConnections, queue: o.QueueTimeout, concurrency: o.Concurrency, breaker: o.Breaker, caFile: o.TLS.CAFile,
 		insecure: o.TLS.InsecureSkipVerify}
 	s.breaker.OnStateChange = nil
 	if o.Discover.DNS != "" {

@@ -1,0 +1,178 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/valyala/fasthttp"
+
+	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
+)
+
+// gpuServer is a model server with slots parallel places and a queue
+// inside that never refuses: a streamed reply starts ttft after it gets a
+// place, then sends tokens words, one every perToken. It is what vLLM or
+// Ollama does under load: no error, only waiting.
+func gpuServer(t *testing.T, slots int, ttft, perToken time.Duration, tokens int) string {
+	t.Helper()
+	sem := make(chan struct{}, slots)
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			time.Sleep(ttft)
+			for _, ev := range upstreamtest.SSE(upstreamtest.Words(tokens, "tok ")...) {
+				_, _ = w.WriteString(ev)
+				if w.Flush() != nil {
+					return
+				}
+				time.Sleep(perToken)
+			}
+		})
+	}}
+	return upstreamtest.Serve(t, srv)
+}
+
+// endpointConcurrency is the concurrency status of the first endpoint of
+// h's first upstream.
+func endpointConcurrency(t *testing.T, h *harness) upstream.ConcurrencyStatus {
+	t.Helper()
+	st := h.p.Upstreams()[0].Endpoints[0].Concurrency
+	if st == nil {
+		t.Fatal("no concurrency status: concurrency is off")
+	}
+	return *st
+}
+
+// endpointConcurrencyAddr is the address of h's first endpoint.
+func endpointConcurrencyAddr(h *harness) string { return h.p.Upstreams()[0].Endpoints[0].Address }
+
+const streamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+func TestAFullConcurrencyQueueShedsWithAWaitOrFailsOver(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var held atomic.Int32
+	slow := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		held.Add(1)
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(upstreamtest.ChatCompletion("slow"))
+	}})
+	spare := upstreamtest.Start(t, upstreamtest.Step{Status: 200, Body: upstreamtest.ChatCompletion("spare")})
+	h := startProxy(t, slow, func(o *Options) {
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1, Queue: upstream.Queue{Max: 1}}
+		o.Upstreams[0].QueueTimeout = 3 * time.Second
+		o.Upstreams = append(o.Upstreams, testUpstream("spare", spare.URL))
+		fb := testRoute("up")
+		fb.Name, fb.Model, fb.Fallbacks = "with-spare", "fb-*", []Target{{Upstream: "spare"}}
+		o.Routes = append(o.Routes, fb)
+	})
+	var wg sync.WaitGroup
+	statuses := make([]int, 2)
+	for i := range statuses { // one holds the place, one waits in the queue
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, _ := h.chat("")
+			statuses[i] = resp.StatusCode
+		}()
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if st := endpointConcurrency(t, h); st.InFlight+st.Queued[0] == i+1 {
+				break
+			}
+		}
+	}
+	resp, body := h.chat("")
+	code, _ := errorOf(t, body)
+	if resp.StatusCode != 503 || code != CodeUpstreamBusy {
+		t.Fatalf("with the queue full: %d %s, want 503 upstream_busy", resp.StatusCode, body)
+	}
+	if resp.Header.Get("Retry-After") == "" || resp.Header.Get("Retry-After-Ms") == "" || resp.Header.Get("X-Should-Retry") == "false" {
+		t.Fatalf("headers %v: want Retry-After and retry-after-ms, and the SDK let retry", resp.Header)
+	}
+	if !strings.Contains(string(body), "concurrency") {
+		t.Fatalf("the error does not say which limit: %s", body)
+	}
+	if n := testutil.ToFloat64(h.p.m.ConcurrencyShed.WithLabelValues("up", "interactive")); n != 1 {
+		t.Fatalf("sturdy_concurrency_shed_total %g, want 1", n)
+	}
+	h.p.RefreshBreakerGauges()
+	if l := testutil.ToFloat64(h.p.m.ConcurrencyLimit.WithLabelValues("up", endpointConcurrencyAddr(h))); l != 1 {
+		t.Fatalf("sturdy_concurrency_limit %g, want 1", l)
+	}
+	resp, body = h.chat(`{"model":"fb-1","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Sturdy-Upstream") != "spare" {
+		t.Fatalf("with a fallback: %d from %q (%s), want the spare's answer", resp.StatusCode, resp.Header.Get("X-Sturdy-Upstream"), body)
+	}
+	close(release)
+	wg.Wait()
+	if statuses[0] != 200 || statuses[1] != 200 || held.Load() != 2 {
+		t.Fatalf("the holder and the queued one got %v (%d reached the server), want both answered", statuses, held.Load())
+	}
+}
+
+func TestAnAdaptiveLimitFollowsTheServersCapacity(t *testing.T) {
+	t.Parallel()
+	const slots, clients = 2, 12
+	url := gpuServer(t, slots, 20*time.Millisecond, 4*time.Millisecond, 8)
+	h := startProxy(t, url, func(o *Options) {
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyAdaptive, Max: 64,
+			Adaptive: upstream.Adaptive{Initial: 8}}
+		o.Upstreams[0].QueueTimeout = 10 * time.Second
+	})
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int32
+	end := time.Now().Add(3 * time.Second)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < 200 && time.Now().Before(end); n++ {
+				resp, body := h.do("POST", "/v1/chat/completions", streamBody, "Content-Type", "application/json")
+				if resp.StatusCode == http.StatusOK && strings.Contains(string(body), "[DONE]") {
+					ok.Add(1)
+				} else {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st := endpointConcurrency(t, h)
+	t.Logf("limit %d after %d streams (short ratio %.2f)", st.Limit, ok.Load(), st.Short)
+	if failed.Load() != 0 || ok.Load() < 20 {
+		t.Fatalf("%d streams failed, %d answered: the server never errs, so neither should Sturdy", failed.Load(), ok.Load())
+	}
+	if st.Limit >= 8 || st.Limit < 1 {
+		t.Fatalf("limit %d with %d clients on %d slots: want it below where it started (8), following the server",
+			st.Limit, clients, slots)
+	}
+}
+
+func TestAPriorityHeaderIsReadWhereTheRouteLetsIt(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Status: 200, Body: upstreamtest.ChatCompletion("ok")})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed}
+		o.Routes[0].PriorityHeader = true
+	})
+	for _, tt := range []struct{ value, want string }{{"batch", "200"}, {"Interactive", "200"}, {"urgent", "400"}} {
+		resp, body := h.chat("", "X-Sturdy-Priority", tt.value)
+		if fmt.Sprint(resp.StatusCode) != tt.want {
+			t.Errorf("x-sturdy-priority: %s: %d %s, want %s", tt.value, resp.StatusCode, body, tt.want)
+		}
+	}
+}

@@ -1,0 +1,527 @@
+package upstream
+
+import (
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"sturdy/units"
+)
+
+// The concurrency defaults (concurrency:).
+const (
+	DefaultConcurrencyMax  = 64
+	DefaultAdaptiveMin     = 1
+	DefaultAdaptiveInitial = 4
+	DefaultTolerance       = 1.5
+	DefaultSmoothing       = 0.2
+	DefaultMinSamples      = 8
+	DefaultQueueMax        = 128
+	DefaultBatchShare      = 0.75
+)
+
+// Concurrency limits the requests in flight on each endpoint of a pool
+// (concurrency:), with a queue in front of the limit. Mode off leaves
+// only max_in_flight (pool-wide) and max_connections.
+type Concurrency struct {
+	Mode ConcurrencyMode `yaml:"mode"`
+	// Max is the limit in mode fixed, the ceiling in mode adaptive.
+	// Default 64.
+	Max      int      `yaml:"max"`
+	Adaptive Adaptive `yaml:"adaptive"`
+	Queue    Queue    `yaml:"queue"`
+	// BatchShare is the most of an endpoint's limit batch requests may
+	// hold at once, so an interactive one finds a place. Default 75 %.
+	BatchShare units.Percent `yaml:"batch_share"`
+}
+
+// Adaptive tunes mode adaptive (Gradient2 on the time to first content
+// of streamed replies; see gradient).
+type Adaptive struct {
+	// Min is the lowest the limit goes (default 1), Initial where it
+	// starts (default 4).
+	Min     int `yaml:"min"`
+	Initial int `yaml:"initial"`
+	// Tolerance is how much slower than its baseline a reply may start
+	// before the limit comes down (default 1.5: half again).
+	Tolerance float64 `yaml:"tolerance"`
+	// Smoothing is the share of a decrease applied per sample (default 0.2).
+	Smoothing float64 `yaml:"smoothing"`
+	// MinSamples is how many samples a prompt-size bucket needs before
+	// they move the limit (default 8).
+	MinSamples int `yaml:"min_samples"`
+}
+
+// Queue bounds the requests waiting for a place under an endpoint's
+// limit: at most Max (default 128), each at most Timeout (default 5 s;
+// the upstream's queue_timeout is the same setting).
+type Queue struct {
+	Max     int           `yaml:"max"`
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// ConcurrencyMode is how an endpoint's concurrency is limited.
+type ConcurrencyMode uint8
+
+// The concurrency modes.
+const (
+	// ConcurrencyOff: no per-endpoint limit.
+	ConcurrencyOff ConcurrencyMode = iota
+	// ConcurrencyFixed: Max in flight per endpoint.
+	ConcurrencyFixed
+	// ConcurrencyAdaptive: a limit that follows the endpoint's own
+	// latency, between Adaptive.Min and Max.
+	ConcurrencyAdaptive
+)
+
+var concurrencyModes = map[string]ConcurrencyMode{"": ConcurrencyOff, "off": ConcurrencyOff, "fixed": ConcurrencyFixed,
+	"adaptive": ConcurrencyAdaptive}
+
+// UnmarshalYAML reads off, fixed or adaptive.
+func (m *ConcurrencyMode) UnmarshalYAML(n *yaml.Node) (err error) {
+	*m, err = units.Enum(n, concurrencyModes, "off, fixed or adaptive")
+	return err
+}
+
+// String is the mode's name in the config file.
+func (m ConcurrencyMode) String() string {
+	return [...]string{"off", "fixed", "adaptive"}[m]
+}
+
+// withDefaults fills c's zero fields; queueTimeout is the upstream's.
+func (c Concurrency) withDefaults(queueTimeout time.Duration) Concurrency {
+	OrDefault(&c.Max, DefaultConcurrencyMax)
+	OrDefault(&c.Adaptive.Min, DefaultAdaptiveMin)
+	OrDefault(&c.Adaptive.Initial, DefaultAdaptiveInitial)
+	OrDefault(&c.Adaptive.Tolerance, DefaultTolerance)
+	OrDefault(&c.Adaptive.Smoothing, DefaultSmoothing)
+	OrDefault(&c.Adaptive.MinSamples, DefaultMinSamples)
+	OrDefault(&c.Queue.Max, DefaultQueueMax)
+	OrDefault(&c.Queue.Timeout, queueTimeout)
+	OrDefault(&c.BatchShare, DefaultBatchShare)
+	c.Adaptive.Min = min(c.Adaptive.Min, c.Max)
+	c.Adaptive.Initial = max(min(c.Adaptive.Initial, c.Max), c.Adaptive.Min)
+	return c
+}
+
+// The priority classes of a lease queue: interactive (the default) goes
+// first; batch keeps a reserved share of the places freed (batchTurn) and
+// holds at most Concurrency.BatchShare of the limit.
+const (
+	PriorityInteractive Priority = iota
+	PriorityBatch
+)
+
+var priorities = map[string]Priority{"": PriorityInteractive, "interactive": PriorityInteractive, "batch": PriorityBatch}
+
+// ParsePriority reads a class's name (interactive or batch, any case).
+func ParsePriority(s string) (Priority, bool) {
+	p, ok := priorities[strings.ToLower(s)]
+	return p, ok
+}
+
+// UnmarshalYAML reads interactive or batch.
+func (p *Priority) UnmarshalYAML(n *yaml.Node) (err error) {
+	*p, err = units.Enum(n, priorities, "interactive or batch")
+	return err
+}
+
+// String is the class's name.
+func (p Priority) String() string {
+	if p == PriorityBatch {
+		return "batch"
+	}
+	return "interactive"
+}
+
+// batchTurn: every batchTurn-th place freed while batch requests wait
+// goes to one of them, so batch is never starved by interactive.
+const batchTurn = 4
+
+// gradient is Gradient2's control law (Netflix concurrency-limits) on an
+// endpoint's time to first content of streamed replies, from dispatch:
+// per prompt-size bucket a long average (an EWMA over about longWindow
+// samples of the replies Sturdy's own load did not slow — never a
+// minimum, which ratchets under sustained load; see sample) and a short
+// one of each sample's ratio to it; gradient
+// = clamp(tolerance ÷ short, 0.5, 1); new limit = limit · gradient + 1.
+// The queue allowance is 1, not Gradient2's constant 4: samples come one
+// per finished reply, and on a server with 8 slots an allowance of 4
+// would hold the limit half again above its capacity. A decrease is
+// smoothed (smoothing of it per sample), an increase is not, and the
+// limit does not grow while fewer than half of it are in flight. It
+// holds no lock: its endpoint's concurrency does.
+type gradient struct {
+	o     Adaptive
+	max   float64
+	limit float64
+	// short is the EWMA of recent samples' ratio to their bucket's long
+	// average (1: as fast as usual).
+	short   float64
+	buckets [promptBuckets]baseline
+}
+
+// baseline is one prompt-size bucket's long average, in nanoseconds, of
+// n samples so far.
+type baseline struct {
+	long float64
+	n    int
+}
+
+// promptBuckets are the prompt sizes baselines are kept for: a request
+// body under 2 KiB, 8, 32, 128 KiB, and larger. TTFT grows with the
+// prompt (prefill), so one baseline for all would read a long prompt as
+// load; with a server's prefix cache it follows the uncached part, which
+// the body's size only bounds.
+const promptBuckets = 5
+
+// longWindow is about how many samples a bucket's long average spans;
+// shortWeight is a sample's weight in the short one.
+const (
+	longWindow  = 100
+	shortWeight = 0.25
+	// fallWeight is the least weight of a sample below the baseline.
+	fallWeight = 0.25
+)
+
+func promptBucket(size int) int {
+	b := 0
+	for limit := 2 << 10; b < promptBuckets-1 && size >= limit; limit <<= 2 {
+		b++
+	}
+	return b
+}
+
+func newGradient(c Concurrency) gradient {
+	return gradient{o: c.Adaptive, max: float64(c.Max), limit: float64(c.Adaptive.Initial), short: 1}
+}
+
+// sample moves the limit by one sample: ttft of a reply to a request of
+// size bytes, inFlight requests in flight when it came.
+func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
+	b := &g.buckets[promptBucket(size)]
+	t := float64(ttft)
+	if t <= 0 {
+		return
+	}
+	ratio := 1.0
+	if b.n > 0 {
+		ratio = t / b.long
+	}
+	// The baseline learns from what a reply takes when Sturdy's own load
+	// is not what slows it: while it is being learned, a sample within
+	// tolerance, or one taken with no more than half the limit (or the
+	// floor) in flight — so sustained queueing never becomes the
+	// baseline, and a baseline that truly moved (another model) is
+	// learned once the limit has come down. It falls faster than it
+	// rises, towards what an unloaded reply takes.
+	if b.n < g.o.MinSamples || ratio <= g.o.Tolerance || float64(inFlight) <= math.Max(float64(g.o.Min), g.limit/2) {
+		b.n++
+		w := 1 / float64(min(b.n, longWindow))
+		if t < b.long {
+			w = math.Max(w, fallWeight)
+		}
+		b.long += (t - b.long) * w
+		ratio = t / b.long
+	}
+	if b.n < g.o.MinSamples {
+		return // the baseline is not known yet
+	}
+	g.short += (ratio - g.short) * shortWeight
+	grad := math.Max(0.5, math.Min(1, g.o.Tolerance/g.short))
+	next := g.limit*grad + 1
+	switch {
+	case next > g.limit && float64(inFlight) < g.limit/2:
+		return // not using what it has: no sign it could use more
+	case next < g.limit:
+		next = g.limit*(1-g.o.Smoothing) + next*g.o.Smoothing
+	}
+	g.limit = math.Max(float64(g.o.Min), math.Min(g.max, next))
+}
+
+// backoff cuts the limit by a fifth: a 503/529, a timeout or a failed
+// connection said the endpoint is overloaded (a 429 says the quota is
+// spent, not the server: never here).
+func (g *gradient) backoff() {
+	g.limit = math.Max(float64(g.o.Min), g.limit*0.8)
+}
+
+// concurrency is one endpoint's limit and the queue in front of it.
+type concurrency struct {
+	opts Concurrency
+	mu   sync.Mutex
+	g    gradient
+	// inFlight and batch are the places held (batch: by batch requests).
+	inFlight, batch int
+	// queues are the waiting requests per class; waiting is their count.
+	queues  [2]tenantQueue
+	waiting int
+	// turn counts the places given to interactive requests since batch
+	// last had one while batch requests waited (batchTurn).
+	turn int
+	// gap is the EWMA of the time between places freed (the queue's
+	// drain), lastFree when one was last freed: the wait a shed request
+	// is told.
+	gap      float64
+	lastFree time.Time
+}
+
+func newConcurrency(c Concurrency) *concurrency {
+	if c.Mode == ConcurrencyOff {
+		return nil
+	}
+	cc := &concurrency{opts: c, g: newGradient(c)}
+	if c.Mode == ConcurrencyFixed {
+		cc.g.limit = float64(c.Max)
+	}
+	return cc
+}
+
+// limit is the places the endpoint has now; under mu.
+func (c *concurrency) limit() int { return max(1, int(c.g.limit)) }
+
+// batchCap is the most places batch requests may hold; under mu.
+func (c *concurrency) batchCap() int {
+	return max(1, int(float64(c.limit())*float64(c.opts.BatchShare)))
+}
+
+// free reports whether a request of class pr may take a place now; under mu.
+func (c *concurrency) free(pr Priority) bool {
+	return c.inFlight < c.limit() && (pr != PriorityBatch || c.batch < c.batchCap())
+}
+
+// take gives a place to a request of class pr; under mu.
+func (c *concurrency) take(pr Priority) {
+	c.inFlight++
+	if pr == PriorityBatch {
+		c.batch++
+	}
+}
+
+// waiter is a request waiting in the queue: ready is closed once it was
+// given a place (granted, under mu).
+type waiter struct {
+	ready   chan struct{}
+	pr      Priority
+	tenant  uint64
+	granted bool
+}
+
+// tenantQueue is one class's waiters: a FIFO per tenant, served in turn
+// (round robin across tenants), so one tenant's burst does not hold the
+// others back.
+type tenantQueue struct {
+	byTenant map[uint64][]*waiter
+	order    []uint64 // tenants with waiters, in turn
+}
+
+func (q *tenantQueue) push(w *waiter) {
+	if q.byTenant == nil {
+		q.byTenant = map[uint64][]*waiter{}
+	}
+	if len(q.byTenant[w.tenant]) == 0 {
+		q.order = append(q.order, w.tenant)
+	}
+	q.byTenant[w.tenant] = append(q.byTenant[w.tenant], w)
+}
+
+// pop takes the next tenant's first waiter (nil: none), that tenant
+// going to the back of the turn.
+func (q *tenantQueue) pop() *waiter {
+	if len(q.order) == 0 {
+		return nil
+	}
+	t := q.order[0]
+	ws := q.byTenant[t]
+	w := ws[0]
+	ws[0] = nil
+	q.order = q.order[1:]
+	if ws = ws[1:]; len(ws) > 0 {
+		q.byTenant[t] = ws
+		q.order = append(q.order, t)
+	} else {
+		delete(q.byTenant, t)
+	}
+	return w
+}
+
+// remove takes w out (it gave up waiting).
+func (q *tenantQueue) remove(w *waiter) {
+	ws := q.byTenant[w.tenant]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) > 0 {
+		q.byTenant[w.tenant] = ws
+		return
+	}
+	delete(q.byTenant, w.tenant)
+	for i, t := range q.order {
+		if t == w.tenant {
+			q.order = append(q.order[:i], q.order[i+1:]...)
+			break
+		}
+	}
+}
+
+func (q *tenantQueue) empty() bool { return len(q.order) == 0 }
+
+// acquire takes a place for r, waiting in the queue up to r.Wait (and
+// the queue's timeout) unless r.Cancel or r.Gone closes first. A full
+// queue sheds r at once (LeaseTimedOut); retryAfter is then, and on a
+// timeout, how soon a place is likely free, from the queue's drain.
+func (c *concurrency) acquire(r LeaseRequest) (res LeaseResult, retryAfter time.Duration) {
+	pr := r.Priority
+	c.mu.Lock()
+	if c.waiting == 0 && c.free(pr) {
+		c.take(pr)
+		c.mu.Unlock()
+		return LeaseTaken, 0
+	}
+	wait := min(r.Wait, c.opts.Queue.Timeout)
+	if c.waiting >= c.opts.Queue.Max || wait <= 0 {
+		ra := c.drainWait()
+		c.mu.Unlock()
+		return LeaseTimedOut, ra
+	}
+	w := &waiter{ready: make(chan struct{}), pr: pr, tenant: r.Tenant}
+	c.queues[pr].push(w)
+	c.waiting++
+	c.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	res = LeaseCancelled
+	select {
+	case <-w.ready:
+		return LeaseWaited, 0
+	case <-t.C:
+		res = LeaseTimedOut
+	case <-r.Cancel:
+	case <-r.Gone:
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w.granted { // given a place as the wait ended: it goes back
+		c.put(pr)
+	} else {
+		c.queues[pr].remove(w)
+		c.waiting--
+	}
+	return res, c.drainWait()
+}
+
+// drainWait is how long until the queue's last waiter would get a place
+// at the rate places were freed lately (at least a millisecond, at most
+// the queue's timeout); under mu.
+func (c *concurrency) drainWait() time.Duration {
+	if c.gap <= 0 {
+		return c.opts.Queue.Timeout
+	}
+	d := time.Duration(c.gap * float64(c.waiting+1))
+	return min(max(d, time.Millisecond), c.opts.Queue.Timeout)
+}
+
+// put frees a place of class pr and gives it to the next waiter, if
+// any: interactive first, batch every batchTurn-th time while it waits,
+// never past batch's share; under mu.
+func (c *concurrency) put(pr Priority) {
+	c.inFlight--
+	if pr == PriorityBatch {
+		c.batch--
+	}
+	for c.waiting > 0 && c.inFlight < c.limit() {
+		next := PriorityInteractive
+		batchWaits := !c.queues[PriorityBatch].empty() && c.batch < c.batchCap()
+		if c.queues[PriorityInteractive].empty() || (batchWaits && c.turn >= batchTurn-1) {
+			next = PriorityBatch
+		}
+		if next == PriorityBatch && !batchWaits {
+			return // only batch waits, and it holds its share
+		}
+		w := c.queues[next].pop()
+		c.waiting--
+		if next == PriorityBatch {
+			c.turn = 0
+		} else if batchWaits {
+			c.turn++
+		}
+		c.take(next)
+		w.granted = true
+		close(w.ready)
+	}
+}
+
+// release gives back a place of class pr, with what the attempt that
+// held it reports (s): a streamed reply's time to first content moves
+// an adaptive limit, an overload backs it off.
+func (c *concurrency) release(pr Priority, s Sample, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.lastFree.IsZero() {
+		gap := float64(now.Sub(c.lastFree))
+		if c.gap == 0 {
+			c.gap = gap
+		} else {
+			c.gap += (gap - c.gap) * shortWeight
+		}
+	}
+	c.lastFree = now
+	if c.opts.Mode == ConcurrencyAdaptive {
+		switch {
+		case s.Overload:
+			c.g.backoff()
+		case s.Counts && s.Streamed:
+			c.g.sample(s.TTFT, s.Size, c.inFlight)
+		}
+	}
+	c.put(pr)
+}
+
+// room is the endpoint's limit now, and whether every place under it is
+// taken (a request there would queue): a pool balances by headroom.
+func (c *concurrency) room() (limit int, full bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.limit(), c.inFlight >= c.limit()
+}
+
+// ConcurrencyStatus is an endpoint's concurrency as /debug/upstreams
+// shows it.
+type ConcurrencyStatus struct {
+	Mode     string  `json:"mode"`
+	Limit    int     `json:"limit"`
+	InFlight int     `json:"in_flight"`
+	Queued   [2]int  `json:"queued"` // interactive, batch
+	Short    float64 `json:"short_ratio"`
+}
+
+func (c *concurrency) status() *ConcurrencyStatus {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := &ConcurrencyStatus{Mode: c.opts.Mode.String(), Limit: c.limit(), InFlight: c.inFlight, Short: c.g.short}
+	for i := range c.queues {
+		for _, ws := range c.queues[i].byTenant {
+			st.Queued[i] += len(ws)
+		}
+	}
+	return st
+}
+
+// Adaptive reports whether ep's concurrency limit is adaptive: then a
+// 503/529 feeds the limit (it backs off) rather than the reply breaker.
+func (ep *Endpoint) Adaptive() bool {
+	return ep.conc != nil && ep.conc.opts.Mode == ConcurrencyAdaptive
+}
+
+// Concurrent reports whether ep has a concurrency limit (its queue is the
+// wait source "concurrency").
+func (ep *Endpoint) Concurrent() bool { return ep.conc != nil }

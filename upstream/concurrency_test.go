@@ -1,0 +1,247 @@
+package upstream
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func testConcurrency(mode ConcurrencyMode, max int) Concurrency {
+	return Concurrency{Mode: mode, Max: max}.withDefaults(time.Second)
+}
+
+// A server with s slots: a sample's time to first content is its base,
+// plus, for each request over s, one more base of queueing inside it.
+func serverTTFT(limit float64, s int, base time.Duration) time.Duration {
+	over := math.Max(0, math.Floor(limit)-float64(s))
+	return base + time.Duration(over*float64(base))
+}
+
+func TestTheGradientFollowsCapacity(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		slots []int // the server's slots, one phase each
+		lo    float64
+		hi    float64
+	}{
+		{"settles near 8 slots from below", []int{8}, 6, 10},
+		{"comes down when capacity halves", []int{8, 4}, 3, 6},
+		{"goes back up when it returns", []int{4, 8}, 6, 10},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGradient(testConcurrency(ConcurrencyAdaptive, 64))
+			for _, s := range tt.slots {
+				for range 2000 {
+					g.sample(serverTTFT(g.limit, s, 20*time.Millisecond), 100, int(g.limit))
+				}
+			}
+			t.Logf("limit %.1f", g.limit)
+			if g.limit < tt.lo || g.limit > tt.hi {
+				t.Fatalf("limit %.1f, want it in [%g, %g]", g.limit, tt.lo, tt.hi)
+			}
+		})
+	}
+}
+
+func TestTheGradientsRules(t *testing.T) {
+	t.Parallel()
+	c := testConcurrency(ConcurrencyAdaptive, 64)
+	t.Run("no move before min_samples", func(t *testing.T) {
+		t.Parallel()
+		g := newGradient(c)
+		for range c.Adaptive.MinSamples - 1 {
+			g.sample(10*time.Millisecond, 100, 4)
+		}
+		if g.limit != float64(c.Adaptive.Initial) {
+			t.Fatalf("limit %.1f moved before the baseline was known", g.limit)
+		}
+	})
+	t.Run("no growth while under half is used", func(t *testing.T) {
+		t.Parallel()
+		g := newGradient(c)
+		for range 100 {
+			g.sample(10*time.Millisecond, 100, 1)
+		}
+		if g.limit != float64(c.Adaptive.Initial) {
+			t.Fatalf("limit %.1f grew with 1 of it in flight", g.limit)
+		}
+	})
+	t.Run("prompt sizes keep their own baselines", func(t *testing.T) {
+		t.Parallel()
+		g := newGradient(c)
+		for i := range 400 { // long prompts start 10× later, steadily: no load
+			size, ttft := 100, 10*time.Millisecond
+			if i%2 == 1 {
+				size, ttft = 200<<10, 100*time.Millisecond
+			}
+			g.sample(ttft, size, int(g.limit))
+		}
+		if g.limit < 32 {
+			t.Fatalf("limit %.1f: long prompts were read as load", g.limit)
+		}
+	})
+	t.Run("an overload backs off by a fifth, never under min", func(t *testing.T) {
+		t.Parallel()
+		g := newGradient(c)
+		g.limit = 10
+		g.backoff()
+		if g.limit != 8 {
+			t.Fatalf("limit %.1f after a backoff from 10, want 8", g.limit)
+		}
+		for range 50 {
+			g.backoff()
+		}
+		if g.limit != float64(c.Adaptive.Min) {
+			t.Fatalf("limit %.2f, want the floor %d", g.limit, c.Adaptive.Min)
+		}
+	})
+	t.Run("never above max", func(t *testing.T) {
+		t.Parallel()
+		g := newGradient(testConcurrency(ConcurrencyAdaptive, 6))
+		for range 500 {
+			g.sample(10*time.Millisecond, 100, int(g.limit))
+		}
+		if g.limit != 6 {
+			t.Fatalf("limit %.1f, want the ceiling 6", g.limit)
+		}
+	})
+}
+
+// acquireAsync starts an acquire and returns where its result goes.
+func acquireAsync(c *concurrency, r LeaseRequest) chan LeaseResult {
+	ch := make(chan LeaseResult, 1)
+	go func() {
+		res, _ := c.acquire(r)
+		ch <- res
+	}()
+	return ch
+}
+
+// waitQueued waits (up to 2 s) until n requests wait in c's queue.
+func waitQueued(t *testing.T, c *concurrency, n int) {
+	t.Helper()
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		w := c.waiting
+		c.mu.Unlock()
+		if w == n {
+			return
+		}
+	}
+	t.Fatalf("%d waiting, want %d", c.waiting, n)
+}
+
+func TestTheConcurrencyQueue(t *testing.T) {
+	t.Parallel()
+	long := LeaseRequest{Wait: 5 * time.Second}
+	t.Run("interactive before batch, tenants in turn", func(t *testing.T) {
+		t.Parallel()
+		c := newConcurrency(testConcurrency(ConcurrencyFixed, 1))
+		if res, _ := c.acquire(long); res != LeaseTaken {
+			t.Fatal("the first place was not taken at once")
+		}
+		var order []chan LeaseResult
+		for _, r := range []LeaseRequest{
+			{Wait: 5 * time.Second, Priority: PriorityBatch, Tenant: 1},
+			{Wait: 5 * time.Second, Tenant: 1},
+			{Wait: 5 * time.Second, Tenant: 1},
+			{Wait: 5 * time.Second, Tenant: 2},
+		} {
+			order = append(order, acquireAsync(c, r))
+			waitQueued(t, c, len(order))
+		}
+		// Interactive first, tenant 1 and 2 in turn, then batch.
+		for _, i := range []int{1, 3, 2, 0} {
+			c.release(PriorityInteractive, Sample{}, time.Now())
+			if res := <-order[i]; res != LeaseWaited {
+				t.Fatalf("waiter %d: %v", i, res)
+			}
+		}
+	})
+	t.Run("batch gets every fourth place while interactive waits", func(t *testing.T) {
+		t.Parallel()
+		c := newConcurrency(testConcurrency(ConcurrencyFixed, 1))
+		c.acquire(long)
+		b := acquireAsync(c, LeaseRequest{Wait: 5 * time.Second, Priority: PriorityBatch})
+		waitQueued(t, c, 1)
+		is := make([]chan LeaseResult, 4)
+		for i := range is {
+			is[i] = acquireAsync(c, long)
+			waitQueued(t, c, i+2)
+		}
+		for i := range 3 {
+			c.release(PriorityInteractive, Sample{}, time.Now())
+			<-is[i]
+		}
+		c.release(PriorityInteractive, Sample{}, time.Now())
+		select {
+		case <-b:
+		case <-is[3]:
+			t.Fatal("the fourth place went to interactive: batch starves")
+		}
+	})
+	t.Run("batch holds at most its share", func(t *testing.T) {
+		t.Parallel()
+		cc := testConcurrency(ConcurrencyFixed, 4)
+		cc.BatchShare = 0.5
+		c := newConcurrency(cc)
+		batch := LeaseRequest{Wait: 20 * time.Millisecond, Priority: PriorityBatch}
+		for range 2 {
+			if res, _ := c.acquire(batch); res != LeaseTaken {
+				t.Fatal("batch under its share waited")
+			}
+		}
+		if res, _ := c.acquire(batch); res != LeaseTimedOut {
+			t.Fatalf("a third batch request: %v, want it held back", res)
+		}
+		if res, _ := c.acquire(LeaseRequest{}); res != LeaseTaken {
+			t.Fatal("interactive found no place beside batch's share")
+		}
+	})
+	t.Run("a full queue sheds at once, with a wait from its drain", func(t *testing.T) {
+		t.Parallel()
+		cc := testConcurrency(ConcurrencyFixed, 1)
+		cc.Queue.Max = 1
+		c := newConcurrency(cc)
+		c.acquire(long)
+		now := time.Now()
+		c.release(PriorityInteractive, Sample{}, now) // a place freed every 100 ms
+		c.acquire(long)
+		c.release(PriorityInteractive, Sample{}, now.Add(100*time.Millisecond))
+		c.acquire(long)
+		w := acquireAsync(c, long)
+		waitQueued(t, c, 1)
+		start := time.Now()
+		res, ra := c.acquire(long)
+		if res != LeaseTimedOut || time.Since(start) > time.Second {
+			t.Fatalf("%v after %s, want shed at once", res, time.Since(start))
+		}
+		if ra < 150*time.Millisecond || ra > 250*time.Millisecond {
+			t.Fatalf("retry after %s, want about two places' drain (200 ms)", ra)
+		}
+		c.release(PriorityInteractive, Sample{}, time.Now())
+		<-w
+	})
+	t.Run("a wait times out, a client leaving leaves the queue", func(t *testing.T) {
+		t.Parallel()
+		c := newConcurrency(testConcurrency(ConcurrencyFixed, 1))
+		c.acquire(long)
+		if res, _ := c.acquire(LeaseRequest{Wait: 20 * time.Millisecond}); res != LeaseTimedOut {
+			t.Fatalf("%v, want a timeout", res)
+		}
+		gone := make(chan struct{})
+		w := acquireAsync(c, LeaseRequest{Wait: 5 * time.Second, Gone: gone})
+		waitQueued(t, c, 1)
+		close(gone)
+		if res := <-w; res != LeaseCancelled {
+			t.Fatalf("%v, want cancelled", res)
+		}
+		waitQueued(t, c, 0)
+		c.release(PriorityInteractive, Sample{}, time.Now())
+		if st := c.status(); st.InFlight != 0 {
+			t.Fatalf("%d in flight after every place went back", st.InFlight)
+		}
+	})
+}
