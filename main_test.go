@@ -27,7 +27,11 @@ import (
 // the binaries and servers they start (upstreamtest.RaiseParallel).
 func TestMain(m *testing.M) {
 	upstreamtest.RaiseParallel(8)
-	os.Exit(m.Run())
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir) // the binary buildOnce built: 40 MB a run otherwise left behind
+	}
+	os.Exit(code)
 }
 
 func TestVersionFlag(t *testing.T) {
@@ -103,18 +107,22 @@ func TestUpstreamFlagWithoutConfig(t *testing.T) {
 	}
 }
 
-// buildOnce builds the sturdy binary once per test run.
+// buildOnce builds the sturdy binary once per test run, into builtDir
+// (removed as the run ends).
 var buildOnce = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "sturdy-bin")
 	if err != nil {
 		return "", err
 	}
+	builtDir = dir
 	bin := filepath.Join(dir, "sturdy")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build: %v\n%s", err, out)
 	}
 	return bin, nil
 })
+
+var builtDir string
 
 // sturdyProc is a running sturdy binary.
 type sturdyProc struct {

@@ -128,7 +128,10 @@ type command struct {
 	s                           settings
 	name, fakeListen, sturdyBin string
 	// baseBin is another sturdy build measured beside this one (-base).
-	baseBin                          string
+	baseBin string
+	// built are the directories of the builds this run made, removed as
+	// it ends.
+	built                            []string
 	sturdyListen, targetURL, fakeURL string
 	out, chart                       string
 	noDirect                         bool
@@ -170,6 +173,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return 2
 	}
+	defer func() {
+		for _, d := range c.built {
+			os.RemoveAll(d)
+		}
+	}()
 	if _, ok := solos[c.name]; ok {
 		return c.runSolo(c.name, stdout, stderr)
 	}
@@ -279,7 +287,7 @@ func (c *command) sturdyBinary() (string, error) {
 	if c.sturdyBin != "" {
 		return c.sturdyBin, nil
 	}
-	return buildSturdy()
+	return c.buildSturdy()
 }
 
 // targets lists what the run measures: one -target, or direct, Sturdy
@@ -295,7 +303,7 @@ func (c *command) targets() ([]target, error) {
 	bin := c.sturdyBin
 	if bin == "" {
 		var err error
-		if bin, err = buildSturdy(); err != nil {
+		if bin, err = c.buildSturdy(); err != nil {
 			return nil, err
 		}
 	}
@@ -429,12 +437,14 @@ func fetchStats(url string) fakellm.Stats {
 	return st
 }
 
-// buildSturdy builds this checkout's sturdy binary into a temp dir.
-func buildSturdy() (string, error) {
+// buildSturdy builds this checkout's sturdy binary into a temp dir,
+// removed as the run ends.
+func (c *command) buildSturdy() (string, error) {
 	dir, err := os.MkdirTemp("", "sturdy-bench")
 	if err != nil {
 		return "", err
 	}
+	c.built = append(c.built, dir)
 	bin := filepath.Join(dir, "sturdy")
 	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
 	cmd.Dir = repoRoot()

@@ -176,3 +176,31 @@ func TestAPriorityHeaderIsReadWhereTheRouteLetsIt(t *testing.T) {
 		}
 	}
 }
+
+func TestAReloadKeepsWhatAnEndpointsLimitLearned(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Status: 200, Body: upstreamtest.ChatCompletion("ok")})
+	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")}}
+	o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyAdaptive}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Shutdown(t.Context()) }()
+	first := p.tbl.Load().upstreams[0].Endpoints()[0]
+	o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 100} // another setting of the upstream
+	if _, err := p.Reload(o); err != nil {
+		t.Fatal(err)
+	}
+	if p.tbl.Load().upstreams[0].Endpoints()[0] != first {
+		t.Fatal("a reload that kept the endpoint's settings built it anew: its limit starts over")
+	}
+	o.Upstreams[0].Concurrency.Max = 8
+	if _, err := p.Reload(o); err != nil {
+		t.Fatal(err)
+	}
+	ep := p.tbl.Load().upstreams[0].Endpoints()[0]
+	if ep == first || !ep.Concurrent() {
+		t.Fatal("a reload that changed the endpoint's concurrency kept the old limit")
+	}
+}

@@ -212,13 +212,20 @@ func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
 		ratio = t / b.long
 	}
 	// The baseline learns from what a reply takes when Sturdy's own load
-	// is not what slows it: while it is being learned, a sample within
-	// tolerance, or one taken with no more than half the limit (or the
-	// floor) in flight — so sustained queueing never becomes the
-	// baseline, and a baseline that truly moved (another model) is
-	// learned once the limit has come down. It falls faster than it
-	// rises, towards what an unloaded reply takes.
-	if b.n < g.o.MinSamples || ratio <= g.o.Tolerance || float64(inFlight) <= math.Max(float64(g.o.Min), g.limit/2) {
+	// is not what slows it: first the fastest of its first min_samples
+	// (an endpoint already loaded when Sturdy starts slows all of them but
+	// its least queued), then a sample within tolerance, or one taken with
+	// no more than half the limit (or the floor) in flight — so sustained
+	// queueing never becomes the baseline, and a baseline that truly moved
+	// (another model) is learned once the limit has come down. It falls
+	// faster than it rises, towards what an unloaded reply takes.
+	switch {
+	case b.n < g.o.MinSamples: // learning it: from the fastest, which the least queueing slowed
+		if b.n++; b.n == 1 || t < b.long {
+			b.long = t
+		}
+		ratio = t / b.long
+	case ratio <= g.o.Tolerance || float64(inFlight) <= math.Max(float64(g.o.Min), g.limit/2):
 		b.n++
 		w := 1 / float64(min(b.n, longWindow))
 		if t < b.long {
