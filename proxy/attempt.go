@@ -435,7 +435,11 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 		// stream_hold window) is the adaptive limit's signal.
 		s.Streamed = f == policy.FaultNone && status < 300 && ex.req.route.streamHold.Max <= 0 && !rp.heldToEnd &&
 			ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
-		s.Overload = f == policy.FaultTimeout || f == policy.FaultConnect || f == policy.FaultNone && (status == 503 || status == 529)
+		// A timeout is the endpoint's overload only when its own bound ran
+		// out (first_byte, first_token), not the request's deadline — a
+		// client's short timeout must not throttle every tenant.
+		s.Overload = f == policy.FaultTimeout && time.Now().Before(ex.req.deadline) || f == policy.FaultConnect ||
+			f == policy.FaultNone && (status == 503 || status == 529)
 	}
 	a.rp.sample = s
 }

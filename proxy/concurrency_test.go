@@ -175,6 +175,11 @@ func TestAPriorityHeaderIsReadWhereTheRouteLetsIt(t *testing.T) {
 			t.Errorf("x-sturdy-priority: %s: %d %s, want %s", tt.value, resp.StatusCode, body, tt.want)
 		}
 	}
+	for _, r := range up.Requests() {
+		if _, ok := r.Header["X-Sturdy-Priority"]; ok {
+			t.Fatal("x-sturdy-priority was sent on to the upstream")
+		}
+	}
 }
 
 func TestAReloadKeepsWhatAnEndpointsLimitLearned(t *testing.T) {

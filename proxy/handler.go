@@ -194,6 +194,7 @@ func (ex *exchange) prepare() {
 	// The body is already read whole: a 100-continue handshake upstream
 	// would only add a round trip.
 	h.DelBytes(hdrExpect)
+	h.DelBytes(hdrPriority) // Sturdy's own: the upstream has no use for it
 	h.ResetConnectionClose()
 	h.SetNoDefaultContentType(true)
 	h.SetBytesKV(hdrRequestID, q.id)

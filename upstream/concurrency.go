@@ -386,14 +386,16 @@ func (q *tenantQueue) empty() bool { return len(q.order) == 0 }
 func (c *concurrency) acquire(r LeaseRequest) (res LeaseResult, retryAfter time.Duration) {
 	pr := r.Priority
 	c.mu.Lock()
-	if c.waiting == 0 && c.free(pr) {
+	// Nobody of its class waits ahead of it (batch held back at its
+	// share does not hold interactive up), and a place is free.
+	if c.free(pr) && (c.waiting == 0 || pr == PriorityInteractive && c.queues[PriorityInteractive].empty()) {
 		c.take(pr)
 		c.mu.Unlock()
 		return LeaseTaken, 0
 	}
 	wait := min(r.Wait, c.opts.Queue.Timeout)
 	if c.waiting >= c.opts.Queue.Max || wait <= 0 {
-		ra := c.drainWait()
+		ra := c.drainWait(time.Now())
 		c.mu.Unlock()
 		return LeaseTimedOut, ra
 	}
@@ -420,19 +422,25 @@ func (c *concurrency) acquire(r LeaseRequest) (res LeaseResult, retryAfter time.
 		c.queues[pr].remove(w)
 		c.waiting--
 	}
-	return res, c.drainWait()
+	return res, c.drainWait(time.Now())
 }
 
 // drainWait is how long until the queue's last waiter would get a place
-// at the rate places were freed lately (at least a millisecond, at most
-// the queue's timeout); under mu.
-func (c *concurrency) drainWait() time.Duration {
+// at the rate places were freed lately — no faster than the time since
+// the last one was (a stalled queue is not draining) — at least
+// minDrainWait, at most the queue's timeout; under mu.
+func (c *concurrency) drainWait(now time.Time) time.Duration {
 	if c.gap <= 0 {
 		return c.opts.Queue.Timeout
 	}
-	d := time.Duration(c.gap * float64(c.waiting+1))
-	return min(max(d, time.Millisecond), c.opts.Queue.Timeout)
+	gap := math.Max(c.gap, float64(now.Sub(c.lastFree)))
+	d := time.Duration(gap * float64(c.waiting+1))
+	return min(max(d, minDrainWait), c.opts.Queue.Timeout)
 }
+
+// minDrainWait is the least wait a shed request is told: SDKs honour
+// retry-after-ms, and a retry a millisecond later finds the queue as full.
+const minDrainWait = 100 * time.Millisecond
 
 // put frees a place of class pr and gives it to the next waiter, if
 // any: interactive first, batch every batchTurn-th time while it waits,
@@ -484,7 +492,7 @@ func (c *concurrency) release(pr Priority, s Sample, now time.Time) {
 		case s.Overload:
 			c.g.backoff()
 		case s.Counts && s.Streamed:
-			c.g.sample(s.TTFT, s.Size, c.inFlight)
+			c.g.sample(s.TTFT, s.Size, c.inFlight-1) // the others in flight: this one is done
 		}
 	}
 	c.put(pr)

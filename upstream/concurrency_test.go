@@ -200,6 +200,38 @@ func TestTheConcurrencyQueue(t *testing.T) {
 			t.Fatal("interactive found no place beside batch's share")
 		}
 	})
+	t.Run("interactive takes a free place past batch held at its share", func(t *testing.T) {
+		t.Parallel()
+		c := newConcurrency(testConcurrency(ConcurrencyFixed, 4)) // batch may hold 3
+		batch := LeaseRequest{Wait: 5 * time.Second, Priority: PriorityBatch}
+		for range 3 {
+			c.acquire(batch)
+		}
+		queued := acquireAsync(c, batch)
+		waitQueued(t, c, 1)
+		if res, _ := c.acquire(LeaseRequest{Wait: 50 * time.Millisecond}); res != LeaseTaken {
+			t.Fatalf("%v: interactive waited behind batch that cannot be served, a place free", res)
+		}
+		c.release(PriorityBatch, Sample{}, time.Now())
+		if res := <-queued; res != LeaseWaited {
+			t.Fatalf("the queued batch request: %v", res)
+		}
+	})
+	t.Run("a stalled queue is not told its old drain", func(t *testing.T) {
+		t.Parallel()
+		cc := testConcurrency(ConcurrencyFixed, 1)
+		cc.Queue.Timeout = 10 * time.Second
+		c := newConcurrency(cc)
+		hourAgo := time.Now().Add(-time.Hour)
+		c.acquire(LeaseRequest{})
+		c.release(PriorityInteractive, Sample{}, hourAgo)
+		c.acquire(LeaseRequest{})
+		c.release(PriorityInteractive, Sample{}, hourAgo.Add(time.Millisecond)) // freed 1 ms apart, an hour ago
+		c.acquire(LeaseRequest{})
+		if _, ra := c.acquire(LeaseRequest{}); ra < time.Second {
+			t.Fatalf("retry after %s from an hour-old drain: the queue has been stalled since", ra)
+		}
+	})
 	t.Run("a full queue sheds at once, with a wait from its drain", func(t *testing.T) {
 		t.Parallel()
 		cc := testConcurrency(ConcurrencyFixed, 1)

@@ -45,7 +45,7 @@ func (up *Upstream) Pick(a *Ask) *Endpoint {
 		if ep.Usable(a.Model) && !Contains(a.Refused, ep) {
 			c.Weight = ep.weight(now, up.slowStart) * ep.soundness()
 		}
-		if cc := ep.conc; cc != nil { // by headroom: in flight ÷ limit, a full one last
+		if cc := ep.conc; cc != nil && up.balance == BalanceLeastRequests { // by headroom: in flight ÷ limit, a full one last
 			limit, full := cc.room()
 			c.Weight *= float64(limit)
 			c.Tried = c.Tried || full

@@ -423,7 +423,7 @@ func (env *Env) Forget(upstream string, ep *Endpoint) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.BreakerState, m.BreakerTransitions, m.ModelBreakerTransitions, m.ModelBreakerState, m.EndpointInFlight,
-		m.EndpointUp, m.Attempts} {
+		m.EndpointUp, m.Attempts, m.ConcurrencyLimit, m.ConcurrencyQueued} {
 		v.DeletePartialMatch(labels)
 	}
 }
