@@ -166,6 +166,11 @@ type Verdict struct {
 	Conn   Health
 }
 
+// Overload reports whether a reply's status says the server is
+// overloaded (503, or Anthropic's 529): an adaptive concurrency limit
+// backs off on it, and takes it instead of the reply breaker.
+func Overload(status int) bool { return status == 503 || status == 529 }
+
 // Classify maps an attempt's outcome to what Sturdy does with it. It is the
 // classification table of the README, in code.
 func Classify(o Outcome) Verdict {

@@ -372,9 +372,9 @@ func (v *visit) holdMore(a *attempt, limit int, scan *events.Scanner) (done bool
 				return false, policy.FaultReset
 			}
 		}
+		rp.heldToEnd = true // before its sample: a stream held whole is no stream's first content
 		v.sampled(a, policy.FaultNone)
 		a.rp.close()
-		rp.heldToEnd = true
 		return true, policy.FaultNone
 	case err != nil && upstream.IsTimeout(err):
 		return false, policy.FaultTimeout
@@ -439,7 +439,7 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 		// out (first_byte, first_token), not the request's deadline — a
 		// client's short timeout must not throttle every tenant.
 		s.Overload = f == policy.FaultTimeout && time.Now().Before(ex.req.deadline) || f == policy.FaultConnect ||
-			f == policy.FaultNone && (status == 503 || status == 529)
+			f == policy.FaultNone && policy.Overload(status)
 	}
 	a.rp.sample = s
 }

@@ -115,8 +115,8 @@ type loopState struct {
 	// ep is the endpoint of the current (or last) attempt.
 	ep   *upstream.Endpoint
 	stop policy.Stop
-	// lastStatus is the status of the last attempt that produced one
-	// (0: none did), for an error's details.
+	// lastStatus is the status of the last attempt (0: it produced
+	// none), for an error's details.
 	lastStatus int
 }
 

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"sturdy/policy"
 
 	"github.com/valyala/fasthttp"
 )
@@ -151,18 +150,4 @@ func credential(h *fasthttp.RequestHeader) (value, key []byte) {
 	}
 	k := h.PeekCanonical(hdrXAPIKey)
 	return k, k
-}
-
-// tenantOf is who a request is for in a concurrency queue's turns: a
-// hash of its credential (Bearer, else x-api-key: credential), 0 for
-// none. It only spreads turns, so a collision costs fairness, nothing
-// else; the key itself is kept nowhere.
-func tenantOf(h *fasthttp.RequestHeader) uint64 {
-	_, key := credential(h)
-	if len(key) == 0 {
-		return 0
-	}
-	k := policy.NewKeyHash()
-	k.Write(key)
-	return uint64(k)
 }

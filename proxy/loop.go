@@ -380,7 +380,7 @@ func (v *visit) send(a *attempt) {
 		cause = a.failureCause() // for what a breaker this opens says tripped it
 	}
 	health := vd.Health
-	if ep.Adaptive() && out.Fault == policy.FaultNone && (out.Status == 503 || out.Status == 529) {
+	if ep.Adaptive() && out.Fault == policy.FaultNone && policy.Overload(out.Status) {
 		health = policy.HealthExcluded // an overload: the adaptive limit backs off instead (upstream.Sample.Overload)
 	}
 	a.tk.Report(breakerResult(vd.Conn), breakerResult(health), cause)
@@ -390,9 +390,7 @@ func (v *visit) send(a *attempt) {
 	if vd.Class != policy.ClassRetryable && vd.Class != policy.ClassClientGone && up.Cooldowns().InStreak() {
 		up.Cooldowns().Succeeded(v.cooldownKey()) // a run of bare 429s ends
 	}
-	if out.Fault == policy.FaultNone {
-		lp.lastStatus = out.Status
-	}
+	lp.lastStatus = out.Status // 0 for a fault
 	if vd.Class != policy.ClassClientGone && out.Fault != policy.FaultStale && vd.Reason != policy.Reason429 {
 		ep.Outcome(vd.Class == policy.ClassRetryable) // a 429 is the quota's, not the replica's
 	}

@@ -211,17 +211,17 @@ func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Ac
 	lr := v.leaseRequest()
 	source := sourceConnections
 	if ep.Concurrent() {
-		lr.Priority, lr.Tenant, source = ex.req.priority, tenantOf(&ex.ctx.Request.Header), sourceConcurrency
+		cred, _ := credential(&ex.ctx.Request.Header) // its tenant: the hash the clients: buckets key by
+		lr.Priority, lr.Tenant, source = ex.req.priority, credHash(cred), sourceConcurrency
 	}
 	lease, r := ep.Lease(lr)
+	limit, wait := lease.Refusal()
 	ex.report().queued(start, r, source)
 	if source == sourceConcurrency {
-		by, _ := lease.Refusal()
-		ex.report().concurrencyQueued(v.t.up, lr.Priority, start, r, r == upstream.LeaseTimedOut && by == "concurrency")
+		ex.report().concurrencyQueued(v.t.up, lr.Priority, start, r, r == upstream.LeaseTimedOut && limit == "concurrency")
 	}
 	switch r {
 	case upstream.LeaseTimedOut:
-		limit, wait := lease.Refusal()
 		if wait <= 0 {
 			wait = time.Second
 		}

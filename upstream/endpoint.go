@@ -294,15 +294,16 @@ func (ep *Endpoint) takeClaim() *Hold {
 // LeaseWaited.
 func (ep *Endpoint) Lease(r LeaseRequest) (Lease, LeaseResult) {
 	var l Lease
-	start, res := time.Now(), LeaseTaken
+	res := LeaseTaken
 	if c := ep.conc; c != nil {
+		start := time.Now()
 		r.Priority = min(r.Priority, PriorityBatch)
 		var ra time.Duration
 		if res, ra = c.acquire(r); res == LeaseTimedOut || res == LeaseCancelled {
 			return Lease{by: "concurrency", retryAfter: ra}, res
 		}
 		l.conc, l.pr = true, r.Priority
-		r.Wait -= time.Since(start)
+		r.Wait -= time.Since(start) // what is left of it for a connection place
 	}
 	cres := ep.conns.Acquire(r)
 	if cres == LeaseTimedOut || cres == LeaseCancelled {
