@@ -144,16 +144,19 @@ const batchTurn = 4
 // gradient is Gradient2's control law (Netflix concurrency-limits) on an
 // endpoint's time to first content of streamed replies, from dispatch:
 // per prompt-size bucket a long average (an EWMA over about longWindow
-// samples of the replies Sturdy's own load did not slow — never a
-// minimum, which ratchets under sustained load; see sample) and a short
-// one of each sample's ratio to it; gradient
-// = clamp(tolerance ÷ short, 0.5, 1); new limit = limit · gradient + 1.
-// The queue allowance is 1, not Gradient2's constant 4: samples come one
-// per finished reply, and on a server with 8 slots an allowance of 4
-// would hold the limit half again above its capacity. A decrease is
-// smoothed (smoothing of it per sample), an increase is not, and the
-// limit does not grow while fewer than half of it are in flight. It
-// holds no lock: its endpoint's concurrency does.
+// samples, slow and fast alike, of the replies Sturdy's own load did not
+// slow — never a minimum, which ratchets under sustained load; see
+// learn) and a short one of each sample's ratio to it; gradient
+// = clamp(tolerance ÷ short, 0.5, 1); new limit = limit · gradient, + 1
+// while the gradient is 1. The queue allowance is 1, not Gradient2's
+// constant 4: samples come one per finished reply, and on a server with
+// 8 slots an allowance of 4 would hold the limit half again above its
+// capacity; and it is not added while the limit comes down, where a
+// constant would hold the limit at twice itself however slow the replies
+// (the floor is where a baseline is learned under saturation). A
+// decrease is smoothed (smoothing of it per sample), an increase is not,
+// and the limit does not grow while fewer than half of it are in flight.
+// It holds no lock: its endpoint's concurrency does.
 type gradient struct {
 	o     Adaptive
 	max   float64
@@ -181,10 +184,12 @@ const promptBuckets = 5
 // longWindow is about how many samples a bucket's long average spans;
 // shortWeight is a sample's weight in the short one.
 const (
-	longWindow  = 100
+	longWindow  = 50
 	shortWeight = 0.25
-	// fallWeight is the least weight of a sample below the baseline.
-	fallWeight = 0.25
+	// relearnAt: a short ratio under it says the replies come at under
+	// half their baseline: Gradient2 decays its long average there; one
+	// learned like this one learns it again.
+	relearnAt = 0.5
 )
 
 func promptBucket(size int) int {
@@ -200,46 +205,33 @@ func newGradient(c Concurrency) gradient {
 }
 
 // sample moves the limit by one sample: ttft of a reply to a request of
-// size bytes, inFlight requests in flight when it came.
+// size bytes, inFlight in flight (it among them) when it came.
 func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
-	b := &g.buckets[promptBucket(size)]
 	t := float64(ttft)
 	if t <= 0 {
 		return
 	}
-	ratio := 1.0
-	if b.n > 0 {
-		ratio = t / b.long
-	}
-	// The baseline learns from what a reply takes when Sturdy's own load
-	// is not what slows it: first the fastest of its first min_samples
-	// (an endpoint already loaded when Sturdy starts slows all of them but
-	// its least queued), then a sample within tolerance, or one taken with
-	// no more than half the limit (or the floor) in flight — so sustained
-	// queueing never becomes the baseline, and a baseline that truly moved
-	// (another model) is learned once the limit has come down. It falls
-	// faster than it rises, towards what an unloaded reply takes.
-	switch {
-	case b.n < g.o.MinSamples: // learning it: from the fastest, which the least queueing slowed
+	b := &g.buckets[promptBucket(size)]
+	if b.n < g.o.MinSamples { // learning it: from the fastest, which the least queueing slowed
 		if b.n++; b.n == 1 || t < b.long {
 			b.long = t
 		}
-		ratio = t / b.long
-	case ratio <= g.o.Tolerance || float64(inFlight) <= math.Max(float64(g.o.Min), g.limit/2):
-		b.n++
-		w := 1 / float64(min(b.n, longWindow))
-		if t < b.long {
-			w = math.Max(w, fallWeight)
-		}
-		b.long += (t - b.long) * w
-		ratio = t / b.long
+		return
 	}
-	if b.n < g.o.MinSamples {
-		return // the baseline is not known yet
+	if g.short < relearnAt {
+		// The replies left this baseline behind (a faster model, a
+		// prefix cache warmed): it is learned again, as at the start.
+		b.n, g.short = 0, 1
+		return
 	}
-	g.short += (ratio - g.short) * shortWeight
+	b.n++
+	b.long += (t - b.long) * g.learn(b.n, inFlight)
+	g.short += (t/b.long - g.short) * shortWeight
 	grad := math.Max(0.5, math.Min(1, g.o.Tolerance/g.short))
-	next := g.limit*grad + 1
+	next := g.limit * grad
+	if grad == 1 {
+		next++ // the queue allowance: only while the replies keep pace
+	}
 	switch {
 	case next > g.limit && float64(inFlight) < g.limit/2:
 		return // not using what it has: no sign it could use more
@@ -247,6 +239,23 @@ func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
 		next = g.limit*(1-g.o.Smoothing) + next*g.o.Smoothing
 	}
 	g.limit = math.Max(float64(g.o.Min), math.Min(g.max, next))
+}
+
+// learn is the weight of a sample in its bucket's long average (the
+// bucket's n-th): the long average follows slow and fast samples alike —
+// a baseline fed only the fast ones ratchets down under ordinary noise,
+// one fed every sample ratchets up under sustained queueing — but only
+// those taken with at most half the limit (or the floor) in flight, which
+// did not wait behind Sturdy's own load. Under saturation that is when
+// the limit is near its floor: a baseline too low (the fastest of the
+// first samples, under noise) brings the limit down until it is learned
+// again; one that truly moved (another model) is learned there in tens of
+// samples.
+func (g *gradient) learn(n, inFlight int) float64 {
+	if float64(inFlight) > math.Max(float64(g.o.Min), g.limit/2) {
+		return 0
+	}
+	return 1 / float64(min(n, longWindow))
 }
 
 // backoff cuts the limit by a fifth: a 503/529, a timeout or a failed
@@ -492,7 +501,7 @@ func (c *concurrency) release(pr Priority, s Sample, now time.Time) {
 		case s.Overload:
 			c.g.backoff()
 		case s.Counts && s.Streamed:
-			c.g.sample(s.TTFT, s.Size, c.inFlight-1) // the others in flight: this one is done
+			c.g.sample(s.TTFT, s.Size, c.inFlight)
 		}
 	}
 	c.put(pr)

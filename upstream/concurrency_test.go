@@ -1,7 +1,8 @@
 package upstream
 
 import (
-	"math"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -10,36 +11,74 @@ func testConcurrency(mode ConcurrencyMode, max int) Concurrency {
 	return Concurrency{Mode: mode, Max: max}.withDefaults(time.Second)
 }
 
-// A server with s slots: a sample's time to first content is its base,
-// plus, for each request over s, one more base of queueing inside it.
-func serverTTFT(limit float64, s int, base time.Duration) time.Duration {
-	over := math.Max(0, math.Floor(limit)-float64(s))
-	return base + time.Duration(over*float64(base))
+// phase is a model server for a while: slots parallel places, each
+// reply's time to first content base (± noise of it, uniformly), plus,
+// for a request behind the slots, one base per slots ahead of it inside
+// the server (vLLM or Ollama under load: no error, only waiting).
+type phase struct {
+	slots int
+	base  time.Duration
+	noise float64
+}
+
+// simulate runs g for 3,000 replies per phase under saturating load (the
+// limit always full) and returns the mean limit over the last phase's
+// last 2,000.
+func simulate(g *gradient, phases []phase) float64 {
+	r := rand.New(rand.NewPCG(1, 2))
+	var sum float64
+	for i, p := range phases {
+		for n := range 3000 {
+			inFlight := max(1, int(g.limit))
+			ttft := float64(p.base)*(1+p.noise*(2*r.Float64()-1)) + float64(r.IntN(inFlight)/p.slots)*float64(p.base)
+			g.sample(time.Duration(ttft), 100, inFlight)
+			if i == len(phases)-1 && n >= 1000 {
+				sum += g.limit
+			}
+		}
+	}
+	return sum / 2000
 }
 
 func TestTheGradientFollowsCapacity(t *testing.T) {
 	t.Parallel()
-	for _, tt := range []struct {
-		name  string
-		slots []int // the server's slots, one phase each
-		lo    float64
-		hi    float64
-	}{
-		{"settles near 8 slots from below", []int{8}, 6, 10},
-		{"comes down when capacity halves", []int{8, 4}, 3, 6},
-		{"goes back up when it returns", []int{4, 8}, 6, 10},
-	} {
+	const ms = time.Millisecond
+	type tc struct {
+		name   string
+		phases []phase
+		lo, hi float64
+	}
+	var cases []tc
+	for _, noise := range []float64{0, 0.25, 0.5, 1} {
+		// The limit settles at about 1–3 times the slots: the knee
+		// where the replies start tolerance (1.5) times later than their
+		// baseline, whatever the noise — a baseline fed only the fast
+		// samples once brought it down to 2 at ±75 % noise.
+		for _, c := range []tc{
+			{"settles near 8 slots", []phase{{slots: 8, base: 20 * ms}}, 8, 22},
+			{"settles near 2 slots", []phase{{slots: 2, base: 20 * ms}}, 2.5, 6},
+			{"comes down when capacity halves", []phase{{slots: 8, base: 20 * ms}, {slots: 4, base: 20 * ms}}, 4, 11},
+			{"goes back up when it returns", []phase{{slots: 4, base: 20 * ms}, {slots: 8, base: 20 * ms}}, 8, 22},
+			// Another model: the baseline is learned again, not stuck at the floor
+			// (slower) nor holding a queue of 2× the slots (faster).
+			{"follows a model 5× slower", []phase{{slots: 8, base: 20 * ms}, {slots: 8, base: 100 * ms}}, 8, 22},
+			{"follows a model 5× faster", []phase{{slots: 8, base: 100 * ms}, {slots: 8, base: 20 * ms}}, 8, 22},
+		} {
+			c.name = fmt.Sprintf("%s, ±%.0f%% noise", c.name, noise*100)
+			for i := range c.phases {
+				c.phases[i].noise = noise
+			}
+			cases = append(cases, c)
+		}
+	}
+	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			g := newGradient(testConcurrency(ConcurrencyAdaptive, 64))
-			for _, s := range tt.slots {
-				for range 2000 {
-					g.sample(serverTTFT(g.limit, s, 20*time.Millisecond), 100, int(g.limit))
-				}
-			}
-			t.Logf("limit %.1f", g.limit)
-			if g.limit < tt.lo || g.limit > tt.hi {
-				t.Fatalf("limit %.1f, want it in [%g, %g]", g.limit, tt.lo, tt.hi)
+			got := simulate(&g, tt.phases)
+			t.Logf("mean limit %.1f", got)
+			if got < tt.lo || got > tt.hi {
+				t.Fatalf("mean limit %.1f, want it in [%g, %g]", got, tt.lo, tt.hi)
 			}
 		})
 	}
