@@ -17,6 +17,7 @@ const (
 	fieldStatus        = "status"
 	fieldAttempts      = "attempts"
 	fieldRetries       = "retries"
+	fieldWaits         = "waits"
 	fieldStop          = "stop"
 	fieldBreaker       = "breaker"
 	fieldModelBreaker  = "model_breaker"
@@ -74,6 +75,28 @@ func (r retryNote) MarshalZerologObject(e *zerolog.Event) {
 	e.Float64("wait_ms", float64(r.wait)/float64(time.Millisecond))
 }
 
+// waits is the time a request waited, by who set the wait; logged in
+// milliseconds as {"concurrency":..,"server":..}, the sources that
+// waited only.
+type waits [waitSources]time.Duration
+
+func (w *waits) any() bool {
+	for _, d := range w {
+		if d > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *waits) MarshalZerologObject(e *zerolog.Event) {
+	for s, d := range w {
+		if d > 0 {
+			e.Float64(waitSource(s).String(), float64(d)/float64(time.Millisecond))
+		}
+	}
+}
+
 // targetList logs the targets tried as [{"upstream":..,"attempts":..,"result":..}].
 type targetList []targetNote
 
@@ -120,6 +143,9 @@ func (s *summary) logAccess(log *zerolog.Logger) {
 	}
 	if len(s.retries) > 0 {
 		ev.Array(fieldRetries, retryList(s.retries))
+	}
+	if s.waits.any() {
+		ev.Object(fieldWaits, &s.waits)
 	}
 	if s.stop.Ended() {
 		ev.Str(fieldStop, s.stop.String())

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
 
 	"sturdy/internal/upstreamtest"
@@ -121,6 +123,25 @@ func TestAFullConcurrencyQueueShedsWithAWaitOrFailsOver(t *testing.T) {
 	wg.Wait()
 	if statuses[0] != 200 || statuses[1] != 200 || held.Load() != 2 {
 		t.Fatalf("the holder and the queued one got %v (%d reached the server), want both answered", statuses, held.Load())
+	}
+	// The queued one's wait, and the two shed ones' (at once: the queue
+	// was full), are in the access lines (waits.concurrency) and the wait
+	// histogram — as they were: these requests are not traced.
+	var queued int
+	for _, line := range h.accessLines(4) {
+		waits, _ := line["waits"].(map[string]any)
+		if w, _ := waits["concurrency"].(float64); w > 0 {
+			if w > 5000 {
+				t.Fatalf("waits %v: more than the queue's timeout", line["waits"])
+			}
+			queued++
+		}
+	}
+	var m dto.Metric
+	_ = h.p.m.ConcurrencyWait.WithLabelValues("up").(prometheus.Histogram).Write(&m)
+	if queued != 3 || m.GetHistogram().GetSampleCount() != 3 || m.GetHistogram().GetSampleSum() > 10 {
+		t.Fatalf("%d access lines with a concurrency wait, want 3; wait histogram %d samples summing %gs, want 3 within the test's time",
+			queued, m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum())
 	}
 }
 

@@ -188,12 +188,15 @@ type response struct {
 	bytesOut   int64
 }
 
-// notes are what the access line lists: each retry and each target.
+// notes are what the access line lists: each retry and each target,
+// and the waits.
 type notes struct {
 	retries  [maxLoggedRetries]retryNote
 	nRetries int
 	tried    [maxLoggedTargets]targetNote
 	nTried   int
+	// waits is the time waited, by who set it (the access line's waits).
+	waits waits
 }
 
 // obstacle is a reason no attempt could be made on a target.

@@ -59,7 +59,7 @@ func (v *visit) block(o obstacle) {
 // leaves) first; false means it ended early, or that shutdown had already
 // begun, and ex.loop.stop says why. The timer is always stopped. source
 // says who set the wait (for a trace).
-func (v *visit) wait(d time.Duration, source string) bool {
+func (v *visit) wait(d time.Duration, source waitSource) bool {
 	ex := v.ex
 	ex.report().waiting(phase(ex.client.phase.Load()), d, source)
 	if d <= 0 {

@@ -216,9 +216,9 @@ func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Ac
 	}
 	lease, r := ep.Lease(lr)
 	limit, wait := lease.Refusal()
-	ex.report().queued(start, r, source)
+	waited := ex.report().queued(start, r, source)
 	if source == sourceConcurrency {
-		ex.report().concurrencyQueued(v.t.up, lr.Priority, start, r, r == upstream.LeaseTimedOut && limit == "concurrency")
+		ex.report().concurrencyQueued(v.t.up, lr.Priority, waited, r, r == upstream.LeaseTimedOut && limit == "concurrency")
 	}
 	switch r {
 	case upstream.LeaseTimedOut:

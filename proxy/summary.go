@@ -44,6 +44,8 @@ type summary struct {
 	// each retry with its reason.
 	targets []targetNote
 	retries []retryNote
+	// waits is the time waited by source (the notes').
+	waits waits
 	// rescue is what became of a stream cut mid-answer.
 	rescueTries, rescued int
 	rescuedBy, refused   string
@@ -68,7 +70,7 @@ func (s *summary) read(ex *exchange) {
 	*s = summary{id: ex.req.id, method: ex.ctx.Method(), path: rawPath(ex.ctx.Request.Header.RequestURI()), api: ex.req.call.API,
 		status: out.status, outcome: out.outcome, errCode: out.errCode, stop: lp.stop, attempts: lp.attempts,
 		streaming: out.streaming, bytesOut: out.bytesOut, ttfb: out.ttfb, ttft: out.ttft, dur: time.Since(ex.req.start),
-		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries],
+		targets: n.tried[:n.nTried], retries: n.retries[:n.nRetries], waits: n.waits,
 		rescueTries: rs.tries, rescued: rs.rescued, rescuedBy: rs.by, refused: rs.refused, seam: rs.seam}
 	s.traceID, s.traced = ex.tr.traceID()
 	if r := ex.req.route; r != nil {
@@ -182,15 +184,25 @@ func (r report) cooledDown(up *upstream.Upstream) { r.m.Cooldowns.WithLabelValue
 func (r report) riding(up *upstream.Upstream) { r.m.RideThroughs.WithLabelValues(up.Name()).Inc() }
 
 // waiting: the request waits d in phase in, set by source.
-func (r report) waiting(in phase, d time.Duration, source string) { r.tr.wait(in, d, source) }
+func (r report) waiting(in phase, d time.Duration, source waitSource) {
+	r.n.waits[source] += max(d, 0)
+	r.tr.wait(in, d, source)
+}
 
 // queueing: the request joins a queue (a max_in_flight slot, a
-// connection place); it returns when, for queued.
-func (r report) queueing() time.Time { return r.tr.queueStart() }
+// connection place, a concurrency place); it returns when, for queued.
+func (r report) queueing() time.Time { return time.Now() }
 
-// queued: the queue joined at start ended with res (source: whose).
-func (r report) queued(start time.Time, res upstream.LeaseResult, source string) {
-	r.tr.queued(start, res, source)
+// queued: the queue joined at start ended with res (source: whose); it
+// returns how long it waited.
+func (r report) queued(start time.Time, res upstream.LeaseResult, source waitSource) time.Duration {
+	if res == upstream.LeaseTaken {
+		return 0
+	}
+	d := time.Since(start)
+	r.n.waits[source] += d
+	r.tr.queued(start, d, source)
+	return d
 }
 
 // committed: the response began at at (streaming: relayed as it comes).
@@ -219,12 +231,13 @@ func (r report) cut(err error) { r.tr.attemptCut(err) }
 func (r report) continuationFailed() { r.tr.endAttempt() }
 
 // concurrencyQueued: a request of class pr asked for a place on an
-// endpoint of up with a concurrency limit at start, with result res; shed
+// endpoint of up with a concurrency limit, with result res after waiting
+// waited; shed
 // says that limit's queue turned it away. A wait is observed, a
 // refusal counted.
-func (r report) concurrencyQueued(up *upstream.Upstream, pr upstream.Priority, start time.Time, res upstream.LeaseResult, shed bool) {
+func (r report) concurrencyQueued(up *upstream.Upstream, pr upstream.Priority, waited time.Duration, res upstream.LeaseResult, shed bool) {
 	if res == upstream.LeaseWaited || shed {
-		r.m.ConcurrencyWait.WithLabelValues(up.Name()).Observe(time.Since(start).Seconds())
+		r.m.ConcurrencyWait.WithLabelValues(up.Name()).Observe(waited.Seconds())
 	}
 	if shed {
 		r.m.ConcurrencyShed.WithLabelValues(up.Name(), pr.String()).Inc()

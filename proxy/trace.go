@@ -82,18 +82,28 @@ const (
 	attrRescueResult  = attribute.Key("sturdy.rescue.result")
 )
 
-// The sources of a wait, as a trace names them.
+// waitSource is who set a wait: a trace's sturdy.wait.source, the
+// access line's waits.
+type waitSource uint8
+
+// The sources of a wait.
 const (
-	sourceSturdy      = "sturdy"          // Sturdy's own backoff
-	sourceServer      = "server"          // the upstream's Retry-After / retry-after-ms
-	sourceCooldown    = "cooldown"        // a cooldown learned from an earlier reply (here or in the fleet)
-	sourceRateLimit   = "rate_limit"      // the upstream's rate_limit, this replica's
-	sourceFleetLimit  = "fleet_limit"     // the upstream's rate_limit, the fleet's (Redis)
-	sourceInFlight    = "max_in_flight"   // a max_in_flight slot
-	sourceConnections = "max_connections" // a connection place
-	sourceConcurrency = "concurrency"     // a place under an endpoint's concurrency limit
-	sourceRideThrough = "ride_through"    // an endpoint to come back
+	sourceSturdy      waitSource = iota // Sturdy's own backoff
+	sourceServer                        // the upstream's Retry-After / retry-after-ms
+	sourceCooldown                      // a cooldown learned from an earlier reply (here or in the fleet)
+	sourceRateLimit                     // the upstream's rate_limit, this replica's
+	sourceFleetLimit                    // the upstream's rate_limit, the fleet's (Redis)
+	sourceInFlight                      // a max_in_flight slot
+	sourceConnections                   // a connection place
+	sourceConcurrency                   // a place under an endpoint's concurrency limit
+	sourceRideThrough                   // an endpoint to come back
+	waitSources                         // how many
 )
+
+var waitSourceNames = [waitSources]string{"sturdy", "server", "cooldown", "rate_limit", "fleet_limit", "max_in_flight",
+	"max_connections", "concurrency", "ride_through"}
+
+func (s waitSource) String() string { return waitSourceNames[s] }
 
 // tailSize is how much of a relayed body a traced request keeps: enough
 // for a stream's last event, where usage is told.
@@ -491,7 +501,7 @@ func (tr *traceState) endAttempt() {
 // wait notes a wait of d on the request's span, named for the phase it
 // is in (backoff, retry_after, cooldown, pacing, queue, ride_through),
 // with who set it.
-func (tr *traceState) wait(in phase, d time.Duration, source string) {
+func (tr *traceState) wait(in phase, d time.Duration, source waitSource) {
 	if tr == nil { // the request is not traced
 		return
 	}
@@ -499,31 +509,19 @@ func (tr *traceState) wait(in phase, d time.Duration, source string) {
 		return
 	}
 	tr.span.AddEvent(in.String(), trace.WithAttributes(
-		attrWaitMS.Float64(float64(d)/float64(time.Millisecond)), attrWaitSource.String(source)))
+		attrWaitMS.Float64(float64(d)/float64(time.Millisecond)), attrWaitSource.String(source.String())))
 }
 
-// queued notes a queue wait that began at start, when it had to wait
-// (zero start: not traced).
-func (tr *traceState) queued(start time.Time, r upstream.LeaseResult, source string) {
+// queued notes a queue wait of d that began at start.
+func (tr *traceState) queued(start time.Time, d time.Duration, source waitSource) {
 	if tr == nil { // the request is not traced
 		return
 	}
-	if !tr.rec || r == upstream.LeaseTaken {
+	if !tr.rec {
 		return
 	}
 	tr.span.AddEvent(phaseQueue.String(), trace.WithTimestamp(start), trace.WithAttributes(
-		attrWaitMS.Float64(float64(time.Since(start))/float64(time.Millisecond)), attrWaitSource.String(source)))
-}
-
-// queueStart is when a queue wait begins, read only when traced.
-func (tr *traceState) queueStart() time.Time {
-	if tr == nil {
-		return time.Time{}
-	}
-	if !tr.rec {
-		return time.Time{}
-	}
-	return time.Now()
+		attrWaitMS.Float64(float64(d)/float64(time.Millisecond)), attrWaitSource.String(source.String())))
 }
 
 // committed notes the moment the reply went to the client (at: its ttft)
