@@ -166,10 +166,39 @@ type Verdict struct {
 	Conn   Health
 }
 
-// Overload reports whether a reply's status says the server is
-// overloaded (503, or Anthropic's 529): an adaptive concurrency limit
-// backs off on it, and takes it instead of the reply breaker.
-func Overload(status int) bool { return status == 503 || status == 529 }
+// overloadStatus reports whether a reply's status says the server is
+// overloaded: 503, or Anthropic's 529.
+func overloadStatus(status int) bool { return status == 503 || status == 529 }
+
+// Overloaded reports whether outcome o says the endpoint is overloaded —
+// a 503/529, a failed connection, or a timeout of the endpoint's own
+// bound (first_byte, first_token; ownTimeout false: the request's
+// deadline ran out, and a client's short deadline must not throttle
+// every tenant) — but never a 429, which says the quota is spent, not
+// the server: an adaptive concurrency limit backs off on it.
+func Overloaded(o Outcome, ownTimeout bool) bool {
+	switch o.Fault {
+	case FaultNone:
+		return overloadStatus(o.Status)
+	case FaultConnect:
+		return true
+	case FaultTimeout:
+		return ownTimeout
+	}
+	return false
+}
+
+// ReplyHealth is what v, the verdict on o, tells the endpoint's reply
+// breaker; adaptive says the endpoint's concurrency limit is adaptive:
+// then a 503/529 reply feeds the limit (Overloaded) instead of the
+// breaker, so one overload does not open the breaker and hide the
+// recovery.
+func (v Verdict) ReplyHealth(o Outcome, adaptive bool) Health {
+	if adaptive && o.Fault == FaultNone && overloadStatus(o.Status) {
+		return HealthExcluded
+	}
+	return v.Health
+}
 
 // Classify maps an attempt's outcome to what Sturdy does with it. It is the
 // classification table of the README, in code.

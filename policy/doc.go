@@ -12,7 +12,8 @@
 //
 // The files, and what each decides:
 //
-//	classify.go    Classify: an attempt's Outcome → Verdict (class, reason, what each breaker hears; Label)
+//	classify.go    Classify: an attempt's Outcome → Verdict (class, reason, what each breaker hears; Label);
+//	               Overloaded (an adaptive limit's backoff) and Verdict.ReplyHealth (a 503/529 to the limit, not the breaker)
 //	decide.go      Retry.Decide after an attempt (DecideStale: a stale connection's replay); Clear before one (an Obstacle at a Gate)
 //	retry.go       Retry (a route's policy, WithDefaults), RetryOn, full-jitter Backoff
 //	stop.go        Stop: why the loop stopped, as logged and as said to the client

@@ -728,3 +728,38 @@ func TestParseOnTimeout(t *testing.T) {
 		}
 	}
 }
+
+func TestOverloadedAndWhatTheReplyBreakerHears(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		o          Outcome
+		ownTimeout bool
+		overloaded bool
+		adaptive   Health // what the reply breaker hears with an adaptive limit
+	}{
+		{"503", Outcome{Status: 503}, true, true, HealthExcluded},
+		{"529", Outcome{Status: 529}, true, true, HealthExcluded},
+		{"429 is the quota, not the load", Outcome{Status: 429}, true, false, HealthExcluded},
+		{"500", Outcome{Status: 500}, true, false, HealthFailure},
+		{"200", Outcome{Status: 200}, true, false, HealthSuccess},
+		{"a failed connection", Outcome{Fault: FaultConnect}, true, true, HealthExcluded},
+		{"its own timeout", Outcome{Fault: FaultTimeout}, true, true, HealthFailure},
+		{"the request's deadline", Outcome{Fault: FaultTimeout}, false, false, HealthFailure},
+		{"a reset", Outcome{Fault: FaultReset}, true, false, HealthExcluded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := Overloaded(tc.o, tc.ownTimeout); got != tc.overloaded {
+				t.Fatalf("Overloaded = %v, want %v", got, tc.overloaded)
+			}
+			v := Classify(tc.o)
+			if got := v.ReplyHealth(tc.o, true); got != tc.adaptive {
+				t.Fatalf("adaptive: the reply breaker hears %v, want %v", got, tc.adaptive)
+			}
+			if got := v.ReplyHealth(tc.o, false); got != v.Health {
+				t.Fatalf("not adaptive: the reply breaker hears %v, want the verdict's %v", got, v.Health)
+			}
+		})
+	}
+}

@@ -435,11 +435,7 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 		// stream_hold window) is the adaptive limit's signal.
 		s.Streamed = f == policy.FaultNone && status < 300 && ex.req.route.streamHold.Max <= 0 && !rp.heldToEnd &&
 			ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
-		// A timeout is the endpoint's overload only when its own bound ran
-		// out (first_byte, first_token), not the request's deadline — a
-		// client's short timeout must not throttle every tenant.
-		s.Overload = f == policy.FaultTimeout && time.Now().Before(ex.req.deadline) || f == policy.FaultConnect ||
-			f == policy.FaultNone && policy.Overload(status)
+		s.Overload = policy.Overloaded(policy.Outcome{Status: status, Fault: f}, f != policy.FaultTimeout || time.Now().Before(ex.req.deadline))
 	}
 	a.rp.sample = s
 }

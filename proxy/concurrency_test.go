@@ -230,3 +230,43 @@ func TestAReloadKeepsWhatAnEndpointsLimitLearned(t *testing.T) {
 		t.Fatal("a reload that changed the endpoint's concurrency kept the old limit")
 	}
 }
+
+// TestAQueuedRequestWaitsOneQueueTimeoutInAll: a request that waited
+// for its max_in_flight slot waits for a concurrency place only what is
+// left of queue_timeout, not a second one.
+func TestAQueuedRequestWaitsOneQueueTimeoutInAll(t *testing.T) {
+	t.Parallel()
+	const queueTimeout = 600 * time.Millisecond
+	release := make(chan struct{})
+	slow := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(upstreamtest.ChatCompletion("slow"))
+	}})
+	h := startProxy(t, slow, func(o *Options) {
+		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 2, queueTimeout
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1}
+	})
+	defer close(release) // before the proxy's shutdown waits for the holder
+	go h.chat("")        // holds the one place (and a slot)
+	for end := time.Now().Add(2 * time.Second); endpointConcurrency(t, h).InFlight == 0 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	go h.chat("") // holds the other slot, waiting for the place until it gives up
+	for end := time.Now().Add(2 * time.Second); endpointConcurrency(t, h).Queued[0] == 0 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(queueTimeout / 2)
+	start := time.Now()
+	resp, body := h.chat("") // waits for a slot (~300 ms), then for the place: what is left
+	took := time.Since(start)
+	if resp.StatusCode != 503 {
+		t.Fatalf("%d %s, want 503 upstream_busy", resp.StatusCode, body)
+	}
+	if took > queueTimeout+queueTimeout/3 {
+		t.Fatalf("it waited %v in queues, want about queue_timeout (%v) in all", took, queueTimeout)
+	}
+}

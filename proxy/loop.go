@@ -148,6 +148,10 @@ type visit struct {
 	// zero: not riding); rideDraw spreads the riders' release.
 	rideUntil time.Time
 	rideDraw  float64
+	// queuedAt is when it began waiting for its max_in_flight slot, until
+	// its first attempt has a place: the two waits share one
+	// queue_timeout.
+	queuedAt time.Time
 }
 
 // resultUnsupportedAPI is a target's result in the access log when the
@@ -168,6 +172,7 @@ func (v *visit) useTarget() policy.Action {
 		start := ex.report().queueing()
 		r := t.up.TakeSlot(v.leaseRequest())
 		ex.report().queued(start, r, sourceInFlight)
+		v.queuedAt = start
 		switch r {
 		case upstream.LeaseTimedOut:
 			return v.carry(v.clear(policy.ObstacleBusy, time.Second, 0, "max_in_flight"))
@@ -379,11 +384,7 @@ func (v *visit) send(a *attempt) {
 	if vd.Class == policy.ClassRetryable {
 		cause = a.failureCause() // for what a breaker this opens says tripped it
 	}
-	health := vd.Health
-	if ep.Adaptive() && out.Fault == policy.FaultNone && policy.Overload(out.Status) {
-		health = policy.HealthExcluded // an overload: the adaptive limit backs off instead (upstream.Sample.Overload)
-	}
-	a.tk.Report(breakerResult(vd.Conn), breakerResult(health), cause)
+	a.tk.Report(breakerResult(vd.Conn), breakerResult(vd.ReplyHealth(out, ep.Adaptive())), cause)
 	if vd.Class == policy.ClassRetryable && out.Fault != policy.FaultStale {
 		v.failedOn(ep)
 	}

@@ -215,6 +215,7 @@ func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Ac
 		lr.Priority, lr.Tenant, source = ex.req.priority, credHash(cred), sourceConcurrency
 	}
 	lease, r := ep.Lease(lr)
+	v.queuedAt = time.Time{} // a retry's wait for a place is its own
 	limit, wait := lease.Refusal()
 	waited := ex.report().queued(start, r, source)
 	if source == sourceConcurrency {
@@ -234,10 +235,15 @@ func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Ac
 
 // leaseRequest is this request's ask for a place on up (a max_in_flight
 // slot, a connection place): waiting up to queue_timeout within the
-// deadline, ended by shutdown or the client leaving. It has the default
-// priority and no tenant: today's queues are first come, first served.
+// deadline — what is left of it after the wait for the visit's
+// max_in_flight slot, for its first attempt — ended by shutdown or the
+// client leaving. It has the default priority and no tenant (a
+// concurrency queue's are set by takeConnection).
 func (v *visit) leaseRequest() upstream.LeaseRequest {
 	ex := v.ex
-	return upstream.LeaseRequest{Wait: min(v.t.up.Options().QueueTimeout, time.Until(ex.req.deadline)),
-		Cancel: ex.p.stopping, Gone: ex.client.gone()}
+	wait := v.t.up.Options().QueueTimeout
+	if !v.queuedAt.IsZero() {
+		wait -= time.Since(v.queuedAt)
+	}
+	return upstream.LeaseRequest{Wait: min(wait, time.Until(ex.req.deadline)), Cancel: ex.p.stopping, Gone: ex.client.gone()}
 }

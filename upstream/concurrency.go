@@ -283,6 +283,11 @@ type concurrency struct {
 	// is told.
 	gap      float64
 	lastFree time.Time
+	// backedOff is when an overload last backed the limit off: the
+	// requests already in flight then were sent under the limit it cut,
+	// and their overloads do not cut it again (once per round trip, not
+	// once per request of a burst).
+	backedOff time.Time
 }
 
 func newConcurrency(c Concurrency) *concurrency {
@@ -481,10 +486,11 @@ func (c *concurrency) put(pr Priority) {
 	}
 }
 
-// release gives back a place of class pr, with what the attempt that
-// held it reports (s): a streamed reply's time to first content moves
-// an adaptive limit, an overload backs it off.
-func (c *concurrency) release(pr Priority, s Sample, now time.Time) {
+// release gives back a place of class pr, taken at taken, with what the
+// attempt that held it reports (s): a streamed reply's time to first
+// content moves an adaptive limit, an overload backs it off (once per
+// round trip: see backedOff).
+func (c *concurrency) release(pr Priority, s Sample, taken, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.lastFree.IsZero() {
@@ -499,7 +505,10 @@ func (c *concurrency) release(pr Priority, s Sample, now time.Time) {
 	if c.opts.Mode == ConcurrencyAdaptive {
 		switch {
 		case s.Overload:
-			c.g.backoff()
+			if taken.After(c.backedOff) {
+				c.g.backoff()
+				c.backedOff = now
+			}
 		case s.Counts && s.Streamed:
 			c.g.sample(s.TTFT, s.Size, c.inFlight)
 		}
@@ -507,12 +516,15 @@ func (c *concurrency) release(pr Priority, s Sample, now time.Time) {
 	c.put(pr)
 }
 
-// room is the endpoint's limit now, and whether every place under it is
-// taken (a request there would queue): a pool balances by headroom.
-func (c *concurrency) room() (limit int, full bool) {
+// room is the endpoint's limit now, whether every place under it is
+// taken (a request there would queue) and whether its queue is full too
+// (one there would be shed): a pool balances by headroom and sends a
+// request elsewhere before it is shed.
+func (c *concurrency) room() (limit int, full, shedding bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.limit(), c.inFlight >= c.limit()
+	full = c.inFlight >= c.limit()
+	return c.limit(), full, full && c.waiting >= c.opts.Queue.Max
 }
 
 // ConcurrencyStatus is an endpoint's concurrency as /debug/upstreams

@@ -3,6 +3,7 @@ package upstream
 import (
 	"fmt"
 	"math/rand/v2"
+	"sturdy/internal/upstreamtest"
 	"testing"
 	"time"
 )
@@ -193,7 +194,7 @@ func TestTheConcurrencyQueue(t *testing.T) {
 		}
 		// Interactive first, tenant 1 and 2 in turn, then batch.
 		for _, i := range []int{1, 3, 2, 0} {
-			c.release(PriorityInteractive, Sample{}, time.Now())
+			c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
 			if res := <-order[i]; res != LeaseWaited {
 				t.Fatalf("waiter %d: %v", i, res)
 			}
@@ -211,10 +212,10 @@ func TestTheConcurrencyQueue(t *testing.T) {
 			waitQueued(t, c, i+2)
 		}
 		for i := range 3 {
-			c.release(PriorityInteractive, Sample{}, time.Now())
+			c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
 			<-is[i]
 		}
-		c.release(PriorityInteractive, Sample{}, time.Now())
+		c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
 		select {
 		case <-b:
 		case <-is[3]:
@@ -251,7 +252,7 @@ func TestTheConcurrencyQueue(t *testing.T) {
 		if res, _ := c.acquire(LeaseRequest{Wait: 50 * time.Millisecond}); res != LeaseTaken {
 			t.Fatalf("%v: interactive waited behind batch that cannot be served, a place free", res)
 		}
-		c.release(PriorityBatch, Sample{}, time.Now())
+		c.release(PriorityBatch, Sample{}, time.Time{}, time.Now())
 		if res := <-queued; res != LeaseWaited {
 			t.Fatalf("the queued batch request: %v", res)
 		}
@@ -263,9 +264,9 @@ func TestTheConcurrencyQueue(t *testing.T) {
 		c := newConcurrency(cc)
 		hourAgo := time.Now().Add(-time.Hour)
 		c.acquire(LeaseRequest{})
-		c.release(PriorityInteractive, Sample{}, hourAgo)
+		c.release(PriorityInteractive, Sample{}, time.Time{}, hourAgo)
 		c.acquire(LeaseRequest{})
-		c.release(PriorityInteractive, Sample{}, hourAgo.Add(time.Millisecond)) // freed 1 ms apart, an hour ago
+		c.release(PriorityInteractive, Sample{}, time.Time{}, hourAgo.Add(time.Millisecond)) // freed 1 ms apart, an hour ago
 		c.acquire(LeaseRequest{})
 		if _, ra := c.acquire(LeaseRequest{}); ra < time.Second {
 			t.Fatalf("retry after %s from an hour-old drain: the queue has been stalled since", ra)
@@ -278,9 +279,9 @@ func TestTheConcurrencyQueue(t *testing.T) {
 		c := newConcurrency(cc)
 		c.acquire(long)
 		now := time.Now()
-		c.release(PriorityInteractive, Sample{}, now) // a place freed every 100 ms
+		c.release(PriorityInteractive, Sample{}, time.Time{}, now) // a place freed every 100 ms
 		c.acquire(long)
-		c.release(PriorityInteractive, Sample{}, now.Add(100*time.Millisecond))
+		c.release(PriorityInteractive, Sample{}, time.Time{}, now.Add(100*time.Millisecond))
 		c.acquire(long)
 		w := acquireAsync(c, long)
 		waitQueued(t, c, 1)
@@ -292,7 +293,7 @@ func TestTheConcurrencyQueue(t *testing.T) {
 		if ra < 150*time.Millisecond || ra > 250*time.Millisecond {
 			t.Fatalf("retry after %s, want about two places' drain (200 ms)", ra)
 		}
-		c.release(PriorityInteractive, Sample{}, time.Now())
+		c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
 		<-w
 	})
 	t.Run("a wait times out, a client leaving leaves the queue", func(t *testing.T) {
@@ -310,9 +311,69 @@ func TestTheConcurrencyQueue(t *testing.T) {
 			t.Fatalf("%v, want cancelled", res)
 		}
 		waitQueued(t, c, 0)
-		c.release(PriorityInteractive, Sample{}, time.Now())
+		c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
 		if st := c.status(); st.InFlight != 0 {
 			t.Fatalf("%d in flight after every place went back", st.InFlight)
 		}
 	})
+}
+
+func TestABurstOfOverloadsBacksOffOncePerRoundTrip(t *testing.T) {
+	t.Parallel()
+	c := newConcurrency(testConcurrency(ConcurrencyAdaptive, 64))
+	c.g.limit = 10
+	sent := time.Now()
+	for range 10 { // ten in flight, all sent under the limit of 10
+		if res, _ := c.acquire(LeaseRequest{}); res != LeaseTaken {
+			t.Fatal("a place under the limit was not taken")
+		}
+	}
+	at := sent.Add(time.Second)
+	for i := range 10 { // …and all meet a 503 together
+		c.release(PriorityInteractive, Sample{Overload: true}, sent, at.Add(time.Duration(i)*time.Millisecond))
+	}
+	if c.g.limit != 8 {
+		t.Fatalf("limit %.2f after a burst of 10 overloads from 10, want 8: one cut per round trip, not 0.8¹⁰", c.g.limit)
+	}
+	c.acquire(LeaseRequest{})
+	c.release(PriorityInteractive, Sample{Overload: true}, at.Add(time.Second), at.Add(2*time.Second))
+	if c.g.limit != 6.4 {
+		t.Fatalf("limit %.2f, want 6.4: an overload of one sent after the cut cuts again", c.g.limit)
+	}
+}
+
+func TestAPoolSendsARequestElsewhereBeforeItIsShed(t *testing.T) {
+	t.Parallel()
+	for name, b := range map[string]Balance{"least_requests": BalanceLeastRequests, "round_robin": BalanceRoundRobin,
+		"affinity": BalanceAffinity} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a, z := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"}), upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+			o := Options{Name: "up", Endpoints: []string{a.URL, z.URL}, Balance: b, MaxConnections: 8,
+				Concurrency: Concurrency{Mode: ConcurrencyFixed, Max: 1, Queue: Queue{Max: 1}}}
+			up, err := New(testEnv(), o.WithDefaults(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			up.Own()
+			t.Cleanup(up.Close)
+			eps := up.Endpoints()
+			for _, ep := range eps { // both at their limit…
+				if l, res := ep.Lease(LeaseRequest{}); res != LeaseTaken {
+					t.Fatal("no place")
+				} else {
+					t.Cleanup(func() { l.Release(Sample{}) })
+				}
+			}
+			gone := make(chan struct{})
+			t.Cleanup(func() { close(gone) })
+			go eps[0].Lease(LeaseRequest{Wait: 10 * time.Second, Gone: gone}) // …and the first one's queue full
+			waitQueued(t, eps[0].conc, 1)
+			for key := range uint64(20) {
+				if ep := up.Pick(&Ask{Key: key, HasKey: true, Rand: func(n int64) int64 { return int64(key) % n }}); ep != eps[1] {
+					t.Fatalf("pick %d went to %s, whose queue is full, with room in %s's", key, ep.Addr(), eps[1].Addr())
+				}
+			}
+		})
+	}
 }

@@ -29,7 +29,9 @@
 // Who decides what:
 //   - which endpoint: policy.PickLeastRequests / PickRoundRobin /
 //     PickAffinity, in Pick, over the candidates' load, slow start
-//     weight and recent failures (Endpoint.weight, soundness);
+//     weight and recent failures (Endpoint.weight, soundness), and with
+//     concurrency on their headroom, one that would shed left out while
+//     another can take the request (weighRoom);
 //   - whether an endpoint may take an attempt: its connection breaker
 //     and its reply breaker of the model (Allow), its health checks and
 //     DNS (Out, Usable), max_ejected (mayEject);
@@ -38,7 +40,8 @@
 //     result back (Tickets.Report);
 //   - how many requests an endpoint takes at once, and who waits first:
 //     its concurrency (fixed, or gradient: Gradient2 on streamed replies'
-//     time to first content), under its own lock;
+//     time to first content; an overload backs it off once per round
+//     trip — what is an overload is policy.Overloaded), under its own lock;
 //   - why no endpoint can take a request, and until when: AllOut,
 //     NextChange (the request path asks policy.Clear what it means and
 //     does the waiting).

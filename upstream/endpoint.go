@@ -302,13 +302,16 @@ func (ep *Endpoint) Lease(r LeaseRequest) (Lease, LeaseResult) {
 		if res, ra = c.acquire(r); res == LeaseTimedOut || res == LeaseCancelled {
 			return Lease{by: "concurrency", retryAfter: ra}, res
 		}
-		l.conc, l.pr = true, r.Priority
-		r.Wait -= time.Since(start) // what is left of it for a connection place
+		l.conc, l.pr, l.taken = true, r.Priority, start
+		if res == LeaseWaited {
+			l.taken = time.Now()
+		}
+		r.Wait -= l.taken.Sub(start) // what is left of it for a connection place
 	}
 	cres := ep.conns.Acquire(r)
 	if cres == LeaseTimedOut || cres == LeaseCancelled {
 		if l.conc {
-			ep.conc.release(l.pr, Sample{}, time.Now())
+			ep.conc.release(l.pr, Sample{}, l.taken, time.Now())
 		}
 		return Lease{}, cres
 	}

@@ -339,9 +339,10 @@ type Sample struct {
 // soon a place is likely free (Refusal).
 type Lease struct {
 	ep *Endpoint
-	// conc says it holds a concurrency place, of class pr.
-	conc bool
-	pr   Priority
+	// conc says it holds a concurrency place, of class pr, taken at taken.
+	conc  bool
+	pr    Priority
+	taken time.Time
 	// by and retryAfter are a refusal's (by "": max_connections).
 	by         string
 	retryAfter time.Duration
@@ -372,6 +373,6 @@ func (l Lease) Release(s Sample) {
 	}
 	l.ep.conns.Release()
 	if l.conc {
-		l.ep.conc.release(l.pr, s, time.Now())
+		l.ep.conc.release(l.pr, s, l.taken, time.Now())
 	}
 }

@@ -38,19 +38,25 @@ func (up *Upstream) Pick(a *Ask) *Endpoint {
 		return nil
 	}
 	var buf [MaxPick]policy.Candidate
-	cs := buf[:0]
+	var shedBuf [MaxPick]bool
+	cs, shed := buf[:0], shedBuf[:0]
+	room := false // an endpoint that can take it would not shed it
 	now := time.Now()
 	for _, ep := range pool {
-		c := policy.Candidate{Load: ep.Load(), ID: ep.id, Tried: Contains(a.Tried, ep) || ep.Full()}
+		c, shedding := policy.Candidate{Load: ep.Load(), ID: ep.id, Tried: Contains(a.Tried, ep) || ep.Full()}, false
 		if ep.Usable(a.Model) && !Contains(a.Refused, ep) {
 			c.Weight = ep.weight(now, up.slowStart) * ep.soundness()
 		}
-		if cc := ep.conc; cc != nil && up.balance == BalanceLeastRequests { // by headroom: in flight ÷ limit, a full one last
-			limit, full := cc.room()
-			c.Weight *= float64(limit)
-			c.Tried = c.Tried || full
+		if cc := ep.conc; cc != nil {
+			shedding = up.weighRoom(&c, cc)
 		}
-		cs = append(cs, c)
+		room = room || c.Weight > 0 && !shedding
+		cs, shed = append(cs, c), append(shed, shedding)
+	}
+	for i := range cs {
+		if shed[i] && room {
+			cs[i].Weight = 0
+		}
 	}
 	i := -1
 	switch {
@@ -65,6 +71,24 @@ func (up *Upstream) Pick(a *Ask) *Endpoint {
 		return nil
 	}
 	return pool[i]
+}
+
+// weighRoom weighs c by its endpoint's concurrency (cc): by least
+// requests a pool balances by headroom (in flight ÷ limit), and by either
+// it or round robin one with a free place comes before one where the
+// request would queue (affinity queues where its cache is). It reports
+// whether cc's queue is full — a request there would be shed: Pick
+// leaves it out while another can take the request.
+func (up *Upstream) weighRoom(c *policy.Candidate, cc *concurrency) (shedding bool) {
+	limit, full, shedding := cc.room()
+	switch up.balance {
+	case BalanceLeastRequests:
+		c.Weight *= float64(limit)
+		c.Tried = c.Tried || full
+	case BalanceRoundRobin:
+		c.Tried = c.Tried || full
+	}
+	return shedding
 }
 
 // Usable reports whether ep may take a request of model: it is in
