@@ -270,3 +270,47 @@ func TestAQueuedRequestWaitsOneQueueTimeoutInAll(t *testing.T) {
 		t.Fatalf("it waited %v in queues, want about queue_timeout (%v) in all", took, queueTimeout)
 	}
 }
+
+// TestOnlyAStreamsFirstContentMovesAnAdaptiveLimit: a streamed reply's
+// first content is a sample (one that came in one write too); a reply
+// read whole, a stream that ended while Sturdy still held it for its
+// first content, and a stream held by stream_hold are not
+// (their first byte, or the moment they are let go, mixes in the
+// output's length).
+func TestOnlyAStreamsFirstContentMovesAnAdaptiveLimit(t *testing.T) {
+	t.Parallel()
+	sse := [][2]string{upstreamtest.SSEHeader}
+	for _, tc := range []struct {
+		name    string
+		step    upstreamtest.Step
+		hold    bool
+		samples int
+	}{
+		{"a stream, token by token", upstreamtest.Step{Header: sse, Chunks: upstreamtest.SSE("a", "b", "c"), ChunkDelay: 10 * time.Millisecond}, false, 3},
+		{"a reply read whole", upstreamtest.Step{Body: upstreamtest.ChatCompletion("ok")}, false, 0},
+		{"a stream in one write", upstreamtest.Step{Header: sse, Chunks: []string{strings.Join(upstreamtest.SSE("a", "b"), "")}}, false, 3},
+		{"a stream that ended while held, no content in it", upstreamtest.Step{Header: sse, Chunks: []string{
+			`data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}` + "\n\n", "data: [DONE]\n\n"}, ChunkDelay: 10 * time.Millisecond}, false, 0},
+		{"a stream under stream_hold", upstreamtest.Step{Header: sse, Chunks: upstreamtest.SSE("a", "b", "c"), ChunkDelay: 10 * time.Millisecond}, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.Start(t, tc.step, tc.step, tc.step)
+			h := startProxy(t, up.URL, func(o *Options) {
+				o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyAdaptive}
+				if tc.hold {
+					o.Routes[0].StreamHold = StreamHold{Max: 200 * time.Millisecond, Bytes: 1 << 10}
+				}
+			})
+			for range 3 {
+				if resp, body := h.do("POST", "/v1/chat/completions", streamBody, "Content-Type", "application/json"); resp.StatusCode != 200 {
+					t.Fatalf("%d %s", resp.StatusCode, body)
+				}
+			}
+			h.accessLines(3) // all three have ended, their leases given back
+			if st := endpointConcurrency(t, h); st.Samples[0] != tc.samples {
+				t.Fatalf("%d samples, want %d", st.Samples[0], tc.samples)
+			}
+		})
+	}
+}

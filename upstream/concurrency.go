@@ -168,10 +168,12 @@ type gradient struct {
 }
 
 // baseline is one prompt-size bucket's long average, in nanoseconds, of
-// n samples so far.
+// n samples since it was (re)learned.
 type baseline struct {
 	long float64
 	n    int
+	// samples counts every sample it had (n restarts when relearning).
+	samples int
 }
 
 // promptBuckets are the prompt sizes baselines are kept for: a request
@@ -212,6 +214,7 @@ func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
 		return
 	}
 	b := &g.buckets[promptBucket(size)]
+	b.samples++
 	if b.n < g.o.MinSamples { // learning it: from the fastest, which the least queueing slowed
 		if b.n++; b.n == 1 || t < b.long {
 			b.long = t
@@ -535,6 +538,11 @@ type ConcurrencyStatus struct {
 	InFlight int     `json:"in_flight"`
 	Queued   [2]int  `json:"queued"` // interactive, batch
 	Short    float64 `json:"short_ratio"`
+	// Long is each prompt-size bucket's long average in milliseconds
+	// (bodies under 2 KiB, 8, 32, 128 KiB, larger; 0: none yet), Samples
+	// how many samples it has had.
+	Long    [promptBuckets]float64 `json:"long_ms"`
+	Samples [promptBuckets]int     `json:"samples"`
 }
 
 func (c *concurrency) status() *ConcurrencyStatus {
@@ -544,6 +552,9 @@ func (c *concurrency) status() *ConcurrencyStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := &ConcurrencyStatus{Mode: c.opts.Mode.String(), Limit: c.limit(), InFlight: c.inFlight, Short: c.g.short}
+	for i, b := range c.g.buckets {
+		st.Long[i], st.Samples[i] = b.long/float64(time.Millisecond), b.samples
+	}
 	for i := range c.queues {
 		for _, ws := range c.queues[i].byTenant {
 			st.Queued[i] += len(ws)
