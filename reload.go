@@ -32,8 +32,9 @@ const (
 )
 
 // reloader applies a changed config to the running proxy: on SIGHUP and
-// when the config file changes. An invalid config is rejected with the
-// same message as -check, and the running one keeps serving.
+// when the config file, or the client_keys_file it names, changes. An
+// invalid config is rejected with the same message as -check, and the
+// running one keeps serving.
 type reloader struct {
 	s       settings
 	p       *proxy.Proxy
@@ -43,6 +44,59 @@ type reloader struct {
 	// current is running, for other goroutines (shutdown reads its
 	// grace and delay).
 	current atomic.Pointer[config.Config]
+	// w watches the config file's directory and the client_keys_file's
+	// (nil: not watching; reload with SIGHUP).
+	w *fsnotify.Watcher
+}
+
+// files are the files whose change reloads: the config file and the
+// client_keys_file it names (if any).
+func (r *reloader) files() []string {
+	var fs []string
+	if r.s.configPath != "" {
+		fs = append(fs, filepath.Clean(r.s.configPath))
+	}
+	if k := r.running.ClientKeysFile; k != "" {
+		fs = append(fs, filepath.Clean(k))
+	}
+	return fs
+}
+
+// watchKeys watches the running config's client_keys_file's directory
+// too (adding a directory already watched changes nothing).
+func (r *reloader) watchKeys() {
+	if r.w == nil || r.running.ClientKeysFile == "" {
+		return
+	}
+	if err := r.w.Add(filepath.Dir(r.running.ClientKeysFile)); err != nil {
+		r.log.Warn().Err(err).Msg("cannot watch client_keys_file; reload with SIGHUP")
+	}
+}
+
+// changes reports whether ev is a change of one of the files: by name in
+// its directory, or Kubernetes' ..data swap beside it.
+func (r *reloader) changes(ev fsnotify.Event) bool {
+	name := filepath.Clean(ev.Name)
+	for _, f := range r.files() {
+		if name == f || filepath.Base(name) == "..data" && filepath.Dir(name) == filepath.Dir(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// readFiles reads the files that reload as one (a file that cannot be
+// read reads as its error).
+func (r *reloader) readFiles() []byte {
+	var all []byte
+	for _, f := range r.files() {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			b = []byte(err.Error())
+		}
+		all = append(append(all, b...), 0)
+	}
+	return all
 }
 
 // reload loads the config again and swaps it in; reason says what
@@ -57,6 +111,7 @@ func (r *reloader) reload(reason string) bool {
 			}
 			r.running = cfg
 			r.current.Store(cfg)
+			r.watchKeys()
 			r.m.ConfigReloads.WithLabelValues("ok").Inc()
 			r.log.Info().Str("reason", reason).Int("upstreams", len(cfg.Upstreams)).Int("routes", len(cfg.Routes)).
 				Msg("config reloaded")
@@ -110,6 +165,8 @@ func (r *reloader) start(ctx context.Context, hup <-chan os.Signal) (done <-chan
 			r.log.Warn().Err(err).Msg("cannot watch the config file; reload with SIGHUP")
 		}
 	}
+	r.w = w
+	r.watchKeys()
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
@@ -124,7 +181,7 @@ func (r *reloader) start(ctx context.Context, hup <-chan os.Signal) (done <-chan
 // costs one second). The file's events meanwhile are this change's: they
 // are taken from events and dropped. false: ctx ended.
 func (r *reloader) settled(ctx context.Context, events <-chan fsnotify.Event) bool {
-	last, err := os.ReadFile(r.s.configPath)
+	last := r.readFiles()
 	for range settleReads {
 		t := time.NewTimer(settleEvery)
 	wait:
@@ -138,11 +195,11 @@ func (r *reloader) settled(ctx context.Context, events <-chan fsnotify.Event) bo
 				break wait
 			}
 		}
-		now, err2 := os.ReadFile(r.s.configPath)
-		if (err == nil) == (err2 == nil) && bytes.Equal(now, last) {
+		now := r.readFiles()
+		if bytes.Equal(now, last) {
 			return true
 		}
-		last, err = now, err2
+		last = now
 	}
 	return true
 }
@@ -154,7 +211,6 @@ func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.W
 		defer w.Close()
 		events, errs = w.Events, w.Errors
 	}
-	name := filepath.Base(r.s.configPath)
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	defer debounce.Stop()
@@ -165,7 +221,7 @@ func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.W
 		case <-hup:
 			r.reload("SIGHUP")
 		case ev := <-events:
-			if base := filepath.Base(ev.Name); base == name || base == "..data" {
+			if r.changes(ev) {
 				debounce.Reset(reloadDebounce)
 			}
 		case err := <-errs:

@@ -288,3 +288,42 @@ func TestAFileWrittenInPartsIsNotLoadedHalfWritten(t *testing.T) {
 		t.Fatalf("%d reloads, want 1:\n%s", n, s.logs.String())
 	}
 }
+
+// TestAChangedClientKeysFileReloads: client_keys_file, in a directory of
+// its own, is watched: a change applies, an invalid one is rejected with
+// its file, key and line, and the running keys keep serving.
+func TestAChangedClientKeysFileReloads(t *testing.T) {
+	t.Parallel()
+	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
+	keys := filepath.Join(t.TempDir(), "keys.yaml")
+	const hash = "3fc923743166bae134970eb2789df5145d8b8041e050acf18067986818f41d13" // sha256("sk-team")
+	writeFile(t, keys, "keys:\n  - {sha256: "+hash+", name: team, requests_per_second: 0.001, burst: 1}\n")
+	s := startReloadable(t, "client_keys_file: "+keys+"\nupstreams: [{name: model, url: "+a.URL+"}]\n")
+	get := func() int {
+		req, _ := http.NewRequest("GET", s.url+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer sk-team")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if first, second := get(), get(); first != 200 || second != 429 {
+		t.Fatalf("%d then %d, want 200 then the key's own limit's 429", first, second)
+	}
+	writeFile(t, keys, "keys:\n  - {sha256: "+hash+", name: team, requests_per_second: 100}\n")
+	eventually(t, "the key's new limit", func() bool { return get() == 200 })
+	writeFile(t, keys, "keys:\n  - {sha256: "+hash+", name: team}\n  - {sha256: nothex}\n")
+	eventually(t, "the rejection to be logged", func() bool { return strings.Contains(s.logs.String(), "config rejected") })
+	if !strings.Contains(s.logs.String(), "keys.yaml:3: keys[1].sha256: must be 64 hex digits") {
+		t.Fatalf("the rejection does not name the keys file, its line and key: %s", s.logs.String())
+	}
+	if get() != 200 {
+		t.Fatal("the running keys stopped serving")
+	}
+	if strings.Contains(s.logs.String(), "sk-team") {
+		t.Fatal("a client key reached the log")
+	}
+}

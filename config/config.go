@@ -12,6 +12,9 @@
 //     route, the one-upstream default (Default), secrets kept out of every
 //     message, and WriteProblems, which prints each problem with its key
 //     and line.
+//   - clientkeys.go: client_keys_file, read with the config (ParseClientKeys:
+//     its own keys and lines, bounded in size and count, a key only as
+//     ${VAR} or its SHA-256).
 //   - validate.go: the checks a parsed config must pass (Validate: each
 //     problem named by key and line; the caller exits 2), and Warnings:
 //     what is valid but most likely not meant, which -check and startup
@@ -52,6 +55,14 @@ type Config struct {
 	// Clients are per-client rate limits, each keyed by a header's value
 	// (hashed, never stored); every request must pass all of them.
 	Clients []ClientLimit `yaml:"clients"`
+	// ClientKeysFile names a YAML file of single client keys' settings
+	// (keys: [{sha256 or key: ${VAR}, name, priority, requests_per_second,
+	// burst}]), at most MaxClientKeysFileBytes and proxy.MaxClientKeys
+	// keys; read with the config, and a change to it reloads like one to
+	// the config. A relative path is the working directory's.
+	ClientKeysFile string `yaml:"client_keys_file"`
+	// ClientKeys are the keys ClientKeysFile lists, once read.
+	ClientKeys []ClientKey `yaml:"-"`
 	// Server bounds how clients may use the listener.
 	Server Server `yaml:"server"`
 	// TLS, when cert_file and key_file are set, serves the listener over

@@ -176,7 +176,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		want       []string // substrings of the message, in order of lines
 	}{
 		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
-			[]string{"t.yaml:2: listen_addr: unknown key (known: admin, admin_listen, auth, clients, listen, log, routes, server, shared_state, tls, tracing, upstreams)"}},
+			[]string{"t.yaml:2: listen_addr: unknown key (known: admin, admin_listen, auth, client_keys_file, clients, listen, log, routes, server, shared_state, tls, tracing, upstreams)"}},
 		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
 			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
 		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",

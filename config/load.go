@@ -34,6 +34,9 @@ type Problem struct {
 	// syntax marks yaml's own words about a document it cannot parse:
 	// they quote YAML's tokens, never a value (redact leaves them be).
 	syntax bool
+	// File names the file the problem is in when it is not the config
+	// file itself (client_keys_file).
+	File string
 }
 
 // Error is an invalid config: every problem found, in line order.
@@ -83,7 +86,11 @@ func (e *Error) Error() string {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
-		b.WriteString(e.File)
+		if p.File != "" {
+			b.WriteString(p.File)
+		} else {
+			b.WriteString(e.File)
+		}
 		if p.Line > 0 {
 			b.WriteString(":" + strconv.Itoa(p.Line))
 		}
@@ -149,6 +156,7 @@ func Parse(name string, data []byte) (*Config, error) {
 	c.expandEnv()
 	c.applyImplicitRoute()
 	problems = append(problems, c.readSecretFiles(idx)...)
+	keyProblems := c.readClientKeys(idx)
 	covered := func(key string) bool {
 		for k := range reported {
 			if key == k || strings.HasPrefix(key, k+".") || strings.HasPrefix(key, k+"[") {
@@ -163,9 +171,9 @@ func Parse(name string, data []byte) (*Config, error) {
 			problems = append(problems, p)
 		}
 	}
-	if len(problems) > 0 {
+	if len(problems) > 0 || len(keyProblems) > 0 {
 		sort.SliceStable(problems, func(i, j int) bool { return problems[i].Line < problems[j].Line })
-		return nil, &Error{File: name, Problems: problems}
+		return nil, &Error{File: name, Problems: append(problems, keyProblems...)}
 	}
 	return c, nil
 }

@@ -18,6 +18,7 @@ const (
 	fieldAttempts      = "attempts"
 	fieldRetries       = "retries"
 	fieldWaits         = "waits"
+	fieldClientKey     = "client_key"
 	fieldStop          = "stop"
 	fieldBreaker       = "breaker"
 	fieldModelBreaker  = "model_breaker"
@@ -137,6 +138,9 @@ func (s *summary) logAccess(log *zerolog.Logger) {
 			ev.Str(fieldBreaker, s.breaker)
 		}
 	}
+	if s.clientKey != "" {
+		ev.Str(fieldClientKey, s.clientKey)
+	}
 	ev.Int(fieldStatus, s.status).Int(fieldAttempts, s.attempts)
 	if len(s.targets) > 0 {
 		ev.Array(fieldTargets, targetList(s.targets))
@@ -160,15 +164,7 @@ func (s *summary) logAccess(log *zerolog.Logger) {
 		ev.Str(fieldPhase, s.gonePhase.String())
 	}
 	if s.rescueTries > 0 || s.refused != "" {
-		ev.Int(fieldRescued, s.rescued)
-		if s.rescued > 0 {
-			// The cut call never sent its usage: the continuation's is all
-			// the client got.
-			ev.Str(fieldRescuedBy, s.rescuedBy).Int64(fieldSeam, s.seam).Str(fieldFirstUsage, "unknown")
-		}
-		if s.refused != "" {
-			ev.Str(fieldRescueRefused, s.refused)
-		}
+		s.logRescue(ev)
 	}
 	if s.traced {
 		ev.Str(fieldTraceID, s.traceID.String())
@@ -180,4 +176,17 @@ func (s *summary) logAccess(log *zerolog.Logger) {
 		Float64(fieldDuration, float64(s.dur)/float64(time.Millisecond)).
 		Str(fieldOutcome, s.outcome).
 		Msg("request")
+}
+
+// logRescue adds to ev what became of a stream cut mid-answer.
+func (s *summary) logRescue(ev *zerolog.Event) {
+	ev.Int(fieldRescued, s.rescued)
+	if s.rescued > 0 {
+		// The cut call never sent its usage: the continuation's is all the
+		// client got.
+		ev.Str(fieldRescuedBy, s.rescuedBy).Int64(fieldSeam, s.seam).Str(fieldFirstUsage, "unknown")
+	}
+	if s.refused != "" {
+		ev.Str(fieldRescueRefused, s.refused)
+	}
 }

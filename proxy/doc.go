@@ -73,6 +73,7 @@
 //	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
 //	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
+//	clientkeys.go  single keys' settings (client_keys_file): by SHA-256, a key's own limit and class (classOf)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
 //	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet)
 //	               and what a table does with its news (adoptCooldown, hint)

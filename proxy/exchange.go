@@ -76,9 +76,12 @@ type outbound struct {
 	// place (admit): it lives as long as the request, and whatever keeps
 	// it longer copies it (breaker.Group and a trace's span do).
 	model string
-	// priority is its class in a concurrency queue (the route's, or the
-	// request's own x-sturdy-priority where the route lets it say).
+	// priority is its class in a concurrency queue (the route's, the
+	// request's own x-sturdy-priority where the route lets it say, or its
+	// client key's: clientKey.classOf).
 	priority upstream.Priority
+	// key is its client key's settings (client_keys_file), nil when none.
+	key *clientKey
 	// retry is the route's retry policy, with fewer attempts per target
 	// when the client is retrying on its own.
 	retry   policy.Retry

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -75,7 +76,7 @@ func (ex *exchange) admit() *apiError {
 	if ex.looped() {
 		return newError(CodeLoopDetected)
 	}
-	if _, key := credential(&ctx.Request.Header); !ex.tbl.authorized(key) {
+	if !ex.knowKey() {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}
@@ -107,9 +108,11 @@ func (ex *exchange) admit() *apiError {
 	if n := len(ctx.Request.Body()); n > r.maxBody {
 		return newError(CodeRequestTooLarge, fmt.Sprintf("route %q", r.name), r.maxBody)
 	}
-	if ex.req.priority, e = priorityOf(r, &ctx.Request.Header); e != nil {
+	pr, fromHeader, e := priorityOf(r, &ctx.Request.Header)
+	if e != nil {
 		return e
 	}
+	ex.req.priority = ex.req.key.classOf(pr, fromHeader)
 	ex.out.outcome = ""
 	return nil
 }
@@ -136,20 +139,38 @@ func malformed(ctx *fasthttp.RequestCtx, uri []byte) *apiError {
 	return nil
 }
 
+// knowKey reports whether the request's credential key is one auth
+// accepts (any, without auth keys), and finds its client_keys_file
+// settings; the key's SHA-256 is taken once, for both, and only when
+// either is configured.
+func (ex *exchange) knowKey() bool {
+	t := ex.tbl
+	if len(t.authKeys) == 0 && len(t.keys) == 0 {
+		return true
+	}
+	_, key := credential(&ex.ctx.Request.Header)
+	sum := sha256.Sum256(key)
+	if !t.authorized(len(key) > 0, &sum) {
+		return false
+	}
+	ex.req.key = t.keys[sum]
+	return true
+}
+
 // priorityOf is the class of a request on route r in a concurrency
 // queue: the route's, or its x-sturdy-priority where the route lets it
 // say (priority_header); a value that names no class is a bad request.
-func priorityOf(r *route, h *fasthttp.RequestHeader) (upstream.Priority, *apiError) {
+func priorityOf(r *route, h *fasthttp.RequestHeader) (pr upstream.Priority, fromHeader bool, e *apiError) {
 	v := h.PeekCanonical(hdrPriority)
 	if !r.priorityHeader || len(v) == 0 {
-		return r.priority, nil
+		return r.priority, false, nil
 	}
 	p, ok := upstream.ParsePriority(string(v))
 	if !ok {
-		return 0, newError(CodeBadRequest, fmt.Sprintf("x-sturdy-priority must be interactive or batch (got %s)",
+		return 0, false, newError(CodeBadRequest, fmt.Sprintf("x-sturdy-priority must be interactive or batch (got %s)",
 			strconv.Quote(spanText(v[:min(len(v), 32)]))))
 	}
-	return p, nil
+	return p, true, nil
 }
 
 // looped reports whether the request already went through this process:

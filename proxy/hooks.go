@@ -20,23 +20,45 @@ type hook interface {
 }
 
 // clientLimits is the clients: limits as a hook: each request takes one
-// from every limit whose key it carries; a request once admitted is not
-// given back (a limit of requests, not of their cost).
+// from every limit whose key it carries — its client key's own limit
+// (client_keys_file) in place of the entries keyed by credential; a
+// request once admitted is not given back (a limit of requests, not of
+// their cost).
 type clientLimits []*clientLimiter
 
 func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
-	for _, cl := range cls {
-		if wait, ok, e := takeClient(ex.p, &ex.ctx.Request.Header, cl, now); e != nil {
-			ex.out.outcome = outcomeSharedState
-			return e
-		} else if !ok {
-			ex.p.m.RateLimited.WithLabelValues("client").Inc()
-			ex.out.outcome = outcomeRateLimited
-			e := newError(CodeRateLimited, fmt.Sprintf("this client is over its limit of %g requests per second (by %s)",
-				cl.opts.RequestsPerSecond, cl.opts.KeyHeader))
-			e.retryAfter = wait
+	own := ex.req.key != nil && ex.req.key.limit != nil
+	if own {
+		if e := cls.take(ex, ex.req.key.limit, now, "this key"); e != nil {
 			return e
 		}
+	}
+	for _, cl := range cls {
+		if own && cl.byCredential {
+			continue // the key's own limit took its place
+		}
+		if e := cls.take(ex, cl, now, "this client"); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// take takes one request from limit cl for ex, or refuses it (who names
+// whose limit it is in the message).
+func (clientLimits) take(ex *exchange, cl *clientLimiter, now time.Time, who string) *apiError {
+	wait, ok, e := takeClient(ex.p, &ex.ctx.Request.Header, cl, now)
+	switch {
+	case e != nil:
+		ex.out.outcome = outcomeSharedState
+		return e
+	case !ok:
+		ex.p.m.RateLimited.WithLabelValues("client").Inc()
+		ex.out.outcome = outcomeRateLimited
+		e := newError(CodeRateLimited, fmt.Sprintf("%s is over its limit of %g requests per second (by %s)",
+			who, cl.opts.RequestsPerSecond, cl.opts.KeyHeader))
+		e.retryAfter = wait
+		return e
 	}
 	return nil
 }

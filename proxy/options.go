@@ -134,6 +134,35 @@ func (c ClientLimit) withDefaults() ClientLimit {
 	return c
 }
 
+// MaxClientKeys bounds the keys client_keys_file may list.
+const MaxClientKeys = upstream.MaxTrackedKeys
+
+// ClientKey is one client key's own settings (client_keys_file's keys[]
+// entries decode into it): the key is the request's credential — its
+// Bearer token, else its x-api-key — named by its SHA-256 or given
+// through ${VAR}, never written in the file itself.
+type ClientKey struct {
+	// SHA256 is the key's SHA-256, in hex; Key is the key itself, written
+	// as ${VAR} (the environment's value). Exactly one of the two.
+	SHA256 string `yaml:"sha256"`
+	Key    string `yaml:"key"`
+	// Name labels the key in the access line (client_key); it is not a
+	// secret.
+	Name string `yaml:"name"`
+	// Priority is the key's requests' class in a concurrency queue:
+	// batch pins it there (x-sturdy-priority cannot raise it);
+	// interactive lifts a batch route's (the header may still lower it).
+	// Unset: the route's.
+	Priority *upstream.Priority `yaml:"priority"`
+	// RequestsPerSecond and Burst are the key's own rate limit (burst
+	// defaults to the rate rounded up): it takes the place, for this key,
+	// of the clients: entries keyed by credential (the default
+	// key_header), or stands alone where there are none. 0: those
+	// entries' limit.
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	Burst             int     `yaml:"burst"`
+}
+
 // Route sends requests whose path starts with PathPrefix to Upstream. It
 // is the one shape of a route: the config file's routes[] entries decode
 // into it (the yaml keys below; package config validates it, with key and
@@ -260,6 +289,9 @@ type Options struct {
 	Routes    []Route
 	// Clients are per-client rate limits every request must pass.
 	Clients []ClientLimit
+	// ClientKeys are settings of single client keys (client_keys_file),
+	// at most MaxClientKeys.
+	ClientKeys []ClientKey
 	// AuthKeys, when set, are the keys clients must present as
 	// "Authorization: Bearer <key>" or "x-api-key: <key>" (credential);
 	// the client's Authorization and x-api-key are then never forwarded

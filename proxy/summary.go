@@ -46,6 +46,8 @@ type summary struct {
 	retries []retryNote
 	// waits is the time waited by source (the notes').
 	waits waits
+	// clientKey is its client key's name (client_keys_file), if it has one.
+	clientKey string
 	// rescue is what became of a stream cut mid-answer.
 	rescueTries, rescued int
 	rescuedBy, refused   string
@@ -83,6 +85,9 @@ func (s *summary) read(ex *exchange) {
 		}
 	}
 	s.cause = out.cause
+	if k := ex.req.key; k != nil {
+		s.clientKey = k.name
+	}
 	if out.outcome == outcomeClientGone {
 		s.gonePhase = phase(ex.client.gonePhase.Load())
 	}

@@ -26,6 +26,7 @@ type table struct {
 	routes    []*route // longest prefix first
 	upstreams []*upstream.Upstream
 	clients   []*clientLimiter
+	keys      clientKeys
 	// hooks run around every request's attempt loop (hooks.go): the
 	// client limits first.
 	hooks    hooks
@@ -155,7 +156,14 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 		}
 		t.clients = append(t.clients, newClientLimiter(co, evictions(m, mapClients)))
 	}
-	if len(t.clients) > 0 {
+	var prevKeys clientKeys
+	if prev != nil {
+		prevKeys = prev.keys
+	}
+	if t.keys, err = buildClientKeys(o.ClientKeys, prevKeys, evictions(m, mapClients)); err != nil {
+		return nil, nil, err
+	}
+	if len(t.clients) > 0 || t.keys.limited() {
 		t.hooks = append(t.hooks, clientLimits(t.clients))
 	}
 	var dropped []*upstream.Upstream
@@ -251,19 +259,18 @@ func apiName(api policy.API) string {
 }
 
 // authorized reports whether the request carries an accepted client key
-// (always true without auth). Every key is compared, in constant time, on
+// (always true without auth): some says it carries one, sum is its
+// SHA-256. Every key is compared, in constant time, on
 // hashes of equal length: timing tells nothing about the keys.
-func (t *table) authorized(key []byte) bool {
+func (t *table) authorized(some bool, sum *[sha256.Size]byte) bool {
 	if len(t.authKeys) == 0 {
 		return true
 	}
-	ok := len(key) > 0
-	got := sha256.Sum256(key)
 	match := 0
 	for i := range t.authKeys {
-		match |= subtle.ConstantTimeCompare(got[:], t.authKeys[i][:])
+		match |= subtle.ConstantTimeCompare(sum[:], t.authKeys[i][:])
 	}
-	return ok && match == 1
+	return some && match == 1
 }
 
 // match returns the route for a request: among routes whose prefix
