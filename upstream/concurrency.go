@@ -332,6 +332,9 @@ type waiter struct {
 	pr      Priority
 	tenant  uint64
 	granted bool
+	// shed says ready was closed to turn it away: a newcomer took its
+	// place in a full queue (displace).
+	shed bool
 }
 
 // tenantQueue is one class's waiters: a FIFO per tenant, served in turn
@@ -411,7 +414,7 @@ func (c *concurrency) acquire(r LeaseRequest) (res LeaseResult, retryAfter time.
 		return LeaseTaken, 0
 	}
 	wait := min(r.Wait, c.opts.Queue.Timeout)
-	if c.waiting >= c.opts.Queue.Max || wait <= 0 {
+	if wait <= 0 || c.waiting >= c.opts.Queue.Max && !c.displace(pr, r.Tenant) {
 		ra := c.drainWait(time.Now())
 		c.mu.Unlock()
 		return LeaseTimedOut, ra
@@ -425,6 +428,11 @@ func (c *concurrency) acquire(r LeaseRequest) (res LeaseResult, retryAfter time.
 	res = LeaseCancelled
 	select {
 	case <-w.ready:
+		if w.shed {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return LeaseTimedOut, c.drainWait(time.Now())
+		}
 		return LeaseWaited, 0
 	case <-t.C:
 		res = LeaseTimedOut
@@ -433,13 +441,51 @@ func (c *concurrency) acquire(r LeaseRequest) (res LeaseResult, retryAfter time.
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if w.granted { // given a place as the wait ended: it goes back
+	switch {
+	case w.granted: // given a place as the wait ended: it goes back
 		c.put(pr)
-	} else {
+	case w.shed: // turned away as the wait ended: out of the queue already
+		res = LeaseTimedOut
+	default:
 		c.queues[pr].remove(w)
 		c.waiting--
 	}
 	return res, c.drainWait(time.Now())
+}
+
+// displace makes room in a full queue for a newcomer of class pr and
+// tenant: the newest waiter of the tenant with the most waiters is
+// turned away — a batch one first, for an interactive newcomer — when
+// that tenant waits with more than the newcomer's would once it joined
+// (so a tenant flooding the queue cannot shut the others out of it, and
+// the queue's length stays bounded). false: nobody is displaced, the
+// newcomer is shed. Under mu.
+func (c *concurrency) displace(pr Priority, tenant uint64) bool {
+	for class := PriorityBatch; ; class-- {
+		q := &c.queues[class]
+		mine := len(q.byTenant[tenant])
+		if class != pr {
+			mine = -1 // any batch waiter gives way to an interactive newcomer
+		}
+		fattest, most := uint64(0), 0
+		for t, ws := range q.byTenant {
+			if len(ws) > most {
+				fattest, most = t, len(ws)
+			}
+		}
+		if most > mine+1 {
+			ws := q.byTenant[fattest]
+			w := ws[len(ws)-1]
+			q.remove(w)
+			c.waiting--
+			w.shed = true
+			close(w.ready)
+			return true
+		}
+		if class == pr || class == PriorityInteractive {
+			return false
+		}
+	}
 }
 
 // drainWait is how long until the queue's last waiter would get a place

@@ -296,6 +296,46 @@ func TestTheConcurrencyQueue(t *testing.T) {
 		c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
 		<-w
 	})
+	t.Run("a tenant flooding a full queue gives way to another", func(t *testing.T) {
+		t.Parallel()
+		cc := testConcurrency(ConcurrencyFixed, 1)
+		cc.Queue.Max = 2
+		c := newConcurrency(cc)
+		a, b := LeaseRequest{Wait: 5 * time.Second, Tenant: 1}, LeaseRequest{Wait: 5 * time.Second, Tenant: 2}
+		c.acquire(a)
+		a1 := acquireAsync(c, a)
+		waitQueued(t, c, 1)
+		a2 := acquireAsync(c, a)
+		waitQueued(t, c, 2) // full, all A's
+		b1 := acquireAsync(c, b)
+		if res := <-a2; res != LeaseTimedOut {
+			t.Fatalf("A's newest: %v, want it turned away for B", res)
+		}
+		waitQueued(t, c, 2)
+		for _, r := range []LeaseRequest{a, b} { // one each now: a newcomer of either is shed
+			if res, _ := c.acquire(r); res != LeaseTimedOut {
+				t.Fatalf("tenant %d with the queue full and even: %v, want shed", r.Tenant, res)
+			}
+		}
+		batch := b
+		batch.Priority = PriorityBatch
+		c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
+		if res := <-a1; res != LeaseWaited {
+			t.Fatalf("A's first: %v", res)
+		}
+		bt := acquireAsync(c, batch)
+		waitQueued(t, c, 2)
+		i3 := acquireAsync(c, LeaseRequest{Wait: 5 * time.Second, Tenant: 3})
+		if res := <-bt; res != LeaseTimedOut {
+			t.Fatalf("batch: %v, want it turned away for an interactive newcomer", res)
+		}
+		for _, w := range []chan LeaseResult{b1, i3} {
+			c.release(PriorityInteractive, Sample{}, time.Time{}, time.Now())
+			if res := <-w; res != LeaseWaited {
+				t.Fatalf("%v, want a place", res)
+			}
+		}
+	})
 	t.Run("a wait times out, a client leaving leaves the queue", func(t *testing.T) {
 		t.Parallel()
 		c := newConcurrency(testConcurrency(ConcurrencyFixed, 1))
