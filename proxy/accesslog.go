@@ -90,12 +90,17 @@ func (w *waits) any() bool {
 	return false
 }
 
-func (w *waits) MarshalZerologObject(e *zerolog.Event) {
+// dict is the waits as a zerolog dictionary (from zerolog's pool: a
+// pointer to the summary's array in an interface would move every
+// request's summary to the heap).
+func (w *waits) dict() *zerolog.Event {
+	e := zerolog.Dict()
 	for s, d := range w {
 		if d > 0 {
 			e.Float64(waitSource(s).String(), float64(d)/float64(time.Millisecond))
 		}
 	}
+	return e
 }
 
 // targetList logs the targets tried as [{"upstream":..,"attempts":..,"result":..}].
@@ -149,7 +154,7 @@ func (s *summary) logAccess(log *zerolog.Logger) {
 		ev.Array(fieldRetries, retryList(s.retries))
 	}
 	if s.waits.any() {
-		ev.Object(fieldWaits, &s.waits)
+		ev.Dict(fieldWaits, s.waits.dict())
 	}
 	if s.stop.Ended() {
 		ev.Str(fieldStop, s.stop.String())
