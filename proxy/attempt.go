@@ -75,9 +75,12 @@ type reply struct {
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
 	// ttft, and whether that counts: not for a stale connection's replay,
-	// nor for an attempt not sent or whose client left; see sampled).
-	lease  upstream.Lease
-	sample upstream.Sample
+	// nor for an attempt not sent or whose client left; see sampled);
+	// observed says a stream's first content was fed to an adaptive
+	// limit already.
+	lease    upstream.Lease
+	sample   upstream.Sample
+	observed bool
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader
@@ -104,7 +107,7 @@ func (rp *reply) reuse(conn *upstream.Hold) *reply {
 	} else {
 		rp.close()
 	}
-	rp.conn, rp.sample, rp.heldToEnd = conn, upstream.Sample{}, false
+	rp.conn, rp.sample, rp.heldToEnd, rp.observed = conn, upstream.Sample{}, false, false
 	return rp
 }
 
@@ -416,7 +419,8 @@ func (rp *reply) close() {
 }
 
 // sampled notes attempt a's sample as its head is read (f: none) or it
-// fails (f: how), for its lease's release (reply.close): its time to first
+// fails (f: how), for its lease's release (reply.close) — a stream's
+// first content feeds an adaptive limit at once (Lease.Observe): its time to first
 // token from when it was sent, counted unless it is a stale connection's
 // replay, its client left, or it failed before it was sent (a failed
 // dial, no connection, a stale connection's).
@@ -436,6 +440,10 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 		s.Streamed = f == policy.FaultNone && status < 300 && ex.req.route.streamHold.Max <= 0 && !rp.heldToEnd &&
 			ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
 		s.Overload = policy.Overloaded(policy.Outcome{Status: status, Fault: f}, f != policy.FaultTimeout || time.Now().Before(ex.req.deadline))
+		if s.Streamed && !a.rp.observed {
+			a.rp.observed = true // once an attempt: its first content
+			a.rp.lease.Observe(s)
+		}
 	}
 	a.rp.sample = s
 }

@@ -314,3 +314,43 @@ func TestOnlyAStreamsFirstContentMovesAnAdaptiveLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestAStreamsFirstContentIsASampleAsItComes: an adaptive limit hears of
+// a stream's first content while the stream still runs — fed when the
+// place was given back, the signal came a whole reply late, and the limit
+// swung far past the server's slots and back (the bench's overload
+// scenario).
+func TestAStreamsFirstContentIsASampleAsItComes(t *testing.T) {
+	t.Parallel()
+	end := make(chan struct{})
+	up := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			chunks := upstreamtest.SSE("a", "b")
+			_, _ = w.WriteString(chunks[0])
+			_ = w.Flush()
+			select {
+			case <-end:
+			case <-time.After(5 * time.Second):
+			}
+			_, _ = w.WriteString(strings.Join(chunks[1:], ""))
+		})
+	}})
+	h := startProxy(t, up, func(o *Options) {
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyAdaptive}
+	})
+	resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.Contains(line, `"a"`) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	st := endpointConcurrency(t, h)
+	close(end)
+	if st.Samples[0] != 1 || st.InFlight != 1 {
+		t.Fatalf("%d samples with %d in flight at the stream's first content, want 1 with it in flight", st.Samples[0], st.InFlight)
+	}
+}

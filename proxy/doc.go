@@ -36,7 +36,8 @@
 //   - breaker outcome: policy.Classify's Health, reported by send
 //     (upstream.Tickets.Report); the attempt's time to first token, and
 //     whether it counts, by reply.close as it gives the lease back
-//     (upstream.Lease.Release; sampled decides);
+//     (upstream.Lease.Release), a stream's first content to an adaptive
+//     limit as it comes (upstream.Lease.Observe); sampled decides;
 //   - waits end early on shutdown or when the client leaves: visit.wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving
 //     is noticed by the watcher (watch_linux.go) and acted on by

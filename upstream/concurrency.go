@@ -148,15 +148,20 @@ const batchTurn = 4
 // slow — never a minimum, which ratchets under sustained load; see
 // learn) and a short one of each sample's ratio to it; gradient
 // = clamp(tolerance ÷ short, 0.5, 1); new limit = limit · gradient, + 1
-// while the gradient is 1. The queue allowance is 1, not Gradient2's
-// constant 4: samples come one per finished reply, and on a server with
-// 8 slots an allowance of 4 would hold the limit half again above its
-// capacity; and it is not added while the limit comes down, where a
-// constant would hold the limit at twice itself however slow the replies
-// (the floor is where a baseline is learned under saturation). A
-// decrease is smoothed (smoothing of it per sample), an increase is not,
-// and the limit does not grow while fewer than half of it are in flight.
-// It holds no lock: its endpoint's concurrency does.
+// while the gradient is 1 and the sample itself kept pace; a decrease
+// smoothed (smoothing of it). That step is taken once a round — a limit's
+// worth of samples — spread over the round's samples (1/limit of it
+// each): a sample comes as a stream's first content does, a time to
+// first content after dispatch, but a place is freed only as the reply
+// ends, and a step per sample overshot to twice a server's slots and fell
+// to 1, again and again (the bench's overload scenario, and
+// TestTheGradientSettlesOnAStreamingServer). The queue allowance is 1, not
+// Gradient2's constant 4: on a server with 8 slots an allowance of 4
+// would hold the limit half again above its capacity, and one added while
+// the limit comes down would hold it at twice itself however slow the
+// replies (the floor is where a baseline is learned under saturation).
+// The limit does not grow while fewer than half of it are in flight. It
+// holds no lock: its endpoint's concurrency does.
 type gradient struct {
 	o     Adaptive
 	max   float64
@@ -231,9 +236,13 @@ func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
 	b.long += (t - b.long) * g.learn(b.n, inFlight)
 	g.short += (t/b.long - g.short) * shortWeight
 	grad := math.Max(0.5, math.Min(1, g.o.Tolerance/g.short))
+	// One step a round — a limit's worth of samples — spread over its
+	// samples: a sample comes a time to first content after dispatch,
+	// but a place is freed a whole reply later, and a step per sample
+	// overshot to twice a server's slots and fell to 1, again and again.
 	next := g.limit * grad
-	if grad == 1 {
-		next++ // the queue allowance: only while the replies keep pace
+	if grad == 1 && t/b.long <= g.o.Tolerance {
+		next++ // the queue allowance: only while the replies keep pace, this one too
 	}
 	switch {
 	case next > g.limit && float64(inFlight) < g.limit/2:
@@ -241,6 +250,7 @@ func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
 	case next < g.limit:
 		next = g.limit*(1-g.o.Smoothing) + next*g.o.Smoothing
 	}
+	next = g.limit + (next-g.limit)/g.limit
 	g.limit = math.Max(float64(g.o.Min), math.Min(g.max, next))
 }
 
@@ -536,9 +546,9 @@ func (c *concurrency) put(pr Priority) {
 }
 
 // release gives back a place of class pr, taken at taken, with what the
-// attempt that held it reports (s): a streamed reply's time to first
-// content moves an adaptive limit, an overload backs it off (once per
-// round trip: see backedOff).
+// attempt that held it reports (s): an overload backs an adaptive limit
+// off (once per round trip: see backedOff). A stream's first content
+// moved it already, as it came (observe).
 func (c *concurrency) release(pr Priority, s Sample, taken, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -551,18 +561,22 @@ func (c *concurrency) release(pr Priority, s Sample, taken, now time.Time) {
 		}
 	}
 	c.lastFree = now
-	if c.opts.Mode == ConcurrencyAdaptive {
-		switch {
-		case s.Overload:
-			if taken.After(c.backedOff) {
-				c.g.backoff()
-				c.backedOff = now
-			}
-		case s.Counts && s.Streamed:
-			c.g.sample(s.TTFT, s.Size, c.inFlight)
-		}
+	if c.opts.Mode == ConcurrencyAdaptive && s.Overload && taken.After(c.backedOff) {
+		c.g.backoff()
+		c.backedOff = now
 	}
 	c.put(pr)
+}
+
+// observe moves an adaptive limit by a stream's first content (s) as it
+// comes, its place still held (so counted in flight).
+func (c *concurrency) observe(s Sample) {
+	if c.opts.Mode != ConcurrencyAdaptive || !s.Counts || !s.Streamed {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.g.sample(s.TTFT, s.Size, c.inFlight)
 }
 
 // room is the endpoint's limit now, whether every place under it is

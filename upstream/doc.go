@@ -5,7 +5,7 @@
 //
 //	pick + lease  Upstream.Pick(Ask) → Endpoint.Lease(LeaseRequest) → Endpoint.Allow (breaker Tickets)
 //	send          Endpoint.Send(Hold, request, response, timeout) → upstreamTransport.RoundTrip
-//	report        Tickets.Report, Endpoint.Outcome, Endpoint.CountAttempt; Lease.Release(Sample)
+//	report        Tickets.Report, Endpoint.Outcome, Endpoint.CountAttempt; Lease.Observe(Sample), Lease.Release(Sample)
 //
 // and, of a response sent, asks whether its connection was stale (Stale)
 // and sets how its body is read (MarkStreaming, CapReads); an upstream's
@@ -15,7 +15,8 @@
 // client leaving (Gone) ends; it names a Priority and a Tenant, which an
 // endpoint's concurrency queue orders by (interactive before batch,
 // tenants in turn; max_in_flight's and max_connections' waits are first
-// come, first served). A lease given back reports the attempt's Sample:
+// come, first served). A lease is told a stream's first content as it
+// comes (Observe), and given back with the attempt's Sample (Release):
 // its time to first token, whether it Counts (not for a stale
 // connection's replay, an attempt whose client left, or one that failed
 // before it was sent), whether it was a stream's first content, the

@@ -312,7 +312,7 @@ func (s Slots) Acquire(r LeaseRequest) LeaseResult {
 // Release gives a slot back.
 func (s Slots) Release() { <-s }
 
-// Sample is what an attempt reports as it gives its lease back: its time
+// Sample is what an attempt reports of its lease (Observe, Release): its time
 // to first token — from sending to the first output held (a stream's
 // commit point, a whole small reply's head) — and whether the sample
 // Counts. It does not for a stale connection's replay, an attempt whose
@@ -361,8 +361,21 @@ func (l Lease) Refusal() (limit string, retryAfter time.Duration) {
 // Held reports whether l holds a place.
 func (l Lease) Held() bool { return l.ep != nil }
 
-// Release gives the place back and records s on its endpoint when it
-// counts (ttft, the signal an adaptive limit would follow).
+// Observe feeds a stream's first content (s, Streamed and Counts) to
+// the endpoint's adaptive limit the moment it is known. Fed when the
+// place is given back, the signal would come a whole reply late: the
+// limit grew for that long past the server's capacity before it heard
+// of it, and swung (1 to 17 on 8 slots in the bench's overload
+// scenario).
+func (l Lease) Observe(s Sample) {
+	if l.conc {
+		l.ep.conc.observe(s)
+	}
+}
+
+// Release gives the place back with the attempt's last sample (s): its
+// ttft is recorded on the endpoint when it counts, and an overload backs
+// an adaptive limit off.
 func (l Lease) Release(s Sample) {
 	if l.ep == nil {
 		return
