@@ -201,3 +201,29 @@ func TestChaosSmoke(t *testing.T) {
 	}
 	t.Log(out)
 }
+
+// TestOverloadSmoke runs the overload scenario for a second a target: a
+// table with every target, the fake GPU server never erring, and no
+// request failing through Sturdy.
+func TestOverloadSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sturdy binary")
+	}
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-scenario", "overload", "-duration", "1s", "-chart", filepath.Join(t.TempDir(), "c.svg")}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"### overload", "| direct |", "| sturdy fixed 8 |", "| sturdy fixed 9 |"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Split(line, " | "); strings.HasPrefix(line, "| sturdy") && (len(f) < 9 || f[7] != "0") {
+			t.Fatalf("failures through Sturdy (the 8th column): %s", line)
+		}
+	}
+	t.Log(out)
+}

@@ -12,7 +12,9 @@
 //
 // Scenarios: overhead, fleet, tracing, flaky, ratelimited, outage, storm,
 // streams, replicas, and the solo measurements cancel, idle, hostile,
-// rescue and chaos (see bench/README.md). Load is open-loop where a rate
+// rescue, chaos and the overload ones (overload, capacity-drop,
+// long-outputs, priorities, noisy-neighbour; overload-all runs the five)
+// (see bench/README.md). Load is open-loop where a rate
 // is given (latency is measured from each request's scheduled start: no
 // coordinated omission) and closed-loop otherwise; connections are kept
 // alive.
@@ -29,6 +31,9 @@
 //	hostile.go     solo: what a client or an upstream controls, thrown at one Sturdy
 //	rescue.go      solo: streams cut mid-answer, continued on a fallback
 //	chaos.go       solo: the chaos property test's generator through direct, Sturdy and the peers
+//	overload.go    solo: the overload scenarios (adaptive and fixed concurrency against a server that queues), their chart
+//	gpu.go         the overload scenarios' fake GPU server: slots, a FIFO queue inside that never refuses
+//	overload_nginx.go  nginx in front of it with max_conns (started by the overload scenarios when installed)
 package main
 
 import (
@@ -146,7 +151,7 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle, hostile or chaos")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle, hostile, chaos, or overload, capacity-drop, long-outputs, priorities, noisy-neighbour, overload-all")
 	fs.IntVar(&c.slices, "slices", 1, "overhead, fleet, tracing: cut each run into this many slices and measure the targets in turns, one slice each")
 	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000); hostile's scale (models of 4 MiB; ×1000 keys; ×2 MiB of stream); ×10 requests of chaos")
 	fs.Int64Var(&c.seed, "seed", 1, "chaos: the seed of its fault schedules and kills (the same for every target)")
@@ -258,6 +263,14 @@ var solos = map[string]func(bin string, c *command) (report func(io.Writer), err
 		ts, err := measureRescue(bin, c.tries)
 		return func(w io.Writer) { rescueReport(w, ts) }, err
 	},
+	// The overload scenarios: a fake GPU server that queues instead of
+	// failing, directly and through Sturdy (adaptive, fixed).
+	"overload":        overloadSolo("overload"),
+	"capacity-drop":   overloadSolo("capacity-drop"),
+	"long-outputs":    overloadSolo("long-outputs"),
+	"priorities":      overloadSolo("priorities"),
+	"noisy-neighbour": overloadSolo("noisy-neighbour"),
+	"overload-all":    overloadSolo("overload-all"),
 	// chaos: the chaos property test's generator, longer, through direct,
 	// Sturdy and the peers: client-visible failures and amplification.
 	"chaos": func(bin string, c *command) (func(io.Writer), error) {
@@ -500,14 +513,19 @@ func sturdyTarget(name, bin, listen string) target {
 // "fake" the upstreams (url: for one, endpoints: for a pool), and waits
 // until it accepts connections; exited tells whether it died trying.
 func startSturdy(bin, addr string, sc *scenario, upstreams []string, pid *int) (stop func(), exited bool, err error) {
+	admin, err := freeAddr()
+	if err != nil {
+		return nil, false, err
+	}
+	return startSturdyAt(bin, addr, admin, sc, upstreams, pid)
+}
+
+// startSturdyAt is startSturdy with its admin listener on admin.
+func startSturdyAt(bin, addr, admin string, sc *scenario, upstreams []string, pid *int) (stop func(), exited bool, err error) {
 	if len(upstreams) == 0 {
 		return nil, false, fmt.Errorf("sturdy: no upstream to proxy to")
 	}
 	dir, err := os.MkdirTemp("", "sturdy-bench-cfg")
-	if err != nil {
-		return nil, false, err
-	}
-	admin, err := freeAddr()
 	if err != nil {
 		return nil, false, err
 	}
