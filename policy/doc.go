@@ -3,8 +3,8 @@
 // how long to wait before the next attempt (Backoff, RetryAfter), what
 // follows an attempt (Retry.Decide: retry in place, fail over or stop, with
 // the wait and the reason), what an obstacle before an attempt means
-// (Clear: wait, fail over or refuse), and how many retries an upstream may
-// take (Budget).
+// (Clear: wait, fail over or refuse), how many retries an upstream may
+// take (Budget), and how many tokens a budget admits (TokenWindow).
 //
 // Nothing here performs I/O, sleeps or reads the clock: callers pass in the
 // facts (status, fault, time now, time left) and a source of randomness, so
@@ -21,6 +21,7 @@
 //	api.go         CallOf: what a path calls (API, inference or not, operation name), the one list of API paths;
 //	               APIOf, Replayable: which requests may be sent twice
 //	budget.go      Budget: the retry budget per upstream
+//	tokens.go      TokenWindow: a token budget a minute (reserve, settle, refund; debt, never forgiven); EstimateTokens
 //	commit.go      Judge: a stream event before the commit point; EventFailure
 //	rescue.go      Continuable, FollowChunk (chat), ContinuableMessages, FollowMessage (the Messages
 //	               API): whether a cut stream may be continued; Rescue.Refusal,

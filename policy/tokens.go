@@ -1,0 +1,183 @@
+package policy
+
+import (
+	"sync"
+	"time"
+)
+
+// A token budget's window: tokens count for a minute, in slots of
+// tokenSlot, so that what was spent leaves the window between 60 and 65 s
+// after it was spent — never sooner, so no 60 s window ever holds more
+// than the limit (a bucket holding a minute of burst would admit up to
+// twice the limit in some 60 s window).
+const (
+	tokenSlot   = 5 * time.Second
+	tokenSlots  = 13 // 12 whole slots (60 s) and the current one
+	tokenWindow = tokenSlots * tokenSlot
+)
+
+// TokenWindow is a token budget of Limit tokens a minute (a
+// tokens_per_minute): reserved once, at admission, from an estimate
+// (EstimateTokens), then settled to what the reply used, or refunded when
+// the attempt failed before any output. Reserving before sending is what
+// keeps concurrent requests under the limit (counting after the fact let
+// 5 concurrent requests spend 663 tokens of a 100-token minute: LiteLLM
+// #18730).
+//
+// The balance — the limit less what the window holds and what is
+// reserved — may go negative when a reply used more than its estimate:
+// the debt is paid back (it ages out of the window) before the next
+// admission; nothing is forgiven. A reservation larger than the whole
+// limit is admitted when the balance is full (a small budget stays
+// usable), and then is a debt like any other.
+//
+// TokenWindow keeps state but does no I/O and reads no clock: callers
+// pass the time. It is safe for concurrent use; its zero value has no
+// limit (every Reserve succeeds) until SetLimit.
+type TokenWindow struct {
+	mu       sync.Mutex
+	limit    int64
+	reserved int64
+	slots    [tokenSlots]tokenSpend
+}
+
+// tokenSpend is what was settled in one slot of the window.
+type tokenSpend struct {
+	slot  int64 // the slot's number: the time ÷ tokenSlot
+	spent int64
+}
+
+// SetLimit sets the tokens a minute (0: none); what the window holds and
+// what is reserved are kept, so a reload does not reset a budget.
+func (w *TokenWindow) SetLimit(limit int64) {
+	w.mu.Lock()
+	w.limit = max(limit, 0)
+	w.mu.Unlock()
+}
+
+// spentAt is what the window holds at now; under mu.
+func (w *TokenWindow) spentAt(now int64) int64 {
+	var sum int64
+	for _, s := range w.slots {
+		if now-s.slot < tokenSlots {
+			sum += s.spent
+		}
+	}
+	return sum
+}
+
+// Reserve takes n tokens from the budget if it allows them at now, and
+// reports whether it did; if not, wait is how long until it would (0
+// when reservations in flight hold the budget: they settle when their
+// replies end, which the budget cannot foresee — the caller waits at
+// least a slot). The caller Settles or Refunds exactly what it reserved.
+func (w *TokenWindow) Reserve(n int64, now time.Time) (ok bool, wait time.Duration) {
+	n = max(n, 0)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.limit <= 0 {
+		w.reserved += n
+		return true, 0
+	}
+	slot := now.UnixNano() / int64(tokenSlot)
+	spent := w.spentAt(slot)
+	// held is what must leave the window before n fits: for a reservation
+	// larger than the limit, everything.
+	held := spent + w.reserved + n - w.limit
+	if n > w.limit {
+		held = spent + w.reserved
+	}
+	if held <= 0 {
+		w.reserved += n
+		return true, 0
+	}
+	if held > spent { // the reservations in flight are in the way
+		return false, 0
+	}
+	return false, w.agedOut(held, slot, now)
+}
+
+// agedOut is how long from now until at least need of what the window
+// holds has left it (slot: now's); under mu.
+func (w *TokenWindow) agedOut(need, slot int64, now time.Time) time.Duration {
+	var freed int64
+	for age := int64(tokenSlots - 1); age >= 0; age-- { // the oldest slot first
+		s := w.slots[(slot-age)%tokenSlots]
+		if s.slot != slot-age {
+			continue
+		}
+		if freed += s.spent; freed >= need {
+			return time.Duration((s.slot+tokenSlots)*int64(tokenSlot) - now.UnixNano())
+		}
+	}
+	return tokenWindow
+}
+
+// Settle turns a reservation of reserved tokens into used, spent at now:
+// the reply's usage as it ended.
+func (w *TokenWindow) Settle(reserved, used int64, now time.Time) {
+	slot := now.UnixNano() / int64(tokenSlot)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.reserved = max(w.reserved-max(reserved, 0), 0)
+	s := &w.slots[slot%tokenSlots]
+	if s.slot != slot {
+		*s = tokenSpend{slot: slot}
+	}
+	s.spent += max(used, 0)
+}
+
+// Refund gives back a reservation whose attempt used nothing (it failed
+// before any output, or another target took the request).
+func (w *TokenWindow) Refund(reserved int64) {
+	w.mu.Lock()
+	w.reserved = max(w.reserved-max(reserved, 0), 0)
+	w.mu.Unlock()
+}
+
+// TokenState is a budget as the x-ratelimit-*-tokens headers tell it:
+// the limit, what remains of it (negative: a debt) and how long until
+// the window holds nothing it holds now.
+type TokenState struct {
+	Limit, Remaining, Reserved int64
+	Reset                      time.Duration
+}
+
+// State is the budget at now.
+func (w *TokenWindow) State(now time.Time) TokenState {
+	slot := now.UnixNano() / int64(tokenSlot)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	spent := w.spentAt(slot)
+	st := TokenState{Limit: w.limit, Remaining: w.limit - spent - w.reserved, Reserved: w.reserved}
+	if spent > 0 {
+		st.Reset = w.agedOut(spent, slot, now)
+	}
+	return st
+}
+
+// Idle reports whether the budget holds nothing at now — no reservation
+// in flight, nothing spent in the window — so a bounded map of budgets
+// may drop it; one in debt is never idle.
+func (w *TokenWindow) Idle(now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reserved == 0 && w.spentAt(now.UnixNano()/int64(tokenSlot)) == 0
+}
+
+// DefaultOutputEstimate is a reservation's output tokens when the request
+// names no max_tokens (max_completion_tokens, max_output_tokens): at
+// most this, at most a quarter of the limit.
+const DefaultOutputEstimate = 1024
+
+// EstimateTokens is what a request reserves of a budget of limit tokens
+// a minute: its input as its messages' text characters ÷ 4 (rounded up),
+// plus maxTokens when the request sets one (> 0), else
+// min(DefaultOutputEstimate, limit ÷ 4).
+func EstimateTokens(textChars int, maxTokens, limit int64) int64 {
+	in := (int64(max(textChars, 0)) + 3) / 4
+	if maxTokens > 0 {
+		return in + maxTokens
+	}
+	return in + min(DefaultOutputEstimate, max(limit, 0)/4)
+}

@@ -1,0 +1,215 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// tokenStep is one operation on a budget at a time of the fake clock
+// (from t0): reserve n (wanting ok, and wait when refused), settle a
+// reservation of n to used, or refund n.
+type tokenStep struct {
+	at       time.Duration
+	op       string // "reserve", "settle", "refund"
+	n, used  int64
+	ok       bool
+	wait     time.Duration
+	remains  int64 // the balance after the step
+	hasState bool
+}
+
+func TestTheTokenWindowsArithmetic(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_800_000_000, 0) // on a slot's start
+	s := time.Second
+	for _, tt := range []struct {
+		name  string
+		limit int64
+		steps []tokenStep
+	}{
+		{"reserves, then settles to the usage", 1000, []tokenStep{
+			{op: "reserve", n: 600, ok: true, remains: 400, hasState: true},
+			{at: s, op: "settle", n: 600, used: 200, remains: 800, hasState: true},
+			{at: 2 * s, op: "reserve", n: 800, ok: true, remains: 0, hasState: true},
+		}},
+		{"concurrent reservations cannot overspend", 100, []tokenStep{
+			{op: "reserve", n: 40, ok: true},
+			{op: "reserve", n: 40, ok: true},
+			{op: "reserve", n: 40, ok: false, wait: 0, remains: 20, hasState: true}, // held by the two in flight
+		}},
+		{"a refund gives it all back", 100, []tokenStep{
+			{op: "reserve", n: 100, ok: true},
+			{op: "reserve", n: 1, ok: false},
+			{op: "refund", n: 100, remains: 100, hasState: true},
+			{op: "reserve", n: 100, ok: true},
+		}},
+		{"a debt is paid before the next admission, not forgiven", 100, []tokenStep{
+			{op: "reserve", n: 50, ok: true},
+			{at: s, op: "settle", n: 50, used: 250, remains: -150, hasState: true},
+			// Spent in the slot from 0 s: it leaves the window at 65 s.
+			{at: 30 * s, op: "reserve", n: 1, ok: false, wait: 35 * s},
+			{at: 64 * s, op: "reserve", n: 1, ok: false, wait: s},
+			{at: 65 * s, op: "reserve", n: 1, ok: true, remains: 99, hasState: true},
+		}},
+		{"spend leaves the window no sooner than 60 s after it", 100, []tokenStep{
+			{at: 4 * s, op: "reserve", n: 100, ok: true},
+			{at: 4 * s, op: "settle", n: 100, used: 100},
+			{at: 63 * s, op: "reserve", n: 1, ok: false, wait: 2 * s}, // 59 s after: still in
+			{at: 65 * s, op: "reserve", n: 1, ok: true},
+		}},
+		{"the oldest spend leaves first", 100, []tokenStep{
+			{op: "settle", used: 60},
+			{at: 20 * s, op: "settle", used: 40},
+			{at: 30 * s, op: "reserve", n: 50, ok: false, wait: 35 * s},  // the first 60 must go
+			{at: 30 * s, op: "reserve", n: 100, ok: false, wait: 55 * s}, // both
+		}},
+		{"more than the whole budget: admitted when the balance is full", 100, []tokenStep{
+			{op: "reserve", n: 500, ok: true, remains: -400, hasState: true},
+			{at: s, op: "settle", n: 500, used: 450},
+			{at: 10 * s, op: "reserve", n: 500, ok: false, wait: 55 * s},
+			{at: 65 * s, op: "reserve", n: 500, ok: true},
+		}},
+		{"more than the whole budget: not while anything is held", 100, []tokenStep{
+			{op: "reserve", n: 10, ok: true},
+			{op: "reserve", n: 500, ok: false, wait: 0},
+		}},
+		{"no limit: every reservation", 0, []tokenStep{
+			{op: "reserve", n: 1 << 40, ok: true},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var w TokenWindow
+			w.SetLimit(tt.limit)
+			for i, st := range tt.steps {
+				now := t0.Add(st.at)
+				switch st.op {
+				case "reserve":
+					ok, wait := w.Reserve(st.n, now)
+					if ok != st.ok || (!ok && wait != st.wait) {
+						t.Fatalf("step %d: reserve %d at %v: %v, wait %v; want %v, wait %v", i, st.n, st.at, ok, wait, st.ok, st.wait)
+					}
+				case "settle":
+					w.Settle(st.n, st.used, now)
+				case "refund":
+					w.Refund(st.n)
+				}
+				if got := w.State(now).Remaining; st.hasState && got != st.remains {
+					t.Fatalf("step %d: %d remaining, want %d", i, got, st.remains)
+				}
+			}
+		})
+	}
+}
+
+func TestATokenBudgetInDebtIsNeverIdle(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_800_000_000, 0)
+	var w TokenWindow
+	w.SetLimit(100)
+	if !w.Idle(t0) {
+		t.Fatal("a new budget is not idle")
+	}
+	w.Reserve(10, t0)
+	if w.Idle(t0) {
+		t.Fatal("idle with a reservation in flight")
+	}
+	w.Settle(10, 300, t0)
+	if w.Idle(t0.Add(30*time.Second)) || !w.Idle(t0.Add(65*time.Second)) {
+		t.Fatal("idle in debt, or not once its spend left the window")
+	}
+	if st := w.State(t0.Add(time.Second)); st.Reset != 64*time.Second || st.Remaining != -200 {
+		t.Fatalf("state %+v: want a reset in 64 s and 200 in debt", st)
+	}
+	w.SetLimit(1000) // a reload keeps the spend
+	if st := w.State(t0.Add(time.Second)); st.Remaining != 700 {
+		t.Fatalf("after a new limit %d remaining, want 700", st.Remaining)
+	}
+}
+
+func TestEstimateTokens(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		chars       int
+		max, limit  int64
+		want        int64
+		description string
+	}{
+		{400, 0, 100_000, 100 + 1024, "no max_tokens: 1,024"},
+		{401, 0, 100_000, 101 + 1024, "characters ÷ 4, rounded up"},
+		{400, 50, 100_000, 150, "max_tokens when given"},
+		{400, 0, 100, 100 + 25, "no max_tokens, a small budget: a quarter of it"},
+		{0, 0, 0, 0, "nothing"},
+	} {
+		if got := EstimateTokens(tt.chars, tt.max, tt.limit); got != tt.want {
+			t.Errorf("%s: EstimateTokens(%d, %d, %d) = %d, want %d", tt.description, tt.chars, tt.max, tt.limit, got, tt.want)
+		}
+	}
+}
+
+// TestNoMinuteHoldsMoreThanATokenBudget drives a budget with random
+// requests (each using at most what it reserved, settled 0–20 s after
+// it) for 10 simulated minutes, and checks every 60 s window of what was
+// settled holds no more than the limit.
+func TestNoMinuteHoldsMoreThanATokenBudget(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(5, 6))
+	const limit = 10_000
+	t0 := time.Unix(1_800_000_000, 0)
+	var w TokenWindow
+	w.SetLimit(limit)
+	type open struct {
+		at       time.Duration
+		reserved int64
+	}
+	var inFlight []open
+	var spent []open // settled: when, how much
+	for now := time.Duration(0); now < 10*time.Minute; now += 100 * time.Millisecond {
+		if n := int64(1 + r.IntN(2000)); r.IntN(2) == 0 {
+			if ok, _ := w.Reserve(n, t0.Add(now)); ok {
+				inFlight = append(inFlight, open{now + time.Duration(r.IntN(20_000))*time.Millisecond, n})
+			}
+		}
+		kept := inFlight[:0]
+		for _, o := range inFlight {
+			if o.at > now {
+				kept = append(kept, o)
+				continue
+			}
+			used := o.reserved // most use all they reserved, some less
+			if r.IntN(4) == 0 {
+				used = r.Int64N(o.reserved + 1)
+			}
+			w.Settle(o.reserved, used, t0.Add(now))
+			spent = append(spent, open{now, used})
+		}
+		inFlight = kept
+	}
+	for i, a := range spent {
+		var sum int64
+		for _, b := range spent[i:] {
+			if b.at-a.at < time.Minute {
+				sum += b.reserved
+			}
+		}
+		if sum > limit {
+			t.Fatalf("%d tokens settled in the minute from %v: over the limit %d", sum, a.at, limit)
+		}
+	}
+}
+
+// BenchmarkTokenWindow is a request's way through a budget: reserve,
+// then settle. 0 allocations.
+func BenchmarkTokenWindow(b *testing.B) {
+	var w TokenWindow
+	w.SetLimit(1 << 40)
+	now := time.Unix(1_800_000_000, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ok, _ := w.Reserve(1500, now); !ok {
+			b.Fatal("refused")
+		}
+		w.Settle(1500, 1200, now)
+	}
+}
