@@ -21,7 +21,8 @@
 //	api.go         CallOf: what a path calls (API, inference or not, operation name), the one list of API paths;
 //	               APIOf, Replayable: which requests may be sent twice
 //	budget.go      Budget: the retry budget per upstream
-//	tokens.go      TokenWindow: a token budget a minute (reserve, settle, refund; debt, never forgiven); EstimateTokens
+//	tokens.go      TokenWindow: a token budget a minute (reserve, settle, refund; debt, never forgiven);
+//	               what a request reserves: RequestTokens (its text and max output, per API), EstimateTokens
 //	commit.go      Judge: a stream event before the commit point; EventFailure
 //	rescue.go      Continuable, FollowChunk (chat), ContinuableMessages, FollowMessage (the Messages
 //	               API): whether a cut stream may be continued; Rescue.Refusal,

@@ -3,6 +3,9 @@ package policy
 import (
 	"sync"
 	"time"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 )
 
 // A token budget's window: tokens count for a minute, in slots of
@@ -180,4 +183,52 @@ func EstimateTokens(textChars int, maxTokens, limit int64) int64 {
 		return in + maxTokens
 	}
 	return in + min(DefaultOutputEstimate, max(limit, 0)/4)
+}
+
+// requestText is where each API's request carries its text (its prompt):
+// the paths whose text EstimateTokens counts.
+var requestText = map[API][]string{
+	APIChat:        {"messages"},
+	APICompletions: {"prompt"},
+	APIResponses:   {"instructions", "input"},
+	APIAnthropic:   {"system", "messages"},
+	APIOllama:      {"system", "prompt", "messages"},
+	APIOther:       {"input"}, // embeddings
+}
+
+// RequestTokens reads what a request body reserves by (EstimateTokens):
+// its text's characters — the messages' contents (strings, or the text of
+// their parts), a prompt, an input, a system prompt, as the API (api)
+// carries them — and the output tokens it asks at most (max_tokens,
+// max_completion_tokens, max_output_tokens, Ollama's options.num_predict;
+// 0: none given).
+func RequestTokens(api API, body []byte) (textChars int, maxTokens int64) {
+	for _, path := range requestText[api] {
+		textChars += textOf(gjson.GetBytes(body, path))
+	}
+	for _, key := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens", "options.num_predict"} {
+		if v := gjson.GetBytes(body, key); v.Type == gjson.Number && v.Int() > 0 {
+			return textChars, v.Int()
+		}
+	}
+	return textChars, 0
+}
+
+// textOf counts the characters of the text in v: a string, the strings
+// and parts of an array, a part's text or content.
+func textOf(v gjson.Result) int {
+	switch {
+	case v.Type == gjson.String:
+		return utf8.RuneCountInString(v.Str)
+	case v.IsArray():
+		n := 0
+		v.ForEach(func(_, e gjson.Result) bool {
+			n += textOf(e)
+			return true
+		})
+		return n
+	case v.IsObject():
+		return textOf(v.Get("text")) + textOf(v.Get("content"))
+	}
+	return 0
 }

@@ -213,3 +213,29 @@ func BenchmarkTokenWindow(b *testing.B) {
 		w.Settle(1500, 1200, now)
 	}
 }
+
+func TestRequestTokens(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		api   API
+		body  string
+		chars int
+		max   int64
+	}{
+		{"chat, string contents", APIChat, `{"model":"m","messages":[{"role":"system","content":"abcd"},{"role":"user","content":"héllo"}],"max_tokens":50}`, 9, 50},
+		{"chat, parts; max_completion_tokens first", APIChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"x"}}]}],"max_tokens":9,"max_completion_tokens":70}`, 3, 70},
+		{"completions, a prompt list", APICompletions, `{"prompt":["ab","cd"]}`, 4, 0},
+		{"responses, instructions and input items", APIResponses, `{"instructions":"be","input":[{"role":"user","content":[{"type":"input_text","text":"abc"}]}],"max_output_tokens":30}`, 5, 30},
+		{"responses, a string input", APIResponses, `{"input":"abcdef"}`, 6, 0},
+		{"anthropic, system blocks and messages", APIAnthropic, `{"system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"hi"}],"max_tokens":1024}`, 5, 1024},
+		{"ollama, generate", APIOllama, `{"system":"s","prompt":"abc","options":{"num_predict":12}}`, 4, 12},
+		{"embeddings", APIOther, `{"input":["abc","de"]}`, 5, 0},
+		{"not JSON", APIChat, `{"messages":`, 0, 0},
+		{"a negative max_tokens is none", APIChat, `{"messages":[],"max_tokens":-5}`, 0, 0},
+	} {
+		if chars, max := RequestTokens(tt.api, []byte(tt.body)); chars != tt.chars || max != tt.max {
+			t.Errorf("%s: %d characters, max %d; want %d, %d", tt.name, chars, max, tt.chars, tt.max)
+		}
+	}
+}
