@@ -96,7 +96,7 @@ func (s *summary) read(ex *exchange) {
 		if len(body) == 0 && !out.reader && ex.loop.lastStatus != 0 {
 			body = ex.ctx.Response.Body() // a reply set whole (never a body stream: Body would read it)
 		}
-		s.usage = usageOf(body)
+		s.usage = usageOf(ex.req.call.API, body)
 	}
 }
 

@@ -666,39 +666,17 @@ type usage struct {
 	known         bool
 }
 
-// usageOf reads usage from a reply body, or from the last bytes of a
-// stream: the last "usage" object (OpenAI's chat and completions, the
-// Responses API), or Ollama's prompt_eval_count/eval_count; and the last
+// usageOf reads usage from a reply body of api, or from the last bytes
+// of a stream, by the API's rules (policy.ReadUsage), and the last
 // "model" named.
-func usageOf(b []byte) usage {
+func usageOf(api policy.API, b []byte) usage {
 	var u usage
 	if i := bytes.LastIndex(b, []byte(`"model":`)); i >= 0 {
 		if m := gjson.ParseBytes(b[i+len(`"model":`):]); m.Type == gjson.String {
 			u.model = m.Str
 		}
 	}
-	if i := bytes.LastIndex(b, []byte(`"usage":`)); i >= 0 {
-		if o := gjson.ParseBytes(b[i+len(`"usage":`):]); o.IsObject() {
-			in, out := o.Get("prompt_tokens"), o.Get("completion_tokens")
-			if !in.Exists() {
-				in, out = o.Get("input_tokens"), o.Get("output_tokens")
-			}
-			if j := bytes.LastIndex(b[:i], []byte(`"input_tokens":`)); !in.Exists() && out.Exists() && j >= 0 {
-				// Anthropic's stream: the input in message_start, the
-				// output in the last message_delta.
-				in = gjson.ParseBytes(b[j+len(`"input_tokens":`):])
-			}
-			if in.Exists() || out.Exists() {
-				u.input, u.output, u.known = in.Int(), out.Int(), true
-			}
-		}
-		return u
-	}
-	if i := bytes.LastIndex(b, []byte(`"prompt_eval_count":`)); i >= 0 {
-		u.input, u.known = gjson.ParseBytes(b[i+len(`"prompt_eval_count":`):]).Int(), true
-		if j := bytes.LastIndex(b, []byte(`"eval_count":`)); j >= 0 {
-			u.output = gjson.ParseBytes(b[j+len(`"eval_count":`):]).Int()
-		}
-	}
+	t := policy.ReadUsage(api, b)
+	u.input, u.output, u.known = t.Input, t.Output, t.Known
 	return u
 }

@@ -15,6 +15,7 @@ import (
 
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
+	"sturdy/policy"
 	"sturdy/tracing"
 	"sturdy/upstream"
 )
@@ -310,23 +311,28 @@ func TestTracingHotReloads(t *testing.T) {
 	}
 }
 
+// TestUsageOf: the model named last, and the usage by the API's rules
+// (policy.ReadUsage, table-tested there).
 func TestUsageOf(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		name, body string
-		want       usage
+		name string
+		api  policy.API
+		body string
+		want usage
 	}{
-		{"chat", `{"model":"gpt-4o-2024","usage":{"prompt_tokens":5,"completion_tokens":9}}`, usage{"gpt-4o-2024", 5, 9, true}},
-		{"responses", `{"type":"response.completed","response":{"model":"o3","usage":{"input_tokens":4,"output_tokens":2}}}`,
+		{"chat", policy.APIChat, `{"model":"gpt-4o-2024","usage":{"prompt_tokens":5,"completion_tokens":9}}`, usage{"gpt-4o-2024", 5, 9, true}},
+		{"responses", policy.APIResponses, `{"type":"response.completed","response":{"model":"o3","usage":{"input_tokens":4,"output_tokens":2}}}`,
 			usage{"o3", 4, 2, true}},
-		{"stream tail", "data: {\"model\":\"m\",\"usage\":null}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+		{"stream tail", policy.APIChat, "data: {\"model\":\"m\",\"usage\":null}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
 			usage{"m", 1, 2, true}},
-		{"usage null", "data: {\"model\":\"m\",\"usage\":null}\n\n", usage{model: "m"}},
-		{"ollama", `{"model":"llama3","done":true,"prompt_eval_count":26,"eval_count":290}`, usage{"llama3", 26, 290, true}},
-		{"none", `{"data":[1,2]}`, usage{}},
-		{"cut", `{"model":"m","usage":{"prompt_to`, usage{model: "m"}},
+		{"usage null", policy.APIChat, "data: {\"model\":\"m\",\"usage\":null}\n\n", usage{model: "m"}},
+		{"ollama", policy.APIOllama, `{"model":"llama3","done":true,"prompt_eval_count":26,"eval_count":290}`, usage{"llama3", 26, 290, true}},
+		{"anthropic, cached input", policy.APIAnthropic, `{"model":"claude","usage":{"input_tokens":3,"cache_read_input_tokens":7,"output_tokens":2}}`, usage{"claude", 10, 2, true}},
+		{"none", policy.APIOther, `{"data":[1,2]}`, usage{}},
+		{"cut", policy.APIChat, `{"model":"m","usage":{"prompt_to`, usage{model: "m"}},
 	} {
-		if got := usageOf([]byte(c.body)); got != c.want {
+		if got := usageOf(c.api, []byte(c.body)); got != c.want {
 			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
 		}
 	}
