@@ -540,13 +540,7 @@ func startSturdyAt(bin, addr, admin string, sc *scenario, upstreams []string, pi
 		return nil, false, err
 	}
 	*pid = cmd.Process.Pid
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	stop = func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		<-done
-		os.RemoveAll(dir)
-	}
+	done, stop := stopper(cmd, dir)
 	for end := time.Now().Add(10 * time.Second); ; {
 		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
 			c.Close()
@@ -562,6 +556,18 @@ func startSturdyAt(bin, addr, admin string, sc *scenario, upstreams []string, pi
 			stop()
 			return nil, false, fmt.Errorf("sturdy did not listen on %s", addr)
 		}
+	}
+}
+
+// stopper waits for a started cmd in the background: done is closed when
+// it has exited; stop interrupts it, waits, and removes its dir.
+func stopper(cmd *exec.Cmd, dir string) (done chan struct{}, stop func()) {
+	done = make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	return done, func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-done
+		os.RemoveAll(dir)
 	}
 }
 

@@ -73,13 +73,7 @@ func startNginx(up string, slots int) (addr string, stop func(), err error) {
 		os.RemoveAll(dir)
 		return "", nil, err
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	stop = func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		<-done
-		os.RemoveAll(dir)
-	}
+	_, stop = stopper(cmd, dir)
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
 			c.Close()

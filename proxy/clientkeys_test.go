@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"sturdy/internal/upstreamtest"
 	"sturdy/upstream"
 )
@@ -68,15 +66,7 @@ func TestAClientKeyHasItsOwnLimit(t *testing.T) {
 // takes the free place.
 func TestAClientKeySetsItsClass(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	slow := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		select {
-		case <-release:
-		case <-time.After(5 * time.Second):
-		}
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(upstreamtest.ChatCompletion("slow"))
-	}})
+	slow, release := heldUpstream(t, nil)
 	batch := upstream.PriorityBatch
 	h := startProxy(t, slow, func(o *Options) {
 		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 2, BatchShare: 0.5}

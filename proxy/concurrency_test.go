@@ -58,14 +58,15 @@ func endpointConcurrency(t *testing.T, h *harness) upstream.ConcurrencyStatus {
 // endpointConcurrencyAddr is the address of h's first endpoint.
 func endpointConcurrencyAddr(h *harness) string { return h.p.Upstreams()[0].Endpoints[0].Address }
 
-const streamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-
-func TestAFullConcurrencyQueueShedsWithAWaitOrFailsOver(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	var held atomic.Int32
-	slow := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		held.Add(1)
+// heldUpstream is an upstream that holds every request until release is
+// closed (or 5 s pass), then answers a chat completion; held, when set,
+// counts the requests it got.
+func heldUpstream(t *testing.T, held *atomic.Int32) (url string, release chan struct{}) {
+	release = make(chan struct{})
+	url = upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if held != nil {
+			held.Add(1)
+		}
 		select {
 		case <-release:
 		case <-time.After(5 * time.Second):
@@ -73,6 +74,15 @@ func TestAFullConcurrencyQueueShedsWithAWaitOrFailsOver(t *testing.T) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(upstreamtest.ChatCompletion("slow"))
 	}})
+	return url, release
+}
+
+const streamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+func TestAFullConcurrencyQueueShedsWithAWaitOrFailsOver(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, release := heldUpstream(t, &held)
 	spare := upstreamtest.Start(t, upstreamtest.Step{Status: 200, Body: upstreamtest.ChatCompletion("spare")})
 	h := startProxy(t, slow, func(o *Options) {
 		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1, Queue: upstream.Queue{Max: 1}}
@@ -237,15 +247,7 @@ func TestAReloadKeepsWhatAnEndpointsLimitLearned(t *testing.T) {
 func TestAQueuedRequestWaitsOneQueueTimeoutInAll(t *testing.T) {
 	t.Parallel()
 	const queueTimeout = 600 * time.Millisecond
-	release := make(chan struct{})
-	slow := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		select {
-		case <-release:
-		case <-time.After(5 * time.Second):
-		}
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(upstreamtest.ChatCompletion("slow"))
-	}})
+	slow, release := heldUpstream(t, nil)
 	h := startProxy(t, slow, func(o *Options) {
 		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 2, queueTimeout
 		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1}
