@@ -436,9 +436,10 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 		rp := a.rp
 		status := rp.msg.StatusCode()
 		// A stream's first content (not one held whole, nor past a
-		// stream_hold window) is the adaptive limit's signal.
+		// stream_hold window, nor an error event before any content) is
+		// the adaptive limit's signal.
 		s.Streamed = f == policy.FaultNone && status < 300 && ex.req.route.streamHold.Max <= 0 && !rp.heldToEnd &&
-			ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
+			!a.out.StreamFailed && ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
 		s.Overload = policy.Overloaded(policy.Outcome{Status: status, Fault: f}, f != policy.FaultTimeout || time.Now().Before(ex.req.deadline))
 		if s.Streamed && !a.rp.observed {
 			a.rp.observed = true // once an attempt: its first content

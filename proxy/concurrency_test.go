@@ -356,3 +356,24 @@ func TestAStreamsFirstContentIsASampleAsItComes(t *testing.T) {
 		t.Fatalf("%d samples with %d in flight at the stream's first content, want 1 with it in flight", st.Samples[0], st.InFlight)
 	}
 }
+
+// TestAnErrorEventBeforeContentIsNoSample: a stream that fails in band
+// before its first content (vLLM's overloaded engine) is retried, and only
+// the retry's first content is a sample — the error came fast, and read
+// as a reply's start it would tell the limit the server is quick.
+func TestAnErrorEventBeforeContentIsNoSample(t *testing.T) {
+	t.Parallel()
+	sse := [][2]string{upstreamtest.SSEHeader}
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: sse, Chunks: []string{vllmError}},
+		upstreamtest.Step{Header: sse, Chunks: upstreamtest.SSE("a", "b")})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyAdaptive}
+	})
+	if resp, body := h.do("POST", "/v1/chat/completions", streamBody, "Content-Type", "application/json"); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	h.accessLines(1)
+	if st := endpointConcurrency(t, h); st.Samples[0] != 1 || len(up.Requests()) != 2 {
+		t.Fatalf("%d samples of %d attempts, want 1 of 2", st.Samples[0], len(up.Requests()))
+	}
+}

@@ -48,7 +48,8 @@ type Adaptive struct {
 	// Tolerance is how much slower than its baseline a reply may start
 	// before the limit comes down (default 1.5: half again).
 	Tolerance float64 `yaml:"tolerance"`
-	// Smoothing is the share of a decrease applied per sample (default 0.2).
+	// Smoothing is the share of a decrease applied per round — a limit's
+	// worth of samples, 1/limit of it each (default 0.2).
 	Smoothing float64 `yaml:"smoothing"`
 	// MinSamples is how many samples a prompt-size bucket needs before
 	// they move the limit (default 8).
@@ -515,14 +516,20 @@ func (c *concurrency) drainWait(now time.Time) time.Duration {
 // retry-after-ms, and a retry a millisecond later finds the queue as full.
 const minDrainWait = 100 * time.Millisecond
 
-// put frees a place of class pr and gives it to the next waiter, if
-// any: interactive first, batch every batchTurn-th time while it waits,
-// never past batch's share; under mu.
+// put frees a place of class pr and gives it to the next waiter (grant);
+// under mu.
 func (c *concurrency) put(pr Priority) {
 	c.inFlight--
 	if pr == PriorityBatch {
 		c.batch--
 	}
+	c.grant()
+}
+
+// grant gives the places free under the limit to the waiters: interactive
+// first, batch every batchTurn-th time while it waits, never past batch's
+// share; under mu.
+func (c *concurrency) grant() {
 	for c.waiting > 0 && c.inFlight < c.limit() {
 		next := PriorityInteractive
 		batchWaits := !c.queues[PriorityBatch].empty() && c.batch < c.batchCap()
@@ -577,6 +584,7 @@ func (c *concurrency) observe(s Sample) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.g.sample(s.TTFT, s.Size, c.inFlight)
+	c.grant() // a limit that grew has places for the waiters now, not at the next reply's end
 }
 
 // room is the endpoint's limit now, whether every place under it is

@@ -139,6 +139,19 @@ func TestTheGradientsRules(t *testing.T) {
 			t.Fatalf("limit %.2f, want the floor %d", g.limit, c.Adaptive.Min)
 		}
 	})
+	t.Run("no allowance for a sample that did not keep pace", func(t *testing.T) {
+		t.Parallel()
+		g := newGradient(c)
+		g.limit, g.buckets[0] = 8, baseline{long: float64(10 * time.Millisecond), n: 100, samples: 100}
+		g.sample(20*time.Millisecond, 100, 8) // twice its baseline; the short average still within tolerance
+		if g.short > g.o.Tolerance || g.limit != 8 {
+			t.Fatalf("limit %.3f (short %.2f) after a slow sample, want it held at 8", g.limit, g.short)
+		}
+		g.sample(10*time.Millisecond, 100, 8) // one that kept pace: 1/8 of a step
+		if g.limit != 8.125 {
+			t.Fatalf("limit %.3f after a sample that kept pace, want 8.125", g.limit)
+		}
+	})
 	t.Run("never above max", func(t *testing.T) {
 		t.Parallel()
 		g := newGradient(testConcurrency(ConcurrencyAdaptive, 6))
@@ -457,5 +470,28 @@ func BenchmarkEndpointLease(b *testing.B) {
 		}
 		l.Observe(s)
 		l.Release(s)
+	}
+}
+
+// TestAGrownLimitLetsAWaiterIn: a first content that raises the limit
+// gives the new place to a waiter at once — not when a reply next ends,
+// a whole stream later.
+func TestAGrownLimitLetsAWaiterIn(t *testing.T) {
+	t.Parallel()
+	c := newConcurrency(testConcurrency(ConcurrencyAdaptive, 64))
+	c.g.limit, c.g.buckets[0] = 1.99, baseline{long: float64(10 * time.Millisecond), n: 100, samples: 100}
+	if res, _ := c.acquire(LeaseRequest{}); res != LeaseTaken {
+		t.Fatal("no place")
+	}
+	waiter := acquireAsync(c, LeaseRequest{Wait: 5 * time.Second})
+	waitQueued(t, c, 1)
+	c.observe(Sample{TTFT: 10 * time.Millisecond, Counts: true, Streamed: true, Size: 100})
+	select {
+	case res := <-waiter:
+		if res != LeaseWaited {
+			t.Fatalf("the waiter got %v", res)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("the limit grew to %.2f and the waiter still waits", c.g.limit)
 	}
 }
