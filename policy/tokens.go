@@ -44,6 +44,20 @@ type TokenWindow struct {
 	slots    [tokenSlots]tokenSpend
 }
 
+// slotOf is the slot now falls in, and at is where slot s is kept in the
+// ring (never negative: a time before 1970 is a time too).
+func slotOf(now time.Time) int64 { return floorDiv(now.UnixNano(), int64(tokenSlot)) }
+
+func at(s int64) int64 { return (s%tokenSlots + tokenSlots) % tokenSlots }
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
 // tokenSpend is what was settled in one slot of the window.
 type tokenSpend struct {
 	slot  int64 // the slot's number: the time ÷ tokenSlot
@@ -54,7 +68,7 @@ type tokenSpend struct {
 // what is reserved are kept, so a reload does not reset a budget.
 func (w *TokenWindow) SetLimit(limit int64) {
 	w.mu.Lock()
-	w.limit = max(limit, 0)
+	w.limit = min(max(limit, 0), maxTokens)
 	w.mu.Unlock()
 }
 
@@ -75,14 +89,14 @@ func (w *TokenWindow) spentAt(now int64) int64 {
 // replies end, which the budget cannot foresee — the caller waits at
 // least a slot). The caller Settles or Refunds exactly what it reserved.
 func (w *TokenWindow) Reserve(n int64, now time.Time) (ok bool, wait time.Duration) {
-	n = max(n, 0)
+	n = min(max(n, 0), maxTokens)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.limit <= 0 {
-		w.reserved += n
+		w.reserved = min(w.reserved+n, maxTokens)
 		return true, 0
 	}
-	slot := now.UnixNano() / int64(tokenSlot)
+	slot := slotOf(now)
 	spent := w.spentAt(slot)
 	// held is what must leave the window before n fits: for a reservation
 	// larger than the limit, everything.
@@ -91,7 +105,7 @@ func (w *TokenWindow) Reserve(n int64, now time.Time) (ok bool, wait time.Durati
 		held = spent + w.reserved
 	}
 	if held <= 0 {
-		w.reserved += n
+		w.reserved = min(w.reserved+n, maxTokens)
 		return true, 0
 	}
 	if held > spent { // the reservations in flight are in the way
@@ -105,7 +119,7 @@ func (w *TokenWindow) Reserve(n int64, now time.Time) (ok bool, wait time.Durati
 func (w *TokenWindow) agedOut(need, slot int64, now time.Time) time.Duration {
 	var freed int64
 	for age := int64(tokenSlots - 1); age >= 0; age-- { // the oldest slot first
-		s := w.slots[(slot-age)%tokenSlots]
+		s := w.slots[at(slot-age)]
 		if s.slot != slot-age {
 			continue
 		}
@@ -119,15 +133,15 @@ func (w *TokenWindow) agedOut(need, slot int64, now time.Time) time.Duration {
 // Settle turns a reservation of reserved tokens into used, spent at now:
 // the reply's usage as it ended.
 func (w *TokenWindow) Settle(reserved, used int64, now time.Time) {
-	slot := now.UnixNano() / int64(tokenSlot)
+	slot := slotOf(now)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.reserved = max(w.reserved-max(reserved, 0), 0)
-	s := &w.slots[slot%tokenSlots]
-	if s.slot != slot {
+	s := &w.slots[at(slot)]
+	if s.slot < slot {
 		*s = tokenSpend{slot: slot}
-	}
-	s.spent += max(used, 0)
+	} // a time older than the slot kept there (a clock stepped back) adds to the newer one: it stays longer, never less
+	s.spent = min(s.spent+max(used, 0), maxTokens)
 }
 
 // Refund gives back a reservation whose attempt used nothing (it failed
@@ -148,7 +162,7 @@ type TokenState struct {
 
 // State is the budget at now.
 func (w *TokenWindow) State(now time.Time) TokenState {
-	slot := now.UnixNano() / int64(tokenSlot)
+	slot := slotOf(now)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	spent := w.spentAt(slot)
@@ -165,7 +179,7 @@ func (w *TokenWindow) State(now time.Time) TokenState {
 func (w *TokenWindow) Idle(now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.reserved == 0 && w.spentAt(now.UnixNano()/int64(tokenSlot)) == 0
+	return w.reserved == 0 && w.spentAt(slotOf(now)) == 0
 }
 
 // DefaultOutputEstimate is a reservation's output tokens when the request
@@ -175,15 +189,20 @@ const DefaultOutputEstimate = 1024
 
 // EstimateTokens is what a request reserves of a budget of limit tokens
 // a minute: its input as its messages' text characters ÷ 4 (rounded up),
-// plus maxTokens when the request sets one (> 0), else
+// plus maxOutput when the request sets one (> 0; at most 2⁴⁰), else
 // min(DefaultOutputEstimate, limit ÷ 4).
-func EstimateTokens(textChars int, maxTokens, limit int64) int64 {
+func EstimateTokens(textChars int, maxOutput, limit int64) int64 {
 	in := (int64(max(textChars, 0)) + 3) / 4
-	if maxTokens > 0 {
-		return in + maxTokens
+	if maxOutput > 0 {
+		return in + min(maxOutput, maxTokens)
 	}
 	return in + min(DefaultOutputEstimate, max(limit, 0)/4)
 }
+
+// maxTokens bounds every count a budget keeps (2⁴⁰, a trillion tokens):
+// a client's max_tokens of 2⁶³−1 cannot wrap a sum into a negative, free
+// reservation.
+const maxTokens = 1 << 40
 
 // requestText is where each API's request carries its text (its prompt):
 // the paths whose text EstimateTokens counts.

@@ -141,6 +141,7 @@ func TestEstimateTokens(t *testing.T) {
 		{400, 50, 100_000, 150, "max_tokens when given"},
 		{400, 0, 100, 100 + 25, "no max_tokens, a small budget: a quarter of it"},
 		{0, 0, 0, 0, "nothing"},
+		{4, 1<<63 - 1, 100, 1 + 1<<40, "a max_tokens near 2⁶³: bounded, never wrapping to a free reservation"},
 	} {
 		if got := EstimateTokens(tt.chars, tt.max, tt.limit); got != tt.want {
 			t.Errorf("%s: EstimateTokens(%d, %d, %d) = %d, want %d", tt.description, tt.chars, tt.max, tt.limit, got, tt.want)
@@ -237,5 +238,35 @@ func TestRequestTokens(t *testing.T) {
 		if chars, max := RequestTokens(tt.api, []byte(tt.body)); chars != tt.chars || max != tt.max {
 			t.Errorf("%s: %d characters, max %d; want %d, %d", tt.name, chars, max, tt.chars, tt.max)
 		}
+	}
+}
+
+// TestATokenWindowTakesAnyTime: times before 1970, or a clock stepped
+// back, neither panic nor let spend leave the window early.
+func TestATokenWindowTakesAnyTime(t *testing.T) {
+	t.Parallel()
+	var w TokenWindow
+	w.SetLimit(100)
+	for _, now := range []time.Time{{}, time.Unix(10, 0), time.Unix(-1_000_000, 0)} {
+		if ok, _ := w.Reserve(10, now); !ok {
+			t.Fatalf("refused at %v", now)
+		}
+		w.Settle(10, 10, now)
+		w.State(now)
+		w.Idle(now)
+	}
+	var v TokenWindow
+	v.SetLimit(100)
+	t0 := time.Unix(1_800_000_000, 0)
+	v.Settle(0, 60, t0.Add(65*time.Second)) // 13 slots on: the same place in the ring
+	v.Settle(0, 40, t0)                     // older than the slot kept in its place: added to it, not over it
+	if st := v.State(t0.Add(65 * time.Second)); st.Remaining != 0 {
+		t.Fatalf("%d remaining, want 0: a settlement with an older time wiped a newer one", st.Remaining)
+	}
+	if ok, _ := v.Reserve(1<<62, t0.Add(200*time.Second)); !ok {
+		t.Fatal("a huge reservation on a full balance was refused")
+	}
+	if st := v.State(t0.Add(200 * time.Second)); st.Remaining >= 0 {
+		t.Fatalf("%d remaining after a huge reservation, want a debt (it must not wrap)", st.Remaining)
 	}
 }

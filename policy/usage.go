@@ -21,7 +21,8 @@ type Usage struct {
 //     stream's response.completed);
 //   - Anthropic: the input is input_tokens + cache_creation_input_tokens +
 //     cache_read_input_tokens — a stream tells them in message_start, the
-//     first usage, unless its last usage repeats them — and the output the
+//     first usage, unless its last usage repeats them (b must hold
+//     message_start for them: 0 else) — and the output the
 //     last usage's output_tokens (message_delta's is cumulative: adding
 //     message_start's would count it twice);
 //   - Ollama: the last prompt_eval_count and eval_count (a cached prompt
@@ -48,7 +49,7 @@ func ReadUsage(api API, b []byte) Usage {
 	u := Usage{Input: in.Int(), Output: out.Int(), Known: in.Exists() || out.Exists()}
 	if api == APIAnthropic {
 		told := last
-		if !in.Exists() { // a stream's message_delta: the input was in message_start
+		if in.Type != gjson.Number { // a stream's message_delta (none, or null): the input was in message_start
 			if j := bytes.Index(b, []byte(`"usage":`)); j >= 0 && j < i {
 				told = gjson.ParseBytes(b[j+len(`"usage":`):])
 			}

@@ -20,6 +20,9 @@ func TestReadUsage(t *testing.T) {
 			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"cache_read_input_tokens\":1,\"output_tokens\":1}}}\n\n" +
 				"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n" +
 				"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":12}}\n\n", Usage{10, 12, true}},
+		{"anthropic, a delta's input null: message_start's", APIAnthropic,
+			"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n" +
+				"data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":null,\"output_tokens\":4}}\n\n", Usage{9, 4, true}},
 		{"ollama", APIOllama, "{\"message\":{\"content\":\"a\"},\"done\":false}\n{\"done\":true,\"prompt_eval_count\":26,\"eval_count\":290}\n", Usage{26, 290, true}},
 		{"ollama, a cached prompt: input 0", APIOllama, `{"done":true,"eval_count":40}`, Usage{0, 40, true}},
 		{"no usage", APIChat, `{"choices":[]}`, Usage{}},
