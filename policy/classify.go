@@ -170,8 +170,17 @@ type Verdict struct {
 // overloaded: 503, or Anthropic's 529.
 func overloadStatus(status int) bool { return status == 503 || status == 529 }
 
+// overloadReply: a reply that says the server is overloaded — its status,
+// or an error event before its first content (vLLM's engine at code 503,
+// Anthropic's overloaded_error), which comes with a 200.
+func overloadReply(o Outcome) bool {
+	return overloadStatus(o.Status) ||
+		o.StreamFailed && (o.StreamError == "503" || o.StreamError == "529" || o.StreamError == "overloaded_error")
+}
+
 // Overloaded reports whether outcome o says the endpoint is overloaded —
-// a 503/529, a failed connection, or a timeout of the endpoint's own
+// a 503/529 (or an error event saying so before the stream's first
+// content), a failed connection, or a timeout of the endpoint's own
 // bound (first_byte, first_token; ownTimeout false: the request's
 // deadline ran out, and a client's short deadline must not throttle
 // every tenant) — but never a 429, which says the quota is spent, not
@@ -179,7 +188,7 @@ func overloadStatus(status int) bool { return status == 503 || status == 529 }
 func Overloaded(o Outcome, ownTimeout bool) bool {
 	switch o.Fault {
 	case FaultNone:
-		return overloadStatus(o.Status)
+		return overloadReply(o)
 	case FaultConnect:
 		return true
 	case FaultTimeout:
@@ -194,7 +203,7 @@ func Overloaded(o Outcome, ownTimeout bool) bool {
 // breaker, so one overload does not open the breaker and hide the
 // recovery.
 func (v Verdict) ReplyHealth(o Outcome, adaptive bool) Health {
-	if adaptive && o.Fault == FaultNone && overloadStatus(o.Status) {
+	if adaptive && o.Fault == FaultNone && overloadReply(o) {
 		return HealthExcluded
 	}
 	return v.Health

@@ -747,6 +747,9 @@ func TestOverloadedAndWhatTheReplyBreakerHears(t *testing.T) {
 		{"its own timeout", Outcome{Fault: FaultTimeout}, true, true, HealthFailure},
 		{"the request's deadline", Outcome{Fault: FaultTimeout}, false, false, HealthFailure},
 		{"a reset", Outcome{Fault: FaultReset}, true, false, HealthExcluded},
+		{"vLLM's overloaded engine, in band", Outcome{Status: 200, StreamFailed: true, StreamError: "503"}, true, true, HealthExcluded},
+		{"Anthropic's overloaded_error, in band", Outcome{Status: 200, StreamFailed: true, StreamError: "overloaded_error"}, true, true, HealthExcluded},
+		{"another error event", Outcome{Status: 200, StreamFailed: true, StreamError: "server_error"}, true, false, HealthFailure},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -440,7 +440,8 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 		// the adaptive limit's signal.
 		s.Streamed = f == policy.FaultNone && status < 300 && ex.req.route.streamHold.Max <= 0 && !rp.heldToEnd &&
 			!a.out.StreamFailed && ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
-		s.Overload = policy.Overloaded(policy.Outcome{Status: status, Fault: f}, f != policy.FaultTimeout || time.Now().Before(ex.req.deadline))
+		s.Overload = policy.Overloaded(policy.Outcome{Status: status, Fault: f, StreamFailed: a.out.StreamFailed, StreamError: a.out.StreamError},
+			f != policy.FaultTimeout || time.Now().Before(ex.req.deadline))
 		if s.Streamed && !a.rp.observed {
 			a.rp.observed = true // once an attempt: its first content
 			a.rp.lease.Observe(s)

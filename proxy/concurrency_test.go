@@ -360,7 +360,8 @@ func TestAStreamsFirstContentIsASampleAsItComes(t *testing.T) {
 // TestAnErrorEventBeforeContentIsNoSample: a stream that fails in band
 // before its first content (vLLM's overloaded engine) is retried, and only
 // the retry's first content is a sample — the error came fast, and read
-// as a reply's start it would tell the limit the server is quick.
+// as a reply's start it would tell the limit the server is quick; the
+// overload it tells backs the limit off, as a 503 would.
 func TestAnErrorEventBeforeContentIsNoSample(t *testing.T) {
 	t.Parallel()
 	sse := [][2]string{upstreamtest.SSEHeader}
@@ -373,7 +374,8 @@ func TestAnErrorEventBeforeContentIsNoSample(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	h.accessLines(1)
-	if st := endpointConcurrency(t, h); st.Samples[0] != 1 || len(up.Requests()) != 2 {
-		t.Fatalf("%d samples of %d attempts, want 1 of 2", st.Samples[0], len(up.Requests()))
+	if st := endpointConcurrency(t, h); st.Samples[0] != 1 || len(up.Requests()) != 2 || st.Limit != 3 {
+		t.Fatalf("%d samples of %d attempts, limit %d; want 1 of 2, and the overload told in band backing 4 off to 3",
+			st.Samples[0], len(up.Requests()), st.Limit)
 	}
 }
