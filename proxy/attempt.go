@@ -75,12 +75,9 @@ type reply struct {
 	// lease is the connection place (max_connections) the attempt holds
 	// until its body is closed; sample is what it reports then (its
 	// ttft, and whether that counts: not for a stale connection's replay,
-	// nor for an attempt not sent or whose client left; see sampled);
-	// observed says a stream's first content was fed to an adaptive
-	// limit already.
-	lease    upstream.Lease
-	sample   upstream.Sample
-	observed bool
+	// nor for an attempt not sent or whose client left; see sampled).
+	lease  upstream.Lease
+	sample upstream.Sample
 	// body is the upstream response stream still to be read, nil once
 	// fully read or closed.
 	body io.Reader
@@ -107,7 +104,7 @@ func (rp *reply) reuse(conn *upstream.Hold) *reply {
 	} else {
 		rp.close()
 	}
-	rp.conn, rp.sample, rp.heldToEnd, rp.observed = conn, upstream.Sample{}, false, false
+	rp.conn, rp.sample, rp.heldToEnd = conn, upstream.Sample{}, false
 	return rp
 }
 
@@ -191,7 +188,7 @@ func (v *visit) roundTrip(a *attempt) {
 		*out = policy.Outcome{Fault: f}
 		return
 	}
-	v.sampled(a, policy.FaultNone) // the first output is held: the attempt's ttft
+	v.firstOutput(a)
 	// An error event before the stream's first output (judge): what it
 	// means is policy's (EventFailure). A retryable one gives the stream up.
 	if out.StreamFailed && policy.EventFailure(out.StreamError).Class == policy.ClassRetryable {
@@ -418,9 +415,17 @@ func (rp *reply) close() {
 	}
 }
 
+// firstOutput notes the sample of attempt a, whose first output is held
+// (its ttft), and gives a stream's first content to an adaptive limit now,
+// not as the reply ends (Observe takes only a stream's that counts).
+func (v *visit) firstOutput(a *attempt) {
+	v.sampled(a, policy.FaultNone)
+	a.rp.lease.Observe(a.rp.sample)
+}
+
 // sampled notes attempt a's sample as its head is read (f: none) or it
-// fails (f: how), for its lease's release (reply.close) — a stream's
-// first content feeds an adaptive limit at once (Lease.Observe): its time to first
+// fails (f: how), for its lease's release (reply.close) and, a stream's
+// first content, for an adaptive limit at once (firstOutput): its time to first
 // token from when it was sent, counted unless it is a stale connection's
 // replay, its client left, or it failed before it was sent (a failed
 // dial, no connection, a stale connection's).
@@ -442,10 +447,6 @@ func (v *visit) sampled(a *attempt, f policy.Fault) {
 			!a.out.StreamFailed && ex.req.call.API != policy.APIOther && events.KindOf(rp.msg.Header.ContentType()) != 0
 		s.Overload = policy.Overloaded(policy.Outcome{Status: status, Fault: f, StreamFailed: a.out.StreamFailed, StreamError: a.out.StreamError},
 			f != policy.FaultTimeout || time.Now().Before(ex.req.deadline))
-		if s.Streamed && !a.rp.observed {
-			a.rp.observed = true // once an attempt: its first content
-			a.rp.lease.Observe(s)
-		}
 	}
 	a.rp.sample = s
 }

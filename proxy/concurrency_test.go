@@ -379,15 +379,3 @@ func TestAnErrorEventBeforeContentIsNoSample(t *testing.T) {
 			st.Samples[0], len(up.Requests()), st.Limit)
 	}
 }
-
-// TestAReusedReplyIsObservedAgain: the next attempt's first content is
-// a sample of its own — the mark that one was fed goes with the attempt.
-func TestAReusedReplyIsObservedAgain(t *testing.T) {
-	t.Parallel()
-	rp := (*reply)(nil).reuse(&upstream.Hold{})
-	rp.observed, rp.heldToEnd, rp.sample = true, true, upstream.Sample{Counts: true}
-	if rp = rp.reuse(&upstream.Hold{}); rp.observed || rp.heldToEnd || rp.sample.Counts {
-		t.Fatalf("a reused reply kept its attempt's marks: observed %v, held to end %v, sample %+v", rp.observed, rp.heldToEnd, rp.sample)
-	}
-	rp.release()
-}

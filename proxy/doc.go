@@ -37,7 +37,7 @@
 //     (upstream.Tickets.Report); the attempt's time to first token, and
 //     whether it counts, by reply.close as it gives the lease back
 //     (upstream.Lease.Release), a stream's first content to an adaptive
-//     limit as it comes (upstream.Lease.Observe); sampled decides;
+//     limit as it comes (upstream.Lease.Observe, in firstOutput); sampled decides;
 //   - waits end early on shutdown or when the client leaves: visit.wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving
 //     is noticed by the watcher (watch_linux.go) and acted on by
