@@ -637,13 +637,13 @@ func (sm *summary) spanAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 	if sm.rescued > 0 {
 		attrs = append(attrs, attrRescued.Int(sm.rescued))
 	}
-	if u := sm.usage; u.model != "" || u.known {
+	if u := sm.usage; u.model != "" || u.Known {
 		if u.model != "" {
 			// A copy of its key alone: gjson's string shares the body's copy.
 			attrs = append(attrs, attrResponseModel.String(strings.Clone(policy.ModelKey(u.model))))
 		}
-		if u.known {
-			attrs = append(attrs, attrInputTokens.Int64(u.input), attrOutputTokens.Int64(u.output))
+		if u.Known {
+			attrs = append(attrs, attrInputTokens.Int64(u.Input), attrOutputTokens.Int64(u.Output))
 		}
 	}
 	return attrs
@@ -661,9 +661,8 @@ func (tr *traceState) traceID() (trace.TraceID, bool) {
 // usage is what a reply says of the model that answered and the tokens
 // it used.
 type usage struct {
-	model         string
-	input, output int64
-	known         bool
+	model string
+	policy.Usage
 }
 
 // usageOf reads usage from a reply body of api, or from the last bytes
@@ -676,7 +675,6 @@ func usageOf(api policy.API, b []byte) usage {
 			u.model = m.Str
 		}
 	}
-	t := policy.ReadUsage(api, b)
-	u.input, u.output, u.known = t.Input, t.Output, t.Known
+	u.Usage = policy.ReadUsage(api, b)
 	return u
 }

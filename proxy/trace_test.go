@@ -321,14 +321,14 @@ func TestUsageOf(t *testing.T) {
 		body string
 		want usage
 	}{
-		{"chat", policy.APIChat, `{"model":"gpt-4o-2024","usage":{"prompt_tokens":5,"completion_tokens":9}}`, usage{"gpt-4o-2024", 5, 9, true}},
+		{"chat", policy.APIChat, `{"model":"gpt-4o-2024","usage":{"prompt_tokens":5,"completion_tokens":9}}`, usage{"gpt-4o-2024", policy.Usage{Input: 5, Output: 9, Known: true}}},
 		{"responses", policy.APIResponses, `{"type":"response.completed","response":{"model":"o3","usage":{"input_tokens":4,"output_tokens":2}}}`,
-			usage{"o3", 4, 2, true}},
+			usage{"o3", policy.Usage{Input: 4, Output: 2, Known: true}}},
 		{"stream tail", policy.APIChat, "data: {\"model\":\"m\",\"usage\":null}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
-			usage{"m", 1, 2, true}},
+			usage{"m", policy.Usage{Input: 1, Output: 2, Known: true}}},
 		{"usage null", policy.APIChat, "data: {\"model\":\"m\",\"usage\":null}\n\n", usage{model: "m"}},
-		{"ollama", policy.APIOllama, `{"model":"llama3","done":true,"prompt_eval_count":26,"eval_count":290}`, usage{"llama3", 26, 290, true}},
-		{"anthropic, cached input", policy.APIAnthropic, `{"model":"claude","usage":{"input_tokens":3,"cache_read_input_tokens":7,"output_tokens":2}}`, usage{"claude", 10, 2, true}},
+		{"ollama", policy.APIOllama, `{"model":"llama3","done":true,"prompt_eval_count":26,"eval_count":290}`, usage{"llama3", policy.Usage{Input: 26, Output: 290, Known: true}}},
+		{"anthropic, cached input", policy.APIAnthropic, `{"model":"claude","usage":{"input_tokens":3,"cache_read_input_tokens":7,"output_tokens":2}}`, usage{"claude", policy.Usage{Input: 10, Output: 2, Known: true}}},
 		{"none", policy.APIOther, `{"data":[1,2]}`, usage{}},
 		{"cut", policy.APIChat, `{"model":"m","usage":{"prompt_to`, usage{model: "m"}},
 	} {
