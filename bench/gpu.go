@@ -27,11 +27,11 @@ const (
 // queue inside that never refuses (vLLM, Ollama under load: no error,
 // only waiting). Replies stream outMin–outMax tokens, uniformly.
 type gpuServer struct {
-	mu             sync.Mutex
-	slots, active  int
-	queue          []chan struct{}
-	outMin, outMax int
-	rnd            *rand.Rand
+	mu sync.Mutex
+	gpuShape
+	active int
+	queue  []chan struct{}
+	rnd    *rand.Rand
 	// ttfts are the replies' times to first content from their arrival
 	// (what a request the proxy admitted waits), with when they came.
 	ttfts  []timedValue
@@ -41,18 +41,24 @@ type gpuServer struct {
 	srv    *http.Server
 }
 
+// gpuShape is what a fake GPU server is: its slots, and its replies'
+// lengths in tokens (outMin–outMax).
+type gpuShape struct {
+	slots, outMin, outMax int
+}
+
 // timedValue is a value at a time from a run's start.
 type timedValue struct {
 	at time.Duration
 	v  float64
 }
 
-func startGPU(slots, outMin, outMax int) (*gpuServer, error) {
+func startGPU(shape gpuShape) (*gpuServer, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	g := &gpuServer{slots: slots, outMin: outMin, outMax: outMax, rnd: rand.New(rand.NewPCG(7, 8)), ln: ln, start: time.Now()}
+	g := &gpuServer{gpuShape: shape, rnd: rand.New(rand.NewPCG(7, 8)), ln: ln, start: time.Now()}
 	g.srv = &http.Server{Handler: http.HandlerFunc(g.serve), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = g.srv.Serve(ln) }()
 	return g, nil
@@ -63,10 +69,10 @@ func (g *gpuServer) url() string { return "http://" + g.ln.Addr().String() }
 func (g *gpuServer) close() { _ = g.srv.Close() }
 
 // set changes the server's slots and output lengths mid-run.
-func (g *gpuServer) set(slots, outMin, outMax int) {
+func (g *gpuServer) set(shape gpuShape) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.slots, g.outMin, g.outMax = slots, outMin, outMax
+	g.gpuShape = shape
 	g.grant()
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,15 +36,14 @@ type olGroup struct {
 	class  string
 }
 
-// olScenario is one overload scenario: the server's slots and output
-// lengths, the clients, and what changes at half time.
+// olScenario is one overload scenario: the server, the clients, and
+// what the server becomes at half time.
 type olScenario struct {
-	name, about    string
-	slots          int
-	outMin, outMax int
-	groups         []olGroup
-	// change, when set, changes the server at half time.
-	change func(g *gpuServer)
+	name, about string
+	gpu         gpuShape
+	groups      []olGroup
+	// then, when set, is the server from half time on.
+	then *gpuShape
 	// solo, when set, also measures this group alone through the adaptive
 	// Sturdy (a baseline for a figure).
 	solo *olGroup
@@ -60,20 +60,23 @@ var olUnloaded = millis(gpuBase + time.Duration(len(olBody)/4)*gpuPerPromptToken
 
 const olSlots = 8
 
+// olGPU is the scenarios' server: 8 slots, outputs of 16–256 tokens.
+var olGPU = gpuShape{slots: olSlots, outMin: 16, outMax: 256}
+
 var olScenarios = []olScenario{
 	{name: "overload", about: "64 closed-loop clients on 8 slots",
-		slots: olSlots, outMin: 16, outMax: 256, groups: []olGroup{{n: 64, tenant: "a", class: "interactive"}}},
+		gpu: olGPU, groups: []olGroup{{n: 64, tenant: "a", class: "interactive"}}},
 	{name: "capacity-drop", about: "64 clients; the slots drop from 8 to 4 at half time",
-		slots: olSlots, outMin: 16, outMax: 256, groups: []olGroup{{n: 64, tenant: "a", class: "interactive"}},
-		change: func(g *gpuServer) { g.set(4, 16, 256) }},
+		gpu: olGPU, groups: []olGroup{{n: 64, tenant: "a", class: "interactive"}},
+		then: &gpuShape{slots: 4, outMin: 16, outMax: 256}},
 	{name: "long-outputs", about: "64 clients; every output 256 tokens from half time",
-		slots: olSlots, outMin: 16, outMax: 256, groups: []olGroup{{n: 64, tenant: "a", class: "interactive"}},
-		change: func(g *gpuServer) { g.set(olSlots, 256, 256) }},
+		gpu: olGPU, groups: []olGroup{{n: 64, tenant: "a", class: "interactive"}},
+		then: &gpuShape{slots: olSlots, outMin: 256, outMax: 256}},
 	{name: "priorities", about: "8 interactive and 56 batch clients",
-		slots: olSlots, outMin: 16, outMax: 256, groups: []olGroup{{n: 8, tenant: "a", class: "interactive"}, {n: 56, tenant: "b", class: "batch"}},
+		gpu: olGPU, groups: []olGroup{{n: 8, tenant: "a", class: "interactive"}, {n: 56, tenant: "b", class: "batch"}},
 		extra: []olTarget{{name: "sturdy adaptive, batch_share 25 %", concurrency: "{mode: adaptive, max: 64, batch_share: 25%, queue: {max: 256, timeout: 30s}}"}}},
 	{name: "noisy-neighbour", about: "tenant A open-loop at 60/s (about 2× capacity), tenant B at 3/s",
-		slots: olSlots, outMin: 16, outMax: 256, groups: []olGroup{{rate: 60, tenant: "a", class: "interactive"}, {rate: 3, tenant: "b", class: "interactive"}},
+		gpu: olGPU, groups: []olGroup{{rate: 60, tenant: "a", class: "interactive"}, {rate: 3, tenant: "b", class: "interactive"}},
 		solo: &olGroup{rate: 3, tenant: "b", class: "interactive"}},
 }
 
@@ -124,7 +127,7 @@ func measureOverload(bin, name string, d time.Duration) ([]olScenario, [][]olRun
 			continue
 		}
 		var rs []olRun
-		for _, t := range append(olTargets[:len(olTargets):len(olTargets)], sc.extra...) {
+		for _, t := range slices.Concat(olTargets, sc.extra) {
 			if _, err := exec.LookPath("nginx"); t.nginx && err != nil {
 				fmt.Fprintf(os.Stderr, "%s via %s: skipped, nginx is not installed (apt-get install nginx-light)\n", sc.name, t.name)
 				continue
@@ -150,14 +153,14 @@ func measureOverload(bin, name string, d time.Duration) ([]olScenario, [][]olRun
 
 // runOverload runs groups against a fresh fake GPU server through t for d.
 func runOverload(bin string, sc olScenario, groups []olGroup, t olTarget, d time.Duration) (olRun, error) {
-	g, err := startGPU(sc.slots, sc.outMin, sc.outMax)
+	g, err := startGPU(sc.gpu)
 	if err != nil {
 		return olRun{}, err
 	}
 	defer g.close()
 	url, admin := g.url(), ""
 	if t.nginx {
-		addr, stop, err := startNginx(url, sc.slots)
+		addr, stop, err := startNginx(url, sc.gpu.slots)
 		if err != nil {
 			return olRun{}, err
 		}
@@ -194,8 +197,8 @@ func runOverload(bin string, sc olScenario, groups []olGroup, t olTarget, d time
 		wg.Add(1)
 		go func() { defer wg.Done(); run.limits = pollLimit(ctx, admin, start) }()
 	}
-	if sc.change != nil {
-		time.AfterFunc(d/2, func() { sc.change(g) })
+	if sc.then != nil {
+		time.AfterFunc(d/2, func() { g.set(*sc.then) })
 	}
 	var mu sync.Mutex
 	add := func(r olRequest) {
@@ -372,12 +375,9 @@ func (r olRun) figures(sc olScenario) olFigures {
 	f.ttftP50, f.ttftP99 = pctl(ttfts, 50), pctl(ttfts, 99)
 	f.serverP99 = pctl(r.server, 99)
 	f.limitFirst, f.limitLast = meanOver(r.limits, r.d/4, half), meanOver(r.limits, r.d*3/4, r.d)
-	slots, from := sc.slots, time.Duration(0)
-	if sc.change != nil {
-		from = half
-		if sc.name == "capacity-drop" {
-			slots = 4
-		}
+	slots, from := sc.gpu.slots, time.Duration(0)
+	if sc.then != nil {
+		slots, from = sc.then.slots, half
 	}
 	f.settled = settleTime(r.limits, from, 0.75*float64(slots), 1.25*float64(slots))
 	return f
