@@ -237,10 +237,7 @@ func (g *gradient) sample(ttft time.Duration, size, inFlight int) {
 	b.long += (t - b.long) * g.learn(b.n, inFlight)
 	g.short += (t/b.long - g.short) * shortWeight
 	grad := math.Max(0.5, math.Min(1, g.o.Tolerance/g.short))
-	// One step a round — a limit's worth of samples — spread over its
-	// samples: a sample comes a time to first content after dispatch,
-	// but a place is freed a whole reply later, and a step per sample
-	// overshot to twice a server's slots and fell to 1, again and again.
+	// One step a round, spread over its samples (see gradient).
 	next := g.limit * grad
 	if grad == 1 && t/b.long <= g.o.Tolerance {
 		next++ // the queue allowance: only while the replies keep pace, this one too
