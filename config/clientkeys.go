@@ -128,6 +128,7 @@ func validateClientKey(bad func(key, format string, args ...any), k string, ck *
 	if ck.RequestsPerSecond < 0 {
 		bad(k+".requests_per_second", "must not be negative (0: the clients: entries' limit)")
 	}
+	validateTokenLimits(bad, k+".", ck.TokenLimits)
 	switch {
 	case ck.Burst < 0:
 		bad(k+".burst", "must not be negative")

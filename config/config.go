@@ -229,6 +229,9 @@ type Auth struct {
 // ClientLimit.
 type ClientLimit = proxy.ClientLimit
 
+// TokenLimits are a client's token budgets: package proxy's TokenLimits.
+type TokenLimits = proxy.TokenLimits
+
 // Log configures logging.
 type Log struct {
 	// Level is debug, info, warn or error. Default info.

@@ -41,9 +41,23 @@ func atLeast1[T int | uint32 | Size](p *problems, key string, v T) {
 }
 
 // notNegative checks a value whose 0 has a meaning of its own (note).
-func notNegative[T int | float64](p *problems, key string, v T, note string) {
+func notNegative[T int | int64 | float64](p *problems, key string, v T, note string) {
 	if v < 0 {
 		p.bad(key, "must not be negative%s", note)
+	}
+}
+
+// validateTokenLimits checks a client's token budgets (prefix: its key
+// and a dot).
+func validateTokenLimits(bad func(key, format string, args ...any), prefix string, t TokenLimits) {
+	for _, f := range []struct {
+		key string
+		v   int64
+	}{{"tokens_per_minute", t.TokensPerMinute}, {"input_tokens_per_minute", t.InputTokensPerMinute},
+		{"output_tokens_per_minute", t.OutputTokensPerMinute}} {
+		if f.v < 0 {
+			bad(prefix+f.key, "must not be negative (0: no such budget)")
+		}
 	}
 }
 
@@ -66,8 +80,13 @@ func (c *Config) Validate() []Problem {
 		if c.isWritten(k+".key_header") && strings.TrimSpace(cl.KeyHeader) == "" {
 			p.bad(k+".key_header", "must not be empty (leave it out for Authorization)")
 		}
-		if cl.RequestsPerSecond <= 0 {
-			p.bad(k+".requests_per_second", "must be greater than 0")
+		notNegative(p, k+".requests_per_second", cl.RequestsPerSecond, " (0: no request limit)")
+		validateTokenLimits(p.bad, k+".", cl.TokenLimits)
+		if cl.RequestsPerSecond == 0 && cl.TokensPerMinute <= 0 && cl.InputTokensPerMinute <= 0 && cl.OutputTokensPerMinute <= 0 {
+			p.bad(k, "sets no limit: give requests_per_second, tokens_per_minute, input_tokens_per_minute or output_tokens_per_minute")
+		}
+		if cl.RequestsPerSecond == 0 && p.c.isWritten(k+".burst") {
+			p.bad(k+".burst", "is a burst of requests_per_second: set that too")
 		}
 		atLeast1(p, k+".burst", cl.Burst)
 	}

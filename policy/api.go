@@ -33,6 +33,11 @@ type Call struct {
 	Operation string
 }
 
+// Charged reports whether the call spends tokens a token budget counts:
+// an inference call with an operation (chat, completions, embeddings) —
+// not a count_tokens, a moderation, a model list or a write.
+func (c Call) Charged() bool { return c.Inference && c.Operation != "" }
+
 // calls are the path endings Sturdy knows, the longest of a shared tail
 // first (…/chat/completions before …/completions). Ollama's legacy
 // /api/embeddings ends in /embeddings. Anthropic's are matched with their

@@ -69,3 +69,21 @@ func lastNumber(b []byte, key string) (int64, bool) {
 	v := gjson.ParseBytes(b[i+len(key):])
 	return v.Int(), v.Type == gjson.Number
 }
+
+// UsageChunk reports whether a chat or legacy completions stream's chunk
+// is the one stream_options.include_usage adds: a usage, no choices.
+func UsageChunk(data []byte) bool {
+	if !bytes.Contains(data, []byte(`"usage":`)) {
+		return false
+	}
+	c := gjson.GetBytes(data, "choices")
+	return gjson.GetBytes(data, "usage").IsObject() && (!c.Exists() || c.IsArray() && c.Get("#").Int() == 0)
+}
+
+// AsksUsage reports whether a chat or legacy completions request body
+// asks for a stream with its usage (stream_options.include_usage), and
+// whether it asks for a stream at all.
+func AsksUsage(body []byte) (stream, usage bool) {
+	r := gjson.GetManyBytes(body, "stream", "stream_options.include_usage")
+	return r[0].Bool(), r[1].Bool()
+}

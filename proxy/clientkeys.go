@@ -21,12 +21,14 @@ type clientKey struct {
 // clientKeys are the keys client_keys_file lists, by their SHA-256.
 type clientKeys map[[sha256.Size]byte]*clientKey
 
-// buildClientKeys compiles ks; the keys of one rate share a limiter (a
+// buildClientKeys compiles ks; a key with a limit of its own has the
+// settings of base (the first clients: entry keyed by credential; zero:
+// none) where it leaves one unset. The keys of one setting share a limiter (a
 // bucket per key in it, never evicted: the keys are at most
 // MaxClientKeys), and a limiter whose settings prev had too is kept, so
 // a reload keeps the buckets. A key that does not parse was refused by
 // validation; here it is an error.
-func buildClientKeys(ks []ClientKey, prev clientKeys, onEvict func()) (clientKeys, error) {
+func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict func()) (clientKeys, error) {
 	if len(ks) == 0 {
 		return nil, nil
 	}
@@ -49,8 +51,13 @@ func buildClientKeys(ks []ClientKey, prev clientKeys, onEvict func()) (clientKey
 		if k.Priority != nil {
 			ck.priority, ck.hasPriority = *k.Priority, true
 		}
-		if k.RequestsPerSecond > 0 {
-			lo := ClientLimit{KeyHeader: DefaultKeyHeader, RequestsPerSecond: k.RequestsPerSecond, Burst: k.Burst}.withDefaults()
+		if k.RequestsPerSecond > 0 || k.TokenLimits.any() {
+			lo := ClientLimit{KeyHeader: DefaultKeyHeader, RequestsPerSecond: k.RequestsPerSecond, Burst: k.Burst,
+				TokenLimits: k.TokenLimits.or(base.TokenLimits)}
+			if k.RequestsPerSecond <= 0 {
+				lo.RequestsPerSecond, lo.Burst = base.RequestsPerSecond, base.Burst
+			}
+			lo = lo.withDefaults()
 			if ck.limit = limiters[lo]; ck.limit == nil {
 				ck.limit = newClientLimiter(lo, onEvict)
 				limiters[lo] = ck.limit
@@ -91,7 +98,7 @@ func (k *clientKey) classOf(pr upstream.Priority, fromHeader bool) upstream.Prio
 	return k.priority
 }
 
-// limited reports whether some key has a rate limit of its own.
+// limited reports whether some key has a limit of its own.
 func (ks clientKeys) limited() bool {
 	for _, k := range ks {
 		if k.limit != nil {

@@ -50,6 +50,9 @@
 //     by choose with what the request knows (ask); a stream's framing: events.KindOf,
 //     events.Next; what its events mean: policy.Judge, policy.FollowChunk,
 //     policy.Continuable;
+//   - what a request reserves of a token budget, and is charged:
+//     policy.EstimateTokens, then its reply's usage (meter.go, settledUsage);
+//     the window's arithmetic is policy.TokenWindow's;
 //   - what is shared with a fleet: shared.go (package fleet does the
 //     Redis side).
 //
@@ -73,7 +76,11 @@
 //	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config
 //	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
-//	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys)
+//	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys); the limits a request
+//	               is under (clientLimits.each)
+//	tokens.go      token budgets (clients: tokens_per_minute): reserved at admission (clientTokens, a
+//	               hook), settled to the reply's usage, a keyBudget per client never dropped in debt
+//	meter.go       the usage a reply tells as it is relayed (meter), for a budget or a trace
 //	clientkeys.go  single keys' settings (client_keys_file): by SHA-256, a key's own limit and class (classOf)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
 //	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet)

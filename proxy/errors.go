@@ -154,6 +154,37 @@ type apiError struct {
 	msg        string
 	details    errorDetails
 	retryAfter time.Duration // 0: no Retry-After
+	// tokens is the budget that refused the request, for its headers.
+	tokens tokenHeaders
+}
+
+// tokenHeaders is a token budget as a refusal tells it: OpenAI's
+// x-ratelimit-{limit,remaining,reset}-tokens, or on the Messages API
+// anthropic-ratelimit-<kind>-{limit,remaining,reset} (reset an RFC 3339
+// time).
+type tokenHeaders struct {
+	kind  tokenKind
+	state policy.TokenState
+	set   bool
+}
+
+// write sets t's headers on r for a request of api.
+func (t tokenHeaders) write(h *fasthttp.ResponseHeader, api policy.API) {
+	if !t.set {
+		return
+	}
+	st := t.state
+	remaining := strconv.FormatInt(max(st.Remaining, 0), 10)
+	if api == policy.APIAnthropic {
+		name := "anthropic-ratelimit-" + anthropicTokenHeaders[t.kind]
+		h.Set(name+"-limit", strconv.FormatInt(st.Limit, 10))
+		h.Set(name+"-remaining", remaining)
+		h.Set(name+"-reset", time.Now().Add(st.Reset).UTC().Format(time.RFC3339))
+		return
+	}
+	h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(st.Limit, 10))
+	h.Set("x-ratelimit-remaining-tokens", remaining)
+	h.Set("x-ratelimit-reset-tokens", st.Reset.Round(time.Millisecond).String())
 }
 
 // newError builds the error for code; args fill its message's verbs.
@@ -300,6 +331,7 @@ func (e *apiError) writeTo(r *fasthttp.Response, requestID []byte, api policy.AP
 		r.Header.SetBytesKV(hdrRetryAfter, strconv.AppendInt(nil, max(secs, 1), 10))
 		r.Header.SetBytesKV(hdrRetryAfterMS, strconv.AppendInt(nil, e.retryAfter.Milliseconds(), 10))
 	}
+	e.tokens.write(&r.Header, api)
 	r.SetBody(shapeOf(api).body(e, requestID))
 }
 

@@ -89,6 +89,14 @@ type outbound struct {
 	uri     []byte
 	body    []byte // a rewritten body (model changed for a target)
 	scratch []byte // for header values built per request
+	// holds are the token reservations it holds (tokens.go), settled or
+	// refunded as it ends; metered says its reply's usage is read as it
+	// is relayed (a budget or a trace needs it: meter.go).
+	holds   []tokenHold
+	metered bool
+	// wantsUsage: a stream whose client did not ask for its usage, and a
+	// budget needs it (needUsage).
+	wantsUsage bool
 	// msg is the upstream request; it lives as long as the pooled
 	// exchange.
 	msg *fasthttp.Request
@@ -261,13 +269,16 @@ func (ex *exchange) finish() {
 	if ex.client.isGone.Load() {
 		gone = make(chan struct{}) // a closed one cannot be reused
 	}
-	st := ex.st
+	st, metered := ex.st, ex.st.meter.pending
 	*st = stream{ex: ex}
+	if cap(metered) <= 2*meterHold {
+		st.meter.pending = metered[:0] // a meter's buffer, unless a large read grew it
+	}
 	*ex = exchange{
 		st:     st,
 		client: presence{goneCh: gone},
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
-			scratch: ex.req.scratch[:0]},
+			scratch: ex.req.scratch[:0], holds: ex.req.holds[:0]},
 	}
 	exchangePool.Put(ex)
 }

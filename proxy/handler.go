@@ -25,6 +25,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])
 	ex.tr = startTrace(p.tracers.cur.Load(), ctx, ex.req.id, ex.req.start)
+	ex.req.metered = ex.tr != nil && ex.tr.rec // a recorded span tells the reply's usage
 	if ex.client.cc = clientConnOf(ctx.Conn()); ex.client.cc != nil {
 		ex.client.cc.serving(ex)
 	}
@@ -80,10 +81,6 @@ func (ex *exchange) admit() *apiError {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
 	}
-	var e *apiError
-	if ex.hooked, e = ex.tbl.hooks.reserve(ex, time.Now()); e != nil {
-		return e
-	}
 	model, stream := bodyFields(ctx.Request.Body())
 	ex.req.call = policy.CallOf(rawPath(uri))
 	ex.req.model = policy.ModelKey(model.Str) // the body's own bytes, unless too long to keep
@@ -113,6 +110,9 @@ func (ex *exchange) admit() *apiError {
 		return e
 	}
 	ex.req.priority = ex.req.key.classOf(pr, fromHeader)
+	if ex.hooked, e = ex.tbl.hooks.reserve(ex, time.Now()); e != nil {
+		return e
+	}
 	ex.out.outcome = ""
 	return nil
 }

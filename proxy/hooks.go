@@ -19,34 +19,16 @@ type hook interface {
 	settle(ex *exchange, s summary)
 }
 
-// clientLimits is the clients: limits as a hook: each request takes one
-// from every limit whose key it carries — its client key's own limit
-// (client_keys_file) in place of the entries keyed by credential; a
-// request once admitted is not given back (a limit of requests, not of
-// their cost).
-type clientLimits []*clientLimiter
-
 func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
-	own := ex.req.key != nil && ex.req.key.limit != nil
-	if own {
-		if e := cls.take(ex, ex.req.key.limit, now, "this key"); e != nil {
-			return e
-		}
-	}
-	for _, cl := range cls {
-		if own && cl.byCredential {
-			continue // the key's own limit took its place
-		}
-		if e := cls.take(ex, cl, now, "this client"); e != nil {
-			return e
-		}
-	}
-	return nil
+	return cls.each(ex, func(cl *clientLimiter, who string) *apiError { return cls.take(ex, cl, now, who) })
 }
 
 // take takes one request from limit cl for ex, or refuses it (who names
 // whose limit it is in the message).
 func (clientLimits) take(ex *exchange, cl *clientLimiter, now time.Time, who string) *apiError {
+	if cl.opts.RequestsPerSecond <= 0 { // an entry of token budgets only
+		return nil
+	}
 	wait, ok, e := takeClient(ex.p, &ex.ctx.Request.Header, cl, now)
 	switch {
 	case e != nil:

@@ -22,8 +22,10 @@ var credSeed = maphash.MakeSeed()
 // credHash hashes a credential (an Authorization value, a client key).
 func credHash(v []byte) uint64 { return maphash.Bytes(credSeed, v) }
 
-// clientLimiter is one `clients:` entry: a token bucket per client, at
-// most upstream.MaxTrackedKeys of them (the least recently used goes).
+// clientLimiter is one `clients:` entry (or the limits client keys of
+// the same settings share): a token bucket of requests per client, at
+// most upstream.MaxTrackedKeys of them (the least recently used goes),
+// and, when it sets token budgets, a keyBudget per client (tokens.go).
 type clientLimiter struct {
 	opts   ClientLimit
 	header []byte
@@ -33,6 +35,9 @@ type clientLimiter struct {
 	onEvict      func()
 	mu           sync.Mutex
 	buckets      *simplelru.LRU[uint64, *rate.Limiter]
+	// budgets are the clients' token budgets (nil: the entry sets none),
+	// under mu like the buckets.
+	budgets *simplelru.LRU[uint64, *keyBudget]
 }
 
 // keyOf is the value that tells a request's client apart.
@@ -46,8 +51,12 @@ func (l *clientLimiter) keyOf(h *fasthttp.RequestHeader) []byte {
 
 func newClientLimiter(o ClientLimit, onEvict func()) *clientLimiter {
 	buckets, _ := simplelru.NewLRU[uint64, *rate.Limiter](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
-	return &clientLimiter{opts: o, header: []byte(o.KeyHeader), byCredential: strings.EqualFold(o.KeyHeader, DefaultKeyHeader),
+	l := &clientLimiter{opts: o, header: []byte(o.KeyHeader), byCredential: strings.EqualFold(o.KeyHeader, DefaultKeyHeader),
 		onEvict: onEvict, buckets: buckets}
+	if o.TokenLimits.any() {
+		l.budgets, _ = simplelru.NewLRU[uint64, *keyBudget](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
+	}
+	return l
 }
 
 // take spends one token of the client whose key header holds key; it
@@ -70,4 +79,53 @@ func (l *clientLimiter) take(key []byte, now time.Time) (wait time.Duration, ok 
 		return d, false
 	}
 	return 0, true
+}
+
+// clientLimits is the clients: limits as a hook: each request takes one
+// from every limit whose key it carries — its client key's own limit
+// (client_keys_file) in place of the entries keyed by credential; a
+// request once admitted is not given back (a limit of requests, not of
+// their cost).
+type clientLimits []*clientLimiter
+
+// each calls f with every limit a request of ex is under, until one
+// refuses it: its client key's own limit (who: "this key"), in place of
+// the entries keyed by credential, and the other entries ("this
+// client").
+func (cls clientLimits) each(ex *exchange, f func(cl *clientLimiter, who string) *apiError) *apiError {
+	own := ex.req.key != nil && ex.req.key.limit != nil
+	if own {
+		if e := f(ex.req.key.limit, "this key"); e != nil {
+			return e
+		}
+	}
+	for _, cl := range cls {
+		if own && cl.byCredential {
+			continue // the key's own limit took its place
+		}
+		if e := f(cl, "this client"); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// budgeted reports whether some entry sets a token budget.
+func (cls clientLimits) budgeted() bool {
+	for _, cl := range cls {
+		if cl.budgets != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// budgeted reports whether some key has a token budget of its own.
+func (ks clientKeys) budgeted() bool {
+	for _, k := range ks {
+		if k.limit != nil && k.limit.budgets != nil {
+			return true
+		}
+	}
+	return false
 }

@@ -192,17 +192,28 @@ func (v *visit) useTarget() policy.Action {
 }
 
 // bodyFor returns the request body as target t gets it: the client's,
-// with "model" rewritten (into the request's own buffer) when t sets one.
-// Only the "model" value changes; every other byte stays.
+// with "model" rewritten (into the request's own buffer) when t sets one,
+// and stream_options.include_usage set when Sturdy asks t for a stream's
+// usage (asksUsage). Only those values change; every other byte stays.
 func (ex *exchange) bodyFor(t *target) []byte {
 	q, body := &ex.req, ex.ctx.Request.Body()
-	if t.model != "" && q.model != t.model {
-		if rewritten, err := sjson.SetBytes(append(q.body[:0], body...), "model", t.model); err == nil {
-			q.body = rewritten
-			return rewritten
+	model, usage := t.model != "" && q.model != t.model, q.asksUsage(t)
+	if !model && !usage {
+		return body
+	}
+	b := append(q.body[:0], body...)
+	if model {
+		if rewritten, err := sjson.SetBytes(b, "model", t.model); err == nil {
+			b = rewritten
 		}
 	}
-	return body
+	if usage {
+		if rewritten, err := sjson.SetBytes(b, "stream_options.include_usage", true); err == nil {
+			b = rewritten
+		}
+	}
+	q.body = b
+	return b
 }
 
 // aim points the request at ep: its URI (and, for an address found in

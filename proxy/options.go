@@ -121,16 +121,45 @@ type ClientLimit struct {
 	// Authorization, which means the request's credential (Authorization,
 	// else x-api-key). Requests without it share one bucket.
 	KeyHeader string `yaml:"key_header"`
-	// RequestsPerSecond is each client's sustained rate (> 0). Required.
+	// RequestsPerSecond is each client's sustained rate; 0: no request
+	// limit (the entry sets a token budget instead).
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	// Burst is how many requests a client may send at once. Default: the
 	// rate rounded up, at least 1.
 	Burst int `yaml:"burst"`
+	// TokenLimits are each client's token budgets.
+	TokenLimits `yaml:",inline"`
+}
+
+// TokenLimits are a client's token budgets, in tokens a minute (a sliding
+// minute: policy.TokenWindow); 0: no such budget. A request reserves its
+// estimate of each at admission and settles to its reply's usage.
+type TokenLimits struct {
+	// TokensPerMinute counts input and output together.
+	TokensPerMinute int64 `yaml:"tokens_per_minute"`
+	// InputTokensPerMinute and OutputTokensPerMinute count one side each.
+	InputTokensPerMinute  int64 `yaml:"input_tokens_per_minute"`
+	OutputTokensPerMinute int64 `yaml:"output_tokens_per_minute"`
+}
+
+// any reports whether some budget is set.
+func (t TokenLimits) any() bool {
+	return t.TokensPerMinute > 0 || t.InputTokensPerMinute > 0 || t.OutputTokensPerMinute > 0
+}
+
+// or is t with each budget it leaves unset taken from base.
+func (t TokenLimits) or(base TokenLimits) TokenLimits {
+	upstream.OrDefault(&t.TokensPerMinute, base.TokensPerMinute)
+	upstream.OrDefault(&t.InputTokensPerMinute, base.InputTokensPerMinute)
+	upstream.OrDefault(&t.OutputTokensPerMinute, base.OutputTokensPerMinute)
+	return t
 }
 
 func (c ClientLimit) withDefaults() ClientLimit {
 	upstream.OrDefault(&c.KeyHeader, DefaultKeyHeader)
-	upstream.OrDefault(&c.Burst, upstream.BurstFor(c.RequestsPerSecond))
+	if c.RequestsPerSecond > 0 {
+		upstream.OrDefault(&c.Burst, upstream.BurstFor(c.RequestsPerSecond))
+	}
 	return c
 }
 
@@ -155,12 +184,14 @@ type ClientKey struct {
 	// Unset: the route's.
 	Priority *upstream.Priority `yaml:"priority"`
 	// RequestsPerSecond and Burst are the key's own rate limit (burst
-	// defaults to the rate rounded up): it takes the place, for this key,
-	// of the clients: entries keyed by credential (the default
-	// key_header), or stands alone where there are none. 0: those
-	// entries' limit.
+	// defaults to the rate rounded up), and TokenLimits its own token
+	// budgets: a key with any of them is limited by its own, in place of
+	// the first clients: entry keyed by credential (the default
+	// key_header), whose settings fill those the key leaves unset; the
+	// key's limits stand alone where there is no such entry.
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	Burst             int     `yaml:"burst"`
+	TokenLimits       `yaml:",inline"`
 }
 
 // Route sends requests whose path starts with PathPrefix to Upstream. It

@@ -25,7 +25,9 @@ import (
 // whole (so the client never holds half of one at a seam), and the text
 // so far is kept to send as a trailing assistant message.
 type rescue struct {
-	on bool
+	// on: the stream is followed (its events go whole); rescuable: it
+	// may be continued, should it fail.
+	on, rescuable bool
 	// raw is set once an event outgrew maxHold: from then on bytes go as
 	// they come, unfollowed, and no continuation is possible.
 	raw bool
@@ -62,24 +64,27 @@ type rescue struct {
 // errInBand is why a stream that reported an error mid-answer ended.
 var errInBand = errors.New("the upstream reported an error mid-stream")
 
-// followForRescue turns rescue on at commit for a chat completions
-// stream the route could continue: chunked SSE, a request continuing
-// cannot corrupt (policy.Continuable), and a target that can continue
-// (ti is the index of the target whose stream it is).
+// followForRescue turns following on at commit for a stream whose events
+// go whole: a chat completions or Messages API stream the route could
+// continue — chunked SSE, a request continuing cannot corrupt
+// (policy.Continuable), and a target that can continue (ti is the index
+// of the target whose stream it is) — or one whose usage Sturdy asked
+// for and the client did not (stripUsage: that event is not relayed).
 func (st *stream) followForRescue(ti int) {
 	ex := st.ex
 	rs := &st.rescue
 	api := ex.req.call.API
-	if (api != policy.APIChat && api != policy.APIAnthropic) || st.kind != events.SSE || !st.chunked || ex.req.route.maxRescues == 0 ||
-		ex.out.outcome != outcomeOK {
-		return
-	}
 	rs.ti = ti
-	if st.rescueTarget() < 0 {
+	rs.rescuable = (api == policy.APIChat || api == policy.APIAnthropic) && st.kind == events.SSE && st.chunked &&
+		ex.req.route.maxRescues > 0 && ex.out.outcome == outcomeOK && st.rescueTarget() >= 0
+	st.stripUsage = st.kind == events.SSE && ex.req.asksUsage(&ex.req.route.targets[ti])
+	if !rs.rescuable && !st.stripUsage {
 		return
 	}
-	switch body := ex.ctx.Request.Body(); api {
-	case policy.APIAnthropic:
+	switch body := ex.ctx.Request.Body(); {
+	case !rs.rescuable:
+		rs.blocker = "not_rescuable" // followed for its usage only: no text kept, no continuation
+	case api == policy.APIAnthropic:
 		rs.blocker, rs.join = policy.ContinuableMessages(body), messageSeam{block: -1}
 	default:
 		rs.blocker = policy.Continuable(body)
@@ -196,6 +201,12 @@ func (st *stream) takeEvents() (failed bool) {
 // continuation may rescue, not relayed.
 func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
 	rs := &st.rescue
+	if st.metering {
+		st.meter.event(ev.Data)
+	}
+	if st.stripUsage && policy.UsageChunk(ev.Data) { // Sturdy's, not the client's
+		return false
+	}
 	if ev.Data == nil || string(ev.Data) == "[DONE]" {
 		rs.ready = append(rs.ready, raw...)
 		rs.done = ev.Data != nil
@@ -315,6 +326,9 @@ func (st *stream) rescueState(ti int, budgetSpent bool) policy.Rescue {
 func (st *stream) rescueStream() bool {
 	ex := st.ex
 	rs := &st.rescue
+	if !rs.rescuable {
+		return false
+	}
 	var a attempt // a continuation's try, then the last one made
 	for {
 		ti, now, reserved := st.rescueTarget(), time.Now(), false
@@ -404,6 +418,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	upstream.CapReads(a.rp.msg, ex.req.responseCap(true)) // a followed stream is chunked SSE (followForRescue)
 	rs.ti, rs.cont, rs.begun = ti, true, false
 	rs.join.cutOver(ws)
+	st.meter.cutOver()
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()
 	ex.client.enter(phaseStream)
 	return true, true

@@ -93,6 +93,9 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	cl := src.Header.ContentLength()
 	ex.st.chunked, ex.st.closeDelimited = cl < 0, cl == -2
 	upstream.CapReads(src, ex.req.responseCap(ex.st.streamed()))
+	if ex.st.metering = ex.req.metered; ex.st.metering {
+		ex.st.meter.start(ex.req.call.API, ex.st.kind)
+	}
 	ex.st.followForRescue(a.ti)
 	ex.client.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {

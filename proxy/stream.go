@@ -46,6 +46,12 @@ type stream struct {
 	cut atomic.Bool
 	// rescue follows a stream that may be continued if it fails.
 	rescue rescue
+	// meter reads its usage, when metering (outbound.metered).
+	meter    meter
+	metering bool
+	// stripUsage: Sturdy asked the upstream for the stream's usage, not
+	// the client (outbound.asksUsage): its usage chunk is not relayed.
+	stripUsage bool
 }
 
 // streamed says the body is a stream by its framing: of no length, or
@@ -124,7 +130,9 @@ func (st *stream) relayed(b []byte) int {
 			_, _ = st.scan.Write(b)
 		}
 	}
-	ex.report().relayed(b)
+	if st.metering && (!st.rescue.on || st.rescue.raw) { // a followed stream's events are metered as they are framed
+		st.meter.feed(b)
+	}
 	return st.sent(b)
 }
 

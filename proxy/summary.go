@@ -60,9 +60,9 @@ type summary struct {
 	// traceID is its trace's id, when traced.
 	traceID trace.TraceID
 	traced  bool
-	// usage is the answer's model and tokens, read from what was relayed
-	// when it was kept (a traced request: keepTail) or from a reply set
-	// whole; its known says whether the reply told them.
+	// usage is the answer's model and tokens, as metered (meter.go) for
+	// a request whose usage something needs (outbound.metered); its
+	// Known says whether the reply told them.
 	usage usage
 }
 
@@ -91,12 +91,8 @@ func (s *summary) read(ex *exchange) {
 	if out.outcome == outcomeClientGone {
 		s.gonePhase = phase(ex.client.gonePhase.Load())
 	}
-	if ex.tr != nil && ex.tr.rec {
-		body := ex.tr.tail // what was relayed: a stream, or a body read whole (an HTTP/1.0 client's)
-		if len(body) == 0 && !out.reader && ex.loop.lastStatus != 0 {
-			body = ex.ctx.Response.Body() // a reply set whole (never a body stream: Body would read it)
-		}
-		s.usage = usageOf(ex.req.call.API, body)
+	if ex.req.metered {
+		s.usage = meteredUsage(ex)
 	}
 }
 
@@ -220,9 +216,6 @@ func (r report) committed(at time.Time, streaming bool) {
 
 // refused: the request is refused as rate-limited, for kind.
 func (r report) refused(kind policy.Obstacle) { r.m.RateLimited.WithLabelValues(kind.String()).Inc() }
-
-// relayed: b went to the client as part of a stream.
-func (r report) relayed(b []byte) { r.tr.keepTail(b) }
 
 // unterminated: a framed stream ended cleanly without its terminator.
 func (r report) unterminated() { r.m.StreamsUnterminated.WithLabelValues(r.route).Inc() }

@@ -144,27 +144,8 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 	for _, k := range o.AuthKeys {
 		t.authKeys = append(t.authKeys, sha256.Sum256([]byte(k)))
 	}
-	var prevClients []*clientLimiter
-	if prev != nil {
-		prevClients = prev.clients
-	}
-	for i, co := range o.Clients {
-		co = co.withDefaults()
-		if i < len(prevClients) && prevClients[i].opts == co {
-			t.clients = append(t.clients, prevClients[i]) // keep the buckets
-			continue
-		}
-		t.clients = append(t.clients, newClientLimiter(co, evictions(m, mapClients)))
-	}
-	var prevKeys clientKeys
-	if prev != nil {
-		prevKeys = prev.keys
-	}
-	if t.keys, err = buildClientKeys(o.ClientKeys, prevKeys, evictions(m, mapClients)); err != nil {
+	if err := buildClients(t, o, prev, m); err != nil {
 		return nil, nil, err
-	}
-	if len(t.clients) > 0 || t.keys.limited() {
-		t.hooks = append(t.hooks, clientLimits(t.clients))
 	}
 	var dropped []*upstream.Upstream
 	if prev != nil {
@@ -175,6 +156,50 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 		}
 	}
 	return t, dropped, nil
+}
+
+// buildClients adds o's client limits to t (clients:, client_keys_file)
+// and their hooks, keeping the buckets and budgets of prev's whose
+// settings did not change.
+func buildClients(t *table, o Options, prev *table, m *metrics.Metrics) error {
+	var prevClients []*clientLimiter
+	if prev != nil {
+		prevClients = prev.clients
+	}
+	for i, co := range o.Clients {
+		co = co.withDefaults()
+		if i < len(prevClients) && prevClients[i].opts == co {
+			t.clients = append(t.clients, prevClients[i]) // keep the buckets
+			continue
+		}
+		cl := newClientLimiter(co, evictions(m, mapClients))
+		if i < len(prevClients) {
+			cl.keepBudgets(prevClients[i]) // a changed budget keeps what was spent
+		}
+		t.clients = append(t.clients, cl)
+	}
+	var prevKeys clientKeys
+	if prev != nil {
+		prevKeys = prev.keys
+	}
+	var base ClientLimit
+	for _, cl := range t.clients {
+		if cl.byCredential {
+			base = cl.opts
+			break
+		}
+	}
+	var err error
+	if t.keys, err = buildClientKeys(o.ClientKeys, base, prevKeys, evictions(m, mapClients)); err != nil {
+		return err
+	}
+	if len(t.clients) > 0 || t.keys.limited() {
+		t.hooks = append(t.hooks, clientLimits(t.clients))
+	}
+	if clientLimits(t.clients).budgeted() || t.keys.budgeted() {
+		t.hooks = append(t.hooks, clientTokens(t.clients))
+	}
+	return nil
 }
 
 // buildUpstreams adds o's upstreams to t, reusing those of prev whose

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"reflect"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -105,10 +103,6 @@ var waitSourceNames = [waitSources]string{"sturdy", "server", "cooldown", "rate_
 
 func (s waitSource) String() string { return waitSourceNames[s] }
 
-// tailSize is how much of a relayed body a traced request keeps: enough
-// for a stream's last event, where usage is told.
-const tailSize = 4 << 10
-
 // traceState is an exchange's part in a trace; span nil: not traced, and
 // every hook returns at once. A span that is not sampled (rec false)
 // still gives each attempt its traceparent, and nothing more is done.
@@ -121,8 +115,6 @@ type traceState struct {
 	// attempt is the attempt in progress, or the one whose reply goes to
 	// the client (ended with the request).
 	attempt trace.Span
-	// tail is the last tailSize bytes relayed from the upstream.
-	tail []byte
 	// attrs and attemptAttrs gather the server span's and the attempt's
 	// attributes, set once as each span ends (one copy into the span).
 	attrs, attemptAttrs []attribute.KeyValue
@@ -270,7 +262,7 @@ func (tr *traceState) release() {
 	if tr == nil {
 		return
 	}
-	*tr = traceState{tail: tr.tail[:0], attrs: tr.attrs[:0], attemptAttrs: tr.attemptAttrs[:0]}
+	*tr = traceState{attrs: tr.attrs[:0], attemptAttrs: tr.attemptAttrs[:0]}
 	tracePool.Put(tr)
 }
 
@@ -548,30 +540,6 @@ func (tr *traceState) rescueResult(result string) {
 	tr.span.AddEvent("rescue", trace.WithAttributes(attrRescueResult.String(result)))
 }
 
-// keepTail keeps the last tailSize bytes relayed, for the usage a
-// stream's last event tells.
-func (tr *traceState) keepTail(b []byte) {
-	if tr == nil { // the request is not traced
-		return
-	}
-	if !tr.rec {
-		return
-	}
-	t := tr.tail
-	if t == nil {
-		t = make([]byte, 0, tailSize)
-	}
-	if len(b) >= tailSize {
-		t = append(t[:0], b[len(b)-tailSize:]...)
-	} else {
-		if over := len(t) + len(b) - tailSize; over > 0 {
-			t = t[:copy(t, t[over:])]
-		}
-		t = append(t, b...)
-	}
-	tr.tail = t
-}
-
 // end ends the request's spans with how it went, from its summary;
 // broken is why its stream failed mid-body, if it did.
 func (tr *traceState) end(sm *summary, broken error) {
@@ -656,25 +624,4 @@ func (tr *traceState) traceID() (trace.TraceID, bool) {
 		return trace.TraceID{}, false
 	}
 	return tr.span.SpanContext().TraceID(), true
-}
-
-// usage is what a reply says of the model that answered and the tokens
-// it used.
-type usage struct {
-	model string
-	policy.Usage
-}
-
-// usageOf reads usage from a reply body of api, or from the last bytes
-// of a stream, by the API's rules (policy.ReadUsage), and the last
-// "model" named.
-func usageOf(api policy.API, b []byte) usage {
-	var u usage
-	if i := bytes.LastIndex(b, []byte(`"model":`)); i >= 0 {
-		if m := gjson.ParseBytes(b[i+len(`"model":`):]); m.Type == gjson.String {
-			u.model = m.Str
-		}
-	}
-	u.Usage = policy.ReadUsage(api, b)
-	return u
 }

@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/trace/noop"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
-	"sturdy/policy"
 	"sturdy/tracing"
 	"sturdy/upstream"
 )
@@ -308,47 +306,6 @@ func TestTracingHotReloads(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), `"tracing on"`) || !strings.Contains(h.logs.String(), `"tracing off"`) {
 		t.Fatalf("reloads not logged: %s", h.logs.String())
-	}
-}
-
-// TestUsageOf: the model named last, and the usage by the API's rules
-// (policy.ReadUsage, table-tested there).
-func TestUsageOf(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		name string
-		api  policy.API
-		body string
-		want usage
-	}{
-		{"chat", policy.APIChat, `{"model":"gpt-4o-2024","usage":{"prompt_tokens":5,"completion_tokens":9}}`, usage{"gpt-4o-2024", policy.Usage{Input: 5, Output: 9, Known: true}}},
-		{"responses", policy.APIResponses, `{"type":"response.completed","response":{"model":"o3","usage":{"input_tokens":4,"output_tokens":2}}}`,
-			usage{"o3", policy.Usage{Input: 4, Output: 2, Known: true}}},
-		{"stream tail", policy.APIChat, "data: {\"model\":\"m\",\"usage\":null}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
-			usage{"m", policy.Usage{Input: 1, Output: 2, Known: true}}},
-		{"usage null", policy.APIChat, "data: {\"model\":\"m\",\"usage\":null}\n\n", usage{model: "m"}},
-		{"ollama", policy.APIOllama, `{"model":"llama3","done":true,"prompt_eval_count":26,"eval_count":290}`, usage{"llama3", policy.Usage{Input: 26, Output: 290, Known: true}}},
-		{"anthropic, cached input", policy.APIAnthropic, `{"model":"claude","usage":{"input_tokens":3,"cache_read_input_tokens":7,"output_tokens":2}}`, usage{"claude", policy.Usage{Input: 10, Output: 2, Known: true}}},
-		{"none", policy.APIOther, `{"data":[1,2]}`, usage{}},
-		{"cut", policy.APIChat, `{"model":"m","usage":{"prompt_to`, usage{model: "m"}},
-	} {
-		if got := usageOf(c.api, []byte(c.body)); got != c.want {
-			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
-		}
-	}
-}
-
-func TestKeepTailKeepsTheLastBytes(t *testing.T) {
-	t.Parallel()
-	tr := &traceState{span: noop.Span{}, rec: true}
-	var all []byte
-	for i := range 300 {
-		b := []byte(strings.Repeat(string(rune('a'+i%26)), i%97))
-		all = append(all, b...)
-		tr.keepTail(b)
-	}
-	if string(tr.tail) != string(all[len(all)-tailSize:]) {
-		t.Fatal("tail is not the last bytes")
 	}
 }
 

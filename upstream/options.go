@@ -113,7 +113,16 @@ type Options struct {
 	RetryBudget RetryBudget `yaml:"retry_budget"`
 	// Cooldown says how the upstream's 429s are learned.
 	Cooldown Cooldown `yaml:"cooldown"`
+	// StreamUsage, when false, stops Sturdy from asking the upstream for
+	// a stream's usage (stream_options.include_usage on a chat or legacy
+	// completions stream a token budget counts) for a server that refuses
+	// the field. Default true.
+	StreamUsage *bool `yaml:"stream_usage"`
 }
+
+// AsksStreamUsage reports whether Sturdy may set
+// stream_options.include_usage on a stream to the upstream (StreamUsage).
+func (u *Options) AsksStreamUsage() bool { return u.StreamUsage == nil || *u.StreamUsage }
 
 // Timeouts bound each attempt to an upstream.
 type Timeouts struct {

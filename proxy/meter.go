@@ -1,0 +1,203 @@
+package proxy
+
+import (
+	"bytes"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+
+	"sturdy/events"
+	"sturdy/policy"
+)
+
+// meter reads what a reply used as it goes to the client: the usage its
+// events tell (policy.ReadUsage of each event that tells one), the model
+// it names, and the characters of text it carried — what a stream cut
+// before its usage is settled by (÷ 4). It runs only for a request whose
+// usage something needs (outbound.metered: a token budget, a trace).
+//
+// It is fed the upstream's events: those a followed stream frames
+// (stream.follow), or the bytes relayed as they come, framed here
+// (feed). A rescue's continuation is metered apart from the attempt it
+// took over from (cutOver): that one's output is its characters ÷ 4.
+type meter struct {
+	api  policy.API
+	kind events.Kind
+	// pending holds the relayed bytes of an unfinished event (of a body
+	// of no known framing, its last bytes), at most meterHold of them.
+	pending []byte
+	// over says pending holds the end of an event that outgrew
+	// meterHold, dropped how much of it went.
+	over    bool
+	dropped int
+	usage   policy.Usage
+	model   string
+	chars   int
+	// prior is the output of the attempts a continuation took over from.
+	prior int64
+}
+
+// usage is what a reply says of the model that answered and the tokens
+// it used; streamed is its output as its text's characters ÷ 4 (what a
+// reply that told no usage is charged).
+type usage struct {
+	model string
+	policy.Usage
+	streamed int64
+}
+
+// meteredUsage is the usage of ex's answer: its stream's meter, or its
+// body when it was set whole (never a body stream: Body would read it).
+func meteredUsage(ex *exchange) usage {
+	m := &ex.st.meter
+	if !ex.st.metering {
+		if ex.out.reader || ex.loop.lastStatus == 0 {
+			return usage{}
+		}
+		m.start(ex.req.call.API, 0)
+		m.event(ex.ctx.Response.Body())
+	}
+	m.end()
+	return m.result()
+}
+
+// meterHold bounds what a meter holds of one event: a usage is told in
+// its last bytes, so an event past it keeps only its end.
+const meterHold = 8 << 10
+
+// start makes m ready for a reply of api framed as kind.
+func (m *meter) start(api policy.API, kind events.Kind) {
+	*m = meter{api: api, kind: kind, pending: m.pending[:0]}
+}
+
+// feed meters relayed bytes b.
+func (m *meter) feed(b []byte) {
+	m.pending = append(m.pending, b...)
+	off := 0
+	for m.kind != 0 {
+		if m.over { // the end of an event that outgrew meterHold
+			end := overEnd(m.kind, m.pending[off:])
+			if end < 0 {
+				break
+			}
+			m.longEvent(m.pending[off : off+end])
+			off += end
+			continue
+		}
+		ev, n := events.Next(m.kind, m.pending[off:])
+		if n == 0 {
+			break
+		}
+		m.event(ev.Data)
+		off += n
+	}
+	m.pending = m.pending[:copy(m.pending, m.pending[off:])]
+	if over := len(m.pending) - meterHold; over > 0 { // an event past the bound: its end is kept
+		drop := over + meterHold/2
+		m.pending = m.pending[:copy(m.pending, m.pending[drop:])]
+		m.over, m.dropped = m.kind != 0, m.dropped+drop
+	}
+}
+
+// overEnd is where the event whose end pending holds ends (after its
+// blank line, or an NDJSON line's break); -1: not in b.
+func overEnd(kind events.Kind, b []byte) int {
+	sep := []byte("\n\n")
+	if kind == events.NDJSON {
+		sep = sep[:1]
+	}
+	if i := bytes.Index(b, sep); i >= 0 {
+		return i + len(sep)
+	}
+	return -1
+}
+
+// longEvent meters the end of an event that outgrew meterHold: the usage
+// it tells, else its bytes as characters of text (a long delta).
+func (m *meter) longEvent(tail []byte) {
+	known := m.usage.Known
+	m.usage.Known = false
+	m.read(tail)
+	if !m.usage.Known {
+		m.chars += m.dropped + len(tail)
+	}
+	m.usage.Known = m.usage.Known || known
+	m.over, m.dropped = false, 0
+}
+
+// end meters what is left once the reply ended: a last event without its
+// blank line, or a body of no framing.
+func (m *meter) end() {
+	rest := bytes.TrimSpace(m.pending)
+	m.pending = m.pending[:0]
+	switch {
+	case m.over:
+		m.longEvent(rest)
+		return
+	case m.kind == 0 && len(rest) > 0 && rest[0] != '{': // the end of a long body: its usage, no text
+		m.read(rest)
+		return
+	}
+	m.event(bytes.TrimSpace(bytes.TrimPrefix(rest, []byte("data:"))))
+}
+
+// event meters one event's data (a whole body, for a reply read whole).
+func (m *meter) event(data []byte) {
+	if len(data) == 0 || data[0] != '{' {
+		return // [DONE], a comment, an empty event
+	}
+	m.read(data)
+	for _, path := range replyText[m.api] {
+		if v := gjson.GetBytes(data, path); v.Type == gjson.String {
+			m.chars += utf8.RuneCountInString(v.Str)
+		}
+	}
+	if v := gjson.GetBytes(data, "model"); v.Type == gjson.String { // the last named
+		m.model = v.Str
+	} else if v := gjson.GetBytes(data, "message.model"); v.Type == gjson.String { // Anthropic's message_start
+		m.model = v.Str
+	}
+}
+
+// read meters the usage b tells, if any.
+func (m *meter) read(b []byte) {
+	if bytes.Contains(b, []byte(`"usage":`)) || m.api == policy.APIOllama && bytes.Contains(b, []byte(`eval_count"`)) {
+		if u := policy.ReadUsage(m.api, b); u.Known {
+			// Within one reply the counts only grow (Anthropic's message_delta is cumulative).
+			m.usage = policy.Usage{Input: max(m.usage.Input, u.Input), Output: max(m.usage.Output, u.Output), Known: true}
+		}
+	}
+}
+
+// replyText is where each API's reply carries its text: a stream's
+// deltas, a whole body's message.
+var replyText = [...][]string{
+	policy.APIChat: {"choices.0.delta.content", "choices.0.delta.reasoning_content",
+		"choices.0.delta.tool_calls.0.function.arguments", "choices.0.message.content"},
+	policy.APICompletions: {"choices.0.text"},
+	policy.APIResponses:   {"delta"},
+	policy.APIAnthropic:   {"delta.text", "delta.partial_json", "delta.thinking", "content.0.text"},
+	policy.APIOllama:      {"message.content", "response"},
+	policy.APIOther:       nil,
+}
+
+// cutOver: a continuation takes over from the attempt metered so far,
+// whose output is what it told, or what it streamed ÷ 4.
+func (m *meter) cutOver() {
+	m.prior += max(m.usage.Output, charTokens(m.chars))
+	m.usage, m.chars, m.pending, m.over, m.dropped = policy.Usage{}, 0, m.pending[:0], false, 0
+}
+
+// charTokens is a count of characters as tokens: ÷ 4, rounded up.
+func charTokens(chars int) int64 { return (int64(chars) + 3) / 4 }
+
+// result is the reply's usage as metered: what the last attempt told,
+// with the output of those it took over from; streamed is the output
+// when it told none (its characters ÷ 4, with the prior attempts').
+func (m *meter) result() (u usage) {
+	u.model = m.model
+	u.Usage = m.usage
+	u.Output += m.prior
+	u.streamed = m.prior + charTokens(m.chars)
+	return u
+}
