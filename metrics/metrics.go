@@ -105,8 +105,12 @@ type Metrics struct {
 	// upstream and reason (breaker_open, cooldown, rate_limited, busy).
 	TargetSkips *prometheus.CounterVec
 	// RateLimited counts 429s Sturdy answered itself, by reason (client,
-	// cooldown, rate_limited).
+	// client_tokens, cooldown, rate_limited).
 	RateLimited *prometheus.CounterVec
+	// Tokens counts the tokens replies said they used, by route, upstream,
+	// model (a configured name, else other) and kind (input, output) — of
+	// the requests whose usage Sturdy reads (under a token budget, traced).
+	Tokens *prometheus.CounterVec
 	// AcceptErrors counts accept errors the listener retried, by reason
 	// (emfile, enfile, econnaborted, enobufs, other).
 	AcceptErrors *prometheus.CounterVec
@@ -215,7 +219,10 @@ func New() *Metrics {
 		TargetSkips: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_target_skips_total",
 			Help: "Targets passed over without an attempt, by upstream and reason."}, []string{"upstream", "reason"}),
 		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_rate_limited_total",
-			Help: "429s answered by Sturdy itself, by reason (client, cooldown, rate_limited)."}, []string{"reason"}),
+			Help: "429s answered by Sturdy itself, by reason (client, client_tokens, cooldown, rate_limited)."}, []string{"reason"}),
+		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_tokens_total",
+			Help: "Tokens replies said they used (requests under a token budget, or traced), by route, upstream, model and kind (input, output)."},
+			[]string{"route", "upstream", "model", "kind"}),
 		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_accept_errors_total",
 			Help: "Accept errors on the client listener, retried with backoff, by reason."}, []string{"reason"}),
 		ConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "sturdy_connections_refused_total",
@@ -237,7 +244,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
-		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.AcceptErrors,
+		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.Tokens, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateErrors, m.ModelBreakerState,
 		m.Evictions, m.BufferedBytes, m.BufferFull, m.ConcurrencyLimit, m.ConcurrencyQueued, m.ConcurrencyWait, m.ConcurrencyShed,

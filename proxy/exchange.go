@@ -297,6 +297,10 @@ func (s *summary) measure(m *metrics.Metrics) {
 	if s.stop.Ended() {
 		m.GiveUps.WithLabelValues(s.upstream, s.stop.String()).Inc()
 	}
+	if u := s.usage; u.Known {
+		m.Tokens.WithLabelValues(s.route, s.upstream, s.model, "input").Add(float64(u.Input))
+		m.Tokens.WithLabelValues(s.route, s.upstream, s.model, "output").Add(float64(u.Output))
+	}
 	if r := s.rt; r != nil {
 		r.ttfb.Observe(s.ttft.Seconds())
 		dur := r.durPlain

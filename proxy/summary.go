@@ -64,6 +64,9 @@ type summary struct {
 	// a request whose usage something needs (outbound.metered); its
 	// Known says whether the reply told them.
 	usage usage
+	// model is the model as sent, as a metric label (table.modelLabel),
+	// when its usage was read.
+	model string
 }
 
 // read reads the finished request ex into s.
@@ -93,6 +96,9 @@ func (s *summary) read(ex *exchange) {
 	}
 	if ex.req.metered {
 		s.usage = meteredUsage(ex)
+		if s.answered != nil {
+			s.model = ex.tbl.modelLabel(s.answered.sent(ex.req.model))
+		}
 	}
 }
 

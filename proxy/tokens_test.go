@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"sturdy/internal/upstreamtest"
 )
 
@@ -85,6 +87,10 @@ func TestATokenBudgetSettlesToUsageAndRefusesItsDebt(t *testing.T) {
 	}
 	if up.Count() != 3 {
 		t.Fatalf("upstream saw %d requests", up.Count())
+	}
+	if in, out := testutil.ToFloat64(h.p.m.Tokens.WithLabelValues("default", "up", "other", "input")),
+		testutil.ToFloat64(h.p.m.Tokens.WithLabelValues("default", "up", "other", "output")); in != 30 || out != 150 {
+		t.Fatalf("sturdy_tokens_total input %v output %v", in, out)
 	}
 }
 
