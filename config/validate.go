@@ -198,6 +198,17 @@ func (c *Config) validateUpstream(p *problems, i int, names map[string]bool) {
 		p.bad(k+"breaker.failure_ratio", "must be in (0, 1]")
 	}
 	notNegative(p, k+"rate_limit.requests_per_second", u.RateLimit.RequestsPerSecond, " (0 disables pacing)")
+	if len(u.TokensPerMinute) > upstream.MaxTokenModels {
+		p.bad(k+"tokens_per_minute", "lists %d model globs, more than %d", len(u.TokensPerMinute), upstream.MaxTokenModels)
+	}
+	for glob, n := range u.TokensPerMinute {
+		switch {
+		case strings.TrimSpace(glob) == "":
+			p.bad(k+"tokens_per_minute", "a model glob is empty (\"*\" matches every model)")
+		case n <= 0:
+			p.bad(k+"tokens_per_minute."+glob, "must be greater than 0")
+		}
+	}
 	notNegative(p, k+"max_in_flight", u.MaxInFlight, " (0 means unlimited)")
 	c.validateConcurrency(p, k, u)
 }

@@ -97,6 +97,9 @@ type outbound struct {
 	// wantsUsage: a stream whose client did not ask for its usage, and a
 	// budget needs it (needUsage).
 	wantsUsage bool
+	// est is what it reserves of a token budget, once estimated.
+	est       tokenEstimate
+	estimated bool
 	// msg is the upstream request; it lives as long as the pooled
 	// exchange.
 	msg *fasthttp.Request
@@ -261,6 +264,7 @@ func (ex *exchange) finish() {
 	s.measure(ex.p.m)
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
+	settleHolds(ex, &s)
 	ex.tr.release()
 	ex.st.rp.release() // the reply it streamed, if it was committed to go as it comes
 	ex.p.held.give(ex.held.n)

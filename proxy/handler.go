@@ -203,6 +203,10 @@ func (ex *exchange) prepare() {
 		q.deadline = q.start.Add(d)
 	}
 	q.replayable = q.call.Replayable(ctx.Method(), len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
+	if r.tokenPaced && q.call.Charged() {
+		q.metered = true
+		q.needUsage(ctx.Request.Body())
+	}
 	q.retry = r.retry
 	if policy.RequestedRetries(rh.PeekCanonical(hdrStainlessRetryCount)) > 0 {
 		// The client is retrying on its own: its retries and ours multiply.

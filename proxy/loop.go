@@ -122,6 +122,9 @@ type visit struct {
 	// reriding while it follows a ride-through probe that could not
 	// connect.
 	replaying, reriding bool
+	// tokensHeld says it holds its target's tokens_per_minute
+	// reservation (reserveTokens).
+	tokensHeld bool
 	// continuing says its attempts carry a rescue's continuation: paid
 	// for from the retry budget (rescueStream), so its first attempt is
 	// not one the budget counts.
@@ -164,6 +167,7 @@ const resultUnsupportedAPI = "unsupported_api"
 func (v *visit) useTarget() policy.Action {
 	ex, t := v.ex, v.t
 	ex.loop.leaveTarget()
+	ex.req.refundUpstream() // the target it leaves does not answer it
 	lp := &ex.loop
 	lp.ti, lp.ep = v.ti, nil
 	ex.report().visiting(t)
@@ -235,7 +239,8 @@ func (v *visit) aim(ep *upstream.Endpoint) {
 }
 
 // gate clears the way for one attempt on v's target: a cooldown learned
-// from a 429 for this request's credential, then pacing. It waits where
+// from a 429 for this request's credential, then pacing, then its
+// tokens_per_minute (reserveTokens, tokens.go). It waits where
 // policy says to; otherwise it returns the failover or stop policy chose.
 func (v *visit) gate() policy.Action {
 	ex := v.ex
@@ -251,10 +256,15 @@ func (v *visit) gate() policy.Action {
 		}
 		now = time.Now()
 	}
-	if lim, _ := up.Pacing(); lim == nil {
-		return policy.ActionAttempt
+	if lim, _ := up.Pacing(); lim != nil {
+		if a := v.pace(now); a != policy.ActionAttempt {
+			return a
+		}
 	}
-	return v.pace(now)
+	if up.HasTokenLimits() {
+		return v.reserveTokens()
+	}
+	return policy.ActionAttempt
 }
 
 // pace waits for the upstream's rate_limit turn: the fleet's when
@@ -293,6 +303,38 @@ func (v *visit) pace(now time.Time) policy.Action {
 		return policy.ActionStop
 	}
 	return policy.ActionAttempt
+}
+
+// reserveTokens reserves the request's estimate of its target's
+// tokens_per_minute for the model as sent, once a visit: a window that
+// cannot take it is waited for as pacing is (up to rate_limit.max_wait;
+// a second when reservations in flight hold it), at most three times,
+// else the target is passed over (a fallback) or the request refused 429.
+func (v *visit) reserveTokens() policy.Action {
+	ex := v.ex
+	mt := v.t.up.Tokens(v.model)
+	if mt == nil || v.tokensHeld || !ex.req.call.Charged() {
+		return policy.ActionAttempt
+	}
+	q := &ex.req
+	n := q.estimate(ex.ctx.Request.Body()).of(tokensTotal, mt.Limit)
+	for range 3 {
+		ok, wait := mt.Window.Reserve(n, time.Now())
+		if ok {
+			q.holds = append(q.holds, tokenHold{w: mt.Window, kind: tokensTotal, reserved: n, upstream: true})
+			v.tokensHeld = true
+			return policy.ActionAttempt
+		}
+		d := v.clear(policy.ObstaclePacing, max(wait, time.Second), v.t.up.TokenWait(), "tokens_per_minute")
+		if d.Action != policy.ActionAttempt {
+			return v.carry(d)
+		}
+		ex.client.enter(phasePacing)
+		if !v.wait(d.Wait, sourceRateLimit) {
+			return policy.ActionStop
+		}
+	}
+	return v.carry(v.clear(policy.ObstaclePacing, time.Second, 0, "tokens_per_minute"))
 }
 
 // attemptOn clears the gates of v's target (gate), chooses an endpoint

@@ -62,6 +62,9 @@ func (t *table) trusts(peer netip.Addr) bool {
 }
 
 type route struct {
+	// tokenPaced says a target's upstream sets tokens_per_minute: its
+	// requests' usage is read (outbound.metered).
+	tokenPaced bool
 	// priority is its requests' class in a concurrency queue;
 	// priorityHeader lets x-sturdy-priority say it instead.
 	priority       upstream.Priority
@@ -255,6 +258,7 @@ func buildRoute(ro Route, byName map[string]*upstream.Upstream, m *metrics.Metri
 		}
 		r.targets = append(r.targets, target{up: up, model: tg.Model,
 			answered: m.Requests.WithLabelValues(ro.Name, up.Name(), metrics.StatusClass(200), outcomeOK)})
+		r.tokenPaced = r.tokenPaced || up.HasTokenLimits()
 	}
 	return r, nil
 }

@@ -113,6 +113,9 @@ type tokenHold struct {
 	w        *policy.TokenWindow
 	kind     tokenKind
 	reserved int64
+	// upstream: a target's tokens_per_minute, given back when the request
+	// leaves that target (refundUpstream).
+	upstream bool
 }
 
 // tokenEstimate is what a request reserves: its input, and its output
@@ -144,8 +147,7 @@ func (cts clientTokens) reserve(ex *exchange, now time.Time) *apiError {
 	if !ex.req.call.Charged() {
 		return nil
 	}
-	chars, maxOut := policy.RequestTokens(ex.req.call.API, ex.ctx.Request.Body())
-	est := tokenEstimate{chars: chars, maxOutput: maxOut}
+	est := ex.req.estimate(ex.ctx.Request.Body())
 	e := clientLimits(cts).each(ex, func(cl *clientLimiter, who string) *apiError {
 		if cl.budgets == nil {
 			return nil
@@ -226,7 +228,30 @@ func tokensRefused(w *policy.TokenWindow, k tokenKind, n int64, wait time.Durati
 	return e
 }
 
-// refund gives back every reservation the request holds.
+// refundUpstream gives back what the request reserved of a target's
+// tokens_per_minute: it leaves that target.
+func (q *outbound) refundUpstream() {
+	kept := q.holds[:0]
+	for _, th := range q.holds {
+		if th.upstream {
+			th.w.Refund(th.reserved)
+			continue
+		}
+		kept = append(kept, th)
+	}
+	q.holds = kept
+}
+
+// estimate is what q reserves of a budget: its text and the output it
+// asks at most, read from its body once.
+func (q *outbound) estimate(body []byte) tokenEstimate {
+	if !q.estimated {
+		q.est.chars, q.est.maxOutput = policy.RequestTokens(q.call.API, body)
+		q.estimated = true
+	}
+	return q.est
+}
+
 func (q *outbound) refund() {
 	for _, th := range q.holds {
 		th.w.Refund(th.reserved)
@@ -234,9 +259,17 @@ func (q *outbound) refund() {
 	q.holds = q.holds[:0]
 }
 
-func (cts clientTokens) settle(ex *exchange, s summary) {
+// settle: the budgets are settled with every hold (settleHolds).
+func (clientTokens) settle(*exchange, summary) {}
+
+// settleHolds settles every reservation ex holds — a client's budgets, a
+// target's tokens_per_minute — with its summary s, as it ends.
+func settleHolds(ex *exchange, s *summary) {
 	q := &ex.req
-	u, used := settledUsage(ex, &s)
+	if len(q.holds) == 0 {
+		return
+	}
+	u, used := settledUsage(ex, s)
 	now := time.Now()
 	for _, th := range q.holds {
 		switch {
@@ -266,6 +299,6 @@ func settledUsage(ex *exchange, s *summary) (u policy.Usage, used bool) {
 	if s.usage.streamed == 0 && (s.status < 200 || s.status >= 300) {
 		return u, false
 	}
-	chars, _ := policy.RequestTokens(ex.req.call.API, ex.ctx.Request.Body())
-	return policy.Usage{Input: policy.EstimateTokens(chars, 0, 0), Output: s.usage.streamed}, true
+	est := ex.req.estimate(ex.ctx.Request.Body())
+	return policy.Usage{Input: est.of(tokensInput, 0), Output: s.usage.streamed}, true
 }

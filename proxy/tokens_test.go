@@ -302,3 +302,67 @@ func TestAReloadKeepsWhatABudgetSpent(t *testing.T) {
 		t.Fatalf("remaining %d after the reload, want 1700", got)
 	}
 }
+
+// TestAnUpstreamsTokensPerMinutePacesItsModels: a model glob's window
+// takes each request's estimate when its target is chosen and settles to
+// the usage; once it cannot, the request goes to the fallback — or, with
+// none, is refused 429 — and a request that fails over gives its
+// reservation back.
+func TestAnUpstreamsTokensPerMinutePacesItsModels(t *testing.T) {
+	t.Parallel()
+	paced := upstreamtest.Start(t, chatUsage(10, 50))
+	other := upstreamtest.Start(t, chatUsage(1, 1))
+	tpm := func(o *Options) { o.Upstreams[0].TokensPerMinute = map[string]int64{"m*": 100, "*": 1 << 30} }
+	h := startProxy(t, paced.URL, func(o *Options) {
+		tpm(o)
+		o.Upstreams = append(o.Upstreams, testUpstream("other", other.URL))
+		o.Routes[0].Fallbacks = []Target{{Upstream: "other"}}
+	})
+	var by []string
+	for range 3 { // 0, then 60 spent take an estimate of 21; 120 does not
+		resp, body := h.chat(asking(20, false))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		by = append(by, resp.Header.Get("X-Sturdy-Upstream"))
+	}
+	if strings.Join(by, ",") != "up,up,other" {
+		t.Fatalf("answered by %v", by)
+	}
+	if resp, _ := h.chat(strings.Replace(asking(20, false), `"m"`, `"n"`, 1)); resp.Header.Get("X-Sturdy-Upstream") != "up" {
+		t.Fatalf("another glob's window is its own: %v", resp.Header)
+	}
+
+	alone := startProxy(t, paced.URL, tpm)
+	for i, want := range []int{200, 200, 429} {
+		resp, body := alone.chat(asking(20, false))
+		if resp.StatusCode != want {
+			t.Fatalf("request %d without a fallback: %d %s", i, resp.StatusCode, body)
+		}
+		if want == 429 && resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("no Retry-After: %v", resp.Header)
+		}
+	}
+}
+
+// TestAFailedOverRequestGivesItsTokensBack: the reservation on a target
+// that failed goes back; the fallback's reply is not charged to it.
+func TestAFailedOverRequestGivesItsTokensBack(t *testing.T) {
+	t.Parallel()
+	failing := upstreamtest.Start(t, upstreamtest.Step{Status: 500})
+	other := upstreamtest.Start(t, chatUsage(1, 1))
+	h := startProxy(t, failing.URL, func(o *Options) {
+		o.Upstreams[0].TokensPerMinute = map[string]int64{"*": 100}
+		o.Upstreams = append(o.Upstreams, testUpstream("other", other.URL))
+		o.Routes[0].Fallbacks = []Target{{Upstream: "other"}}
+		o.Routes[0].Retry.MaxAttempts = 1
+	})
+	for i := range 6 { // 6 × 21 > 100: each is given back
+		if resp, body := h.chat(asking(20, false)); resp.StatusCode != 200 || resp.Header.Get("X-Sturdy-Upstream") != "other" {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if got := failing.Count(); got != 6 {
+		t.Fatalf("the paced upstream saw %d requests: its window kept failed reservations", got)
+	}
+}

@@ -57,7 +57,8 @@
 //	health.go     health checks and DNS discovery (the background loop), draining
 //	transport.go  the dial and the upstream connection (idle deadlines, stale connections, Hold), DialError, IsTimeout
 //	roundtrip.go  the round trip: head, small bodies read whole, streamed bodies, trailers
-//	limits.go     cooldowns learned from 429s (bounded: MaxTrackedKeys), Slots, LeaseRequest, Lease, Sample
+//	limits.go     cooldowns learned from 429s (bounded: MaxTrackedKeys), Slots, LeaseRequest, Lease, Sample;
+//	              tokens_per_minute windows per model glob (ModelTokens; Upstream.Tokens picks one)
 //	concurrency.go  a limit per endpoint (concurrency:): its options, the adaptive control law (gradient),
 //	              the queue in front of it (classes, tenants in turn, bounded, its drain for Retry-After)
 //	status.go     what /debug/upstreams shows (Status, no secret in it) and the gauges refreshed on scrape

@@ -2,6 +2,8 @@ package upstream
 
 import (
 	"container/heap"
+	"sort"
+	"sturdy/policy"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -388,4 +390,43 @@ func (l Lease) Release(s Sample) {
 	if l.conc {
 		l.ep.conc.release(l.pr, s, l.taken, time.Now())
 	}
+}
+
+// ModelTokens is one glob of an upstream's tokens_per_minute and its
+// window, shared by every model it matches.
+type ModelTokens struct {
+	Glob   string
+	Limit  int64
+	Window *policy.TokenWindow
+}
+
+// buildTokens makes o's tokens_per_minute windows, most literal glob
+// first (the one a model takes: Tokens), keeping prev's window of a glob
+// it had too (a reload keeps what was spent, under the new limit).
+func buildTokens(o Options, prev *Upstream) []ModelTokens {
+	if len(o.TokensPerMinute) == 0 {
+		return nil
+	}
+	kept := map[string]*policy.TokenWindow{}
+	if prev != nil {
+		for _, mt := range prev.tokens {
+			kept[mt.Glob] = mt.Window
+		}
+	}
+	out := make([]ModelTokens, 0, len(o.TokensPerMinute))
+	for glob, limit := range o.TokensPerMinute {
+		w := kept[glob]
+		if w == nil {
+			w = new(policy.TokenWindow)
+		}
+		w.SetLimit(limit)
+		out = append(out, ModelTokens{Glob: glob, Limit: limit, Window: w})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if a, b := policy.GlobSpecificity(out[i].Glob), policy.GlobSpecificity(out[j].Glob); a != b {
+			return a > b
+		}
+		return out[i].Glob < out[j].Glob
+	})
+	return out
 }

@@ -113,12 +113,23 @@ type Options struct {
 	RetryBudget RetryBudget `yaml:"retry_budget"`
 	// Cooldown says how the upstream's 429s are learned.
 	Cooldown Cooldown `yaml:"cooldown"`
+	// TokensPerMinute paces the upstream under its provider's tokens a
+	// minute, per model glob (the model as sent): a request reserves its
+	// estimate when the target is chosen and settles to its reply's usage;
+	// one the window cannot take waits up to rate_limit.max_wait (default
+	// 1 s), then fails over or is refused 429. Unset: none. At most
+	// MaxTokenModels globs.
+	TokensPerMinute map[string]int64 `yaml:"tokens_per_minute"`
 	// StreamUsage, when false, stops Sturdy from asking the upstream for
 	// a stream's usage (stream_options.include_usage on a chat or legacy
 	// completions stream a token budget counts) for a server that refuses
 	// the field. Default true.
 	StreamUsage *bool `yaml:"stream_usage"`
 }
+
+// MaxTokenModels bounds the model globs of an upstream's
+// tokens_per_minute.
+const MaxTokenModels = 64
 
 // AsksStreamUsage reports whether Sturdy may set
 // stream_options.include_usage on a stream to the upstream (StreamUsage).

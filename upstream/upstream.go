@@ -34,6 +34,7 @@ type Upstream struct {
 	// unlimited), retry budget, cooldowns learned from 429s.
 	limiter   *rate.Limiter
 	maxWait   time.Duration
+	tokens    []ModelTokens // tokens_per_minute, most literal glob first
 	slots     Slots
 	budget    *policy.Budget
 	cooldowns Cooldowns
@@ -99,6 +100,7 @@ func New(env *Env, o Options, prev *Upstream) (*Upstream, error) {
 		up.limiter = rate.NewLimiter(rate.Limit(o.RateLimit.RequestsPerSecond), o.RateLimit.Burst)
 		up.maxWait = o.RateLimit.MaxWait
 	}
+	up.tokens = buildTokens(o, prev)
 	if o.MaxInFlight > 0 {
 		up.slots = make(Slots, o.MaxInFlight)
 	} else if o.RideThrough > 0 {
@@ -435,3 +437,26 @@ func (up *Upstream) CloseIdleConnections() {
 		ep.close()
 	}
 }
+
+// Tokens is the tokens_per_minute window the model (as sent) is paced
+// by, and its glob; nil when none matches.
+func (up *Upstream) Tokens(model string) *ModelTokens {
+	for i := range up.tokens {
+		if policy.GlobMatch(up.tokens[i].Glob, model) {
+			return &up.tokens[i]
+		}
+	}
+	return nil
+}
+
+// TokenWait is the longest a request waits for the upstream's
+// tokens_per_minute: rate_limit.max_wait, else DefaultPacingMaxWait.
+func (up *Upstream) TokenWait() time.Duration {
+	if w := up.opts.RateLimit.MaxWait; w > 0 {
+		return w
+	}
+	return DefaultPacingMaxWait
+}
+
+// HasTokenLimits reports whether the upstream sets tokens_per_minute.
+func (up *Upstream) HasTokenLimits() bool { return len(up.tokens) > 0 }
