@@ -62,6 +62,9 @@ func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict 
 				ck.limit = newClientLimiter(lo, onEvict)
 				limiters[lo] = ck.limit
 			}
+			if pk := prev[sum]; pk != nil && pk.limit != nil && pk.limit != ck.limit {
+				ck.limit.keepBudgets(pk.limit) // a changed budget keeps what the key spent
+			}
 		}
 		out[sum] = ck
 	}

@@ -101,7 +101,8 @@ func (cls clientLimits) each(ex *exchange, f func(cl *clientLimiter, who string)
 	}
 	for _, cl := range cls {
 		if own && cl.byCredential {
-			continue // the key's own limit took its place
+			own = false // the key's own limit took the first such entry's place
+			continue
 		}
 		if e := f(cl, "this client"); e != nil {
 			return e

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
@@ -46,19 +47,36 @@ type usage struct {
 	streamed int64
 }
 
-// meteredUsage is the usage of ex's answer: its stream's meter, or its
-// body when it was set whole (never a body stream: Body would read it).
+// meteredUsage is the usage of ex's answer, as its stream's meter (or,
+// for a reply set whole, commit's) read it.
 func meteredUsage(ex *exchange) usage {
-	m := &ex.st.meter
 	if !ex.st.metering {
-		if ex.out.reader || ex.loop.lastStatus == 0 {
-			return usage{}
-		}
-		m.start(ex.req.call.API, 0)
-		m.event(ex.ctx.Response.Body())
+		return usage{}
 	}
+	m := &ex.st.meter
 	m.end()
 	return m.result()
+}
+
+// withoutUsage is a whole SSE body without the usage chunk Sturdy asked
+// for (policy.UsageChunk), in place.
+func withoutUsage(body []byte) []byte {
+	out, off := body[:0], 0
+	for off < len(body) {
+		ev, n := events.Next(events.SSE, body[off:])
+		if n == 0 {
+			ev, n = events.Next(events.SSE, append(slices.Clip(body[off:]), "\n\n"...)) // the last event, without its blank line
+			if n == 0 || !policy.UsageChunk(ev.Data) {
+				out = append(out, body[off:]...)
+			}
+			break
+		}
+		if !policy.UsageChunk(ev.Data) {
+			out = append(out, body[off:off+n]...)
+		}
+		off += n
+	}
+	return out
 }
 
 // meterHold bounds what a meter holds of one event: a usage is told in
@@ -102,14 +120,19 @@ func (m *meter) feed(b []byte) {
 // overEnd is where the event whose end pending holds ends (after its
 // blank line, or an NDJSON line's break); -1: not in b.
 func overEnd(kind events.Kind, b []byte) int {
-	sep := []byte("\n\n")
 	if kind == events.NDJSON {
-		sep = sep[:1]
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			return i + 1
+		}
+		return -1
 	}
-	if i := bytes.Index(b, sep); i >= 0 {
-		return i + len(sep)
+	end := -1
+	for _, sep := range [...]string{"\n\n", "\n\r\n", "\r\r"} { // a blank line, however its lines end
+		if i := bytes.Index(b, []byte(sep)); i >= 0 && (end < 0 || i+len(sep) < end) {
+			end = i + len(sep)
+		}
 	}
-	return -1
+	return end
 }
 
 // longEvent meters the end of an event that outgrew meterHold: the usage

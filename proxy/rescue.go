@@ -128,8 +128,7 @@ func (st *stream) readEvents(p []byte) (n int, end error) {
 		case err == io.EOF && st.cutAtEnd():
 			err = errUnterminated
 		case err == io.EOF:
-			rs.ready = append(rs.ready, rs.pending...) // the last event may lack its blank line
-			rs.pending = rs.pending[:0]
+			st.lastEvent()
 		}
 		rs.end = err
 	}
@@ -163,6 +162,22 @@ func (st *stream) cutAtEnd() bool {
 	_, _ = s.Write(st.rescue.pending)
 	s.End()
 	return !s.Done()
+}
+
+// lastEvent moves what pending holds as the stream ends to ready: an
+// event without its blank line, followed like any (metered, its usage
+// stripped), or bytes that are no event, as they are.
+func (st *stream) lastEvent() {
+	rs := &st.rescue
+	ev, n := events.Next(events.SSE, append(slices.Clip(rs.pending), "\n\n"...))
+	if n > 0 && !rs.raw {
+		if st.follow(ev, rs.pending) { // an error the stream ends with: relayed, nothing can follow it
+			rs.ready = append(rs.ready, rs.pending...)
+		}
+	} else {
+		rs.ready = append(rs.ready, rs.pending...)
+	}
+	rs.pending = rs.pending[:0]
 }
 
 // takeEvents moves pending's whole events to ready, following each. true
@@ -417,6 +432,7 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	st.closeDelimited = a.rp.msg.Header.ContentLength() == -2
 	upstream.CapReads(a.rp.msg, ex.req.responseCap(true)) // a followed stream is chunked SSE (followForRescue)
 	rs.ti, rs.cont, rs.begun = ti, true, false
+	st.stripUsage = st.stripUsage || ex.req.asksUsage(t) // the continuation's body asked for it (bodyFor)
 	rs.join.cutOver(ws)
 	st.meter.cutOver()
 	rs.rescued, rs.seam, rs.by = rs.rescued+1, ex.out.bytesOut, t.up.Name()

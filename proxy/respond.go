@@ -80,9 +80,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 			ctx.Response.SkipBody = true
 			return
 		}
-		body := ex.untilTerminator(rp)
-		ctx.Response.SetBody(body)
-		ex.out.bytesOut = int64(len(body))
+		ex.setWhole(rp, &ex.req.route.targets[a.ti])
 		return
 	}
 	ex.st.rp = rp // the stream's from here: it reads the rest of it
@@ -97,6 +95,9 @@ func (ex *exchange) commit(a *attempt, final bool) {
 		ex.st.meter.start(ex.req.call.API, ex.st.kind)
 	}
 	ex.st.followForRescue(a.ti)
+	if ex.st.stripUsage && cl >= 0 { // an event less than the upstream's length: sent chunked
+		cl, ex.st.chunked = -1, true
+	}
 	ex.client.enter(phaseStream)
 	if cl < 0 && !ctx.Request.Header.IsHTTP11() {
 		ex.whole()
@@ -119,6 +120,25 @@ func (ex *exchange) startStream(size int) {
 func (ex *exchange) serveBody(size int) {
 	ex.out.reader = true
 	ex.ctx.SetBodyStream(ex.st, size)
+}
+
+// setWhole answers with rp's body, read whole with its head (to its
+// stream's terminator: untilTerminator), from target t: metered first
+// when its usage is needed, then without the usage chunk Sturdy asked t
+// for.
+func (ex *exchange) setWhole(rp *reply, t *target) {
+	body := ex.untilTerminator(rp)
+	kind := events.KindOf(rp.msg.Header.ContentType())
+	if ex.req.metered {
+		ex.st.metering = true
+		ex.st.meter.start(ex.req.call.API, kind)
+		ex.st.meter.feed(body)
+	}
+	if kind == events.SSE && ex.req.asksUsage(t) {
+		body = withoutUsage(body)
+	}
+	ex.ctx.Response.SetBody(body)
+	ex.out.bytesOut = int64(len(body))
 }
 
 // untilTerminator returns the whole body of rp (its head) up to the end

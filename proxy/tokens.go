@@ -293,6 +293,9 @@ func settleHolds(ex *exchange, s *summary) {
 // (Sturdy answered itself, the client left before an answer, an
 // upstream's error that tells no usage).
 func settledUsage(ex *exchange, s *summary) (u policy.Usage, used bool) {
+	if s.errCode != "" && !s.streaming { // Sturdy answered itself: nothing reached the client
+		return u, false
+	}
 	if s.usage.Known {
 		return s.usage.Usage, true
 	}

@@ -50,6 +50,19 @@ type Status struct {
 	CooldownUntil *time.Time `json:"cooldown_until"`
 	// Limiter is the pacing state, absent without rate_limit.
 	Limiter *LimiterStatus `json:"limiter,omitempty"`
+	// TokensPerMinute is each model glob's window (tokens_per_minute).
+	TokensPerMinute []TokenWindowStatus `json:"tokens_per_minute,omitempty"`
+}
+
+// TokenWindowStatus is one model glob's tokens_per_minute window: its
+// limit, what remains of it (negative: a debt), what requests in flight
+// hold, and when what it holds has left it.
+type TokenWindowStatus struct {
+	Model     string `json:"model"`
+	Limit     int64  `json:"limit"`
+	Remaining int64  `json:"remaining"`
+	Reserved  int64  `json:"reserved"`
+	ResetMS   int64  `json:"reset_ms"`
 }
 
 // EndpointStatus is one endpoint of an upstream's pool.
@@ -131,6 +144,11 @@ func (up *Upstream) Status(now time.Time) Status {
 	if up.limiter != nil {
 		s.Limiter = &LimiterStatus{RequestsPerSecond: float64(up.limiter.Limit()), Burst: up.limiter.Burst(),
 			Tokens: up.limiter.TokensAt(now)}
+	}
+	for _, mt := range up.tokens {
+		st := mt.Window.State(now)
+		s.TokensPerMinute = append(s.TokensPerMinute, TokenWindowStatus{Model: mt.Glob, Limit: st.Limit,
+			Remaining: st.Remaining, Reserved: st.Reserved, ResetMS: st.Reset.Milliseconds()})
 	}
 	probe := time.Duration(-1)
 	for _, ep := range up.Endpoints() {

@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	"sturdy/events"
+	"sturdy/internal/upstreamtest"
+	"sturdy/policy"
+	"sturdy/upstream"
+)
+
+const usageChunkSSE = `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":11}}` + "\n\n"
+
+func sseWithUsage(text string) string {
+	return `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"` + text + `"}}]}` + "\n\n" +
+		usageChunkSSE + "data: [DONE]\n\n"
+}
+
+// TestAWholeSSEReplysUsageIsReadAndNotShown: an SSE reply with a
+// Content-Length, read whole with its head, is set whole without the
+// usage chunk Sturdy asked for, and is charged that usage (18), not its
+// input estimate.
+func TestAWholeSSEReplysUsageIsReadAndNotShown(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}}, Body: sseWithUsage("hello")})
+	h := budgeted(t, up.URL, TokenLimits{TokensPerMinute: 1000})
+	resp, body := h.chat(asking(20, true), "Authorization", "Bearer k")
+	if strings.Contains(string(body), `"usage":{`) {
+		t.Errorf("client that did not ask for usage got it: %d %q", resp.StatusCode, body)
+	}
+	up.SetScript(chatUsage(0, 0))
+	if got := remaining(t, h, 1000, "k"); got != 1000-18 {
+		t.Errorf("remaining %d, want %d (usage not read)", got, 1000-18)
+	}
+}
+
+// TestAnSSEReplyOfKnownLengthWithoutItsUsageIsSentChunked: longer than
+// the head, it streams; an event less than its Content-Length, it goes
+// to the client chunked, whole.
+func TestAnSSEReplyOfKnownLengthWithoutItsUsageIsSentChunked(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}},
+		Body: sseWithUsage(strings.Repeat("a", 40<<10))})
+	h := budgeted(t, up.URL, TokenLimits{TokensPerMinute: 100000})
+	req := asking(20, true)
+	resp, err := testClient.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Errorf("client read failed: %v (Content-Length %d, got %d bytes)", err, resp.ContentLength, len(b))
+	}
+}
+
+// TestAKeysOwnLimitTakesOnlyTheFirstCredentialEntrysPlace: of two
+// entries keyed by credential (a request limit, a token budget), a key
+// with its own requests_per_second replaces the first; the second's
+// budget holds it still.
+func TestAKeysOwnLimitTakesOnlyTheFirstCredentialEntrysPlace(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, chatUsage(10, 500))
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Clients = []ClientLimit{{RequestsPerSecond: 1000}, {TokenLimits: TokenLimits{TokensPerMinute: 100}}}
+		o.ClientKeys = []ClientKey{{Key: "k", RequestsPerSecond: 500}}
+	})
+	var codes []int
+	for range 3 {
+		resp, _ := h.chat(asking(500, false), "Authorization", "Bearer k")
+		codes = append(codes, resp.StatusCode)
+	}
+	if fmt.Sprint(codes) != "[200 429 429]" { // the second entry's budget holds the key too
+		t.Fatalf("statuses %v", codes)
+	}
+}
+
+// TestAReloadKeepsWhatAKeysBudgetSpent: a client key's own budget,
+// changed by a reload, keeps what the key spent.
+func TestAReloadKeepsWhatAKeysBudgetSpent(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, chatUsage(100, 200))
+	var opts Options
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.ClientKeys = []ClientKey{{Key: "k", TokenLimits: TokenLimits{TokensPerMinute: 1000}}}
+		opts = *o
+	})
+	if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	opts.ClientKeys = []ClientKey{{Key: "k", TokenLimits: TokenLimits{TokensPerMinute: 2000}}}
+	if _, err := h.p.Reload(opts); err != nil {
+		t.Fatal(err)
+	}
+	up.SetScript(chatUsage(0, 0))
+	if got := remaining(t, h, 2000, "k"); got != 1700 {
+		t.Errorf("remaining %d after the reload, want 1700", got)
+	}
+}
+
+// TestTheMeterEndsALongEventOfCRLFLines: an event over meterHold ends
+// at its blank line however its lines end (sse-starlette writes CRLF);
+// the events after it are metered as events.
+func TestTheMeterEndsALongEventOfCRLFLines(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 3*meterHold)
+	ev := func(s string) string { return "data: {\"choices\":[{\"delta\":{\"content\":\"" + s + "\"}}]}\r\n\r\n" }
+	body := ev(long)
+	for range 100 {
+		body += ev("ab")
+	}
+	var m meter
+	m.start(policy.APIChat, events.SSE)
+	for b := []byte(body); len(b) > 0; {
+		n := min(4096, len(b))
+		m.feed(b[:n])
+		b = b[n:]
+	}
+	m.end()
+	want := charTokens(len(long) + 200)
+	if got := m.result().streamed; got > want+50 {
+		t.Errorf("streamed %d tokens, want about %d", got, want)
+	}
+}
+
+// TestAFollowedStreamsLastEventWithoutItsBlankLineIsFollowed: the last
+// event of a stream followed for its usage, without its blank line, is
+// metered and its usage chunk not relayed.
+func TestAFollowedStreamsLastEventWithoutItsBlankLineIsFollowed(t *testing.T) {
+	t.Parallel()
+	first := `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"hello"}}]}` + "\n\n"
+	last := strings.TrimSuffix(usageChunkSSE, "\n\n") + "\n"
+	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{{"Content-Type", "text/event-stream"}}, Chunks: []string{first, last}})
+	h := budgeted(t, up.URL, TokenLimits{TokensPerMinute: 1000})
+	_, body := h.chat(asking(20, true), "Authorization", "Bearer k")
+	if strings.Contains(string(body), `"usage":{`) {
+		t.Errorf("usage chunk relayed to a client that did not ask: %q", body)
+	}
+	up.SetScript(chatUsage(0, 0))
+	if got := remaining(t, h, 1000, "k"); got != 1000-18 {
+		t.Errorf("remaining %d, want %d", got, 1000-18)
+	}
+}
+
+// TestAContinuationsUsageIsNotShown: a stream continued on a target
+// Sturdy asks for usage (its primary, stream_usage: false, was not)
+// relays no usage chunk.
+func TestAContinuationsUsageIsNotShown(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, "Hel", "lo"))
+	cont := continuationOf(" wor", "ld")
+	cont.Chunks = append(cont.Chunks[:len(cont.Chunks)-1], usageChunkSSE, "data: [DONE]\n\n")
+	fallback := upstreamtest.Start(t, cont)
+	off := false
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) {
+		o.Upstreams[0].StreamUsage = &off
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 100000}}}
+	})
+	resp, body := h.chat(streamChat, "Authorization", "Bearer k")
+	if !strings.Contains(string(body), "wor") {
+		t.Fatalf("not continued: %d %q", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), `"usage":{`) {
+		t.Errorf("usage chunk relayed to a client that did not ask")
+	}
+}
