@@ -1,20 +1,25 @@
 // Package fleet shares what one Sturdy learns with the others of its
 // fleet through Redis: cooldowns (published, and loaded on every
 // (re)connect), pacing and per-client limits (one GCRA reservation per
-// request, atomic in Redis) and, opt-in, breaker hints. It is
+// request, atomic in Redis), token budgets (reserved and settled,
+// atomic in Redis), the replicas' membership and, opt-in, breaker
+// hints. It is
 // local-first: a request never waits on Redis longer than the timeout,
 // and when Redis is slow or down the caller carries on with its own
 // state (or refuses, as configured).
 //
 // The files: fleet.go the State (New, Close, reachability, cooldowns
 // published and shortened, breaker hints), follow.go the events and the
-// cooldowns loaded on (re)connect, limit.go the GCRA reservation, resp.go
-// the guard every Redis reply passes (its bounds).
+// cooldowns loaded on (re)connect, limit.go the GCRA reservation,
+// tokens.go the token budgets' sliding minute and the membership
+// (heartbeat, Replicas), resp.go the guard every Redis reply passes (its
+// bounds).
 package fleet
 
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -141,6 +146,10 @@ type State struct {
 	// retries a dial with pauses, so a call to a Redis that is not there
 	// ends at its timeout, and only this tells it was refused.
 	refusedAt atomic.Int64
+	// id names this replica in the fleet's membership; replicas is how
+	// many it last counted (beat).
+	id       string
+	replicas atomic.Int64
 }
 
 // dialFailed notes a dial's failure (see refusedAt).
@@ -181,7 +190,7 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	if cfg.MaxCooldowns <= 0 {
 		cfg.MaxCooldowns = DefaultMaxCooldowns
 	}
-	s := &State{cfg: cfg, log: log, hooks: hooks}
+	s := &State{cfg: cfg, log: log, hooks: hooks, id: rand.Text()}
 	o.Dialer = guard(redis.NewDialer(o), s.dialFailed) // NewDialer keeps the URL's TLS
 	var rdb redis.UniversalClient
 	if cfg.MasterName != "" {
@@ -196,8 +205,9 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	s.rdb, s.stop = rdb, stop
 	s.up.Store(true)          // until a call says otherwise
 	s.ps = rdb.Subscribe(ctx) // no channel yet: nothing is sent, nothing waited for (follow subscribes)
-	s.done.Add(1)
+	s.done.Add(2)
 	go s.follow(ctx)
+	go s.beat(ctx)
 	return s, nil
 }
 

@@ -83,8 +83,9 @@
 //	meter.go       the usage a reply tells as it is relayed (meter), for a budget or a trace
 //	clientkeys.go  single keys' settings (client_keys_file): by SHA-256, a key's own limit and class (classOf)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
-//	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet)
-//	               and what a table does with its news (adoptCooldown, hint)
+//	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet),
+//	               its limits and token budgets (reserve, reserveTokens, their names), and what a table does
+//	               with its news (adoptCooldown, hint)
 //	status.go      a table's status: /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
 //	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary

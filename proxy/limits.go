@@ -130,3 +130,21 @@ func (ks clientKeys) budgeted() bool {
 	}
 	return false
 }
+
+// keepBudgets gives l the budgets of prev, an entry a reload changed,
+// when both set some and tell clients apart the same way: what was spent
+// and reserved stays, under l's limits (policy.TokenWindow.SetLimit).
+func (l *clientLimiter) keepBudgets(prev *clientLimiter) {
+	if l.budgets == nil || prev.budgets == nil || prev.opts.KeyHeader != l.opts.KeyHeader {
+		return
+	}
+	prev.mu.Lock()
+	defer prev.mu.Unlock()
+	for _, h := range prev.budgets.Keys() { // the oldest first: the order stays
+		b, _ := prev.budgets.Peek(h)
+		for k := range tokenKinds {
+			b[k].SetLimit(l.opts.limit(k))
+		}
+		l.budgets.Add(h, b)
+	}
+}

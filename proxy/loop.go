@@ -316,12 +316,18 @@ func (v *visit) reserveTokens() policy.Action {
 	if mt == nil || v.tokensHeld || !ex.req.call.Charged() {
 		return policy.ActionAttempt
 	}
-	q := &ex.req
+	q, f, name := &ex.req, ex.p.fleet.Load(), ""
 	n := q.estimate(ex.ctx.Request.Body()).of(tokensTotal, mt.Limit)
+	if f != nil {
+		name = f.upstreamBudgetName(v.t.up, mt.Glob)
+	}
 	for range 3 {
-		ok, wait := mt.Window.Reserve(n, time.Now())
+		ok, wait, _, refused := q.reserveBudget(f, name, mt.Window, tokensTotal, mt.Limit, n, true, time.Now())
+		if refused != "" {
+			v.in.sharedRefused = refused
+			return policy.ActionStop
+		}
 		if ok {
-			q.holds = append(q.holds, tokenHold{w: mt.Window, kind: tokensTotal, reserved: n, upstream: true})
 			v.tokensHeld = true
 			return policy.ActionAttempt
 		}

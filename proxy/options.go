@@ -142,6 +142,11 @@ type TokenLimits struct {
 	OutputTokensPerMinute int64 `yaml:"output_tokens_per_minute"`
 }
 
+// limit is the budget of kind k in t (0: none).
+func (t TokenLimits) limit(k tokenKind) int64 {
+	return [tokenKinds]int64{t.TokensPerMinute, t.InputTokensPerMinute, t.OutputTokensPerMinute}[k]
+}
+
 // any reports whether some budget is set.
 func (t TokenLimits) any() bool {
 	return t.TokensPerMinute > 0 || t.InputTokensPerMinute > 0 || t.OutputTokensPerMinute > 0

@@ -155,6 +155,50 @@ func (f *shared) reserve(name string, rps float64, burst int, maxWait time.Durat
 	return sharedLimit{local: true}
 }
 
+// sharedTokens is how a fleet's token budget answered a reservation, as
+// sharedLimit for a rate: taken (hold), or not (wait, what remains).
+type sharedTokens struct {
+	hold           fleet.TokenHold
+	taken          bool
+	wait           time.Duration
+	remaining      int64
+	local, refused bool
+	why            string
+}
+
+// reserveTokens reserves n tokens of the fleet's budget name (limit a
+// minute), as reserve takes a rate's slot: while Redis is known down one
+// request a second tries it.
+func (f *shared) reserveTokens(name string, limit, n int64) sharedTokens {
+	why := "is down (a call failed within the last second; one call a second tries it again)"
+	if f.st.Usable() {
+		hold, taken, wait, remaining, err := f.st.ReserveTokens(name, limit, n)
+		if err == nil {
+			return sharedTokens{hold: hold, taken: taken, wait: wait, remaining: remaining}
+		}
+		why = f.st.Describe(err)
+	}
+	if f.opts.Refuse {
+		return sharedTokens{refused: true, why: why}
+	}
+	return sharedTokens{local: true}
+}
+
+// clientBudgetName names a client's token budget of kind k under a
+// `clients:` entry in the fleet: by the entry's key header, the kind and
+// the hash of the client's key, never the key (nor the limit: a changed
+// one keeps what was spent).
+func (f *shared) clientBudgetName(cl *clientLimiter, k tokenKind, key []byte) string {
+	d := fleet.Digest(f.hashKey(), key)
+	return fmt.Sprintf("client:%s:%d:%s", cl.opts.KeyHeader, k, hex.EncodeToString(d[:]))
+}
+
+// upstreamBudgetName names an upstream's tokens_per_minute window of one
+// model glob in the fleet.
+func (f *shared) upstreamBudgetName(up *upstream.Upstream, glob string) string {
+	return "upstream:" + up.Name() + ":" + glob
+}
+
 // sharedFailure is the error for a request refused because Redis did not
 // answer (on_failure: refuse); why says what it did instead.
 func sharedFailure(why string) *apiError {

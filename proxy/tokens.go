@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"sturdy/fleet"
 	"sturdy/policy"
 	"sturdy/upstream"
 )
@@ -29,11 +30,6 @@ const (
 // (anthropic-ratelimit-<name>-limit).
 var tokenKindNames = [tokenKinds]string{"tokens", "input tokens", "output tokens"}
 var anthropicTokenHeaders = [tokenKinds]string{"tokens", "input-tokens", "output-tokens"}
-
-// limit is the budget of kind k in t (0: none).
-func (t TokenLimits) limit(k tokenKind) int64 {
-	return [tokenKinds]int64{t.TokensPerMinute, t.InputTokensPerMinute, t.OutputTokensPerMinute}[k]
-}
 
 // keyBudget is one client's token budgets under a clientLimiter: a
 // window per kind its entry sets.
@@ -90,32 +86,67 @@ func (l *clientLimiter) budgetOf(h uint64, now time.Time) *keyBudget {
 	return b
 }
 
-// keepBudgets gives l the budgets of prev, an entry a reload changed,
-// when both set some and tell clients apart the same way: what was spent
-// and reserved stays, under l's limits (policy.TokenWindow.SetLimit).
-func (l *clientLimiter) keepBudgets(prev *clientLimiter) {
-	if l.budgets == nil || prev.budgets == nil || prev.opts.KeyHeader != l.opts.KeyHeader {
-		return
-	}
-	prev.mu.Lock()
-	defer prev.mu.Unlock()
-	for _, h := range prev.budgets.Keys() { // the oldest first: the order stays
-		b, _ := prev.budgets.Peek(h)
-		for k := range tokenKinds {
-			b[k].SetLimit(l.opts.limit(k))
-		}
-		l.budgets.Add(h, b)
-	}
-}
-
-// tokenHold is one reservation a request holds until it settles.
+// tokenHold is one reservation a request holds until it settles: of a
+// local window (w), or of the fleet's budget (fleet, fh) when
+// shared_state is set.
 type tokenHold struct {
 	w        *policy.TokenWindow
+	fleet    *fleet.State
+	fh       fleet.TokenHold
 	kind     tokenKind
 	reserved int64
 	// upstream: a target's tokens_per_minute, given back when the request
 	// leaves that target (refundUpstream).
 	upstream bool
+}
+
+// settle turns the hold into used tokens spent now.
+func (th tokenHold) settle(used int64, now time.Time) {
+	if th.fleet != nil {
+		th.fleet.SettleTokens(th.fh, used)
+		return
+	}
+	th.w.Settle(th.reserved, used, now)
+}
+
+// refund gives the hold back.
+func (th tokenHold) refund() {
+	if th.fleet != nil {
+		th.fleet.SettleTokens(th.fh, 0)
+		return
+	}
+	th.w.Refund(th.reserved)
+}
+
+// reserveBudget reserves n tokens of a budget of limit a minute (of kind
+// k; upstream: a target's) for q: the fleet's, named name, when f is set
+// (shared_state), else — or when Redis does not answer and on_failure is
+// local, the limit divided by the replicas the fleet last counted — the
+// local window w. Taken, the hold is q's; not, wait is when it would be
+// (0: when reservations in flight settle) and st the budget as it stands;
+// refused says what Redis did when it did not answer and on_failure is
+// refuse.
+func (q *outbound) reserveBudget(f *shared, name string, w *policy.TokenWindow, k tokenKind, limit, n int64, upstream bool,
+	now time.Time) (taken bool, wait time.Duration, st policy.TokenState, refused string) {
+	div := int64(1)
+	if f != nil {
+		switch r := f.reserveTokens(name, limit, n); {
+		case r.refused:
+			return false, 0, st, r.why
+		case !r.local && r.taken:
+			q.holds = append(q.holds, tokenHold{fleet: f.st, fh: r.hold, kind: k, reserved: n, upstream: upstream})
+			return true, 0, st, ""
+		case !r.local:
+			return false, r.wait, policy.TokenState{Limit: limit, Remaining: r.remaining, Reset: r.wait}, ""
+		}
+		div = f.st.Replicas()
+	}
+	w.SetLimit(max(limit/div, 1))
+	if ok, wait := w.Reserve(n, now); !ok {
+		return false, wait, w.State(now), ""
+	}
+	q.holds = append(q.holds, tokenHold{w: w, kind: k, reserved: n, upstream: upstream})
+	return true, 0, st, ""
 }
 
 // tokenEstimate is what a request reserves: its input, and its output
@@ -185,7 +216,8 @@ func (q *outbound) asksUsage(t *target) bool { return q.wantsUsage && t.up.Optio
 // take reserves est of every budget cl sets for ex's client, or none of
 // them: the refusal names the budget that did not allow it (who: whose).
 func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now time.Time, who string) *apiError {
-	h := credHash(cl.keyOf(&ex.ctx.Request.Header))
+	key := cl.keyOf(&ex.ctx.Request.Header)
+	h := credHash(key)
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	b := cl.budgetOf(h, now)
@@ -195,32 +227,37 @@ func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now
 		e.retryAfter = time.Second
 		return e
 	}
-	held := len(ex.req.holds)
+	held, f := len(ex.req.holds), ex.p.fleet.Load()
 	for k := range tokenKinds {
 		limit := cl.opts.limit(k)
 		if limit <= 0 {
 			continue
 		}
-		n := est.of(k, limit)
-		ok, wait := b[k].Reserve(n, now)
+		n, name := est.of(k, limit), ""
+		if f != nil {
+			name = f.clientBudgetName(cl, k, key)
+		}
+		ok, wait, st, refused := ex.req.reserveBudget(f, name, &b[k], k, limit, n, false, now)
 		if !ok {
 			for _, th := range ex.req.holds[held:] {
-				th.w.Refund(th.reserved)
+				th.refund()
 			}
 			ex.req.holds = ex.req.holds[:held]
-			return tokensRefused(&b[k], k, n, wait, now, who)
+			if refused != "" {
+				ex.out.outcome = outcomeSharedState
+				return sharedFailure(refused)
+			}
+			return tokensRefused(st, k, n, wait, who)
 		}
-		ex.req.holds = append(ex.req.holds, tokenHold{w: &b[k], kind: k, reserved: n})
 	}
 	return nil
 }
 
-// tokensRefused is the answer to a request whose estimate (n) budget w
-// of kind k does not allow now: 429 rate_limited with the budget's
-// headers and when it will (wait; 0: when the reservations in flight
-// settle — a second).
-func tokensRefused(w *policy.TokenWindow, k tokenKind, n int64, wait time.Duration, now time.Time, who string) *apiError {
-	st := w.State(now)
+// tokensRefused is the answer to a request whose estimate (n) a budget
+// of kind k, standing at st, does not allow now: 429 rate_limited with
+// the budget's headers and when it will (wait; 0: when the reservations
+// in flight settle — a second).
+func tokensRefused(st policy.TokenState, k tokenKind, n int64, wait time.Duration, who string) *apiError {
 	e := newError(CodeRateLimited, fmt.Sprintf("%s is out of %s: its budget is %d %s a minute, %d remain (%d held by requests in flight), this request needs an estimated %d",
 		who, tokenKindNames[k], st.Limit, tokenKindNames[k], max(st.Remaining, 0), st.Reserved, n))
 	e.retryAfter = max(wait, time.Second)
@@ -234,7 +271,7 @@ func (q *outbound) refundUpstream() {
 	kept := q.holds[:0]
 	for _, th := range q.holds {
 		if th.upstream {
-			th.w.Refund(th.reserved)
+			th.refund()
 			continue
 		}
 		kept = append(kept, th)
@@ -254,7 +291,7 @@ func (q *outbound) estimate(body []byte) tokenEstimate {
 
 func (q *outbound) refund() {
 	for _, th := range q.holds {
-		th.w.Refund(th.reserved)
+		th.refund()
 	}
 	q.holds = q.holds[:0]
 }
@@ -274,13 +311,13 @@ func settleHolds(ex *exchange, s *summary) {
 	for _, th := range q.holds {
 		switch {
 		case !used:
-			th.w.Refund(th.reserved)
+			th.refund()
 		case th.kind == tokensInput:
-			th.w.Settle(th.reserved, u.Input, now)
+			th.settle(u.Input, now)
 		case th.kind == tokensOutput:
-			th.w.Settle(th.reserved, u.Output, now)
+			th.settle(u.Output, now)
 		default:
-			th.w.Settle(th.reserved, u.Input+u.Output, now)
+			th.settle(u.Input+u.Output, now)
 		}
 	}
 	q.holds = q.holds[:0]

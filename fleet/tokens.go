@@ -1,0 +1,150 @@
+package fleet
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A fleet's token budget is one Redis hash per budget (KEYS[1]): the
+// tokens spent in each 5 s slot of the sliding minute ("s<slot>", 13 of
+// them: spend leaves it 60–65 s after, as policy.TokenWindow's does), and
+// the tokens reserved by requests in flight, by the minute they were
+// reserved in ("r<minute>"). A reservation is taken back when its request
+// settles; one a replica never settled (it died) is dropped after
+// tokenHoldMinutes, so a dead replica holds a budget for at most that
+// long (15 minutes: the scripts' 15 and 960000 ms). The hash is dropped
+// a minute after that since its last write.
+
+// reserveTokens: ARGV limit, n. Returns {taken, wait µs (0: reservations
+// in flight hold it), remaining, the minute reserved in}.
+var reserveTokens = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local slot = math.floor(now / 5000000)
+local minute = math.floor(now / 60000000)
+local limit, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local h = redis.call('HGETALL', KEYS[1])
+local spent, reserved, slots = 0, 0, {}
+for i = 1, #h, 2 do
+  local f, v = h[i], tonumber(h[i + 1])
+  local k, at = string.sub(f, 1, 1), tonumber(string.sub(f, 2))
+  if k == 's' and at and at > slot - 13 then
+    spent = spent + v
+    slots[#slots + 1] = {at, v}
+  elseif k == 'r' and at and at > minute - 15 then
+    reserved = reserved + v
+  else
+    redis.call('HDEL', KEYS[1], f)
+  end
+end
+local held = spent + reserved + n - limit
+if n > limit then held = spent + reserved end
+if held <= 0 then
+  redis.call('HINCRBY', KEYS[1], 'r' .. minute, n)
+  redis.call('PEXPIRE', KEYS[1], 960000)
+  return {1, 0, limit - spent - reserved - n, minute}
+end
+if held > spent then return {0, 0, limit - spent - reserved, minute} end
+table.sort(slots, function(a, b) return a[1] < b[1] end)
+local freed = 0
+for _, s in ipairs(slots) do
+  freed = freed + s[2]
+  if freed >= held then return {0, (s[1] + 13) * 5000000 - now, limit - spent - reserved, minute} end
+end
+return {0, 65000000, limit - spent - reserved, minute}`)
+
+// settleTokens: ARGV the minute reserved in, reserved, used (0: a
+// refund).
+var settleTokens = redis.NewScript(`
+local t = redis.call('TIME')
+local slot = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 5000000)
+local f = 'r' .. ARGV[1]
+local left = redis.call('HINCRBY', KEYS[1], f, -tonumber(ARGV[2]))
+if left <= 0 then redis.call('HDEL', KEYS[1], f) end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('HINCRBY', KEYS[1], 's' .. slot, ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], 960000)
+end
+return 1`)
+
+// TokenHold is a reservation of a fleet's token budget, to settle.
+type TokenHold struct {
+	Name     string
+	Minute   int64
+	Reserved int64
+}
+
+// ReserveTokens reserves n tokens of the fleet's budget name (limit a
+// minute) if it allows them now: taken, else wait until it would (0: the
+// reservations in flight hold it); remaining is what is left of it. err
+// means Redis did not answer within the timeout: the caller decides
+// (on_failure).
+func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, taken bool, wait time.Duration, remaining int64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	key := s.cfg.Prefix + "tokens:" + name
+	r, err := reserveTokens.Run(ctx, s.rdb, []string{key}, limit, n).Int64Slice()
+	s.result("tokens", err)
+	if err == nil && len(r) != 4 {
+		err = redis.Nil
+	}
+	if err != nil {
+		return hold, false, 0, 0, err
+	}
+	return TokenHold{Name: name, Minute: r[3], Reserved: n}, r[0] == 1, time.Duration(r[1]) * time.Microsecond, r[2], nil
+}
+
+// SettleTokens turns hold into used tokens spent now (0: a refund), in
+// the background: no request waits for it.
+func (s *State) SettleTokens(h TokenHold, used int64) {
+	s.background("tokens", func(ctx context.Context) error { return s.settleTokens(ctx, h, used) })
+}
+
+func (s *State) settleTokens(ctx context.Context, h TokenHold, used int64) error {
+	return settleTokens.Run(ctx, s.rdb, []string{s.cfg.Prefix + "tokens:" + h.Name}, h.Minute, h.Reserved, max(used, 0)).Err()
+}
+
+// heartbeat keeps this replica in the fleet's membership (a sorted set
+// of replica ids by their last beat; those silent for replicaTTL are
+// dropped) and returns how many replicas are in it.
+var heartbeat = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return redis.call('ZCARD', KEYS[1])`)
+
+// The membership: a replica beats every replicaBeat, and counts as live
+// for replicaTTL after its last beat.
+const (
+	replicaBeat = 3 * time.Second
+	replicaTTL  = 10 * time.Second
+)
+
+// beat runs the heartbeat until ctx ends, keeping Replicas current.
+func (s *State) beat(ctx context.Context) {
+	defer s.done.Done()
+	t := time.NewTicker(replicaBeat)
+	defer t.Stop()
+	for {
+		c, cancel := context.WithTimeout(ctx, max(s.cfg.Timeout, time.Second))
+		n, err := heartbeat.Run(c, s.rdb, []string{s.cfg.Prefix + "replicas"}, s.id, replicaTTL.Milliseconds()).Int64()
+		cancel()
+		if err == nil && n > 0 {
+			s.replicas.Store(n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Replicas is how many replicas the fleet's membership last counted
+// (this one included; at least 1): what a budget is divided by while
+// Redis is down.
+func (s *State) Replicas() int64 { return max(s.replicas.Load(), 1) }

@@ -1,0 +1,136 @@
+package proxy
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"sturdy/internal/redistest"
+	"sturdy/internal/upstreamtest"
+)
+
+// spentInRedis sums what the fleet's token budgets under prefix t: hold
+// as spent, once no reservation is left in flight (settlements go in the
+// background), waiting up to 2 s; and every key and value, to look for
+// secrets in.
+func spentInRedis(t *testing.T, url string, want int64) (all string) {
+	t.Helper()
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	ctx := context.Background()
+	var spent int64
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		keys, err := rdb.Keys(ctx, "t:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		spent, all = 0, strings.Join(keys, " ")
+		held := false
+		for _, k := range keys {
+			if !strings.HasPrefix(k, "t:tokens:") {
+				continue
+			}
+			h, _ := rdb.HGetAll(ctx, k).Result()
+			for f, v := range h {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				all += " " + f + "=" + v
+				switch f[0] {
+				case 's':
+					spent += n
+				case 'r':
+					held = held || n > 0
+				}
+			}
+		}
+		if spent == want && !held || time.Now().After(end) {
+			break
+		}
+	}
+	if spent != want {
+		t.Fatalf("the fleet's budgets hold %d spent, want %d: %s", spent, want, all)
+	}
+	return all
+}
+
+// TestTwoReplicasHoldOneTokenBudget: a client's budget is the fleet's —
+// two replicas together admit what one would (per-replica counters would
+// admit twice the limit: LiteLLM #40291) — and Redis holds hashes, never
+// the credential.
+func TestTwoReplicasHoldOneTokenBudget(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(10, 50))
+	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
+		o.SharedState.Timeout = 500 * time.Millisecond // a loaded machine's Redis is no test of this
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 100}}}
+	})
+	const key = "Bearer sk-secret-0123456789"
+	var codes []int
+	for i := range 4 { // 21 fits 0 and 60 spent: two go, then 120 is spent
+		resp, _ := hs[i%2].chat(asking(20, false), "Authorization", key)
+		codes = append(codes, resp.StatusCode)
+		spentInRedis(t, r.URL, int64(60*min(i+1, 2)))
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 || codes[3] != 429 {
+		t.Fatalf("statuses %v", codes)
+	}
+	if all := spentInRedis(t, r.URL, 120); strings.Contains(all, "sk-secret") || strings.Contains(all, "0123456789") {
+		t.Fatalf("Redis holds the credential: %s", all)
+	}
+}
+
+// TestRedisDownDividesATokenBudgetByTheReplicas: with Redis gone and
+// on_failure local, each replica holds the budget ÷ the replicas the
+// fleet last counted (two: 50 of 100).
+func TestRedisDownDividesATokenBudgetByTheReplicas(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(10, 50))
+	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 100}}}
+	})
+	for end := time.Now().Add(10 * time.Second); hs[0].p.fleet.Load().st.Replicas() != 2 && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := hs[0].p.fleet.Load().st.Replicas(); n != 2 {
+		t.Fatalf("the fleet counts %d replicas", n)
+	}
+	r.Kill()
+	var codes []int
+	for range 2 { // 21 fits 50 with nothing spent; 60 spent leaves no room (it would in 100)
+		resp, _ := hs[0].chat(asking(20, false), "Authorization", "Bearer k")
+		codes = append(codes, resp.StatusCode)
+	}
+	if codes[0] != 200 || codes[1] != 429 {
+		t.Fatalf("statuses %v with Redis down", codes)
+	}
+}
+
+// TestTwoReplicasPaceOneUpstreamTokensPerMinute: an upstream's
+// tokens_per_minute is the fleet's too.
+func TestTwoReplicasPaceOneUpstreamTokensPerMinute(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(10, 50))
+	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
+		o.SharedState.Timeout = 500 * time.Millisecond
+		o.Upstreams[0].TokensPerMinute = map[string]int64{"*": 100}
+	})
+	var codes []int
+	for i := range 3 {
+		resp, _ := hs[i%2].chat(asking(20, false))
+		codes = append(codes, resp.StatusCode)
+		spentInRedis(t, r.URL, int64(60*min(i+1, 2)))
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
+		t.Fatalf("statuses %v", codes)
+	}
+}
