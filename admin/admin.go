@@ -81,6 +81,7 @@ func Limit(ln net.Listener) net.Listener { return netutil.LimitListener(ln, MaxC
 //	/ and /status     the status page (static: its data comes from the two below)
 //	/debug/upstreams  JSON state of each upstream (breaker, counts, in-flight)          (token)
 //	/debug/failures   JSON: the last failed requests, their decision trails (at most 50) (token)
+//	/debug/clients    JSON: the clients holding token budgets, most used first; ?page=, ?per_page= (≤ 500) (token)
 //	/debug/pprof/     Go's profiler, when settings say so; seconds at most 60           (token)
 //
 // settings is asked on every request, so a reload applies at once.
@@ -111,6 +112,14 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 	}))
 	mux.Handle("GET /debug/upstreams", jsonOf("upstreams", func() any { return p.Upstreams() }))
 	mux.Handle("GET /debug/failures", jsonOf("failures", func() any { return p.Failures() }))
+	mux.HandleFunc("GET /debug/clients", func(w http.ResponseWriter, r *http.Request) {
+		page, _ := strconv.Atoi(r.URL.Query().Get("page"))
+		perPage, err := strconv.Atoi(r.URL.Query().Get("per_page"))
+		if err != nil {
+			perPage = 50
+		}
+		jsonOf("clients", func() any { return p.Clients(page, perPage) }).ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /{$}", servePage)
 	mux.HandleFunc("GET /status", servePage)
 	prof := http.NewServeMux()

@@ -248,7 +248,7 @@ func TestATokenGuardsAllButTheProbes(t *testing.T) {
 		}
 		return resp.StatusCode
 	}
-	for _, path := range []string{"/metrics", "/debug/upstreams", "/debug/pprof/"} {
+	for _, path := range []string{"/metrics", "/debug/upstreams", "/debug/clients", "/debug/pprof/"} {
 		for _, auth := range []string{"", "Bearer wrong-token-0123456789", token, "Basic " + token} {
 			if code := ask(path, auth); code != 401 {
 				t.Errorf("%s with %q: %d, want 401", path, auth, code)

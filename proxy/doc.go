@@ -72,7 +72,7 @@
 // (respond gives back one not committed). The other files:
 //
 //	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids, and what the
-//	               admin side reads (Upstreams, Ready, RefreshBreakerGauges, Failures)
+//	               admin side reads (Upstreams, Clients, Ready, RefreshBreakerGauges, Failures)
 //	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config
 //	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized)
@@ -86,7 +86,8 @@
 //	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet),
 //	               its limits and token budgets (reserve, reserveTokens, their names), and what a table does
 //	               with its news (adoptCooldown, hint)
-//	status.go      a table's status: /debug/upstreams (upstream.Status of each), readiness, gauges refreshed on scrape
+//	status.go      a table's status: /debug/upstreams (upstream.Status of each), /debug/clients (the token
+//	               budgets, most used first), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
 //	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
 //	               (table.hooks; the clients: limits are the first)

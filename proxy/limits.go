@@ -143,7 +143,7 @@ func (l *clientLimiter) keepBudgets(prev *clientLimiter) {
 	for _, h := range prev.budgets.Keys() { // the oldest first: the order stays
 		b, _ := prev.budgets.Peek(h)
 		for k := range tokenKinds {
-			b[k].SetLimit(l.opts.limit(k))
+			b.w[k].SetLimit(l.opts.limit(k))
 		}
 		l.budgets.Add(h, b)
 	}

@@ -219,6 +219,13 @@ func (p *Proxy) interruptStreams() {
 // admin listener's /debug/upstreams (upstream.Status: no secret in it).
 func (p *Proxy) Upstreams() []upstream.Status { return p.tbl.Load().status(time.Now()) }
 
+// Clients is page page (from 1) of perPage (at most MaxClientsPerPage)
+// of the clients holding token budgets, the most used first
+// (/debug/clients).
+func (p *Proxy) Clients(page, perPage int) ClientBudgets {
+	return p.tbl.Load().clientBudgets(time.Now(), page, perPage, p.fleet.Load() != nil)
+}
+
 // Ready reports whether every route has a target with an endpoint that
 // is in (half-open counts as ready: probes go through); notReady names
 // the routes that have none. While draining it is false (see Draining).

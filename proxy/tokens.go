@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -32,21 +34,26 @@ var tokenKindNames = [tokenKinds]string{"tokens", "input tokens", "output tokens
 var anthropicTokenHeaders = [tokenKinds]string{"tokens", "input-tokens", "output-tokens"}
 
 // keyBudget is one client's token budgets under a clientLimiter: a
-// window per kind its entry sets.
-type keyBudget [tokenKinds]policy.TokenWindow
+// window per kind its entry sets, and the client's id as /debug/clients
+// shows it (its key's SHA-256, the first 12 hex digits).
+type keyBudget struct {
+	w  [tokenKinds]policy.TokenWindow
+	id string
+}
 
-func newKeyBudget(t TokenLimits) *keyBudget {
-	b := new(keyBudget)
+func newKeyBudget(t TokenLimits, key []byte) *keyBudget {
+	sum := sha256.Sum256(key)
+	b := &keyBudget{id: hex.EncodeToString(sum[:6])}
 	for k := range tokenKinds {
-		b[k].SetLimit(t.limit(k))
+		b.w[k].SetLimit(t.limit(k))
 	}
 	return b
 }
 
 // idle reports whether b owes and holds nothing: it may leave the map.
 func (b *keyBudget) idle(now time.Time) bool {
-	for k := range b {
-		if !b[k].Idle(now) {
+	for k := range b.w {
+		if !b.w[k].Idle(now) {
 			return false
 		}
 	}
@@ -58,10 +65,11 @@ func (b *keyBudget) idle(now time.Time) bool {
 // flight, is never dropped: it goes to the map's front).
 const evictScan = 16
 
-// budgetOf is the budgets of the client whose key hash is h, added when
+// budgetOf is the budgets of the client whose key hash is h (id: the
+// key /debug/clients names it by), added when
 // new; nil when the map is full of budgets none of which (among the
 // evictScan oldest) is idle. Under l.mu.
-func (l *clientLimiter) budgetOf(h uint64, now time.Time) *keyBudget {
+func (l *clientLimiter) budgetOf(h uint64, id []byte, now time.Time) *keyBudget {
 	if b, ok := l.budgets.Get(h); ok {
 		return b
 	}
@@ -81,7 +89,7 @@ func (l *clientLimiter) budgetOf(h uint64, now time.Time) *keyBudget {
 			return nil
 		}
 	}
-	b := newKeyBudget(l.opts.TokenLimits)
+	b := newKeyBudget(l.opts.TokenLimits, id)
 	l.budgets.Add(h, b)
 	return b
 }
@@ -217,10 +225,13 @@ func (q *outbound) asksUsage(t *target) bool { return q.wantsUsage && t.up.Optio
 // them: the refusal names the budget that did not allow it (who: whose).
 func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now time.Time, who string) *apiError {
 	key := cl.keyOf(&ex.ctx.Request.Header)
-	h := credHash(key)
+	h, id := credHash(key), key
+	if _, k := credential(&ex.ctx.Request.Header); cl.byCredential && len(k) > 0 {
+		id = k // the key itself, as client_keys_file names it by its SHA-256
+	}
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	b := cl.budgetOf(h, now)
+	b := cl.budgetOf(h, id, now)
 	if b == nil {
 		e := newError(CodeRateLimited, fmt.Sprintf("Sturdy tracks token budgets for as many clients as it holds (%d), each in use",
 			upstream.MaxTrackedKeys))
@@ -237,7 +248,7 @@ func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now
 		if f != nil {
 			name = f.clientBudgetName(cl, k, key)
 		}
-		ok, wait, st, refused := ex.req.reserveBudget(f, name, &b[k], k, limit, n, false, now)
+		ok, wait, st, refused := ex.req.reserveBudget(f, name, &b.w[k], k, limit, n, false, now)
 		if !ok {
 			for _, th := range ex.req.holds[held:] {
 				th.refund()

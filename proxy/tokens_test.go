@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -364,5 +366,33 @@ func TestAFailedOverRequestGivesItsTokensBack(t *testing.T) {
 	}
 	if got := failing.Count(); got != 6 {
 		t.Fatalf("the paced upstream saw %d requests: its window kept failed reservations", got)
+	}
+}
+
+// TestDebugClientsListsBudgetsMostUsedFirst: each client by its key's
+// SHA-256 prefix (never the key), its budgets, the most used first, a
+// page at a time.
+func TestDebugClientsListsBudgetsMostUsedFirst(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, chatUsage(10, 50))
+	h := budgeted(t, up.URL, TokenLimits{TokensPerMinute: 1000})
+	for i, key := range []string{"sk-a", "sk-b", "sk-b", "sk-c"} {
+		if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer "+key); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	page := h.p.Clients(1, 2)
+	b, _ := json.Marshal(page)
+	sum := sha256.Sum256([]byte("sk-b"))
+	if page.Total != 3 || len(page.Clients) != 2 || page.Clients[0].Key != hex.EncodeToString(sum[:6]) ||
+		page.Clients[0].Use != 120 || page.Clients[0].Entry != "clients[0]" || page.Clients[0].Budgets[0].Remaining != 880 ||
+		strings.Contains(string(b), "sk-") {
+		t.Fatalf("page 1: %s", b)
+	}
+	if last := h.p.Clients(2, 2); len(last.Clients) != 1 || last.Clients[0].Use != 60 {
+		t.Fatalf("page 2: %+v", last)
+	}
+	if past := h.p.Clients(9, 2); len(past.Clients) != 0 {
+		t.Fatalf("past the end: %+v", past)
 	}
 }
