@@ -227,3 +227,29 @@ func TestOverloadSmoke(t *testing.T) {
 	}
 	t.Log(out)
 }
+
+// TestTokensSmoke runs the tokens scenario for 3 s a target: a row per
+// target, Sturdy settling exactly what the server served, no usage chunk
+// a client did not ask for, and the small key's first request admitted.
+func TestTokensSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sturdy binary")
+	}
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-scenario", "tokens", "-duration", "3s", "-tries", "1"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"| post-hoc counter |", "| sturdy |", "| sturdy ×2, one Redis |", "| budget (Redis) |"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Split(line, " | "); strings.HasPrefix(line, "| sturdy") && len(f) == 10 && (f[7] != "0" || !strings.HasPrefix(f[8], "true") || f[9] != "admitted |") {
+			t.Fatalf("a usage chunk unasked, a settlement off, or the small key refused: %s", line)
+		}
+	}
+	t.Log(out)
+}

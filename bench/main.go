@@ -14,7 +14,7 @@
 // streams, replicas, and the solo measurements cancel, idle, hostile,
 // rescue, chaos and the overload ones (overload, capacity-drop,
 // long-outputs, priorities, noisy-neighbour; overload-all runs the five)
-// (see bench/README.md). Load is open-loop where a rate
+// and tokens (see bench/README.md). Load is open-loop where a rate
 // is given (latency is measured from each request's scheduled start: no
 // coordinated omission) and closed-loop otherwise; connections are kept
 // alive.
@@ -34,6 +34,7 @@
 //	overload.go    solo: the overload scenarios (adaptive and fixed concurrency against a server that queues), their chart
 //	gpu.go         the overload scenarios' fake GPU server: slots, a FIFO queue inside that never refuses
 //	overload_nginx.go  nginx in front of it with max_conns (started by the overload scenarios when installed)
+//	tokens.go      solo: token budgets under 50 clients (post-hoc counter, one Sturdy, two sharing Redis), their latency
 package main
 
 import (
@@ -151,9 +152,9 @@ func parseCommand(args []string, stderr io.Writer) (*command, error) {
 	c := &command{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle, hostile, chaos, or overload, capacity-drop, long-outputs, priorities, noisy-neighbour, overload-all")
+	fs.StringVar(&c.name, "scenario", "overhead", "overhead, fleet, tracing, flaky, ratelimited, outage, storm, streams, replicas, all, cancel, rescue, idle, hostile, chaos, or overload, capacity-drop, long-outputs, priorities, noisy-neighbour, overload-all, tokens")
 	fs.IntVar(&c.slices, "slices", 1, "overhead, fleet, tracing: cut each run into this many slices and measure the targets in turns, one slice each")
-	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; connections of idle (e.g. 10000); hostile's scale (models of 4 MiB; ×1000 keys; ×2 MiB of stream); ×10 requests of chaos")
+	fs.IntVar(&c.tries, "tries", 100, "tries of the cancel and rescue scenarios; latency turns of tokens (at most 5); connections of idle (e.g. 10000); hostile's scale (models of 4 MiB; ×1000 keys; ×2 MiB of stream); ×10 requests of chaos")
 	fs.Int64Var(&c.seed, "seed", 1, "chaos: the seed of its fault schedules and kills (the same for every target)")
 	fs.DurationVar(&c.s.duration, "duration", 10*time.Second, "length of each load run")
 	fs.Float64Var(&c.s.rate, "rate", 2000, "requests per second of the overhead latency run")
@@ -271,6 +272,9 @@ var solos = map[string]func(bin string, c *command) (report func(io.Writer), err
 	"priorities":      overloadSolo("priorities"),
 	"noisy-neighbour": overloadSolo("noisy-neighbour"),
 	"overload-all":    overloadSolo("overload-all"),
+	// tokens: token budgets under 50 clients, against a counter after
+	// the fact, and the latency they add.
+	"tokens": tokensSolo,
 	// chaos: the chaos property test's generator, longer, through direct,
 	// Sturdy and the peers: client-visible failures and amplification.
 	"chaos": func(bin string, c *command) (func(io.Writer), error) {

@@ -265,3 +265,23 @@ func TestHotChecksDoNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTokenBudgetReserveSettle is a request's local token budget:
+// its client's budget found (budgetOf), its estimate reserved, settled
+// to its usage — what the hook adds to a budgeted request (0 allocations).
+func BenchmarkTokenBudgetReserveSettle(b *testing.B) {
+	cl := newClientLimiter(ClientLimit{KeyHeader: DefaultKeyHeader, TokenLimits: TokenLimits{TokensPerMinute: 1 << 40}}.withDefaults(), nil)
+	key := []byte("Bearer sk-bench")
+	h := credHash(key)
+	b.ReportAllocs()
+	for b.Loop() {
+		now := time.Now()
+		cl.mu.Lock()
+		bud := cl.budgetOf(h, key, now)
+		cl.mu.Unlock()
+		w := &bud.w[tokensTotal]
+		if ok, _ := w.Reserve(300, now); ok {
+			w.Settle(300, 280, now)
+		}
+	}
+}
