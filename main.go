@@ -540,7 +540,7 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		pfx, _ := config.ParsePrefix(s) // validated by config
 		o.TrustedProxies = append(o.TrustedProxies, pfx)
 	}
-	o.Clients, o.ClientKeys = cfg.Clients, cfg.ClientKeys
+	o.Clients, o.ClientKeys, o.Prices = cfg.Clients, cfg.ClientKeys, cfg.Prices
 	o.Routes = cfg.Routes // one shape: the file decodes into proxy.Route
 	return o
 }

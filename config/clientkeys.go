@@ -129,6 +129,7 @@ func validateClientKey(bad func(key, format string, args ...any), k string, ck *
 		bad(k+".requests_per_second", "must not be negative (0: the clients: entries' limit)")
 	}
 	validateTokenLimits(bad, k+".", ck.TokenLimits)
+	validateSpend(bad, k+".", ck.Spend, true) // that prices: is set is the config's to check (validatePrices)
 	switch {
 	case ck.Burst < 0:
 		bad(k+".burst", "must not be negative")

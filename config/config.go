@@ -63,6 +63,9 @@ type Config struct {
 	ClientKeysFile string `yaml:"client_keys_file"`
 	// ClientKeys are the keys ClientKeysFile lists, once read.
 	ClientKeys []ClientKey `yaml:"-"`
+	// Prices are what models cost, USD per million tokens, by model glob
+	// (at most MaxPrices): what a spend budget counts.
+	Prices map[string]Price `yaml:"prices"`
 	// Server bounds how clients may use the listener.
 	Server Server `yaml:"server"`
 	// TLS, when cert_file and key_file are set, serves the listener over
@@ -231,6 +234,16 @@ type ClientLimit = proxy.ClientLimit
 
 // TokenLimits are a client's token budgets: package proxy's TokenLimits.
 type TokenLimits = proxy.TokenLimits
+
+// Price is a model's price and Spend a client's spend budget: package
+// proxy's.
+type (
+	Price = proxy.Price
+	Spend = proxy.Spend
+)
+
+// MaxPrices bounds the model globs prices: lists.
+const MaxPrices = 256
 
 // Log configures logging.
 type Log struct {

@@ -176,7 +176,7 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 		want       []string // substrings of the message, in order of lines
 	}{
 		{"unknown top-level key", "listen: :1\nlisten_addr: :2\nupstreams: [{name: a, url: 'http://h'}]\n",
-			[]string{"t.yaml:2: listen_addr: unknown key (known: admin, admin_listen, auth, client_keys_file, clients, listen, log, routes, server, shared_state, tls, tracing, upstreams)"}},
+			[]string{"t.yaml:2: listen_addr: unknown key (known: admin, admin_listen, auth, client_keys_file, clients, listen, log, prices, routes, server, shared_state, tls, tracing, upstreams)"}},
 		{"unknown nested key", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      conect: 1s\n",
 			[]string{"t.yaml:5: upstreams[0].timeouts.conect: unknown key"}},
 		{"bad duration", "upstreams:\n  - name: a\n    url: http://h\n    timeouts:\n      connect: 2 seconds\n",
@@ -236,6 +236,10 @@ func TestInvalidConfigsNameKeyAndLine(t *testing.T) {
 			[]string{`t.yaml:4: upstreams[0].api_key_header: must be x-api-key or authorization (got "bearer")`}},
 		{"client limit without rate", "upstreams: [{name: a, url: 'http://h'}]\nclients:\n  - key_header: X-Agent\n",
 			[]string{"t.yaml:3: clients[0]: sets no limit: give requests_per_second, tokens_per_minute"}},
+		{"spend without prices", "upstreams: [{name: a, url: 'http://h'}]\nclients:\n  - spend: {usd: 5}\n",
+			[]string{"t.yaml:3: clients[0].spend: needs prices:"}},
+		{"spend of a week", "upstreams: [{name: a, url: 'http://h'}]\nprices: {\"*\": {input: 1, output: 2}}\nclients:\n  - spend: {usd: 5, period: week}\n",
+			[]string{"clients[0].spend.period: must be day or month"}},
 		{"negative token budget", "upstreams: [{name: a, url: 'http://h'}]\nclients:\n  - tokens_per_minute: -5\n",
 			[]string{"t.yaml:3: clients[0].tokens_per_minute: must not be negative"}},
 		{"negative max_in_flight", "upstreams:\n  - name: a\n    url: http://h\n    max_in_flight: -1\n",

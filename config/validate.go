@@ -47,6 +47,40 @@ func notNegative[T int | int64 | float64](p *problems, key string, v T, note str
 	}
 }
 
+// validateSpend checks a client's spend budget (prefix: its key and a
+// dot); priced says prices: is set, which a budget needs.
+func validateSpend(bad func(key, format string, args ...any), prefix string, s Spend, priced bool) {
+	switch {
+	case s.USD < 0:
+		bad(prefix+"spend.usd", "must not be negative (0: no spend budget)")
+	case s.Period != "" && s.Period != "day" && s.Period != "month":
+		bad(prefix+"spend.period", "must be day or month (UTC), not %q", s.Period)
+	case s.USD > 0 && !priced:
+		bad(prefix+"spend", "needs prices: (USD per million tokens by model glob) to count what replies cost")
+	}
+}
+
+// validatePrices checks prices:, and that a client key's spend budget
+// has them.
+func (c *Config) validatePrices(p *problems) {
+	for i, k := range c.ClientKeys {
+		if k.Spend.USD > 0 && len(c.Prices) == 0 {
+			p.bad("client_keys_file", "keys[%d].spend needs prices: (USD per million tokens by model glob) to count what replies cost", i)
+		}
+	}
+	if len(c.Prices) > MaxPrices {
+		p.bad("prices", "lists %d model globs, more than %d", len(c.Prices), MaxPrices)
+	}
+	for glob, pr := range c.Prices {
+		switch {
+		case strings.TrimSpace(glob) == "":
+			p.bad("prices", "a model glob is empty (\"*\" matches every model)")
+		case pr.Input < 0 || pr.Output < 0:
+			p.bad("prices."+glob, "a price must not be negative")
+		}
+	}
+}
+
 // validateTokenLimits checks a client's token budgets (prefix: its key
 // and a dot).
 func validateTokenLimits(bad func(key, format string, args ...any), prefix string, t TokenLimits) {
@@ -82,14 +116,17 @@ func (c *Config) Validate() []Problem {
 		}
 		notNegative(p, k+".requests_per_second", cl.RequestsPerSecond, " (0: no request limit)")
 		validateTokenLimits(p.bad, k+".", cl.TokenLimits)
-		if cl.RequestsPerSecond == 0 && cl.TokensPerMinute <= 0 && cl.InputTokensPerMinute <= 0 && cl.OutputTokensPerMinute <= 0 {
-			p.bad(k, "sets no limit: give requests_per_second, tokens_per_minute, input_tokens_per_minute or output_tokens_per_minute")
+		validateSpend(p.bad, k+".", cl.Spend, len(c.Prices) > 0)
+		if cl.RequestsPerSecond == 0 && cl.TokensPerMinute <= 0 && cl.InputTokensPerMinute <= 0 && cl.OutputTokensPerMinute <= 0 &&
+			cl.Spend.USD <= 0 {
+			p.bad(k, "sets no limit: give requests_per_second, tokens_per_minute, input_tokens_per_minute, output_tokens_per_minute or spend")
 		}
 		if cl.RequestsPerSecond == 0 && p.c.isWritten(k+".burst") {
 			p.bad(k+".burst", "is a burst of requests_per_second: set that too")
 		}
 		atLeast1(p, k+".burst", cl.Burst)
 	}
+	c.validatePrices(p)
 	if len(c.Routes) == 0 && len(c.Upstreams) > 1 {
 		p.bad("routes", "at least one route is required when there are several upstreams")
 	}

@@ -111,6 +111,9 @@ type Metrics struct {
 	// model (a configured name, else other) and kind (input, output) — of
 	// the requests whose usage Sturdy reads (under a token budget, traced).
 	Tokens *prometheus.CounterVec
+	// Spend counts what those tokens cost at prices:, in USD, by route,
+	// upstream and model.
+	Spend *prometheus.CounterVec
 	// AcceptErrors counts accept errors the listener retried, by reason
 	// (emfile, enfile, econnaborted, enobufs, other).
 	AcceptErrors *prometheus.CounterVec
@@ -223,6 +226,9 @@ func New() *Metrics {
 		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_tokens_total",
 			Help: "Tokens replies said they used (requests under a token budget, or traced), by route, upstream, model and kind (input, output)."},
 			[]string{"route", "upstream", "model", "kind"}),
+		Spend: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_spend_usd_total",
+			Help: "What replies' usage cost at prices: (requests whose usage Sturdy reads), USD, by route, upstream and model."},
+			[]string{"route", "upstream", "model"}),
 		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_accept_errors_total",
 			Help: "Accept errors on the client listener, retried with backoff, by reason."}, []string{"reason"}),
 		ConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "sturdy_connections_refused_total",
@@ -244,7 +250,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
-		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.Tokens, m.AcceptErrors,
+		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.Tokens, m.Spend, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateErrors, m.ModelBreakerState,
 		m.Evictions, m.BufferedBytes, m.BufferFull, m.ConcurrencyLimit, m.ConcurrencyQueued, m.ConcurrencyWait, m.ConcurrencyShed,

@@ -51,9 +51,12 @@ func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict 
 		if k.Priority != nil {
 			ck.priority, ck.hasPriority = *k.Priority, true
 		}
-		if k.RequestsPerSecond > 0 || k.TokenLimits.any() {
+		if k.RequestsPerSecond > 0 || k.TokenLimits.any() || k.Spend.USD > 0 {
 			lo := ClientLimit{KeyHeader: DefaultKeyHeader, RequestsPerSecond: k.RequestsPerSecond, Burst: k.Burst,
-				TokenLimits: k.TokenLimits.or(base.TokenLimits)}
+				TokenLimits: k.TokenLimits.or(base.TokenLimits), Spend: k.Spend}
+			if k.Spend.USD <= 0 {
+				lo.Spend = base.Spend
+			}
 			if k.RequestsPerSecond <= 0 {
 				lo.RequestsPerSecond, lo.Burst = base.RequestsPerSecond, base.Burst
 			}

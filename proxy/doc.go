@@ -80,6 +80,7 @@
 //	               is under (clientLimits.each)
 //	tokens.go      token budgets (clients: tokens_per_minute): reserved at admission (clientTokens, a
 //	               hook), settled to the reply's usage, a keyBudget per client never dropped in debt
+//	spend.go       spend budgets (clients: spend, at prices:): a client's spend a period, refused past it
 //	meter.go       the usage a reply tells as it is relayed (meter), for a budget or a trace
 //	clientkeys.go  single keys' settings (client_keys_file): by SHA-256, a key's own limit and class (classOf)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it

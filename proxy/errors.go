@@ -29,6 +29,7 @@ const (
 	CodeAPINotServed        = "api_not_served"
 	CodeInvalidAPIKey       = "invalid_api_key"
 	CodeRateLimited         = "rate_limited"
+	CodeBudgetExceeded      = "budget_exceeded"
 	CodeCircuitOpen         = "circuit_open"
 	CodeUpstreamBusy        = "upstream_busy"
 	CodeUpstreamUnreachable = "upstream_unreachable"
@@ -93,6 +94,9 @@ var errorTable = []errorSpec{
 	{code: CodeRateLimited, anthropic: "rate_limit_error", status: 429,
 		message: "%s; retry after the Retry-After delay",
 		when:    "the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
+	{code: CodeBudgetExceeded, anthropic: "rate_limit_error", status: 429,
+		message: "%s; no retry helps before then",
+		when:    "the client spent its `spend` budget for the period (a UTC day or month) at `prices`; `Retry-After` is the period's end"},
 	{code: CodeCircuitOpen, anthropic: "overloaded_error", status: 503,
 		message: "%s is failing: %s%s; Sturdy is not sending it traffic. Retry after the Retry-After delay",
 		when:    "the upstream's connection breaker, or the model's reply breaker on it, is open; `Retry-After` = seconds until the next probe"},

@@ -97,6 +97,8 @@ type outbound struct {
 	// wantsUsage: a stream whose client did not ask for its usage, and a
 	// budget needs it (needUsage).
 	wantsUsage bool
+	// spenders are the spend budgets it was admitted under (spend.go).
+	spenders []spender
 	// est is what it reserves of a token budget, once estimated.
 	est       tokenEstimate
 	estimated bool
@@ -265,6 +267,7 @@ func (ex *exchange) finish() {
 	ex.p.failures.record(&s)
 	ex.tbl.hooks.settle(ex, ex.hooked, &s)
 	settleHolds(ex, &s)
+	settleSpend(ex, &s)
 	ex.tr.release()
 	ex.st.rp.release() // the reply it streamed, if it was committed to go as it comes
 	ex.p.held.give(ex.held.n)
@@ -282,7 +285,7 @@ func (ex *exchange) finish() {
 		st:     st,
 		client: presence{goneCh: gone},
 		req: outbound{msg: ex.req.msg, id: ex.req.id[:0], uri: ex.req.uri[:0], body: ex.req.body[:0],
-			scratch: ex.req.scratch[:0], holds: ex.req.holds[:0]},
+			scratch: ex.req.scratch[:0], holds: ex.req.holds[:0], spenders: ex.req.spenders[:0]},
 	}
 	exchangePool.Put(ex)
 }
@@ -304,6 +307,9 @@ func (s *summary) measure(m *metrics.Metrics) {
 	if u := s.usage; u.Known {
 		m.Tokens.WithLabelValues(s.route, s.upstream, s.model, "input").Add(float64(u.Input))
 		m.Tokens.WithLabelValues(s.route, s.upstream, s.model, "output").Add(float64(u.Output))
+	}
+	if s.cost > 0 {
+		m.Spend.WithLabelValues(s.route, s.upstream, s.model).Add(s.cost)
 	}
 	if r := s.rt; r != nil {
 		r.ttfb.Observe(s.ttft.Seconds())

@@ -53,7 +53,7 @@ func newClientLimiter(o ClientLimit, onEvict func()) *clientLimiter {
 	buckets, _ := simplelru.NewLRU[uint64, *rate.Limiter](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
 	l := &clientLimiter{opts: o, header: []byte(o.KeyHeader), byCredential: strings.EqualFold(o.KeyHeader, DefaultKeyHeader),
 		onEvict: onEvict, buckets: buckets}
-	if o.TokenLimits.any() {
+	if o.TokenLimits.any() || o.Spend.USD > 0 {
 		l.budgets, _ = simplelru.NewLRU[uint64, *keyBudget](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
 	}
 	return l

@@ -129,6 +129,22 @@ type ClientLimit struct {
 	Burst int `yaml:"burst"`
 	// TokenLimits are each client's token budgets.
 	TokenLimits `yaml:",inline"`
+	// Spend is each client's spend budget (priced by Options.Prices).
+	Spend Spend `yaml:"spend"`
+}
+
+// Spend is a client's spend budget: at most USD a Period — "day" or
+// "month", UTC — of what its replies' usage costs at Options.Prices.
+// Zero USD: none.
+type Spend struct {
+	USD    float64 `yaml:"usd"`
+	Period string  `yaml:"period"`
+}
+
+// Price is what a model's tokens cost, in USD per million.
+type Price struct {
+	Input  float64 `yaml:"input"`
+	Output float64 `yaml:"output"`
 }
 
 // TokenLimits are a client's token budgets, in tokens a minute (a sliding
@@ -162,6 +178,9 @@ func (t TokenLimits) or(base TokenLimits) TokenLimits {
 
 func (c ClientLimit) withDefaults() ClientLimit {
 	upstream.OrDefault(&c.KeyHeader, DefaultKeyHeader)
+	if c.Spend.USD > 0 {
+		upstream.OrDefault(&c.Spend.Period, "day")
+	}
 	if c.RequestsPerSecond > 0 {
 		upstream.OrDefault(&c.Burst, upstream.BurstFor(c.RequestsPerSecond))
 	}
@@ -197,6 +216,7 @@ type ClientKey struct {
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	Burst             int     `yaml:"burst"`
 	TokenLimits       `yaml:",inline"`
+	Spend             Spend `yaml:"spend"`
 }
 
 // Route sends requests whose path starts with PathPrefix to Upstream. It
@@ -328,6 +348,10 @@ type Options struct {
 	// ClientKeys are settings of single client keys (client_keys_file),
 	// at most MaxClientKeys.
 	ClientKeys []ClientKey
+	// Prices are what models cost, by model glob (the model as sent; the
+	// most literal matching glob): a reply's usage priced for a spend
+	// budget and sturdy_spend_usd_total.
+	Prices map[string]Price
 	// AuthKeys, when set, are the keys clients must present as
 	// "Authorization: Bearer <key>" or "x-api-key: <key>" (credential);
 	// the client's Authorization and x-api-key are then never forwarded

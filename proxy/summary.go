@@ -65,8 +65,10 @@ type summary struct {
 	// Known says whether the reply told them.
 	usage usage
 	// model is the model as sent, as a metric label (table.modelLabel),
-	// when its usage was read.
+	// when its usage was read; cost what that usage (as charged:
+	// settledUsage) costs at the table's prices, in USD.
 	model string
+	cost  float64
 }
 
 // read reads the finished request ex into s.
@@ -97,7 +99,11 @@ func (s *summary) read(ex *exchange) {
 	if ex.req.metered {
 		s.usage = meteredUsage(ex)
 		if s.answered != nil {
-			s.model = ex.tbl.modelLabel(s.answered.sent(ex.req.model))
+			sent := s.answered.sent(ex.req.model)
+			s.model = ex.tbl.modelLabel(sent)
+			if u, used := settledUsage(ex, s); used && len(ex.tbl.prices) > 0 {
+				s.cost = ex.tbl.prices.cost(sent, u)
+			}
 		}
 	}
 }

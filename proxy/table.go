@@ -37,6 +37,8 @@ type table struct {
 	// models are the model names and globs the config mentions: the only
 	// values the model metric label takes.
 	models []string
+	// prices are what models cost (prices:), for spend budgets.
+	prices prices
 }
 
 // modelLabel is model as a metric label: a model the config names (a
@@ -146,6 +148,12 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 	t.trusted = o.TrustedProxies
 	for _, k := range o.AuthKeys {
 		t.authKeys = append(t.authKeys, sha256.Sum256([]byte(k)))
+	}
+	t.prices = buildPrices(o.Prices)
+	for _, p := range t.prices {
+		if !slices.Contains(t.models, p.glob) {
+			t.models = append(t.models, p.glob) // a priced model is a label of its own
+		}
 	}
 	if err := buildClients(t, o, prev, m); err != nil {
 		return nil, nil, err

@@ -37,8 +37,9 @@ var anthropicTokenHeaders = [tokenKinds]string{"tokens", "input-tokens", "output
 // window per kind its entry sets, and the client's id as /debug/clients
 // shows it (its key's SHA-256, the first 12 hex digits).
 type keyBudget struct {
-	w  [tokenKinds]policy.TokenWindow
-	id string
+	w     [tokenKinds]policy.TokenWindow
+	spent spent
+	id    string
 }
 
 func newKeyBudget(t TokenLimits, key []byte) *keyBudget {
@@ -50,14 +51,16 @@ func newKeyBudget(t TokenLimits, key []byte) *keyBudget {
 	return b
 }
 
-// idle reports whether b owes and holds nothing: it may leave the map.
-func (b *keyBudget) idle(now time.Time) bool {
+// idle reports whether b owes and holds nothing — nor has spent in the
+// current period of its spend budget o — so it may leave the map.
+func (b *keyBudget) idle(now time.Time, o Spend) bool {
 	for k := range b.w {
 		if !b.w[k].Idle(now) {
 			return false
 		}
 	}
-	return true
+	n, _ := periodOf(o.Period, now)
+	return o.USD <= 0 || b.spent.in(n) == 0
 }
 
 // evictScan bounds how many of a full map's oldest budgets a new client
@@ -76,7 +79,7 @@ func (l *clientLimiter) budgetOf(h uint64, id []byte, now time.Time) *keyBudget 
 	if l.budgets.Len() >= upstream.MaxTrackedKeys {
 		for range evictScan {
 			k, b, _ := l.budgets.GetOldest()
-			if b.idle(now) {
+			if b.idle(now, l.opts.Spend) {
 				l.budgets.Remove(k)
 				if l.onEvict != nil {
 					l.onEvict()
@@ -195,11 +198,14 @@ func (cts clientTokens) reserve(ex *exchange, now time.Time) *apiError {
 	})
 	if e != nil {
 		ex.req.refund()
+		ex.req.spenders = ex.req.spenders[:0]
 		ex.p.m.RateLimited.WithLabelValues("client_tokens").Inc()
-		ex.out.outcome = outcomeRateLimited
+		if ex.out.outcome == "" || ex.out.outcome == outcomeRejected {
+			ex.out.outcome = outcomeRateLimited
+		}
 		return e
 	}
-	if len(ex.req.holds) > 0 {
+	if len(ex.req.holds) > 0 || len(ex.req.spenders) > 0 {
 		ex.req.metered = true
 		ex.req.needUsage(ex.ctx.Request.Body())
 	}
@@ -237,6 +243,11 @@ func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now
 			upstream.MaxTrackedKeys))
 		e.retryAfter = time.Second
 		return e
+	}
+	if cl.opts.Spend.USD > 0 {
+		if e := takeSpend(ex, &b.spent, cl.opts.Spend, now, who); e != nil {
+			return e
+		}
 	}
 	held, f := len(ex.req.holds), ex.p.fleet.Load()
 	for k := range tokenKinds {

@@ -396,3 +396,37 @@ func TestDebugClientsListsBudgetsMostUsedFirst(t *testing.T) {
 		t.Fatalf("past the end: %+v", past)
 	}
 }
+
+// TestASpendBudgetRefusesUntilThePeriodEnds: replies priced by the
+// model as sent add to the client's spend; once it reached its budget the
+// client is refused 429 budget_exceeded, not to be retried, until the UTC
+// day ends; sturdy_spend_usd_total counts the cost.
+func TestASpendBudgetRefusesUntilThePeriodEnds(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, chatUsage(5, 20)) // $0.45, then $1.10: the second passes the budget
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.Prices = map[string]Price{"*": {Input: 1, Output: 1}, "m": {Input: 10000, Output: 20000}} // m: $0.01 in, $0.02 out a token
+		o.Clients = []ClientLimit{{Spend: Spend{USD: 1}}}
+	})
+	for i := range 2 { // under $1 before each
+		if resp, body := h.chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		up.SetScript(chatUsage(10, 50))
+	}
+	resp, body := h.chat(asking(20, false), "Authorization", "Bearer k")
+	code, _ := errorOf(t, body)
+	ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	now := time.Now().UTC()
+	toMidnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC).Sub(now)
+	if resp.StatusCode != 429 || code != CodeBudgetExceeded || resp.Header.Get("x-should-retry") != "false" ||
+		time.Duration(ra)*time.Second < toMidnight-time.Minute || time.Duration(ra)*time.Second > toMidnight+time.Minute {
+		t.Fatalf("over the spend: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	if got := testutil.ToFloat64(h.p.m.Spend.WithLabelValues("default", "up", "m")); got < 1.549 || got > 1.551 {
+		t.Fatalf("sturdy_spend_usd_total %v, want 1.55", got)
+	}
+	if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer other"); resp.StatusCode != 200 {
+		t.Fatalf("another client's spend is its own: %d", resp.StatusCode)
+	}
+}
