@@ -214,6 +214,9 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 // Close stops following the fleet and closes the connections.
 func (s *State) Close() {
 	s.closed.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	_ = s.rdb.ZRem(ctx, s.cfg.Prefix+"replicas", s.id).Err() // the others stop counting it now, not in replicaTTL
+	cancel()
 	s.stop()
 	_ = s.ps.Close()
 	s.done.Wait()
@@ -264,6 +267,9 @@ func (s *State) result(op string, err error) {
 	}
 	if s.hooks.Error != nil {
 		s.hooks.Error(op)
+	}
+	if _, answered := errors.AsType[redis.Error](err); answered {
+		return // Redis answered, with an error of its own: it is not down
 	}
 	s.probeAt.Store(time.Now().Add(downProbe).UnixNano())
 	if s.up.Swap(false) {

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,7 +16,7 @@ import (
 // reserved in ("r<minute>"). A reservation is taken back when its request
 // settles; one a replica never settled (it died) is dropped after
 // tokenHoldMinutes, so a dead replica holds a budget for at most that
-// long (15 minutes: the scripts' 15 and 960000 ms). The hash is dropped
+// long (15 minutes: the scripts' 15 and 360000 ms). The hash is dropped
 // a minute after that since its last write.
 
 // reserveTokens: ARGV limit, n. Returns {taken, wait µs (0: reservations
@@ -33,7 +35,7 @@ for i = 1, #h, 2 do
   if k == 's' and at and at > slot - 13 then
     spent = spent + v
     slots[#slots + 1] = {at, v}
-  elseif k == 'r' and at and at > minute - 15 then
+  elseif k == 'r' and at and at > minute - 5 then
     reserved = reserved + v
   else
     redis.call('HDEL', KEYS[1], f)
@@ -43,7 +45,7 @@ local held = spent + reserved + n - limit
 if n > limit then held = spent + reserved end
 if held <= 0 then
   redis.call('HINCRBY', KEYS[1], 'r' .. minute, n)
-  redis.call('PEXPIRE', KEYS[1], 960000)
+  redis.call('PEXPIRE', KEYS[1], 360000)
   return {1, 0, limit - spent - reserved - n, minute}
 end
 if held > spent then return {0, 0, limit - spent - reserved, minute} end
@@ -60,12 +62,14 @@ return {0, 65000000, limit - spent - reserved, minute}`)
 var settleTokens = redis.NewScript(`
 local t = redis.call('TIME')
 local slot = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 5000000)
-local f = 'r' .. ARGV[1]
-local left = redis.call('HINCRBY', KEYS[1], f, -tonumber(ARGV[2]))
-if left <= 0 then redis.call('HDEL', KEYS[1], f) end
+local f, reserved = 'r' .. ARGV[1], tonumber(ARGV[2])
+if reserved > 0 then
+  local left = redis.call('HINCRBY', KEYS[1], f, -reserved)
+  if left <= 0 then redis.call('HDEL', KEYS[1], f) end
+end
 if tonumber(ARGV[3]) > 0 then
   redis.call('HINCRBY', KEYS[1], 's' .. slot, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], 960000)
+  redis.call('PEXPIRE', KEYS[1], 360000)
 end
 return 1`)
 
@@ -99,7 +103,13 @@ func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, take
 // SettleTokens turns hold into used tokens spent now (0: a refund), in
 // the background: no request waits for it.
 func (s *State) SettleTokens(h TokenHold, used int64) {
-	s.background("tokens", func(ctx context.Context) error { return s.settleTokens(ctx, h, used) })
+	s.background("tokens", func(ctx context.Context) error {
+		err := s.settleTokens(ctx, h, used)
+		if _, answered := errors.AsType[redis.Error](err); err != nil && !answered && ctx.Err() == nil {
+			err = s.settleTokens(ctx, h, used) // once more: a lost settlement holds its reservation for minutes
+		}
+		return err
+	})
 }
 
 func (s *State) settleTokens(ctx context.Context, h TokenHold, used int64) error {
@@ -148,3 +158,35 @@ func (s *State) beat(ctx context.Context) {
 // (this one included; at least 1): what a budget is divided by while
 // Redis is down.
 func (s *State) Replicas() int64 { return max(s.replicas.Load(), 1) }
+
+// Spent is what the fleet's client name has spent in period (USD). err
+// means Redis did not answer within the timeout: the caller decides
+// (on_failure).
+func (s *State) Spent(name string, period int64) (float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	v, err := s.rdb.Get(ctx, s.spendKey(name, period)).Float64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	s.result("spend", err)
+	return v, err
+}
+
+// AddSpend adds usd to what name spent in period, which ends at end (the
+// key is dropped a day after), in the background.
+func (s *State) AddSpend(name string, period int64, usd float64, end time.Time) {
+	key := s.spendKey(name, period)
+	s.background("spend", func(ctx context.Context) error {
+		_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.IncrByFloat(ctx, key, usd)
+			p.ExpireAt(ctx, key, end.Add(24*time.Hour))
+			return nil
+		})
+		return err
+	})
+}
+
+func (s *State) spendKey(name string, period int64) string {
+	return s.cfg.Prefix + "spend:" + name + ":" + strconv.FormatInt(period, 10)
+}

@@ -74,4 +74,26 @@ func TestTheFleetCountsItsReplicas(t *testing.T) {
 	if a.Replicas() != 2 || b.Replicas() != 2 {
 		t.Fatalf("replicas %d and %d, want 2", a.Replicas(), b.Replicas())
 	}
+	b.Close() // leaves the membership at once
+	if n, err := a.rdb.ZCard(context.Background(), "t:replicas").Result(); err != nil || n != 1 {
+		t.Fatalf("after a replica closed the membership holds %d (%v)", n, err)
+	}
+}
+
+// TestAReservationOfNothingSettles: a request that reserved 0 tokens (no
+// text, an input budget) settles what it used, and Redis stays up.
+func TestAReservationOfNothingSettles(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	h, taken, _, _, err := s.ReserveTokens("zero", 100, 0)
+	if err != nil || !taken {
+		t.Fatalf("reserve 0: %v %v", taken, err)
+	}
+	if err := s.settleTokens(context.Background(), h, 50); err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+	if _, _, _, remaining, err := s.ReserveTokens("zero", 100, 0); err != nil || remaining != 50 || !s.Up() {
+		t.Fatalf("after settling 50: remaining %d, %v, up %v", remaining, err, s.Up())
+	}
 }

@@ -75,7 +75,7 @@
 //	               admin side reads (Upstreams, Clients, Ready, RefreshBreakerGauges, Failures)
 //	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config
 //	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
-//	table.go       one configuration's routes, upstreams, client limits (match, authorized)
+//	table.go       one configuration's routes, upstreams, client limits (match, authorized), prices
 //	limits.go      per-client buckets (clients:), bounded (upstream.MaxTrackedKeys); the limits a request
 //	               is under (clientLimits.each)
 //	tokens.go      token budgets (clients: tokens_per_minute): reserved at admission (clientTokens, a

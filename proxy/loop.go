@@ -322,7 +322,7 @@ func (v *visit) reserveTokens() policy.Action {
 		name = f.upstreamBudgetName(v.t.up, mt.Glob)
 	}
 	for range 3 {
-		ok, wait, _, refused := q.reserveBudget(f, name, mt.Window, tokensTotal, mt.Limit, n, true, time.Now())
+		ok, wait, _, refused := q.reserveBudget(&ex.p.fleet, f, name, mt.Window, tokensTotal, mt.Limit, n, true, time.Now())
 		if refused != "" {
 			v.in.sharedRefused = refused
 			return policy.ActionStop

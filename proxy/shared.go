@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"reflect"
+	"strconv"
 	"time"
 
 	"sturdy/fleet"
@@ -184,13 +185,33 @@ func (f *shared) reserveTokens(name string, limit, n int64) sharedTokens {
 	return sharedTokens{local: true}
 }
 
-// clientBudgetName names a client's token budget of kind k under a
-// `clients:` entry in the fleet: by the entry's key header, the kind and
-// the hash of the client's key, never the key (nor the limit: a changed
-// one keeps what was spent).
+// clientBudgetName names a client's token budget of kind k (tokenKinds:
+// its spend budget) under a `clients:` entry in the fleet: by the entry's
+// key header, the limit (two entries of one key header are two budgets;
+// a changed limit starts afresh), the kind and the hash of the client's
+// key, never the key.
 func (f *shared) clientBudgetName(cl *clientLimiter, k tokenKind, key []byte) string {
 	d := fleet.Digest(f.hashKey(), key)
-	return fmt.Sprintf("client:%s:%d:%s", cl.opts.KeyHeader, k, hex.EncodeToString(d[:]))
+	limit := strconv.FormatFloat(cl.opts.Spend.USD, 'g', -1, 64)
+	if k < tokenKinds {
+		limit = strconv.FormatInt(cl.opts.limit(k), 10)
+	}
+	return fmt.Sprintf("client:%s:%s:%d:%s", cl.opts.KeyHeader, limit, k, hex.EncodeToString(d[:]))
+}
+
+// spent is what the fleet's client name spent in period n; why says
+// what Redis did when it did not answer (as reserve: while it is known
+// down, one call a second tries it).
+func (f *shared) spent(name string, n int64) (usd float64, why string) {
+	why = "is down (a call failed within the last second; one call a second tries it again)"
+	if f.st.Usable() {
+		v, err := f.st.Spent(name, n)
+		if err == nil {
+			return v, ""
+		}
+		why = f.st.Describe(err)
+	}
+	return 0, why
 }
 
 // upstreamBudgetName names an upstream's tokens_per_minute window of one

@@ -2,11 +2,8 @@ package proxy
 
 import (
 	"fmt"
-	"sort"
 	"sync"
 	"time"
-
-	"sturdy/policy"
 )
 
 // Spend budgets (clients: spend, and a client key's own): a reply's usage
@@ -55,60 +52,44 @@ func (s *spent) add(n int64, usd float64) {
 	s.mu.Unlock()
 }
 
-// spender is a client's spend a request adds its cost to as it ends.
+// spender is a client's spend a request adds its cost to as it ends:
+// this replica's (s), and the fleet's (name) when shared_state is set.
 type spender struct {
 	s      *spent
 	period string
+	fleet  *shared
+	name   string
 }
 
-// takeSpend admits ex's client under its spend budget o — its spend s so
-// far this period under it — or refuses it 429 budget_exceeded until the
-// period ends (who: whose).
-func takeSpend(ex *exchange, s *spent, o Spend, now time.Time, who string) *apiError {
+// takeSpend admits ex's client under its spend budget o — what it spent
+// this period: the fleet's when f is set (name: its budget there; when
+// Redis does not answer and on_failure is local, this replica's, against
+// the budget ÷ the replicas the fleet last counted), else this replica's
+// (s) — or refuses it 429 budget_exceeded until the period ends (who:
+// whose).
+func takeSpend(ex *exchange, s *spent, o Spend, f *shared, name string, now time.Time, who string) *apiError {
 	n, end := periodOf(o.Period, now)
-	if used := s.in(n); used >= o.USD {
+	used, budget := s.in(n), o.USD
+	if f != nil {
+		switch v, why := f.spent(name, n); {
+		case why != "" && f.opts.Refuse:
+			ex.out.outcome = outcomeSharedState
+			return sharedFailure(why)
+		case why != "":
+			budget /= float64(f.st.Replicas())
+		default:
+			used = v
+		}
+	}
+	if used >= budget {
 		e := newError(CodeBudgetExceeded, fmt.Sprintf("%s has spent its budget of $%.2f a %s ($%.2f); it renews at %s",
 			who, o.USD, o.Period, used, end.Format(time.RFC3339)))
 		e.retryAfter = end.Sub(now)
 		ex.out.outcome = outcomeRateLimited
 		return e
 	}
-	ex.req.spenders = append(ex.req.spenders, spender{s: s, period: o.Period})
+	ex.req.spenders = append(ex.req.spenders, spender{s: s, period: o.Period, fleet: f, name: name})
 	return nil
-}
-
-// prices are a table's model prices, the most literal glob first.
-type prices []struct {
-	glob  string
-	price Price
-}
-
-func buildPrices(ps map[string]Price) prices {
-	var out prices
-	for g, p := range ps {
-		out = append(out, struct {
-			glob  string
-			price Price
-		}{g, p})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if a, b := policy.GlobSpecificity(out[i].glob), policy.GlobSpecificity(out[j].glob); a != b {
-			return a > b
-		}
-		return out[i].glob < out[j].glob
-	})
-	return out
-}
-
-// cost is what u costs for model (as sent), in USD; 0 when no price
-// names it.
-func (ps prices) cost(model string, u policy.Usage) float64 {
-	for _, p := range ps {
-		if policy.GlobMatch(p.glob, model) {
-			return (float64(u.Input)*p.price.Input + float64(u.Output)*p.price.Output) / 1e6
-		}
-	}
-	return 0
 }
 
 // settleSpend adds the request's cost (its summary's) to every spend it
@@ -120,8 +101,11 @@ func settleSpend(ex *exchange, s *summary) {
 	}
 	now := time.Now()
 	for _, sp := range q.spenders {
-		n, _ := periodOf(sp.period, now)
+		n, end := periodOf(sp.period, now)
 		sp.s.add(n, s.cost)
+		if sp.fleet != nil && s.cost > 0 {
+			sp.fleet.st.AddSpend(sp.name, n, s.cost, end)
+		}
 	}
 	q.spenders = q.spenders[:0]
 }

@@ -91,7 +91,7 @@ const MaxClientsPerPage = 500
 // set).
 func (t *table) clientBudgets(now time.Time, page, perPage int, fleet bool) ClientBudgets {
 	perPage = min(max(perPage, 1), MaxClientsPerPage)
-	page = max(page, 1)
+	page = min(max(page, 1), 1<<30/MaxClientsPerPage) // past every client, and (page-1)·perPage cannot overflow
 	var all []ClientBudget
 	list := func(entry string, cl *clientLimiter) {
 		if cl.budgets == nil {

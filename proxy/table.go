@@ -340,3 +340,37 @@ func evictions(m *metrics.Metrics, name string) func() {
 	c := m.Evictions.WithLabelValues(name)
 	return c.Inc
 }
+
+// prices are a table's model prices, the most literal glob first.
+type prices []struct {
+	glob  string
+	price Price
+}
+
+func buildPrices(ps map[string]Price) prices {
+	var out prices
+	for g, p := range ps {
+		out = append(out, struct {
+			glob  string
+			price Price
+		}{g, p})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if a, b := policy.GlobSpecificity(out[i].glob), policy.GlobSpecificity(out[j].glob); a != b {
+			return a > b
+		}
+		return out[i].glob < out[j].glob
+	})
+	return out
+}
+
+// cost is what u costs for model (as sent), in USD; 0 when no price
+// names it.
+func (ps prices) cost(model string, u policy.Usage) float64 {
+	for _, p := range ps {
+		if policy.GlobMatch(p.glob, model) {
+			return (float64(u.Input)*p.price.Input + float64(u.Output)*p.price.Output) / 1e6
+		}
+	}
+	return 0
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"sturdy/fleet"
@@ -51,16 +52,18 @@ func newKeyBudget(t TokenLimits, key []byte) *keyBudget {
 	return b
 }
 
-// idle reports whether b owes and holds nothing — nor has spent in the
-// current period of its spend budget o — so it may leave the map.
-func (b *keyBudget) idle(now time.Time, o Spend) bool {
+// idle reports whether b owes and holds no tokens, so it may leave the
+// map. What it spent (a spend budget) does not keep it: a client whose
+// spend is forgotten may spend again — with shared_state its spend is
+// the fleet's, and nothing is lost — where keeping every client that
+// spent this day would shut new clients out until the day's end.
+func (b *keyBudget) idle(now time.Time) bool {
 	for k := range b.w {
 		if !b.w[k].Idle(now) {
 			return false
 		}
 	}
-	n, _ := periodOf(o.Period, now)
-	return o.USD <= 0 || b.spent.in(n) == 0
+	return true
 }
 
 // evictScan bounds how many of a full map's oldest budgets a new client
@@ -79,7 +82,7 @@ func (l *clientLimiter) budgetOf(h uint64, id []byte, now time.Time) *keyBudget 
 	if l.budgets.Len() >= upstream.MaxTrackedKeys {
 		for range evictScan {
 			k, b, _ := l.budgets.GetOldest()
-			if b.idle(now, l.opts.Spend) {
+			if b.idle(now) {
 				l.budgets.Remove(k)
 				if l.onEvict != nil {
 					l.onEvict()
@@ -102,7 +105,7 @@ func (l *clientLimiter) budgetOf(h uint64, id []byte, now time.Time) *keyBudget 
 // shared_state is set.
 type tokenHold struct {
 	w        *policy.TokenWindow
-	fleet    *fleet.State
+	fleet    *atomic.Pointer[shared]
 	fh       fleet.TokenHold
 	kind     tokenKind
 	reserved int64
@@ -111,41 +114,42 @@ type tokenHold struct {
 	upstream bool
 }
 
-// settle turns the hold into used tokens spent now.
+// settle turns the hold into used tokens spent now; a fleet's, through
+// the fleet's link as it is now (a reload may have replaced the one it
+// was reserved through; with shared_state off, it lapses in Redis).
 func (th tokenHold) settle(used int64, now time.Time) {
-	if th.fleet != nil {
-		th.fleet.SettleTokens(th.fh, used)
-		return
+	switch {
+	case th.fleet != nil:
+		if f := th.fleet.Load(); f != nil {
+			f.st.SettleTokens(th.fh, used)
+		}
+	case now.IsZero():
+		th.w.Refund(th.reserved)
+	default:
+		th.w.Settle(th.reserved, used, now)
 	}
-	th.w.Settle(th.reserved, used, now)
 }
 
 // refund gives the hold back.
-func (th tokenHold) refund() {
-	if th.fleet != nil {
-		th.fleet.SettleTokens(th.fh, 0)
-		return
-	}
-	th.w.Refund(th.reserved)
-}
+func (th tokenHold) refund() { th.settle(0, time.Time{}) }
 
 // reserveBudget reserves n tokens of a budget of limit a minute (of kind
-// k; upstream: a target's) for q: the fleet's, named name, when f is set
-// (shared_state), else — or when Redis does not answer and on_failure is
+// k; upstream: a target's) for q: the fleet's, named name, when f (link's
+// as the caller loaded it) is set (shared_state), else — or when Redis does not answer and on_failure is
 // local, the limit divided by the replicas the fleet last counted — the
 // local window w. Taken, the hold is q's; not, wait is when it would be
 // (0: when reservations in flight settle) and st the budget as it stands;
 // refused says what Redis did when it did not answer and on_failure is
 // refuse.
-func (q *outbound) reserveBudget(f *shared, name string, w *policy.TokenWindow, k tokenKind, limit, n int64, upstream bool,
-	now time.Time) (taken bool, wait time.Duration, st policy.TokenState, refused string) {
+func (q *outbound) reserveBudget(link *atomic.Pointer[shared], f *shared, name string, w *policy.TokenWindow, k tokenKind,
+	limit, n int64, upstream bool, now time.Time) (taken bool, wait time.Duration, st policy.TokenState, refused string) {
 	div := int64(1)
 	if f != nil {
 		switch r := f.reserveTokens(name, limit, n); {
 		case r.refused:
 			return false, 0, st, r.why
 		case !r.local && r.taken:
-			q.holds = append(q.holds, tokenHold{fleet: f.st, fh: r.hold, kind: k, reserved: n, upstream: upstream})
+			q.holds = append(q.holds, tokenHold{fleet: link, fh: r.hold, kind: k, reserved: n, upstream: upstream})
 			return true, 0, st, ""
 		case !r.local:
 			return false, r.wait, policy.TokenState{Limit: limit, Remaining: r.remaining, Reset: r.wait}, ""
@@ -244,12 +248,17 @@ func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now
 		e.retryAfter = time.Second
 		return e
 	}
+	f := ex.p.fleet.Load()
 	if cl.opts.Spend.USD > 0 {
-		if e := takeSpend(ex, &b.spent, cl.opts.Spend, now, who); e != nil {
+		name := ""
+		if f != nil {
+			name = f.clientBudgetName(cl, tokenKinds, key) // the kind past the token budgets': spend
+		}
+		if e := takeSpend(ex, &b.spent, cl.opts.Spend, f, name, now, who); e != nil {
 			return e
 		}
 	}
-	held, f := len(ex.req.holds), ex.p.fleet.Load()
+	held := len(ex.req.holds)
 	for k := range tokenKinds {
 		limit := cl.opts.limit(k)
 		if limit <= 0 {
@@ -259,7 +268,7 @@ func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now
 		if f != nil {
 			name = f.clientBudgetName(cl, k, key)
 		}
-		ok, wait, st, refused := ex.req.reserveBudget(f, name, &b.w[k], k, limit, n, false, now)
+		ok, wait, st, refused := ex.req.reserveBudget(&ex.p.fleet, f, name, &b.w[k], k, limit, n, false, now)
 		if !ok {
 			for _, th := range ex.req.holds[held:] {
 				th.refund()

@@ -167,3 +167,24 @@ func TestAContinuationsUsageIsNotShown(t *testing.T) {
 		t.Errorf("usage chunk relayed to a client that did not ask")
 	}
 }
+
+// TestARescuedStreamSettlesItsTextAndTheContinuationsUsage: the cut
+// attempt is charged what it streamed ÷ 4, the continuation its usage.
+func TestARescuedStreamSettlesItsTextAndTheContinuationsUsage(t *testing.T) {
+	t.Parallel()
+	primary := upstreamtest.Start(t, cutAfter(upstreamtest.Cut, strings.Repeat("a", 40), strings.Repeat("b", 40))) // 80 characters: 20 tokens
+	cont := continuationOf(" wor", "ld")
+	cont.Chunks = append(cont.Chunks[:len(cont.Chunks)-1], usageChunkSSE, "data: [DONE]\n\n") // 7 + 11
+	fallback := upstreamtest.Start(t, cont)
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) {
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 1000}}}
+	})
+	resp, body := h.chat(streamChat, "Authorization", "Bearer k")
+	if !strings.Contains(string(body), "wor") || strings.Contains(string(body), `"usage":{`) {
+		t.Fatalf("not continued, or its usage shown: %d %q", resp.StatusCode, body)
+	}
+	primary.SetScript(chatUsage(0, 0))
+	if got := remaining(t, h, 1000, "k"); got != 1000-20-18 {
+		t.Fatalf("remaining %d, want %d", got, 1000-20-18)
+	}
+}

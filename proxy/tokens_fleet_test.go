@@ -134,3 +134,33 @@ func TestTwoReplicasPaceOneUpstreamTokensPerMinute(t *testing.T) {
 		t.Fatalf("statuses %v", codes)
 	}
 }
+
+// TestTwoReplicasHoldOneSpendBudget: what a client spent through one
+// replica counts on the other (in Redis, by the credential's hash).
+func TestTwoReplicasHoldOneSpendBudget(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(10, 50)) // $1.10 at m's price
+	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
+		o.SharedState.Timeout = 500 * time.Millisecond
+		o.Prices = map[string]Price{"m": {Input: 10000, Output: 20000}}
+		o.Clients = []ClientLimit{{Spend: Spend{USD: 1, Period: "month"}}}
+	})
+	if resp, body := hs[0].chat(asking(20, false), "Authorization", "Bearer sk-spender"); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	o, _ := redis.ParseURL(r.URL)
+	rdb := redis.NewClient(o)
+	defer rdb.Close()
+	var keys []string
+	for end := time.Now().Add(2 * time.Second); len(keys) == 0 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		keys, _ = rdb.Keys(context.Background(), "t:spend:*").Result()
+	}
+	if len(keys) != 1 || strings.Contains(keys[0], "sk-spender") {
+		t.Fatalf("spend keys %v", keys)
+	}
+	resp, body := hs[1].chat(asking(20, false), "Authorization", "Bearer sk-spender")
+	if code, _ := errorOf(t, body); resp.StatusCode != 429 || code != CodeBudgetExceeded {
+		t.Fatalf("the other replica: %d %s", resp.StatusCode, body)
+	}
+}

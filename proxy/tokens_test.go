@@ -392,8 +392,10 @@ func TestDebugClientsListsBudgetsMostUsedFirst(t *testing.T) {
 	if last := h.p.Clients(2, 2); len(last.Clients) != 1 || last.Clients[0].Use != 60 {
 		t.Fatalf("page 2: %+v", last)
 	}
-	if past := h.p.Clients(9, 2); len(past.Clients) != 0 {
-		t.Fatalf("past the end: %+v", past)
+	for _, page := range []int{9, 1 << 62} {
+		if past := h.p.Clients(page, 2); len(past.Clients) != 0 {
+			t.Fatalf("page %d, past the end: %+v", page, past)
+		}
 	}
 }
 
@@ -428,5 +430,23 @@ func TestASpendBudgetRefusesUntilThePeriodEnds(t *testing.T) {
 	}
 	if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer other"); resp.StatusCode != 200 {
 		t.Fatalf("another client's spend is its own: %d", resp.StatusCode)
+	}
+}
+
+// TestASpenderWithoutTokensHeldMayLeaveTheMap: what a client spent does
+// not pin its budget in the bounded map (that would shut new clients out
+// until the period's end); tokens held or owed do.
+func TestASpenderWithoutTokensHeldMayLeaveTheMap(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	b := newKeyBudget(TokenLimits{TokensPerMinute: 100}, []byte("k"))
+	n, _ := periodOf("day", now)
+	b.spent.add(n, 5)
+	if !b.idle(now) {
+		t.Fatal("a client that only spent is kept")
+	}
+	b.w[tokensTotal].Reserve(10, now)
+	if b.idle(now) {
+		t.Fatal("a client holding tokens may leave")
 	}
 }
