@@ -93,7 +93,7 @@ var errorTable = []errorSpec{
 		when:    "`auth` is on and the request has no accepted key (`Authorization: Bearer <key>`, else `x-api-key: <key>`)"},
 	{code: CodeRateLimited, anthropic: "rate_limit_error", status: 429,
 		message: "%s; retry after the Retry-After delay",
-		when:    "the client is over its `clients` limit, or every target is cooling down after a 429 / paced past `max_wait` (`Retry-After` and `retry-after-ms` say when to come back)"},
+		when:    "the client is over its `clients` limit or token budget, or every target is cooling down after a 429 / paced past `max_wait` (its `rate_limit`, its `tokens_per_minute`) (`Retry-After` and `retry-after-ms` say when to come back)"},
 	{code: CodeBudgetExceeded, anthropic: "rate_limit_error", status: 429,
 		message: "%s; no retry helps before then",
 		when:    "the client spent its `spend` budget for the period (a UTC day or month) at `prices`; `Retry-After` is the period's end"},
