@@ -20,7 +20,8 @@ import (
 // a minute after that since its last write.
 
 // reserveTokens: ARGV limit, n. Returns {taken, wait µs (0: reservations
-// in flight hold it), remaining, the minute reserved in}.
+// in flight hold it), remaining, the minute reserved in, reserved by
+// requests in flight}.
 var reserveTokens = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -46,16 +47,16 @@ if n > limit then held = spent + reserved end
 if held <= 0 then
   redis.call('HINCRBY', KEYS[1], 'r' .. minute, n)
   redis.call('PEXPIRE', KEYS[1], 360000)
-  return {1, 0, limit - spent - reserved - n, minute}
+  return {1, 0, limit - spent - reserved - n, minute, reserved + n}
 end
-if held > spent then return {0, 0, limit - spent - reserved, minute} end
+if held > spent then return {0, 0, limit - spent - reserved, minute, reserved} end
 table.sort(slots, function(a, b) return a[1] < b[1] end)
 local freed = 0
 for _, s in ipairs(slots) do
   freed = freed + s[2]
-  if freed >= held then return {0, (s[1] + 13) * 5000000 - now, limit - spent - reserved, minute} end
+  if freed >= held then return {0, (s[1] + 13) * 5000000 - now, limit - spent - reserved, minute, reserved} end
 end
-return {0, 65000000, limit - spent - reserved, minute}`)
+return {0, 65000000, limit - spent - reserved, minute, reserved}`)
 
 // settleTokens: ARGV the minute reserved in, reserved, used (0: a
 // refund).
@@ -82,22 +83,23 @@ type TokenHold struct {
 
 // ReserveTokens reserves n tokens of the fleet's budget name (limit a
 // minute) if it allows them now: taken, else wait until it would (0: the
-// reservations in flight hold it); remaining is what is left of it. err
+// reservations in flight hold it); remaining is what is left of it, and
+// reserved what requests in flight hold (this one's included, taken). err
 // means Redis did not answer within the timeout: the caller decides
 // (on_failure).
-func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, taken bool, wait time.Duration, remaining int64, err error) {
+func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, taken bool, wait time.Duration, remaining, reserved int64, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	defer cancel()
 	key := s.cfg.Prefix + "tokens:" + name
 	r, err := reserveTokens.Run(ctx, s.rdb, []string{key}, limit, n).Int64Slice()
 	s.result("tokens", err)
-	if err == nil && len(r) != 4 {
+	if err == nil && len(r) != 5 {
 		err = redis.Nil
 	}
 	if err != nil {
-		return hold, false, 0, 0, err
+		return hold, false, 0, 0, 0, err
 	}
-	return TokenHold{Name: name, Minute: r[3], Reserved: n}, r[0] == 1, time.Duration(r[1]) * time.Microsecond, r[2], nil
+	return TokenHold{Name: name, Minute: r[3], Reserved: n}, r[0] == 1, time.Duration(r[1]) * time.Microsecond, r[2], r[4], nil
 }
 
 // SettleTokens turns hold into used tokens spent now (0: a refund), in

@@ -27,13 +27,13 @@ func TestTokensMatchTheLocalWindow(t *testing.T) {
 	}{{30, 40}, {30, -1}, {30, 30}, {20, 0}, {40, 40}, {200, 0}, {1, 1}} {
 		now := time.Now()
 		ok, _ := w.Reserve(step.n, now)
-		want := w.State(now).Remaining
-		h, taken, wait, remaining, err := s.ReserveTokens("b", 100, step.n)
+		want := w.State(now)
+		h, taken, wait, remaining, reserved, err := s.ReserveTokens("b", 100, step.n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if taken != ok || remaining != want {
-			t.Fatalf("step %d: fleet taken %v remaining %d (wait %v), local %v %d", i, taken, remaining, wait, ok, want)
+		if taken != ok || remaining != want.Remaining || reserved != want.Reserved {
+			t.Fatalf("step %d: fleet taken %v remaining %d reserved %d (wait %v), local %v %+v", i, taken, remaining, reserved, wait, ok, want)
 		}
 		if !ok {
 			if wait < 55*time.Second || wait > 65*time.Second {
@@ -86,14 +86,14 @@ func TestAReservationOfNothingSettles(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
 	s := start(t, r.URL, Hooks{})
-	h, taken, _, _, err := s.ReserveTokens("zero", 100, 0)
+	h, taken, _, _, _, err := s.ReserveTokens("zero", 100, 0)
 	if err != nil || !taken {
 		t.Fatalf("reserve 0: %v %v", taken, err)
 	}
 	if err := s.settleTokens(context.Background(), h, 50); err != nil {
 		t.Fatalf("settle: %v", err)
 	}
-	if _, _, _, remaining, err := s.ReserveTokens("zero", 100, 0); err != nil || remaining != 50 || !s.Up() {
+	if _, _, _, remaining, _, err := s.ReserveTokens("zero", 100, 0); err != nil || remaining != 50 || !s.Up() {
 		t.Fatalf("after settling 50: remaining %d, %v, up %v", remaining, err, s.Up())
 	}
 }

@@ -163,6 +163,7 @@ type sharedTokens struct {
 	taken          bool
 	wait           time.Duration
 	remaining      int64
+	reserved       int64
 	local, refused bool
 	why            string
 }
@@ -173,9 +174,9 @@ type sharedTokens struct {
 func (f *shared) reserveTokens(name string, limit, n int64) sharedTokens {
 	why := "is down (a call failed within the last second; one call a second tries it again)"
 	if f.st.Usable() {
-		hold, taken, wait, remaining, err := f.st.ReserveTokens(name, limit, n)
+		hold, taken, wait, remaining, reserved, err := f.st.ReserveTokens(name, limit, n)
 		if err == nil {
-			return sharedTokens{hold: hold, taken: taken, wait: wait, remaining: remaining}
+			return sharedTokens{hold: hold, taken: taken, wait: wait, remaining: remaining, reserved: reserved}
 		}
 		why = f.st.Describe(err)
 	}

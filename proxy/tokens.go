@@ -152,7 +152,7 @@ func (q *outbound) reserveBudget(link *atomic.Pointer[shared], f *shared, name s
 			q.holds = append(q.holds, tokenHold{fleet: link, fh: r.hold, kind: k, reserved: n, upstream: upstream})
 			return true, 0, st, ""
 		case !r.local:
-			return false, r.wait, policy.TokenState{Limit: limit, Remaining: r.remaining, Reset: r.wait}, ""
+			return false, r.wait, policy.TokenState{Limit: limit, Remaining: r.remaining, Reserved: r.reserved, Reset: r.wait}, ""
 		}
 		div = f.st.Replicas()
 	}
