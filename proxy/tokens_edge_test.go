@@ -78,29 +78,6 @@ func TestAKeysOwnLimitTakesOnlyTheFirstCredentialEntrysPlace(t *testing.T) {
 	}
 }
 
-// TestAReloadKeepsWhatAKeysBudgetSpent: a client key's own budget,
-// changed by a reload, keeps what the key spent.
-func TestAReloadKeepsWhatAKeysBudgetSpent(t *testing.T) {
-	t.Parallel()
-	up := upstreamtest.Start(t, chatUsage(100, 200))
-	var opts Options
-	h := startProxy(t, up.URL, func(o *Options) {
-		o.ClientKeys = []ClientKey{{Key: "k", TokenLimits: TokenLimits{TokensPerMinute: 1000}}}
-		opts = *o
-	})
-	if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 200 {
-		t.Fatalf("%d", resp.StatusCode)
-	}
-	opts.ClientKeys = []ClientKey{{Key: "k", TokenLimits: TokenLimits{TokensPerMinute: 2000}}}
-	if _, err := h.p.Reload(opts); err != nil {
-		t.Fatal(err)
-	}
-	up.SetScript(chatUsage(0, 0))
-	if got := remaining(t, h, 2000, "k"); got != 1700 {
-		t.Errorf("remaining %d after the reload, want 1700", got)
-	}
-}
-
 // TestTheMeterEndsALongEventOfCRLFLines: an event over meterHold ends
 // at its blank line however its lines end (sse-starlette writes CRLF);
 // the events after it are metered as events.

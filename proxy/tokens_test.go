@@ -282,26 +282,42 @@ func TestAnAnthropicRequestOverItsBudget(t *testing.T) {
 	}
 }
 
-// TestAReloadKeepsWhatABudgetSpent: a changed tokens_per_minute applies
-// to what was spent before it.
+// TestAReloadKeepsWhatABudgetSpent: a changed tokens_per_minute — a
+// clients: entry's, a client key's own — applies to what was spent
+// before it.
 func TestAReloadKeepsWhatABudgetSpent(t *testing.T) {
 	t.Parallel()
-	up := upstreamtest.Start(t, chatUsage(100, 200))
-	var opts Options
-	h := startProxy(t, up.URL, func(o *Options) {
-		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 1000}}}
-		opts = *o
-	})
-	if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 200 {
-		t.Fatalf("%d", resp.StatusCode)
-	}
-	opts.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 2000}}}
-	if _, err := h.p.Reload(opts); err != nil {
-		t.Fatal(err)
-	}
-	up.SetScript(chatUsage(0, 0))
-	if got := remaining(t, h, 2000, "k"); got != 1700 {
-		t.Fatalf("remaining %d after the reload, want 1700", got)
+	for _, c := range []struct {
+		name   string
+		budget func(o *Options, limit int64)
+	}{
+		{"clients: entry", func(o *Options, limit int64) {
+			o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: limit}}}
+		}},
+		{"a key's own", func(o *Options, limit int64) {
+			o.ClientKeys = []ClientKey{{Key: "k", TokenLimits: TokenLimits{TokensPerMinute: limit}}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.Start(t, chatUsage(100, 200))
+			var opts Options
+			h := startProxy(t, up.URL, func(o *Options) {
+				c.budget(o, 1000)
+				opts = *o
+			})
+			if resp, _ := h.chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 200 {
+				t.Fatalf("%d", resp.StatusCode)
+			}
+			c.budget(&opts, 2000)
+			if _, err := h.p.Reload(opts); err != nil {
+				t.Fatal(err)
+			}
+			up.SetScript(chatUsage(0, 0))
+			if got := remaining(t, h, 2000, "k"); got != 1700 {
+				t.Fatalf("remaining %d after the reload, want 1700", got)
+			}
+		})
 	}
 }
 
