@@ -501,7 +501,7 @@ func minMax(vs []float64) (lo, hi float64) {
 // tokensSolo is the tokens scenario as a solo measurement: each target
 // for -duration (bench/README.md's figures: 130 s, two minutes and a
 // window's worth), then -tries turns (at most 5) of the latency, 3 s
-// each.
+// each (a sixth of -duration when that is shorter).
 func tokensSolo(bin string, c *command) (func(io.Writer), error) {
 	var runs []tkRun
 	for _, t := range tkTargets {
@@ -511,7 +511,7 @@ func tokensSolo(bin string, c *command) (func(io.Writer), error) {
 		}
 		runs = append(runs, r)
 	}
-	lat, err := measureTokenLatency(bin, max(min(c.tries, 5), 1), 3*time.Second)
+	lat, err := measureTokenLatency(bin, max(min(c.tries, 5), 1), min(3*time.Second, c.s.duration/6)) // a smoke run's are short
 	if err != nil {
 		return nil, err
 	}
