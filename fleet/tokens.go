@@ -14,10 +14,11 @@ import (
 // them: spend leaves it 60–65 s after, as policy.TokenWindow's does), and
 // the tokens reserved by requests in flight, by the minute they were
 // reserved in ("r<minute>"). A reservation is taken back when its request
-// settles; one a replica never settled (it died) is dropped after
-// tokenHoldMinutes, so a dead replica holds a budget for at most that
-// long (15 minutes: the scripts' 15 and 360000 ms). The hash is dropped
-// a minute after that since its last write.
+// settles; one never settled (its replica died, or its caller stopped
+// waiting for the reply) is dropped after five minutes — the scripts' 5
+// — and so is a stream's that runs longer (its spend still counts as it
+// settles). The hash is dropped six minutes (360000 ms) after its last
+// write.
 
 // reserveTokens: ARGV limit, n. Returns {taken, wait µs (0: reservations
 // in flight hold it), remaining, the minute reserved in, reserved by

@@ -105,7 +105,7 @@ type Metrics struct {
 	// upstream and reason (breaker_open, cooldown, rate_limited, busy).
 	TargetSkips *prometheus.CounterVec
 	// RateLimited counts 429s Sturdy answered itself, by reason (client,
-	// client_tokens, cooldown, rate_limited).
+	// client_tokens, client_spend, cooldown, rate_limited).
 	RateLimited *prometheus.CounterVec
 	// Tokens counts the tokens replies said they used, by route, upstream,
 	// model (a configured name, else other) and kind (input, output) — of
@@ -222,7 +222,7 @@ func New() *Metrics {
 		TargetSkips: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_target_skips_total",
 			Help: "Targets passed over without an attempt, by upstream and reason."}, []string{"upstream", "reason"}),
 		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_rate_limited_total",
-			Help: "429s answered by Sturdy itself, by reason (client, client_tokens, cooldown, rate_limited)."}, []string{"reason"}),
+			Help: "429s answered by Sturdy itself, by reason (client, client_tokens, client_spend, cooldown, rate_limited)."}, []string{"reason"}),
 		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_tokens_total",
 			Help: "Tokens replies said they used (requests under a token budget, or traced), by route, upstream, model and kind (input, output)."},
 			[]string{"route", "upstream", "model", "kind"}),

@@ -203,7 +203,11 @@ func (cts clientTokens) reserve(ex *exchange, now time.Time) *apiError {
 	if e != nil {
 		ex.req.refund()
 		ex.req.spenders = ex.req.spenders[:0]
-		ex.p.m.RateLimited.WithLabelValues("client_tokens").Inc()
+		reason := "client_tokens"
+		if e.spec.code == CodeBudgetExceeded {
+			reason = "client_spend"
+		}
+		ex.p.m.RateLimited.WithLabelValues(reason).Inc()
 		if ex.out.outcome == "" || ex.out.outcome == outcomeRejected {
 			ex.out.outcome = outcomeRateLimited
 		}

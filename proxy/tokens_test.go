@@ -441,6 +441,9 @@ func TestASpendBudgetRefusesUntilThePeriodEnds(t *testing.T) {
 		time.Duration(ra)*time.Second < toMidnight-time.Minute || time.Duration(ra)*time.Second > toMidnight+time.Minute {
 		t.Fatalf("over the spend: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
+	if got := testutil.ToFloat64(h.p.m.RateLimited.WithLabelValues("client_spend")); got != 1 {
+		t.Fatalf("sturdy_rate_limited_total{reason=client_spend} %v", got)
+	}
 	if got := testutil.ToFloat64(h.p.m.Spend.WithLabelValues("default", "up", "m")); got < 1.549 || got > 1.551 {
 		t.Fatalf("sturdy_spend_usd_total %v, want 1.55", got)
 	}

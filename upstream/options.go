@@ -117,7 +117,7 @@ type Options struct {
 	// minute, per model glob (the model as sent): a request reserves its
 	// estimate when the target is chosen and settles to its reply's usage;
 	// one the window cannot take waits up to rate_limit.max_wait (default
-	// 1 s), then fails over or is refused 429. Unset: none. At most
+	// 2 s; at most three such waits), then fails over or is refused 429. Unset: none. At most
 	// MaxTokenModels globs.
 	TokensPerMinute map[string]int64 `yaml:"tokens_per_minute"`
 	// StreamUsage, when false, stops Sturdy from asking the upstream for
