@@ -142,18 +142,34 @@ func (f *shared) reserve(name string, rps float64, burst int, maxWait time.Durat
 	if f == nil {
 		return sharedLimit{local: true}
 	}
-	why := "is down (a call failed within the last second; one call a second tries it again)"
-	if f.st.Usable() {
-		wait, taken, err := f.st.Reserve(name, rps, burst, maxWait)
-		if err == nil {
-			return sharedLimit{wait: wait, taken: taken}
-		}
-		why = f.st.Describe(err)
+	var r sharedLimit
+	why := f.call(func() (err error) { r.wait, r.taken, err = f.st.Reserve(name, rps, burst, maxWait); return err })
+	return answer(f, r, why, sharedLimit{refused: true, why: why}, sharedLimit{local: true})
+}
+
+// call makes one call to the fleet's Redis, unless it is known down and
+// this is not the second's one try; why says what Redis did when the call
+// failed or was not made ("": it answered).
+func (f *shared) call(do func() error) (why string) {
+	if !f.st.Usable() {
+		return "is down (a call failed within the last second; one call a second tries it again)"
 	}
-	if f.opts.Refuse {
-		return sharedLimit{refused: true, why: why}
+	if err := do(); err != nil {
+		return f.st.Describe(err)
 	}
-	return sharedLimit{local: true}
+	return ""
+}
+
+// answer is a shared limit's answer: answered when Redis answered (why
+// ""), else refused with on_failure: refuse, else local.
+func answer[T any](f *shared, answered T, why string, refused, local T) T {
+	switch {
+	case why == "":
+		return answered
+	case f.opts.Refuse:
+		return refused
+	}
+	return local
 }
 
 // sharedTokens is how a fleet's token budget answered a reservation, as
@@ -172,18 +188,12 @@ type sharedTokens struct {
 // minute), as reserve takes a rate's slot: while Redis is known down one
 // request a second tries it.
 func (f *shared) reserveTokens(name string, limit, n int64) sharedTokens {
-	why := "is down (a call failed within the last second; one call a second tries it again)"
-	if f.st.Usable() {
-		hold, taken, wait, remaining, reserved, err := f.st.ReserveTokens(name, limit, n)
-		if err == nil {
-			return sharedTokens{hold: hold, taken: taken, wait: wait, remaining: remaining, reserved: reserved}
-		}
-		why = f.st.Describe(err)
-	}
-	if f.opts.Refuse {
-		return sharedTokens{refused: true, why: why}
-	}
-	return sharedTokens{local: true}
+	var r sharedTokens
+	why := f.call(func() (err error) {
+		r.hold, r.taken, r.wait, r.remaining, r.reserved, err = f.st.ReserveTokens(name, limit, n)
+		return err
+	})
+	return answer(f, r, why, sharedTokens{refused: true, why: why}, sharedTokens{local: true})
 }
 
 // clientBudgetName names a client's token budget of kind k (tokenKinds:
@@ -204,15 +214,8 @@ func (f *shared) clientBudgetName(cl *clientLimiter, k tokenKind, key []byte) st
 // what Redis did when it did not answer (as reserve: while it is known
 // down, one call a second tries it).
 func (f *shared) spent(name string, n int64) (usd float64, why string) {
-	why = "is down (a call failed within the last second; one call a second tries it again)"
-	if f.st.Usable() {
-		v, err := f.st.Spent(name, n)
-		if err == nil {
-			return v, ""
-		}
-		why = f.st.Describe(err)
-	}
-	return 0, why
+	why = f.call(func() (err error) { usd, err = f.st.Spent(name, n); return err })
+	return usd, why
 }
 
 // upstreamBudgetName names an upstream's tokens_per_minute window of one
