@@ -1,6 +1,9 @@
 package events
 
-import "bytes"
+import (
+	"bytes"
+	"slices"
+)
 
 // Event is one complete stream event as Next read it: an SSE event's
 // name ("event:" field, nil when absent) and its data lines joined with
@@ -27,6 +30,14 @@ func KindOf(contentType []byte) Kind {
 		return NDJSON
 	}
 	return 0
+}
+
+// Last reads the event b holds as a stream ends, written without its
+// blank line (or an NDJSON line without its break); n is 0 when b holds
+// none.
+func Last(kind Kind, b []byte) (ev Event, n int) {
+	ev, n = Next(kind, append(slices.Clip(b), "\n\n"...))
+	return ev, min(n, len(b))
 }
 
 // Next returns the first complete event in b — an SSE event up to its

@@ -67,3 +67,26 @@ func FuzzKindOf(f *testing.F) {
 		}
 	})
 }
+
+// TestLastReadsAnEventWithoutItsBlankLine: the last event of a stream,
+// without its blank line (SSE) or line break (NDJSON), and none in bytes
+// that are no event.
+func TestLastReadsAnEventWithoutItsBlankLine(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		kind Kind
+		in   string
+		data string
+		n    int
+	}{
+		{SSE, "data: {\"a\":1}\n", `{"a":1}`, 14},
+		{SSE, "data: {\"a\":1}", `{"a":1}`, 13},
+		{NDJSON, `{"done":true}`, `{"done":true}`, 13},
+		{SSE, "", "", 0},
+	} {
+		ev, n := Last(c.kind, []byte(c.in))
+		if string(ev.Data) != c.data || n != c.n {
+			t.Errorf("%q: %q %d, want %q %d", c.in, ev.Data, n, c.data, c.n)
+		}
+	}
+}

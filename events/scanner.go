@@ -5,7 +5,8 @@
 // policy.Judge's): it imports nothing of Sturdy's.
 //
 //	frame.go    KindOf (a media type's framing), Next and Event (one whole
-//	            event cut from held bytes, before the commit point)
+//	            event cut from held bytes, before the commit point), Last
+//	            (the one a stream ends with, without its blank line)
 //	scanner.go  Scanner: where a relayed stream stands (inside a line,
 //	            inside an event) and whether its terminator went by;
 //	            LineEnd

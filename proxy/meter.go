@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"slices"
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
@@ -65,7 +64,7 @@ func withoutUsage(body []byte) []byte {
 	for off < len(body) {
 		ev, n := events.Next(events.SSE, body[off:])
 		if n == 0 {
-			ev, n = events.Next(events.SSE, append(slices.Clip(body[off:]), "\n\n"...)) // the last event, without its blank line
+			ev, n = events.Last(events.SSE, body[off:])
 			if n == 0 || !policy.UsageChunk(ev.Data) {
 				out = append(out, body[off:]...)
 			}

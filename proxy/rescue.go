@@ -82,8 +82,7 @@ func (st *stream) followForRescue(ti int) {
 		return
 	}
 	switch body := ex.ctx.Request.Body(); {
-	case !rs.rescuable:
-		rs.blocker = "not_rescuable" // followed for its usage only: no text kept, no continuation
+	case !rs.rescuable: // followed for its usage only (follow)
 	case api == policy.APIAnthropic:
 		rs.blocker, rs.join = policy.ContinuableMessages(body), messageSeam{block: -1}
 	default:
@@ -169,7 +168,7 @@ func (st *stream) cutAtEnd() bool {
 // stripped), or bytes that are no event, as they are.
 func (st *stream) lastEvent() {
 	rs := &st.rescue
-	ev, n := events.Next(events.SSE, append(slices.Clip(rs.pending), "\n\n"...))
+	ev, n := events.Last(events.SSE, rs.pending)
 	if n > 0 && !rs.raw {
 		if st.follow(ev, rs.pending) { // an error the stream ends with: relayed, nothing can follow it
 			rs.ready = append(rs.ready, rs.pending...)
@@ -220,6 +219,11 @@ func (st *stream) follow(ev events.Event, raw []byte) (failed bool) {
 		st.meter.event(ev.Data)
 	}
 	if st.stripUsage && policy.UsageChunk(ev.Data) { // Sturdy's, not the client's
+		return false
+	}
+	if !rs.rescuable { // followed for its usage only: relayed as it came, no text kept
+		rs.ready = append(rs.ready, raw...)
+		rs.done = string(ev.Data) == "[DONE]"
 		return false
 	}
 	if ev.Data == nil || string(ev.Data) == "[DONE]" {
