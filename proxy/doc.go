@@ -90,8 +90,8 @@
 //	status.go      a table's status: /debug/upstreams (upstream.Status of each), /debug/clients (the token
 //	               budgets, most used first), readiness, gauges refreshed on scrape
 //	errors.go      the error vocabulary (errorTable) and its shape per API (errorShapes), written by apiError.write
-//	hooks.go       request-level hooks around the loop: reserve at admission, settle with the summary
-//	               (table.hooks; the clients: limits are the first)
+//	hooks.go       request-level hooks before the loop: reserve at admission (table.hooks; the clients:
+//	               limits are the first, the token budgets the second); what they hold is settled in tokens.go
 //	summary.go     what a finished request was (summary, read once in finish: the access line
 //	               (accesslog.go), the spans' ends (trace.go) and the metrics (measure) are formatters of
 //	               it), and report: where the steps say what happened as it happens, each event once (an

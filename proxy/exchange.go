@@ -44,9 +44,6 @@ type exchange struct {
 	// held is what the request holds of the proxy's buffer budget
 	// (server.max_buffered_bytes), given back when it ends.
 	held share
-	// hooked counts the table's hooks whose reserve passed, to be settled
-	// (hooks.settle).
-	hooked int
 
 	req   outbound
 	loop  loopState
@@ -265,9 +262,7 @@ func (ex *exchange) finish() {
 	ex.tr.end(&s, ex.st.broken)
 	s.measure(ex.p.m)
 	ex.p.failures.record(&s)
-	ex.tbl.hooks.settle(ex, ex.hooked, &s)
-	settleHolds(ex, &s)
-	settleSpend(ex, &s)
+	settle(ex, &s)
 	ex.tr.release()
 	ex.st.rp.release() // the reply it streamed, if it was committed to go as it comes
 	ex.p.held.give(ex.held.n)

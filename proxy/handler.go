@@ -110,7 +110,7 @@ func (ex *exchange) admit() *apiError {
 		return e
 	}
 	ex.req.priority = ex.req.key.classOf(pr, fromHeader)
-	if ex.hooked, e = ex.tbl.hooks.reserve(ex, time.Now()); e != nil {
+	if e = ex.tbl.hooks.reserve(ex, time.Now()); e != nil {
 		return e
 	}
 	ex.out.outcome = ""

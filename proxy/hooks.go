@@ -7,16 +7,16 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// hook is a request-level step around the attempt loop: reserve runs at
-// admission, before the loop (an error refuses the request: it is the
-// client's answer), and settle once the request has ended, with its
-// summary (a copy) — the answer's status, outcome and usage, or a failure that
-// owes nothing (a refund). Only a hook whose reserve passed is settled.
-// The clients: limits are the first; a token budget or an admission
-// queue is another row of table.hooks, not another step in the loop.
+// hook is a request-level step before the attempt loop: reserve runs at
+// admission (an error refuses the request: it is the client's answer).
+// What a hook reserves that the request's end must settle is the
+// request's own, as data (outbound.holds, spenders: settle, tokens.go),
+// settled once with the target's tokens_per_minute, whichever reserved
+// it. The clients: limits are the first; the token budgets the second;
+// an admission queue is another row of table.hooks, not another step in
+// the loop.
 type hook interface {
 	reserve(ex *exchange, now time.Time) *apiError
-	settle(ex *exchange, s summary)
 }
 
 func (cls clientLimits) reserve(ex *exchange, now time.Time) *apiError {
@@ -45,30 +45,18 @@ func (clientLimits) take(ex *exchange, cl *clientLimiter, now time.Time, who str
 	return nil
 }
 
-func (clientLimits) settle(*exchange, summary) {}
-
 // hooks are a table's hooks, in the order they reserve.
 type hooks []hook
 
 // reserve runs the hooks' reserve for ex in order, stopping at the first
-// refusal; passed counts those that passed, to be settled.
-func (hs hooks) reserve(ex *exchange, now time.Time) (passed int, e *apiError) {
+// refusal.
+func (hs hooks) reserve(ex *exchange, now time.Time) *apiError {
 	for _, h := range hs {
 		if e := h.reserve(ex, now); e != nil {
-			return passed, e
+			return e
 		}
-		passed++
 	}
-	return passed, nil
-}
-
-// settle settles the first passed hooks, last first, with ex's summary s.
-// Each gets the summary by value: a pointer through the interface would
-// move every request's summary to the heap.
-func (hs hooks) settle(ex *exchange, passed int, s *summary) {
-	for i := passed - 1; i >= 0; i-- {
-		hs[i].settle(ex, *s)
-	}
+	return nil
 }
 
 // takeClient spends one request of this client's `clients:` limit cl:

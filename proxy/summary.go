@@ -65,10 +65,13 @@ type summary struct {
 	// Known says whether the reply told them.
 	usage usage
 	// model is the model as sent, as a metric label (table.modelLabel),
-	// when its usage was read; cost what that usage (as charged:
-	// settledUsage) costs at the table's prices, in USD.
-	model string
-	cost  float64
+	// when its usage was read; charged what it is charged (settledUsage:
+	// chargedAny false, nothing: a refund), cost what that costs at the
+	// table's prices, in USD.
+	model      string
+	charged    policy.Usage
+	chargedAny bool
+	cost       float64
 }
 
 // read reads the finished request ex into s.
@@ -98,11 +101,12 @@ func (s *summary) read(ex *exchange) {
 	}
 	if ex.req.metered {
 		s.usage = meteredUsage(ex)
+		s.charged, s.chargedAny = settledUsage(ex, s)
 		if s.answered != nil {
 			sent := s.answered.sent(ex.req.model)
 			s.model = ex.tbl.modelLabel(sent)
-			if u, used := settledUsage(ex, s); used && len(ex.tbl.prices) > 0 {
-				s.cost = ex.tbl.prices.cost(sent, u)
+			if s.chargedAny && len(ex.tbl.prices) > 0 {
+				s.cost = ex.tbl.prices.cost(sent, s.charged)
 			}
 		}
 	}

@@ -240,8 +240,10 @@ func (q *outbound) asksUsage(t *target) bool { return q.wantsUsage && t.up.Optio
 func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now time.Time, who string) *apiError {
 	key := cl.keyOf(&ex.ctx.Request.Header)
 	h, id := credHash(key), key
-	if _, k := credential(&ex.ctx.Request.Header); cl.byCredential && len(k) > 0 {
-		id = k // the key itself, as client_keys_file names it by its SHA-256
+	if cl.byCredential {
+		if _, k := credential(&ex.ctx.Request.Header); len(k) > 0 {
+			id = k // the key itself, as client_keys_file names it by its SHA-256
+		}
 	}
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
@@ -331,17 +333,17 @@ func (q *outbound) refund() {
 	q.holds = q.holds[:0]
 }
 
-// settle: the budgets are settled with every hold (settleHolds).
-func (clientTokens) settle(*exchange, summary) {}
-
-// settleHolds settles every reservation ex holds — a client's budgets, a
-// target's tokens_per_minute — with its summary s, as it ends.
-func settleHolds(ex *exchange, s *summary) {
+// settle settles everything ex reserved — a client's token budgets, a
+// target's tokens_per_minute (holds), its spend budgets (settleSpend) —
+// with its summary s, as it ends: to what it is charged (s.charged), or
+// given back.
+func settle(ex *exchange, s *summary) {
+	settleSpend(ex, s)
 	q := &ex.req
 	if len(q.holds) == 0 {
 		return
 	}
-	u, used := settledUsage(ex, s)
+	u, used := s.charged, s.chargedAny
 	now := time.Now()
 	for _, th := range q.holds {
 		switch {
