@@ -12,9 +12,10 @@ import (
 
 // meter reads what a reply used as it goes to the client: the usage its
 // events tell (policy.ReadUsage of each event that tells one), the model
-// it names, and the characters of text it carried — what a stream cut
+// it names (first, and as its usage is told), and the characters of text it carried — what a stream cut
 // before its usage is settled by (÷ 4). It runs only for a request whose
-// usage something needs (outbound.metered: a token budget, a trace).
+// usage something needs (outbound.metered: a budget, a tokens_per_minute,
+// a trace).
 //
 // It is fed the upstream's events: those a followed stream frames
 // (stream.follow), or the bytes relayed as they come, framed here
@@ -168,27 +169,33 @@ func (m *meter) event(data []byte) {
 	if len(data) == 0 || data[0] != '{' {
 		return // [DONE], a comment, an empty event
 	}
-	m.read(data)
+	told := m.read(data)
 	for _, path := range replyText[m.api] {
 		if v := gjson.GetBytes(data, path); v.Type == gjson.String {
 			m.chars += utf8.RuneCountInString(v.Str)
+			break // an event carries one kind of text
 		}
 	}
-	if v := gjson.GetBytes(data, "model"); v.Type == gjson.String { // the last named
+	if m.model != "" && !told {
+		return // the model is read once, and again from the usage's event (a stream's last word on it)
+	}
+	if v := gjson.GetBytes(data, "model"); v.Type == gjson.String {
 		m.model = v.Str
 	} else if v := gjson.GetBytes(data, "message.model"); v.Type == gjson.String { // Anthropic's message_start
 		m.model = v.Str
 	}
 }
 
-// read meters the usage b tells, if any.
-func (m *meter) read(b []byte) {
+// read meters the usage b tells, if any, and reports whether it told one.
+func (m *meter) read(b []byte) bool {
 	if bytes.Contains(b, []byte(`"usage":`)) || m.api == policy.APIOllama && bytes.Contains(b, []byte(`eval_count"`)) {
 		if u := policy.ReadUsage(m.api, b); u.Known {
 			// Within one reply the counts only grow (Anthropic's message_delta is cumulative).
 			m.usage = policy.Usage{Input: max(m.usage.Input, u.Input), Output: max(m.usage.Output, u.Output), Known: true}
+			return true
 		}
 	}
+	return false
 }
 
 // replyText is where each API's reply carries its text: a stream's
