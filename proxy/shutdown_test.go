@@ -28,7 +28,7 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 		steps  []upstreamtest.Step
 		noUp   bool // nothing listens: every attempt fails to connect
 		edit   func(*Options)
-		prime  func(h *harness) // requests that set the wait up
+		prime  func(t *testing.T, h *harness, up *upstreamtest.Server) // requests that set the wait up
 		status int
 		code   string // "" for the upstream's own reply
 	}{
@@ -42,13 +42,13 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 				o.Routes[0].Retry.MaxRetryAfter = time.Minute
 				o.Routes[0].Deadline = time.Minute
 			},
-			prime: func(h *harness) { h.chat("") }, status: 503, code: CodeShuttingDown},
+			prime: func(_ *testing.T, h *harness, _ *upstreamtest.Server) { h.chat("") }, status: 503, code: CodeShuttingDown},
 		{name: "pacing", steps: []upstreamtest.Step{{Body: "ok"}},
 			edit: func(o *Options) {
 				o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
 				o.Routes[0].Deadline = time.Minute
 			},
-			prime: func(h *harness) { h.chat("") }, status: 503, code: CodeShuttingDown},
+			prime: func(_ *testing.T, h *harness, _ *upstreamtest.Server) { h.chat("") }, status: 503, code: CodeShuttingDown},
 		{name: "pacing on a fallback after a skipped primary", steps: []upstreamtest.Step{{Body: "ok"}},
 			edit: func(o *Options) {
 				withFallbacks(o, []string{o.Upstreams[0].URL})
@@ -56,21 +56,28 @@ func TestShutdownEndsEveryWait(t *testing.T) {
 				o.Upstreams[1].RateLimit = upstream.RateLimit{RequestsPerSecond: 0.05, Burst: 1, MaxWait: time.Minute}
 				o.Routes[0].Deadline = time.Minute
 			},
-			prime: func(h *harness) { h.chat(""); h.chat("") }, status: 503, code: CodeShuttingDown},
+			prime: func(_ *testing.T, h *harness, _ *upstreamtest.Server) { h.chat(""); h.chat("") }, status: 503, code: CodeShuttingDown},
 		{name: "max_in_flight slot", steps: []upstreamtest.Step{{Delay: 1500 * time.Millisecond, Body: "slow"}},
-			edit:  func(o *Options) { o.Upstreams[0].MaxInFlight = 1; o.Upstreams[0].QueueTimeout = long },
-			prime: func(h *harness) { go h.chat(""); time.Sleep(200 * time.Millisecond) }, status: 503, code: CodeShuttingDown},
+			edit: func(o *Options) { o.Upstreams[0].MaxInFlight = 1; o.Upstreams[0].QueueTimeout = long },
+			// The slot is held once the upstream has the first request: a
+			// fixed sleep let the test's own request win it on a loaded machine.
+			prime: func(t *testing.T, h *harness, up *upstreamtest.Server) {
+				go h.chat("")
+				waitFor(t, 5*time.Second, "the first request holds the slot", func() bool { return up.Count() == 1 })
+			}, status: 503, code: CodeShuttingDown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			url := "http://" + freePort(t)
+			var up *upstreamtest.Server
 			if !tt.noUp {
-				url = upstreamtest.Start(t, tt.steps...).URL
+				up = upstreamtest.Start(t, tt.steps...)
+				url = up.URL
 			}
 			h := startProxy(t, url, tt.edit)
 			if tt.prime != nil {
-				tt.prime(h)
+				tt.prime(t, h, up)
 			}
 			type result struct {
 				resp *http.Response
