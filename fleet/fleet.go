@@ -1,7 +1,8 @@
 // Package fleet shares what one Sturdy learns with the others of its
 // fleet through Redis: cooldowns (published, and loaded on every
-// (re)connect), pacing and per-client limits (one GCRA reservation per
-// request, atomic in Redis), token budgets (reserved and settled,
+// (re)connect), pacing and per-client limits (a GCRA state in Redis:
+// blocks of it leased and spent locally when the limit is large enough,
+// else one atomic reservation per request), token budgets (reserved and settled,
 // atomic in Redis), the replicas' membership and, opt-in, breaker
 // hints. It is
 // local-first: a request never waits on Redis longer than the timeout,
@@ -11,6 +12,7 @@
 // The files: fleet.go the State (New, Close, reachability, cooldowns
 // published and shortened, breaker hints), follow.go the events and the
 // cooldowns loaded on (re)connect, limit.go the GCRA reservation,
+// lease.go the leases of it (taken, spent, renewed, lapsed),
 // tokens.go the token budgets' sliding minute and the membership
 // (heartbeat, Replicas), resp.go the guard every Redis reply passes (its
 // bounds).
@@ -150,6 +152,9 @@ type State struct {
 	// many it last counted (beat).
 	id       string
 	replicas atomic.Int64
+	// leases are the blocks of fleet-wide limits this replica spends
+	// without a call (lease.go).
+	leases leases
 }
 
 // dialFailed notes a dial's failure (see refusedAt).

@@ -134,13 +134,17 @@ type sharedLimit struct {
 	why string
 }
 
-// reserveShared takes a slot of the fleet-wide limit name. While Redis
-// is known down only one request a second tries it (to find out it is
-// back); the others never wait on a dead Redis. With no fleet (f nil)
-// the limit is local.
+// reserve takes a slot of the fleet-wide limit name: from this
+// replica's lease of it when it holds one (no call: fleet.TakeLeased),
+// else from Redis. While Redis is known down only one request a second
+// tries it (to find out it is back); the others never wait on a dead
+// Redis. With no fleet (f nil) the limit is local.
 func (f *shared) reserve(name string, rps float64, burst int, maxWait time.Duration) sharedLimit {
 	if f == nil {
 		return sharedLimit{local: true}
+	}
+	if f.st.TakeLeased(name, rps, burst) {
+		return sharedLimit{taken: true}
 	}
 	var r sharedLimit
 	why := f.call(func() (err error) { r.wait, r.taken, err = f.st.Reserve(name, rps, burst, maxWait); return err })

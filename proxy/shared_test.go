@@ -147,6 +147,56 @@ func TestAClientLimitHoldsForTheFleet(t *testing.T) {
 	}
 }
 
+// TestSharedLimitsAreLeased: a fleet-wide pace and a client limit large
+// enough to split are spent from leases — two replicas' 600 requests cost
+// Redis at most one script call per ten (before leases: one per limit
+// per request) — and two replicas offered twice a leased pace stay
+// within its rate and burst plus the slots leased (a block and a half
+// each).
+func TestSharedLimitsAreLeased(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	url, served := countingUpstream(t, 0, 200)
+	hs := fleetOf(t, 2, url, r.URL, func(o *Options) {
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 1e5, Burst: 1e4, MaxWait: time.Second}
+		o.Clients = []ClientLimit{{KeyHeader: "Authorization", RequestsPerSecond: 1e5, Burst: 1e4}}
+		o.SharedState.Timeout = 500 * time.Millisecond // a loaded machine's slow Redis would fall back to local limits: not this test's
+	})
+	calls := r.ScriptCalls()
+	for i := range 600 {
+		if resp, body := hs[i%2].chat("", "Authorization", "Bearer sk-one"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if calls = r.ScriptCalls() - calls; calls > 60 {
+		t.Fatalf("600 requests under two shared limits cost %d Redis script calls, want ≤ 60", calls)
+	}
+
+	const rate, burst = 400.0, 40
+	bound := fleetOf(t, 2, url, r.URL, func(o *Options) {
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: rate, Burst: burst, MaxWait: 10 * time.Millisecond}
+		o.SharedState.Prefix = "bound:"
+		o.SharedState.Timeout = 500 * time.Millisecond
+	})
+	before := served.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	const offered = 1200
+	for i := range 12 { // as fast as they come back: more than 400/s
+		wg.Go(func() {
+			for range offered / 12 {
+				bound[i%2].chat("")
+			}
+		})
+	}
+	wg.Wait()
+	n, took := served.Load()-before, time.Since(start)
+	if allowed := rate*took.Seconds() + burst + 2*1.5*rate*fleet.LeaseShare; float64(n) > allowed || n == offered {
+		t.Fatalf("two replicas passed %d of %d in %v; the limit and its leases allow %.0f (and some must wait past max_wait)", n, offered, took, allowed)
+	}
+	t.Logf("passed %d in %v (rate × time %.0f)", n, took, rate*took.Seconds())
+}
+
 // TestRedisDownIsNeverInTheWay: with Redis killed, requests flow (this
 // replica's own limits) and none waits on it; the outage is reported,
 // and once Redis is back the fleet shares again, without a restart.

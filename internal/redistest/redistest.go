@@ -6,12 +6,16 @@
 package redistest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"sturdy/internal/testdeps"
 )
@@ -74,3 +78,23 @@ func (s *Server) Restart() {
 	bin, _ := exec.LookPath("redis-server")
 	s.start(bin)
 }
+
+// ScriptCalls is how many scripts the server has run (EVALSHA and EVAL
+// calls, from INFO commandstats): what a shared limit's requests cost it.
+func (s *Server) ScriptCalls() int64 {
+	s.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var n int64
+	for _, m := range scriptStat.FindAllStringSubmatch(info, -1) {
+		v, _ := strconv.ParseInt(m[1], 10, 64)
+		n += v
+	}
+	return n
+}
+
+var scriptStat = regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+)`)
