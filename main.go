@@ -533,7 +533,8 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys, IsSelf: isListener(cfg.Listen),
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
-			WriteTimeout: cfg.Server.WriteTimeout.Std(), MaxBufferedBytes: int64(cfg.Server.MaxBufferedBytes)}, SharedState: sharedOptions(cfg.SharedState),
+			WriteTimeout: cfg.Server.WriteTimeout.Std(), MaxBufferedBytes: int64(cfg.Server.MaxBufferedBytes),
+			ReduceMemory: cfg.Server.ReduceMemory}, SharedState: sharedOptions(cfg.SharedState),
 		Tracing: tracingOptions(cfg.Tracing)}
 	o.Upstreams = cfg.Upstreams // one shape: the file decodes into upstream.Options
 	for _, s := range cfg.Server.TrustedProxies {

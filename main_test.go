@@ -21,6 +21,7 @@ import (
 
 	"sturdy/config"
 	"sturdy/internal/upstreamtest"
+	"sturdy/proxy"
 )
 
 // TestMain runs at least 8 parallel tests at once: they mostly wait on
@@ -634,6 +635,27 @@ func TestAWrittenZeroLoads(t *testing.T) {
 	o := proxyOptions(cfg, zerolog.Nop(), nil)
 	if s, r := o.Upstreams[0].SlowStart, o.Routes[0].MaxRescues; s == nil || *s != 0 || r == nil || *r != 0 {
 		t.Fatalf("slow_start %v, max_rescues %v", s, r)
+	}
+}
+
+// TestServerReduceMemoryReachesTheListener: server.reduce_memory in the
+// file turns fasthttp's ReduceMemoryUsage on for the client listener.
+func TestServerReduceMemoryReachesTheListener(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "reduce.yaml")
+	if err := os.WriteFile(path, []byte("server: {reduce_memory: true}\nupstreams: [{name: a, url: 'http://127.0.0.1:1'}]\nroutes: [{name: r, upstream: a}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(settings{configPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := proxy.New(proxyOptions(cfg, zerolog.Nop(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Server().ReduceMemoryUsage {
+		t.Fatal("server.reduce_memory: true did not reach the listener")
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"strconv"
@@ -199,5 +200,35 @@ func withRedis(sc *scenario) (*scenario, func(), error) {
 			return sc, func() {}, fmt.Errorf("redis-server did not listen on %s", addr)
 		}
 	}
-	return sc.replacing("REDIS_URL", "redis://"+addr+"/0"), stop, nil
+	with := sc.replacing("REDIS_URL", "redis://"+addr+"/0")
+	with.redisAddr = addr
+	return with, stop, nil
+}
+
+// redisOps is how many commands the redis-server at addr has processed
+// ("": none running), less the INFO asking it: a slice's difference is
+// what its requests (and the background beats of every Sturdy sharing
+// it) cost Redis.
+func redisOps(addr string) int64 {
+	if addr == "" {
+		return 0
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return 0
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "INFO stats\r\n"); err != nil {
+		return 0
+	}
+	buf := make([]byte, 64<<10)
+	n, _ := io.ReadAtLeast(c, buf, 1)
+	for _, line := range strings.Split(string(buf[:n]), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			ops, _ := strconv.ParseInt(v, 10, 64)
+			return ops
+		}
+	}
+	return 0
 }

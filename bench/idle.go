@@ -16,14 +16,16 @@ const idleSettle = 2 * time.Second
 // idleResult is what the idle measurement found.
 type idleResult struct {
 	conns            int
+	reduce           bool  // server.reduce_memory
 	baseline, loaded int64 // Sturdy's RSS before the connections and with them open
 }
 
 // measureIdle opens conns keep-alive client connections to Sturdy, each
 // answered once (so it is served, watched for leaving and then idle),
-// holds them all open, and reads Sturdy's resident memory.
-func measureIdle(bin string, conns int) (idleResult, error) {
-	res := idleResult{conns: conns}
+// holds them all open, and reads Sturdy's resident memory; reduce turns
+// server.reduce_memory on.
+func measureIdle(bin string, conns int, reduce bool) (idleResult, error) {
+	res := idleResult{conns: conns, reduce: reduce}
 	up, err := serveRaw(func(c net.Conn, _ *http.Request) {
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
 	})
@@ -33,7 +35,7 @@ func measureIdle(bin string, conns int) (idleResult, error) {
 	defer up.Close()
 	// Above the default (half the descriptor limit): the connections are
 	// the point.
-	sc := &scenario{name: "idle", sturdy: fmt.Sprintf("server: {max_connections: %d}\n", conns+100)}
+	sc := &scenario{name: "idle", sturdy: fmt.Sprintf("server: {max_connections: %d, reduce_memory: %v}\n", conns+100, reduce)}
 	addr, pid, stop, err := startSolo(bin, sc, up.Addr())
 	if err != nil {
 		return res, err
@@ -74,13 +76,18 @@ func measureIdle(bin string, conns int) (idleResult, error) {
 	return res, nil
 }
 
-func idleReport(w io.Writer, r idleResult) {
-	fmt.Fprintf(w, "\n### idle\n\n%d keep-alive client connections, each answered once, then idle for %s\n\n", r.conns, idleSettle)
-	fmt.Fprintln(w, "| connections | RSS before MiB | RSS with them open MiB | per connection KiB |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|")
-	per := 0.0
-	if r.conns > 0 {
-		per = float64(r.loaded-r.baseline) / float64(r.conns) / 1024
+func idleReport(w io.Writer, rs []idleResult) {
+	if len(rs) == 0 {
+		return
 	}
-	fmt.Fprintf(w, "| %d | %.1f | %.1f | %.1f |\n", r.conns, float64(r.baseline)/(1<<20), float64(r.loaded)/(1<<20), per)
+	fmt.Fprintf(w, "\n### idle\n\n%d keep-alive client connections, each answered once, then idle for %s\n\n", rs[0].conns, idleSettle)
+	fmt.Fprintln(w, "| server.reduce_memory | connections | RSS before MiB | RSS with them open MiB | per connection KiB |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	for _, r := range rs {
+		per := 0.0
+		if r.conns > 0 {
+			per = float64(r.loaded-r.baseline) / float64(r.conns) / 1024
+		}
+		fmt.Fprintf(w, "| %v | %d | %.1f | %.1f | %.1f |\n", r.reduce, r.conns, float64(r.baseline)/(1<<20), float64(r.loaded)/(1<<20), per)
+	}
 }

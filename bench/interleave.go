@@ -37,7 +37,7 @@ func runInterleaved(sc *scenario, s settings, targets []target, fakeListen strin
 		for k := range slices {
 			for i, t := range targets {
 				label := fmt.Sprintf("%s/%s via %s, slice %d/%d", sc.name, spec.name, t.name, k+1, slices)
-				acc[i].add(measureSlice(s, spec, urls[i], pids[i], fk, slices, label, stderr))
+				acc[i].add(measureSlice(s, spec, urls[i], pids[i], fk, slices, label, sc.redisAddr, stderr))
 			}
 		}
 		stop()
@@ -47,6 +47,9 @@ func runInterleaved(sc *scenario, s settings, targets []target, fakeListen strin
 			rr := summarize(spec, a.recs, a.elapsed, a.stats, a.cpu, a.rss, len(pids[i]) > 0)
 			if sc.figures != nil {
 				rr.Figures = sc.figures(s, spec, a.recs, a.stats)
+			}
+			if sc.redisAddr != "" && len(a.recs) > 0 && len(pids[i]) > 0 {
+				rr.Figures = append(rr.Figures, figure{Name: "redis ops/request", Value: float64(a.redisOps) / float64(len(a.recs))})
 			}
 			results[i].Runs = append(results[i].Runs, rr)
 		}
@@ -88,17 +91,22 @@ type slice struct {
 	cpu     time.Duration
 	rss     int64
 	stats   fakellm.Stats
+	// redisOps are the commands the scenario's Redis ran meanwhile.
+	redisOps int64
 }
 
 // measureSlice runs spec's load against url for 1/slices of its length
-// and reads what it cost: the processes' CPU, their RSS, and the fake
-// servers' counters it moved.
-func measureSlice(s settings, spec runSpec, url string, pids []int, fk fakes, slices int, label string, stderr io.Writer) slice {
+// and reads what it cost: the processes' CPU, their RSS, the fake
+// servers' counters it moved and the commands Redis (at redis, if any)
+// ran.
+func measureSlice(s settings, spec runSpec, url string, pids []int, fk fakes, slices int, label, redis string, stderr io.Writer) slice {
 	st0, _ := fk.stats()
 	cpu0 := procCPU(pids)
+	ops0 := redisOps(redis)
 	var sl slice
 	sl.recs, sl.elapsed = runLoad(s, spec, url, slices, label, stderr)
 	sl.cpu, sl.rss = procCPU(pids)-cpu0, procPeakRSS(pids)
+	sl.redisOps = max(redisOps(redis)-ops0-1, 0)
 	st1, _ := fk.stats()
 	sl.stats = statsSince(st0, st1)
 	return sl
@@ -110,6 +118,7 @@ func (a *slice) add(sl slice) {
 	a.elapsed += sl.elapsed
 	a.cpu += sl.cpu
 	a.rss = max(a.rss, sl.rss)
+	a.redisOps += sl.redisOps
 	addStats(&a.stats, sl.stats)
 }
 

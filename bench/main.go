@@ -248,10 +248,17 @@ var solos = map[string]func(bin string, c *command) (report func(io.Writer), err
 		return func(w io.Writer) { cancelReport(w, delays) }, err
 	},
 	// idle: what tries (say 10000) idle keep-alive client connections
-	// cost in memory.
+	// cost in memory, by default and with server.reduce_memory.
 	"idle": func(bin string, c *command) (func(io.Writer), error) {
-		r, err := measureIdle(bin, c.tries)
-		return func(w io.Writer) { idleReport(w, r) }, err
+		var rs []idleResult
+		for _, reduce := range []bool{false, true} {
+			r, err := measureIdle(bin, c.tries, reduce)
+			if err != nil {
+				return nil, err
+			}
+			rs = append(rs, r)
+		}
+		return func(w io.Writer) { idleReport(w, rs) }, nil
 	},
 	// hostile: what a client or an upstream controls, thrown at one
 	// Sturdy: its peak memory and another client's p99 in each attack.

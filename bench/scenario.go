@@ -52,6 +52,9 @@ type scenario struct {
 	// redis, when set, starts a redis-server for the run: REDIS_URL in
 	// the fragments (the scenario's and its variants') is its URL.
 	redis bool
+	// redisAddr is, once started (withRedis), the redis-server's address:
+	// each slice counts the commands it ran (redisOps).
+	redisAddr string
 	// otlp, when set, starts an OTLP/HTTP sink for the run: OTLP_URL in
 	// the fragments is its URL.
 	otlp bool
@@ -124,19 +127,21 @@ var scenarios = []*scenario{
 		about: "no faults: capacity with 32 connections, added latency at a fixed unsaturated rate, streamed replies; " +
 			"Sturdy with every feature configured (fullSturdy: a pool of two endpoints, health checks, per-model breakers, " +
 			"cooldowns, retry budget, max_in_flight, client-gone watching, commit on content, shared_state idle, tracing off), " +
-			"and sturdy+rate_limit adding a rate limit that never binds (with shared_state, a Redis call per request)",
-		profile:  func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
-		runs:     overheadRuns,
-		sturdy:   fullUpstream + fullSturdy,
-		pool:     true,
-		redis:    true,
-		variants: []variant{{name: "rate_limit", sturdy: fullUpstream + fleetUpstream + fullSturdy}},
+			"sturdy+rate_limit adding a rate limit that never binds (with shared_state: spent from leases), and " +
+			"sturdy+reduce_memory with server.reduce_memory: true",
+		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
+		runs:    overheadRuns,
+		sturdy:  fullUpstream + fullSturdy,
+		pool:    true,
+		redis:   true,
+		variants: []variant{{name: "rate_limit", sturdy: fullUpstream + fleetUpstream + fullSturdy},
+			{name: "reduce_memory", sturdy: fullUpstream + fullSturdy + "server: {reduce_memory: true}\n"}},
 	},
 	{
 		name:       "fleet",
 		interleave: true,
-		about: "no faults, a rate_limit that never binds: what a shared limit costs — each request's slot taken in Redis " +
-			"(sturdy+shared_state) against the local limiter (sturdy)",
+		about: "no faults, a rate_limit that never binds: what a shared limit costs — each request's slot spent from a " +
+			"lease of the fleet's limit in Redis (sturdy+shared_state) against the local limiter (sturdy)",
 		profile: func(settings) fakellm.Profile { return fakellm.Profile{Tokens: 16} },
 		runs: func(s settings) []runSpec {
 			return []runSpec{

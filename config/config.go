@@ -188,6 +188,12 @@ type Server struct {
 	// an HTTP/1.0 reply is 502 response_too_large. Default 256MiB.
 	// Hot-reloads.
 	MaxBufferedBytes Size `yaml:"max_buffered_bytes"`
+	// ReduceMemory releases an idle keep-alive connection's request
+	// context and buffers between requests (fasthttp's
+	// ReduceMemoryUsage): about half the memory per idle connection, for
+	// more CPU per request (README "Limits"). Default false; needs a
+	// restart, like the other server keys.
+	ReduceMemory bool `yaml:"reduce_memory"`
 }
 
 // ParsePrefix reads a trusted_proxies entry: a CIDR, or one address.

@@ -210,36 +210,42 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 
 // TestKeepAliveClientIsNotTakenForGone: a client that sends its second
 // request on the same connection after the first completed, and one that
-// pipelines two, are served as usual.
+// pipelines two, are served as usual — with server.reduce_memory too
+// (the connection's context and buffers given back between requests).
 func TestKeepAliveClientIsNotTakenForGone(t *testing.T) {
 	t.Parallel()
-	up := upstreamtest.Start(t, upstreamtest.Step{Delay: 100 * time.Millisecond, Body: "ok"})
-	h := startProxy(t, up.URL, nil)
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	br := bufio.NewReader(c)
-	req := "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
-	for i := 0; i < 2; i++ {
-		_, _ = io.WriteString(c, req)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("request %d on a kept-alive connection: %v", i, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-	}
-	_, _ = io.WriteString(c, req+req) // pipelined
-	for i := 0; i < 2; i++ {
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("pipelined request %d: %v", i, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-	}
-	if strings.Contains(h.logs.String(), "client_gone") {
-		t.Fatalf("a kept-alive client was taken for gone:\n%s", h.logs.String())
+	for _, reduce := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reduce_memory %v", reduce), func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.Start(t, upstreamtest.Step{Delay: 100 * time.Millisecond, Body: "ok"})
+			h := startProxy(t, up.URL, func(o *Options) { o.Server.ReduceMemory = reduce })
+			c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			req := "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+			for i := 0; i < 2; i++ {
+				_, _ = io.WriteString(c, req)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("request %d on a kept-alive connection: %v", i, err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+			}
+			_, _ = io.WriteString(c, req+req) // pipelined
+			for i := 0; i < 2; i++ {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("pipelined request %d: %v", i, err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+			}
+			if strings.Contains(h.logs.String(), "client_gone") {
+				t.Fatalf("a kept-alive client was taken for gone:\n%s", h.logs.String())
+			}
+		})
 	}
 }
 

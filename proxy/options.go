@@ -75,6 +75,10 @@ type ServerLimits struct {
 	// point, rescue text, bodies read whole for HTTP/1.0 clients. Default
 	// 256 MiB; unlike the other limits it hot-reloads (Reload).
 	MaxBufferedBytes int64
+	// ReduceMemory releases an idle keep-alive connection's context and
+	// buffers between requests (fasthttp's ReduceMemoryUsage): less
+	// memory per idle connection, more CPU per request. Default off.
+	ReduceMemory bool
 }
 
 func (s ServerLimits) withDefaults() ServerLimits {

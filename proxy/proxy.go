@@ -164,6 +164,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 			DisablePreParseMultipartForm: true,
 			CloseOnShutdown:              true,
 			SecureErrorLogMessage:        true,
+			ReduceMemoryUsage:            p.limits.ReduceMemory,
 		}
 	})
 	return p.server
