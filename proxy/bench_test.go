@@ -2,8 +2,12 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -284,4 +288,111 @@ func BenchmarkTokenBudgetReserveSettle(b *testing.B) {
 			w.Settle(300, 280, now)
 		}
 	}
+}
+
+// steadyRate is BenchmarkSteadyRate's pace: a sidecar's unsaturated load.
+const steadyRate = 2000
+
+// BenchmarkSteadyRate sends requests at a fixed 2,000/s over loopback TCP
+// (client → proxy → upstream, all in this process) through Sturdy and
+// through the floor (a fasthttp server handing each request to one
+// HostClient) side by side, and reports the process's CPU per request
+// (cpu-µs/req: getrusage, the client's and the upstream's share alike in
+// both). At a steady, unsaturated rate the fixed per-request work — wake-
+// ups, timers, scheduling — is what a request costs, not throughput:
+// go test -run X -bench SteadyRate -benchtime 4000x ./proxy.
+func BenchmarkSteadyRate(b *testing.B) {
+	body := upstreamtest.ChatCompletion("hello from the benchmark")
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(body)
+	}}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = up.Serve(upLn) }()
+	defer up.Shutdown()
+	upURL := "http://" + upLn.Addr().String()
+	b.Run("sturdy", func(b *testing.B) {
+		p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", upURL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		steadyClients(b, p.Serve, func() { _ = p.Shutdown(context.Background()) })
+	})
+	b.Run("floor", func(b *testing.B) {
+		c := &fasthttp.HostClient{Addr: upLn.Addr().String(), MaxConns: 4096}
+		floor := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+			if err := c.Do(&ctx.Request, &ctx.Response); err != nil {
+				ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+			}
+		}}
+		steadyClients(b, floor.Serve, func() { _ = floor.Shutdown() })
+	})
+}
+
+// steadyClients serves on a loopback listener with serve and sends b.N
+// chat completions at steadyRate, open loop (each on its own goroutine at
+// its time, 64 connections), then reports the CPU per request.
+func steadyClients(b *testing.B, serve func(net.Listener) error, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = serve(ln) }()
+	defer stop()
+	client := &fasthttp.HostClient{Addr: ln.Addr().String(), MaxConns: 64}
+	reqBody := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	send := func() error {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI("http://sturdy/v1/chat/completions")
+		req.Header.SetMethod("POST")
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(reqBody)
+		if err := client.DoTimeout(req, resp, 5*time.Second); err != nil {
+			return err
+		}
+		if resp.StatusCode() != 200 {
+			return fmt.Errorf("status %d", resp.StatusCode())
+		}
+		return nil
+	}
+	for range 64 { // the connections open before the measure
+		if err := send(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	cpu0 := processCPU()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		// Each request at its own time (behind, at once): a ticker drops
+		// the ticks a busy loop misses, and the rate with them.
+		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / steadyRate)))
+		wg.Go(func() {
+			if send() != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d of %d requests failed", n, b.N)
+	}
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/req")
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
