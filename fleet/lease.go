@@ -55,20 +55,35 @@ return n`)
 
 // lease is this replica's leased slots of one limit: spent here without
 // a call, renewed in the background when half of a block is spent.
+// Times are monotonic (mono): a wall-clock step neither extends nor ends
+// a block.
 type lease struct {
-	left     atomic.Int64 // slots not yet spent
-	until    atomic.Int64 // UnixNano: what is left lapses
-	renewing atomic.Bool  // one renewal in flight at most
+	left  atomic.Int64 // slots not yet spent
+	until atomic.Int64 // mono: what is left lapses
+	// renewing is held by the one call taking a block (in the background,
+	// or a request's own); done, under mu, is closed when it ends.
+	renewing atomic.Bool
+	done     chan struct{}
 	// taken counts this replica's requests of the limit since since
-	// (UnixNano), leased or not: its recent share sizes the next block.
+	// (mono), leased or not: its recent share sizes the next block.
 	taken atomic.Int64
 	since atomic.Int64
 	size  atomic.Int64 // the last block's size
-	// calm is when (UnixNano) a renewal may next be tried after one that
-	// took nothing: a fleet at its limit is not asked twice a request.
+	// calm is when (mono) a block may next be asked for after a call that
+	// took none: a fleet at its limit is not asked twice a request.
 	calm atomic.Int64
-	mu   sync.Mutex // orders a renewal's block against a lapse
+	// rate (its bits) and burst are the limit's the lease was taken
+	// under: a reload that changes them drops what is left (refit).
+	rate  atomic.Uint64
+	burst atomic.Int64
+	mu    sync.Mutex // orders a block's arrival against a lapse and a refit
 }
+
+// monoStart anchors mono.
+var monoStart = time.Now()
+
+// mono is the monotonic clock, in nanoseconds since the process started.
+func mono() int64 { return int64(time.Since(monoStart)) }
 
 // leases is the State's leases, by limit name; at most MaxLeases.
 type leases struct {
@@ -87,11 +102,14 @@ func leaseSize(rate float64, burst int) int64 {
 }
 
 // TakeLeased spends one slot of the fleet-wide limit name (rate per
-// second, burst) from this replica's lease of it, without a call; false
-// when it holds none (the limit is too small to lease, the lease is
-// spent or lapsed, or MaxLeases are held) — the caller reserves the slot
-// with Reserve. Either way it counts the request toward this replica's
-// share, and starts a renewal when the lease is half spent or empty.
+// second, burst) from this replica's lease of it, and reports whether it
+// did; false when the limit is too small to lease, MaxLeases are held, or
+// no slot could be leased now (the fleet at its limit, Redis down) — the
+// caller then reserves its slot with Reserve. A request that finds the
+// lease spent or lapsed takes the next block itself, its own slot among
+// them (one call, as Reserve would be), or waits for the renewal in
+// flight: a background renewal never races it for the free slots. The
+// next block is taken in the background once half of one is spent.
 func (s *State) TakeLeased(name string, rate float64, burst int) bool {
 	most := leaseSize(rate, burst)
 	if most == 0 {
@@ -101,23 +119,99 @@ func (s *State) TakeLeased(name string, rate float64, burst int) bool {
 	if l == nil {
 		return false
 	}
+	l.refit(rate, burst)
 	l.taken.Add(1)
-	now := time.Now().UnixNano()
-	ok := false
-	if now < l.until.Load() {
-		for v := l.left.Load(); v > 0; v = l.left.Load() {
-			if l.left.CompareAndSwap(v, v-1) {
-				ok = true
-				break
-			}
+	if l.spend(mono()) {
+		if l.left.Load()*2 <= l.size.Load() && s.Up() && l.begin() {
+			go s.renew(name, l, rate, burst, most, 0)
 		}
-	} else if l.left.Load() > 0 {
-		l.lapse(now)
+		return true
 	}
-	if l.left.Load()*2 <= l.size.Load() && now >= l.calm.Load() && s.Usable() && l.renewing.CompareAndSwap(false, true) {
-		go s.renew(name, l, rate, burst, most)
+	if l.wait(s.cfg.Timeout) && l.spend(mono()) { // a renewal was in flight: its block
+		return true
 	}
-	return ok
+	if mono() < l.calm.Load() || !s.Usable() || !l.begin() {
+		return false
+	}
+	return s.renew(name, l, rate, burst, most, 1) // the next block, this request's slot in it
+}
+
+// spend takes one slot of a block not lapsed at now; a lapsed block's
+// remainder is dropped.
+func (l *lease) spend(now int64) bool {
+	if now >= l.until.Load() {
+		if l.left.Load() > 0 {
+			l.lapse(now)
+		}
+		return false
+	}
+	for v := l.left.Load(); v > 0; v = l.left.Load() {
+		if l.left.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
+	return false
+}
+
+// begin takes the lease's one renewal, if free and still needed (half a
+// block or less left: a renewal that ended since the caller looked has
+// refilled it), and readies its done.
+func (l *lease) begin() bool {
+	if !l.renewing.CompareAndSwap(false, true) {
+		return false
+	}
+	if l.left.Load()*2 > l.size.Load() && mono() < l.until.Load() {
+		l.renewing.Store(false)
+		return false
+	}
+	l.mu.Lock()
+	l.done = make(chan struct{})
+	l.mu.Unlock()
+	return true
+}
+
+// end gives the renewal back and wakes those waiting on it.
+func (l *lease) end() {
+	l.mu.Lock()
+	close(l.done)
+	l.done = nil
+	l.mu.Unlock()
+	l.renewing.Store(false)
+}
+
+// wait waits, at most d, for the renewal in flight, if any, and reports
+// whether there was one.
+func (l *lease) wait(d time.Duration) bool {
+	l.mu.Lock()
+	done := l.done
+	l.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	return true
+}
+
+// refit drops what is left of a lease taken under another rate or burst
+// (a reload changed the limit): the old blocks' size does not carry.
+func (l *lease) refit(rate float64, burst int) {
+	bits := math.Float64bits(rate)
+	if l.rate.Load() == bits && l.burst.Load() == int64(burst) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rate.Load() != bits || l.burst.Load() != int64(burst) {
+		l.left.Store(0)
+		l.size.Store(0)
+		l.rate.Store(bits)
+		l.burst.Store(int64(burst))
+	}
 }
 
 // lapse drops what a lapsed lease has left: the fleet counted it spent
@@ -149,13 +243,13 @@ func (s *State) leaseOf(name string) *lease {
 		s.leases.m = map[string]*lease{}
 	}
 	if len(s.leases.m) >= MaxLeases {
-		s.evictLapsed(time.Now().UnixNano())
+		s.evictLapsed(mono())
 		if len(s.leases.m) >= MaxLeases {
 			return nil
 		}
 	}
 	l = &lease{}
-	l.since.Store(time.Now().UnixNano())
+	l.since.Store(mono())
 	s.leases.m[name] = l
 	return l
 }
@@ -177,32 +271,47 @@ func (s *State) evictLapsed(now int64) {
 	}
 }
 
-// renew takes l's next block in the background: sized to last leaseAhead
-// at this replica's recent share (at least MinLease, at most most), added
-// to what is left, and good for LeaseFor from now.
-func (s *State) renew(name string, l *lease, rate float64, burst int, most int64) {
-	defer l.renewing.Store(false)
-	now := time.Now()
-	since := l.since.Swap(now.UnixNano())
-	share := float64(l.taken.Swap(0)) / max(now.Sub(time.Unix(0, since)).Seconds(), 0.1)
+// renew takes l's next block (the caller holds its renewal: begin):
+// sized to last leaseAhead at this replica's recent share (at least
+// MinLease, at most most, and never past 1.5 blocks held), good for
+// LeaseFor from now. own is the slots of it the caller takes itself (a
+// request that found the lease spent: 1, and then a block of one free
+// slot will do); it reports whether they were taken.
+func (s *State) renew(name string, l *lease, rate float64, burst int, most, own int64) bool {
+	defer l.end()
+	now := mono()
+	since := l.since.Swap(now)
+	share := float64(l.taken.Swap(0)) / max(time.Duration(now-since).Seconds(), 0.1)
 	want := min(max(int64(math.Ceil(share*leaseAhead.Seconds())), MinLease), most)
+	want = min(want, most*3/2-max(l.left.Load(), 0)) + own
+	least := int64(MinLease)
+	if own > 0 {
+		least = own
+	}
+	if want < least {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	defer cancel()
 	interval := math.Max(1, 1e6/rate)
-	n, err := leaseScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "limit:" + name}, interval, burst, want, MinLease).Int64()
+	n, err := leaseScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "limit:" + name}, interval, burst, want, least).Int64()
 	s.result("lease", err)
-	if err != nil || n <= 0 {
-		l.calm.Store(time.Now().Add(leaseCalm).UnixNano())
-		return
+	if err != nil || n < least {
+		l.calm.Store(mono() + int64(leaseCalm))
+		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if time.Now().UnixNano() >= l.until.Load() {
+	if l.rate.Load() != math.Float64bits(rate) || l.burst.Load() != int64(burst) {
+		return false // a reload changed the limit meanwhile: the block is not spent under the new one
+	}
+	if mono() >= l.until.Load() {
 		l.left.Store(0) // a lapsed remainder does not carry into the new block
 	}
-	l.left.Add(n)
+	l.left.Add(n - own)
 	l.size.Store(n)
-	l.until.Store(time.Now().Add(LeaseFor).UnixNano())
+	l.until.Store(mono() + int64(LeaseFor))
+	return true
 }
 
 // Leased reports the slots of name this replica holds unspent (0: none),
@@ -210,7 +319,7 @@ func (s *State) renew(name string, l *lease, rate float64, burst int, most int64
 func (s *State) Leased(name string) int64 {
 	s.leases.mu.RLock()
 	defer s.leases.mu.RUnlock()
-	if l := s.leases.m[name]; l != nil && time.Now().UnixNano() < l.until.Load() {
+	if l := s.leases.m[name]; l != nil && mono() < l.until.Load() {
 		return max(l.left.Load(), 0)
 	}
 	return 0
