@@ -22,12 +22,12 @@
 //	main.go        flags, targets (direct, Sturdy, peers), a run over scenarios; Sturdy built and started
 //	scenario.go    the scenarios: fault profile, load runs, Sturdy's YAML, figures
 //	load.go        the load generator (open and closed loop) and its records
-//	fakes.go       the fake model servers of a run (one, or a replica pool), Redis and OTLP for it
-//	interleave.go  -slices: the targets measured in turns
+//	fakes.go       the fake model servers of a run (one, or a replica pool), Redis (and its command count) and OTLP for it
+//	interleave.go  -slices: the targets measured in turns, each slice's CPU, RSS and Redis commands
 //	report.go      the Markdown table, the JSON file and the SVG latency chart
 //	proc.go        CPU and peak RSS of a target's processes
 //	cancel.go      solo: how soon a client's leaving closes the upstream connection
-//	idle.go        solo: memory of idle keep-alive client connections
+//	idle.go        solo: memory of idle keep-alive client connections, by default and with server.reduce_memory
 //	hostile.go     solo: what a client or an upstream controls, thrown at one Sturdy
 //	rescue.go      solo: streams cut mid-answer, continued on a fallback
 //	chaos.go       solo: the chaos property test's generator through direct, Sturdy and the peers
