@@ -60,10 +60,11 @@ return n`)
 type lease struct {
 	left  atomic.Int64 // slots not yet spent
 	until atomic.Int64 // mono: what is left lapses
-	// renewing is held by the one call taking a block (in the background,
-	// or a request's own); done, under mu, is closed when it ends.
-	renewing atomic.Bool
+	// done, under mu, is the one call taking a block (in the background,
+	// or a request's own): closed when it ends, nil while none is in
+	// flight; renewing mirrors it for the spending path's check.
 	done     chan struct{}
+	renewing atomic.Bool
 	// taken counts this replica's requests of the limit since since
 	// (mono), leased or not: its recent share sizes the next block.
 	taken atomic.Int64
@@ -122,19 +123,33 @@ func (s *State) TakeLeased(name string, rate float64, burst int) bool {
 	l.refit(rate, burst)
 	l.taken.Add(1)
 	if l.spend(mono()) {
-		if l.left.Load()*2 <= l.size.Load() && s.Up() && l.begin() {
+		if l.left.Load()*2 <= l.size.Load() && !l.renewing.Load() && mono() >= l.calm.Load() && s.Up() &&
+			l.begin() == began {
 			go s.renew(name, l, rate, burst, most, 0)
 		}
 		return true
 	}
-	if l.wait(s.cfg.Timeout) && l.spend(mono()) { // a renewal was in flight: its block
-		return true
+	switch l.begin() {
+	case busy: // a block is on its way: this request's slot from it, or Reserve's
+		l.wait(s.cfg.Timeout)
+		return l.spend(mono())
+	case refilled:
+		return l.spend(mono())
 	}
-	if mono() < l.calm.Load() || !s.Usable() || !l.begin() {
+	if mono() < l.calm.Load() || !s.Usable() { // the fleet had no slot to lease a moment ago, or Redis is down
+		l.end()
 		return false
 	}
 	return s.renew(name, l, rate, burst, most, 1) // the next block, this request's slot in it
 }
+
+// What begin found: the renewal is the caller's (began), another is in
+// flight (busy), or a block came since the caller looked (refilled).
+const (
+	began = iota
+	busy
+	refilled
+)
 
 // spend takes one slot of a block not lapsed at now; a lapsed block's
 // remainder is dropped.
@@ -153,40 +168,39 @@ func (l *lease) spend(now int64) bool {
 	return false
 }
 
-// begin takes the lease's one renewal, if free and still needed (half a
-// block or less left: a renewal that ended since the caller looked has
-// refilled it), and readies its done.
-func (l *lease) begin() bool {
-	if !l.renewing.CompareAndSwap(false, true) {
-		return false
-	}
-	if l.left.Load()*2 > l.size.Load() && mono() < l.until.Load() {
-		l.renewing.Store(false)
-		return false
-	}
+// begin takes the lease's one renewal if none is in flight and one is
+// still needed (half a block or less left, or lapsed), all under mu: a
+// request never finds the flag taken and the wait not yet readied.
+func (l *lease) begin() int {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.done != nil:
+		return busy
+	case l.left.Load()*2 > l.size.Load() && mono() < l.until.Load():
+		return refilled
+	}
 	l.done = make(chan struct{})
-	l.mu.Unlock()
-	return true
+	l.renewing.Store(true)
+	return began
 }
 
 // end gives the renewal back and wakes those waiting on it.
 func (l *lease) end() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	close(l.done)
 	l.done = nil
-	l.mu.Unlock()
 	l.renewing.Store(false)
 }
 
-// wait waits, at most d, for the renewal in flight, if any, and reports
-// whether there was one.
-func (l *lease) wait(d time.Duration) bool {
+// wait waits, at most d, for the renewal in flight, if any.
+func (l *lease) wait(d time.Duration) {
 	l.mu.Lock()
 	done := l.done
 	l.mu.Unlock()
 	if done == nil {
-		return false
+		return
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -194,7 +208,6 @@ func (l *lease) wait(d time.Duration) bool {
 	case <-done:
 	case <-t.C:
 	}
-	return true
 }
 
 // refit drops what is left of a lease taken under another rate or burst
@@ -303,7 +316,9 @@ func (s *State) renew(name string, l *lease, rate float64, burst int, most, own 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.rate.Load() != math.Float64bits(rate) || l.burst.Load() != int64(burst) {
-		return false // a reload changed the limit meanwhile: the block is not spent under the new one
+		// A reload changed the limit meanwhile: the block is not spent
+		// under the new one, but the caller's own slot was counted.
+		return own > 0
 	}
 	if mono() >= l.until.Load() {
 		l.left.Store(0) // a lapsed remainder does not carry into the new block

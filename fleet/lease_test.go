@@ -114,6 +114,22 @@ func TestAFreshLeaseRefusesNoSlotTheLimitHas(t *testing.T) {
 	if take(t, s, "fresh", 200, 20) && time.Since(start) < 5*time.Millisecond {
 		t.Fatal("a 21st request within a burst of 20 was admitted")
 	}
+	// The same burst at once, 20 requests together: those that find the
+	// first one's block on its way wait for it (before, they reserved
+	// their own slots while it took them all, and were refused).
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if take(t, s, "together", 200, 20) {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != 20 {
+		t.Fatalf("%d of a burst of 20 sent together admitted", n)
+	}
 }
 
 // TestAReloadedLimitDropsItsLease: a lease taken under a limit of
