@@ -624,15 +624,7 @@ func TestAnUpstreamNotAnsweringAtStartIsWarnedOnce(t *testing.T) {
 // reach the proxy as none.
 func TestAWrittenZeroLoads(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "zero.yaml")
-	if err := os.WriteFile(path, []byte("upstreams: [{name: a, url: 'http://127.0.0.1:1', slow_start: 0}]\nroutes: [{name: r, upstream: a, max_rescues: 0}]\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := loadConfig(settings{configPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := proxyOptions(cfg, zerolog.Nop(), nil)
+	o := optionsOf(t, "upstreams: [{name: a, url: 'http://127.0.0.1:1', slow_start: 0}]\nroutes: [{name: r, upstream: a, max_rescues: 0}]\n")
 	if s, r := o.Upstreams[0].SlowStart, o.Routes[0].MaxRescues; s == nil || *s != 0 || r == nil || *r != 0 {
 		t.Fatalf("slow_start %v, max_rescues %v", s, r)
 	}
@@ -642,21 +634,28 @@ func TestAWrittenZeroLoads(t *testing.T) {
 // file turns fasthttp's ReduceMemoryUsage on for the client listener.
 func TestServerReduceMemoryReachesTheListener(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "reduce.yaml")
-	if err := os.WriteFile(path, []byte("server: {reduce_memory: true}\nupstreams: [{name: a, url: 'http://127.0.0.1:1'}]\nroutes: [{name: r, upstream: a}]\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := loadConfig(settings{configPath: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := proxy.New(proxyOptions(cfg, zerolog.Nop(), nil))
+	p, err := proxy.New(optionsOf(t, "server: {reduce_memory: true}\nupstreams: [{name: a, url: 'http://127.0.0.1:1'}]\nroutes: [{name: r, upstream: a}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !p.Server().ReduceMemoryUsage {
 		t.Fatal("server.reduce_memory: true did not reach the listener")
 	}
+}
+
+// optionsOf is the proxy's options from a config file holding yaml, read
+// as the binary reads it.
+func optionsOf(t *testing.T, yaml string) proxy.Options {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sturdy.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(settings{configPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proxyOptions(cfg, zerolog.Nop(), nil)
 }
 
 // TestTheAdminAddressComesFromTheFileBeforeTheContainerDefault: with the

@@ -109,6 +109,23 @@ func benchUpstream(b *testing.B) *fasthttputil.InmemoryListener {
 	return upLn
 }
 
+// benchUpstreamTCP serves a chat completion on a loopback port for the
+// benchmark's length and returns its address.
+func benchUpstreamTCP(b *testing.B) string {
+	body := upstreamtest.ChatCompletion("hello from the benchmark")
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(body)
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = up.Serve(ln) }()
+	b.Cleanup(func() { _ = up.Shutdown() })
+	return ln.Addr().String()
+}
+
 // benchClients sends chat completions through the proxy on ln from
 // parallel clients for the benchmark's length.
 func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener) {
@@ -139,23 +156,13 @@ func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener) {
 // connection carries keepAlive requests, so the per-connection epoll
 // calls count as they do for a client that reuses its connections.
 func BenchmarkProxiedRequestTCP(b *testing.B) {
-	body := upstreamtest.ChatCompletion("hello from the benchmark")
-	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(body)
-	}}
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = up.Serve(upLn) }()
-	defer up.Shutdown()
+	upAddr := benchUpstreamTCP(b)
 	for _, watched := range []bool{true, false} {
 		name := map[bool]string{true: "watched", false: "unwatched"}[watched]
 		b.Run(name, func(b *testing.B) {
 			watchClients = watched
 			defer func() { watchClients = true }()
-			p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", "http://"+upLn.Addr().String())},
+			p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", "http://"+upAddr)},
 				Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
 			if err != nil {
 				b.Fatal(err)
@@ -302,18 +309,8 @@ const steadyRate = 2000
 // ups, timers, scheduling — is what a request costs, not throughput:
 // go test -run X -bench SteadyRate -benchtime 4000x ./proxy.
 func BenchmarkSteadyRate(b *testing.B) {
-	body := upstreamtest.ChatCompletion("hello from the benchmark")
-	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(body)
-	}}
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = up.Serve(upLn) }()
-	defer up.Shutdown()
-	upURL := "http://" + upLn.Addr().String()
+	upAddr := benchUpstreamTCP(b)
+	upURL := "http://" + upAddr
 	b.Run("sturdy", func(b *testing.B) {
 		p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", upURL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
 		if err != nil {
@@ -322,7 +319,7 @@ func BenchmarkSteadyRate(b *testing.B) {
 		steadyClients(b, p.Serve, func() { _ = p.Shutdown(context.Background()) })
 	})
 	b.Run("floor", func(b *testing.B) {
-		c := &fasthttp.HostClient{Addr: upLn.Addr().String(), MaxConns: 4096}
+		c := &fasthttp.HostClient{Addr: upAddr, MaxConns: 4096}
 		floor := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 			if err := c.Do(&ctx.Request, &ctx.Response); err != nil {
 				ctx.Error(err.Error(), fasthttp.StatusBadGateway)
