@@ -52,12 +52,29 @@ func (ep *Endpoint) dial(addr string) (net.Conn, error) {
 }
 
 // dialTCP opens the TCP connection of a dial: Env.Dial's when set.
+//
+// The net package's dial (address resolution, a resolver's frames of
+// up to 2 KiB each) runs on a goroutine of its own, waited for: on the
+// request's goroutine it would grow that goroutine's stack past 8 KiB to
+// 16 KiB, kept for as long as the client's connection lives — every open
+// stream and idle keep-alive connection that once dialed. A dial is a
+// TCP handshake; the goroutine costs a microsecond of it.
 func (ep *Endpoint) dialTCP(addr string) (net.Conn, error) {
 	if dial := ep.env.Dial; dial != nil {
 		return dial(addr)
 	}
-	d := net.Dialer{Timeout: ep.spec.connect}
-	return d.Dial("tcp", addr)
+	type dialed struct {
+		c   net.Conn
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		d := net.Dialer{Timeout: ep.spec.connect}
+		c, err := d.Dial("tcp", addr)
+		done <- dialed{c, err}
+	}()
+	r := <-done
+	return r.c, r.err
 }
 
 // wrap makes c an upstreamConn with ep's idle timeout.
