@@ -24,10 +24,40 @@ const ReadBuffer = 64 << 10
 // dial opens a connection within the connect timeout, TLS handshake
 // included, and wraps it so reads of a streamed body are bounded by the
 // idle timeout instead of one deadline for the whole stream.
+//
+// The dial runs on a goroutine of its own, waited for: the net package's
+// (address resolution, a resolver's frames of up to 2 KiB each) and a TLS
+// handshake's on the request's goroutine would grow its stack past 8 KiB
+// to 16 KiB, kept for as long as the client's connection lives — every
+// open stream and idle keep-alive connection that once dialed. A dial is
+// a handshake; the goroutine costs a microsecond of it.
 func (ep *Endpoint) dial(addr string) (net.Conn, error) {
 	claimant := ep.takeClaim() // before the dial: others need not wait for it
+	type dialed struct {
+		c   net.Conn
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		c, err := ep.dialNow(addr, claimant)
+		done <- dialed{c, err}
+	}()
+	r := <-done
+	return r.c, r.err
+}
+
+// dialNow is dial's work: the TCP connection (Env.Dial's when set), its
+// wrapping, the claimant told, the TLS handshake.
+func (ep *Endpoint) dialNow(addr string, claimant *Hold) (net.Conn, error) {
 	start := time.Now()
-	c, err := ep.dialTCP(addr)
+	var c net.Conn
+	var err error
+	if dial := ep.env.Dial; dial != nil {
+		c, err = dial(addr)
+	} else {
+		d := net.Dialer{Timeout: ep.spec.connect}
+		c, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return nil, &DialError{err}
 	}
@@ -49,32 +79,6 @@ func (ep *Endpoint) dial(addr string) (net.Conn, error) {
 	_ = tc.SetDeadline(time.Time{})
 	uc.requests.Store(0) // the handshake was not a request
 	return tc, nil
-}
-
-// dialTCP opens the TCP connection of a dial: Env.Dial's when set.
-//
-// The net package's dial (address resolution, a resolver's frames of
-// up to 2 KiB each) runs on a goroutine of its own, waited for: on the
-// request's goroutine it would grow that goroutine's stack past 8 KiB to
-// 16 KiB, kept for as long as the client's connection lives — every open
-// stream and idle keep-alive connection that once dialed. A dial is a
-// TCP handshake; the goroutine costs a microsecond of it.
-func (ep *Endpoint) dialTCP(addr string) (net.Conn, error) {
-	if dial := ep.env.Dial; dial != nil {
-		return dial(addr)
-	}
-	type dialed struct {
-		c   net.Conn
-		err error
-	}
-	done := make(chan dialed, 1)
-	go func() {
-		d := net.Dialer{Timeout: ep.spec.connect}
-		c, err := d.Dial("tcp", addr)
-		done <- dialed{c, err}
-	}()
-	r := <-done
-	return r.c, r.err
 }
 
 // wrap makes c an upstreamConn with ep's idle timeout.
