@@ -276,7 +276,7 @@ func (v *visit) pace(now time.Time) policy.Action {
 	up := v.t.up
 	o := up.Options().RateLimit
 	limiter, maxWait := up.Pacing()
-	switch sl := ex.p.fleet.Load().reserve("pace:"+up.Name(), o.RequestsPerSecond, o.Burst, maxWait); {
+	switch sl := ex.p.fleet.Load().reserve(v.t.pace, o.RequestsPerSecond, o.Burst, maxWait); {
 	case sl.refused:
 		v.in.sharedRefused = sl.why
 		return policy.ActionStop

@@ -99,6 +99,9 @@ type target struct {
 	// answered counts this route's requests it answered 2xx ok, the
 	// common sturdy_requests_total series, resolved once.
 	answered prometheus.Counter
+	// pace names its upstream's rate_limit in the fleet, built once: a
+	// request's concatenation would be an allocation each.
+	pace string
 }
 
 // sent is the model as t gets it: its own, else the client's.
@@ -264,7 +267,7 @@ func buildRoute(ro Route, byName map[string]*upstream.Upstream, m *metrics.Metri
 		if up == nil {
 			return nil, fmt.Errorf("route %q: unknown upstream %q", ro.Name, tg.Upstream)
 		}
-		r.targets = append(r.targets, target{up: up, model: tg.Model,
+		r.targets = append(r.targets, target{up: up, model: tg.Model, pace: "pace:" + up.Name(),
 			answered: m.Requests.WithLabelValues(ro.Name, up.Name(), metrics.StatusClass(200), outcomeOK)})
 		r.tokenPaced = r.tokenPaced || up.HasTokenLimits()
 	}
