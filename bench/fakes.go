@@ -1,13 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"sturdy/internal/fakellm"
 	"sturdy/internal/otlptest"
@@ -213,18 +215,15 @@ func redisOps(addr string) int64 {
 	if addr == "" {
 		return 0
 	}
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "stats").Result()
 	if err != nil {
 		return 0
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, "INFO stats\r\n"); err != nil {
-		return 0
-	}
-	buf := make([]byte, 64<<10)
-	n, _ := io.ReadAtLeast(c, buf, 1)
-	for _, line := range strings.Split(string(buf[:n]), "\r\n") {
+	for _, line := range strings.Split(info, "\r\n") {
 		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
 			ops, _ := strconv.ParseInt(v, 10, 64)
 			return ops

@@ -122,8 +122,8 @@ func (s *State) TakeLeased(name string, rate float64, burst int) bool {
 	}
 	l.refit(rate, burst)
 	l.taken.Add(1)
-	if l.spend(mono()) {
-		if l.left.Load()*2 <= l.size.Load() && !l.renewing.Load() && mono() >= l.calm.Load() && s.Up() &&
+	if now := mono(); l.spend(now) {
+		if l.left.Load()*2 <= l.size.Load() && !l.renewing.Load() && now >= l.calm.Load() && s.Up() &&
 			l.begin() == began {
 			go s.renew(name, l, rate, burst, most, 0)
 		}
@@ -330,7 +330,7 @@ func (s *State) renew(name string, l *lease, rate float64, burst int, most, own 
 }
 
 // Leased reports the slots of name this replica holds unspent (0: none),
-// for tests and /debug.
+// for tests.
 func (s *State) Leased(name string) int64 {
 	s.leases.mu.RLock()
 	defer s.leases.mu.RUnlock()
