@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"hash/maphash"
 	"strings"
 	"sync"
@@ -38,6 +39,9 @@ type clientLimiter struct {
 	// budgets are the clients' token budgets (nil: the entry sets none),
 	// under mu like the buckets.
 	budgets *simplelru.LRU[uint64, *keyBudget]
+	// fleetName starts its clients' limit names in the fleet (its
+	// settings: clientLimitName), built once.
+	fleetName string
 }
 
 // keyOf is the value that tells a request's client apart.
@@ -52,7 +56,8 @@ func (l *clientLimiter) keyOf(h *fasthttp.RequestHeader) []byte {
 func newClientLimiter(o ClientLimit, onEvict func()) *clientLimiter {
 	buckets, _ := simplelru.NewLRU[uint64, *rate.Limiter](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
 	l := &clientLimiter{opts: o, header: []byte(o.KeyHeader), byCredential: strings.EqualFold(o.KeyHeader, DefaultKeyHeader),
-		onEvict: onEvict, buckets: buckets}
+		onEvict: onEvict, buckets: buckets,
+		fleetName: fmt.Sprintf("client:%s:%g:%d:", o.KeyHeader, o.RequestsPerSecond, o.Burst)}
 	if o.TokenLimits.any() || o.Spend.USD > 0 {
 		l.budgets, _ = simplelru.NewLRU[uint64, *keyBudget](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
 	}

@@ -237,10 +237,12 @@ func sharedFailure(why string) *apiError {
 }
 
 // clientLimitName names a `clients:` entry's limit of one client in the
-// fleet: by its settings and the hash of its key, never the key.
+// fleet: by its settings and the hash of its key, never the key — one
+// allocation (the settings' part is the limiter's, built once).
 func (f *shared) clientLimitName(cl *clientLimiter, key []byte) string {
 	d := fleet.Digest(f.hashKey(), key)
-	return fmt.Sprintf("client:%s:%g:%d:%s", cl.opts.KeyHeader, cl.opts.RequestsPerSecond, cl.opts.Burst, hex.EncodeToString(d[:]))
+	var b [128]byte
+	return string(hex.AppendEncode(append(b[:0], cl.fleetName...), d[:]))
 }
 
 // breakerHint takes an endpoint another replica's breaker opened on out
