@@ -151,9 +151,9 @@ func TestAClientLimitHoldsForTheFleet(t *testing.T) {
 // enough to split are spent from leases — two replicas' 600 requests
 // take 1,200 slots for at most one Redis script call per ten (before
 // leases: a call per slot; a slow machine's smaller blocks and the
-// replicas' beats fit in it) — and two replicas offered twice a leased
-// pace stay within its rate and burst plus the slots leased (a block
-// and a half each).
+// replicas' beats fit in it) — and two replicas offered a leased pace as
+// fast as they can stay within its rate and burst plus the slots leased
+// (a block and a half each).
 func TestSharedLimitsAreLeased(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
@@ -194,10 +194,14 @@ func TestSharedLimitsAreLeased(t *testing.T) {
 	}
 	wg.Wait()
 	n, took := served.Load()-before, time.Since(start)
-	if allowed := rate*took.Seconds() + burst + 2*1.5*rate*fleet.LeaseShare; float64(n) > allowed || n == offered {
-		t.Fatalf("two replicas passed %d of %d in %v; the limit and its leases allow %.0f (and some must wait past max_wait)", n, offered, took, allowed)
+	allowed := rate*took.Seconds() + burst + 2*1.5*rate*fleet.LeaseShare
+	if float64(n) > allowed {
+		t.Fatalf("two replicas passed %d of %d in %v; the limit and its leases allow %.0f", n, offered, took, allowed)
 	}
-	t.Logf("passed %d in %v (rate × time %.0f)", n, took, rate*took.Seconds())
+	// Whether the limit bound depends on how fast this machine sent: a
+	// loaded one may offer less than it allows (TestLeasesShareOneLimit
+	// binds in any case, spending slots without HTTP).
+	t.Logf("passed %d of %d in %v (rate × time %.0f, allowed %.0f, bound: %v)", n, offered, took, rate*took.Seconds(), allowed, offered > allowed)
 }
 
 // TestRedisDownIsNeverInTheWay: with Redis killed, requests flow (this
