@@ -175,7 +175,7 @@ func tkConfig(keysFile string) string {
 // startTokenSturdys starts n Sturdys in front of url with budget, sharing
 // a Redis started for them when n > 1; it returns their URLs and admin
 // addresses.
-func startTokenSturdys(bin string, n int, url, budget string) (urls, admins []string, stop func(), err error) {
+func startTokenSturdys(bin string, n int, url, budget string) (urls, admins []string, redisAddr string, stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for _, s := range stops {
@@ -188,27 +188,27 @@ func startTokenSturdys(bin string, n int, url, budget string) (urls, admins []st
 	}
 	sc, stopRedis, err := withRedis(sc)
 	if err != nil {
-		return nil, nil, stop, err
+		return nil, nil, "", stop, err
 	}
 	stops = append(stops, stopRedis)
 	for range n {
 		addr, err := freeAddr()
 		if err != nil {
-			return nil, nil, stop, err
+			return nil, nil, "", stop, err
 		}
 		admin, err := freeAddr()
 		if err != nil {
-			return nil, nil, stop, err
+			return nil, nil, "", stop, err
 		}
 		var pid int
 		s, _, err := startSturdyAt(bin, addr, admin, sc, []string{url}, &pid)
 		if err != nil {
-			return nil, nil, stop, err
+			return nil, nil, "", stop, err
 		}
 		stops = append([]func(){s}, stops...) // Sturdys stop before their Redis
 		urls, admins = append(urls, "http://"+addr), append(admins, admin)
 	}
-	return urls, admins, stop, nil
+	return urls, admins, sc.redisAddr, stop, nil
 }
 
 // tkKeysFile writes the small key's client_keys_file in dir.
@@ -242,7 +242,7 @@ func runTokens(bin string, t tkTarget, d time.Duration) (tkRun, error) {
 			return run, err
 		}
 		var stop func()
-		urls, admins, stop, err = startTokenSturdys(bin, t.replicas, fake.url(), tkConfig(keys))
+		urls, admins, _, stop, err = startTokenSturdys(bin, t.replicas, fake.url(), tkConfig(keys))
 		defer stop()
 		if err != nil {
 			return run, err
@@ -390,6 +390,9 @@ func (r tkRun) figures() tkFigures {
 type tkLatency struct {
 	names []string
 	p99s  [][]float64 // per name, one per turn
+	// opsPerRequest is the Redis commands per request of the fleet's
+	// budget (its turns together; its replicas' beats included).
+	opsPerRequest float64
 }
 
 func measureTokenLatency(bin string, turns int, each time.Duration) (tkLatency, error) {
@@ -402,11 +405,13 @@ func measureTokenLatency(bin string, turns int, each time.Duration) (tkLatency, 
 	budget := "clients:\n  - tokens_per_minute: 1000000000000\n" + route
 	lat := tkLatency{names: []string{"no budget", "budget (local)", "budget (Redis)"}}
 	var urls []string
+	var redisAddr string
 	for i, cfg := range []struct {
 		n      int
 		budget string
 	}{{1, route}, {1, budget}, {2, budget}} {
-		u, _, stop, err := startTokenSturdys(bin, cfg.n, fake.url(), cfg.budget)
+		u, _, r, stop, err := startTokenSturdys(bin, cfg.n, fake.url(), cfg.budget)
+		redisAddr = max(redisAddr, r)
 		defer stop()
 		if err != nil {
 			return lat, fmt.Errorf("%s: %w", lat.names[i], err)
@@ -416,11 +421,17 @@ func measureTokenLatency(bin string, turns int, each time.Duration) (tkLatency, 
 	lat.p99s = make([][]float64, len(urls))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
 	body := `{"model":"fake-model","max_tokens":50,"messages":[{"role":"user","content":"` + strings.Repeat("abcd", 100) + `"}]}`
+	var ops int64
 	for range turns {
 		for i, u := range urls {
+			before := redisOps(redisAddr)
 			lat.p99s[i] = append(lat.p99s[i], fixedRate(client, u, body, 500, each))
+			if i == len(urls)-1 {
+				ops += max(redisOps(redisAddr)-before-1, 0)
+			}
 		}
 	}
+	lat.opsPerRequest = float64(ops) / (float64(turns) * 500 * each.Seconds())
 	return lat, nil
 }
 
@@ -484,6 +495,7 @@ func tokensReport(w io.Writer, runs []tkRun, lat tkLatency) {
 		alo, ahi := minMax(added)
 		fmt.Fprintf(w, "| %s | %.2f – %.2f | %+.2f – %+.2f |\n", name, lo, hi, alo, ahi)
 	}
+	fmt.Fprintf(w, "\nRedis commands per request of the fleet's budget (its turns): %.3f\n", lat.opsPerRequest)
 }
 
 func minMax(vs []float64) (lo, hi float64) {

@@ -2,9 +2,10 @@
 // fleet through Redis: cooldowns (published, and loaded on every
 // (re)connect), pacing and per-client limits (a GCRA state in Redis:
 // blocks of it leased and spent locally when the limit is large enough,
-// else one atomic reservation per request), token budgets (reserved and settled,
-// atomic in Redis), the replicas' membership and, opt-in, breaker
-// hints. It is
+// else one atomic reservation per request), token budgets (reserved and
+// settled atomically in Redis: from a lease of the budget kept locally
+// when the budget is large enough, else per request), the replicas'
+// membership and, opt-in, breaker hints. It is
 // local-first: a request never waits on Redis longer than the timeout,
 // and when Redis is slow or down the caller carries on with its own
 // state (or refuses, as configured).
@@ -14,7 +15,8 @@
 // cooldowns loaded on (re)connect, limit.go the GCRA reservation,
 // lease.go the leases of it (taken, spent, renewed, lapsed),
 // tokens.go the token budgets' sliding minute and the membership
-// (heartbeat, Replicas), resp.go the guard every Redis reply passes (its
+// (heartbeat, Replicas), tokenlease.go the token budgets' leases
+// (reserved from, settled into, renewed, flushed, given back), resp.go the guard every Redis reply passes (its
 // bounds).
 package fleet
 
@@ -153,8 +155,10 @@ type State struct {
 	id       string
 	replicas atomic.Int64
 	// leases are the blocks of fleet-wide limits this replica spends
-	// without a call (lease.go).
-	leases leases
+	// without a call (lease.go); tokenLeases its token budgets' leases
+	// (tokenlease.go).
+	leases      leases
+	tokenLeases tokenLeases
 }
 
 // dialFailed notes a dial's failure (see refusedAt).
@@ -219,6 +223,7 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 // Close stops following the fleet and closes the connections.
 func (s *State) Close() {
 	s.closed.Store(true)
+	s.giveBackTokens()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	_ = s.rdb.ZRem(ctx, s.cfg.Prefix+"replicas", s.id).Err() // the others stop counting it now, not in replicaTTL
 	cancel()

@@ -17,47 +17,66 @@ import (
 // settles; one never settled (its replica died, or its caller stopped
 // waiting for the reply) is dropped after five minutes — the scripts' 5
 // — and so is a stream's that runs longer (its spend still counts as it
-// settles). The hash is dropped six minutes (360000 ms) after its last
-// write.
+// settles). A replica's lease of the budget (tokenlease.go) is one more
+// field, "l<replica>", holding its tokens until a deadline it renews. The
+// hash is dropped six minutes (360000 ms) after its last write.
 
-// reserveTokens: ARGV limit, n. Returns {taken, wait µs (0: reservations
-// in flight hold it), remaining, the minute reserved in, reserved by
-// requests in flight}.
-var reserveTokens = redis.NewScript(`
+// tokenWindow is the scripts' common start: it reads the budget's hash
+// (KEYS[1]; ARGV[1] its limit) as it stands now — spent, the spend in
+// the window's slots (slots), reserved, what requests in flight and the
+// replicas' leases hold (a lease's field "l<replica>" holds
+// "<tokens>:<deadline µs>"; self, the caller's own lease field, is not
+// counted) — dropping what has aged out; wait(need) is how long until
+// need more tokens fit (µs; 0: the holds in flight keep them).
+const tokenWindow = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local slot = math.floor(now / 5000000)
 local minute = math.floor(now / 60000000)
-local limit, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit = tonumber(ARGV[1])
 local h = redis.call('HGETALL', KEYS[1])
 local spent, reserved, slots = 0, 0, {}
 for i = 1, #h, 2 do
-  local f, v = h[i], tonumber(h[i + 1])
+  local f, v = h[i], h[i + 1]
   local k, at = string.sub(f, 1, 1), tonumber(string.sub(f, 2))
+  local held, deadline = string.match(v, '^(%d+):(%d+)$')
   if k == 's' and at and at > slot - 13 then
-    spent = spent + v
-    slots[#slots + 1] = {at, v}
+    spent = spent + tonumber(v)
+    slots[#slots + 1] = {at, tonumber(v)}
   elseif k == 'r' and at and at > minute - 5 then
-    reserved = reserved + v
+    reserved = reserved + tonumber(v)
+  elseif k == 'l' and held and tonumber(deadline) > now then
+    if f ~= self then reserved = reserved + tonumber(held) end
   else
     redis.call('HDEL', KEYS[1], f)
   end
 end
-local held = spent + reserved + n - limit
-if n > limit then held = spent + reserved end
-if held <= 0 then
+local function wait(need)
+  local over = spent + reserved + need - limit
+  if over > spent then return 0 end
+  table.sort(slots, function(a, b) return a[1] < b[1] end)
+  local freed = 0
+  for _, s in ipairs(slots) do
+    freed = freed + s[2]
+    if freed >= over then return (s[1] + 13) * 5000000 - now end
+  end
+  return 65000000
+end
+`
+
+// reserveTokens: ARGV limit, n. Returns {taken, wait µs (0: reservations
+// in flight hold it), remaining, the minute reserved in, reserved by
+// requests in flight}.
+var reserveTokens = redis.NewScript(`local self = ''` + tokenWindow + `
+local n = tonumber(ARGV[2])
+local over = spent + reserved + n - limit
+if n > limit then over = spent + reserved end
+if over <= 0 then
   redis.call('HINCRBY', KEYS[1], 'r' .. minute, n)
   redis.call('PEXPIRE', KEYS[1], 360000)
   return {1, 0, limit - spent - reserved - n, minute, reserved + n}
 end
-if held > spent then return {0, 0, limit - spent - reserved, minute, reserved} end
-table.sort(slots, function(a, b) return a[1] < b[1] end)
-local freed = 0
-for _, s in ipairs(slots) do
-  freed = freed + s[2]
-  if freed >= held then return {0, (s[1] + 13) * 5000000 - now, limit - spent - reserved, minute, reserved} end
-end
-return {0, 65000000, limit - spent - reserved, minute, reserved}`)
+return {0, wait(math.min(n, limit)), limit - spent - reserved, minute, reserved}`)
 
 // settleTokens: ARGV the minute reserved in, reserved, used (0: a
 // refund).
@@ -80,6 +99,7 @@ type TokenHold struct {
 	Name     string
 	Minute   int64
 	Reserved int64
+	lease    *tokenLease // reserved from this replica's lease (tokenlease.go)
 }
 
 // ReserveTokens reserves n tokens of the fleet's budget name (limit a
@@ -87,8 +107,17 @@ type TokenHold struct {
 // reservations in flight hold it); remaining is what is left of it, and
 // reserved what requests in flight hold (this one's included, taken). err
 // means Redis did not answer within the timeout: the caller decides
-// (on_failure).
+// (on_failure). A budget large enough to lease (tokenLeaseSize) is
+// reserved from this replica's lease of it (tokenlease.go) when n is no
+// more than the lease holds free at most; what is said of remaining and
+// reserved is then said only when a call was made (not taken).
 func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, taken bool, wait time.Duration, remaining, reserved int64, err error) {
+	if most := tokenLeaseSize(limit); most > 0 && n <= most {
+		if l := s.tokenLeaseOf(name); l != nil {
+			a, err := l.reserveLeased(n, limit)
+			return a.hold, a.taken, a.wait, a.remaining, a.reserved, err
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	defer cancel()
 	key := s.cfg.Prefix + "tokens:" + name
@@ -104,8 +133,17 @@ func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, take
 }
 
 // SettleTokens turns hold into used tokens spent now (0: a refund), in
-// the background: no request waits for it.
+// the background: no request waits for it. A hold of this State's lease
+// settles into the lease's books; one of another's (a reload replaced the
+// link) settles its spend here, its hold lapsing with that lease.
 func (s *State) SettleTokens(h TokenHold, used int64) {
+	if h.lease != nil {
+		if h.lease.st == s {
+			h.lease.settle(h.Reserved, used)
+			return
+		}
+		h = TokenHold{Name: h.Name}
+	}
 	s.background("tokens", func(ctx context.Context) error {
 		err := s.settleTokens(ctx, h, used)
 		if _, answered := errors.AsType[redis.Error](err); err != nil && !answered && ctx.Err() == nil {

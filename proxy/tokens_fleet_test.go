@@ -14,9 +14,9 @@ import (
 )
 
 // spentInRedis sums what the fleet's token budgets under prefix t: hold
-// as spent, once no reservation is left in flight (settlements go in the
-// background), waiting up to 2 s; and every key and value, to look for
-// secrets in.
+// as spent, once no reservation or lease is left holding any (settlements
+// go in the background, a lease's a flush later), waiting up to 4 s; and
+// every key and value, to look for secrets in.
 func spentInRedis(t *testing.T, url string, want int64) (all string) {
 	t.Helper()
 	o, err := redis.ParseURL(url)
@@ -27,7 +27,7 @@ func spentInRedis(t *testing.T, url string, want int64) (all string) {
 	defer rdb.Close()
 	ctx := context.Background()
 	var spent int64
-	for end := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(4 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		keys, err := rdb.Keys(ctx, "t:*").Result()
 		if err != nil {
 			t.Fatal(err)
@@ -47,6 +47,8 @@ func spentInRedis(t *testing.T, url string, want int64) (all string) {
 					spent += n
 				case 'r':
 					held = held || n > 0
+				case 'l':
+					held = true
 				}
 			}
 		}
@@ -85,6 +87,33 @@ func TestTwoReplicasHoldOneTokenBudget(t *testing.T) {
 	if all := spentInRedis(t, r.URL, 120); strings.Contains(all, "sk-secret") || strings.Contains(all, "0123456789") {
 		t.Fatalf("Redis holds the credential: %s", all)
 	}
+}
+
+// TestTwoReplicasLeaseALargeTokenBudget: a budget large enough to lease
+// (fleet.MinTokenLease) is reserved and settled through two replicas'
+// leases — a call per many requests, not two per request — and what the
+// fleet's window holds once they flushed is exactly what the replies used.
+func TestTwoReplicasLeaseALargeTokenBudget(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(100, 900))
+	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
+		o.SharedState.Timeout = 500 * time.Millisecond
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 1_000_000}}}
+	})
+	const requests = 100
+	calls := r.ScriptCalls()
+	for i := range requests {
+		if resp, body := hs[i%2].chat(asking(999, false), "Authorization", "Bearer sk-lease"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	calls = r.ScriptCalls() - calls
+	t.Logf("%d requests, %d script calls", requests, calls)
+	if calls*5 > requests {
+		t.Fatalf("%d requests made %d script calls, want at most one per five", requests, calls)
+	}
+	spentInRedis(t, r.URL, requests*1_000)
 }
 
 // TestRedisDownDividesATokenBudgetByTheReplicas: with Redis gone and

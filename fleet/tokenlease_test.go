@@ -1,0 +1,227 @@
+package fleet
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"sturdy/internal/redistest"
+)
+
+// budgetHash reads a token budget's hash: the spend its window holds,
+// and how many leases hold tokens of it.
+func budgetHash(t *testing.T, s *State, name string) (spent int64, leases int) {
+	t.Helper()
+	h, err := s.rdb.HGetAll(context.Background(), "t:tokens:"+name).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f, v := range h {
+		switch f[0] {
+		case 's':
+			n, _ := strconv.ParseInt(v, 10, 64)
+			spent += n
+		case 'l':
+			leases++
+		}
+	}
+	return spent, leases
+}
+
+// settled waits (at most 5 s: two flushes) until the budget's window
+// holds want and no lease holds any of it.
+func settled(t *testing.T, s *State, name string, want int64) {
+	t.Helper()
+	spent, leases := budgetHash(t, s, name)
+	for end := time.Now().Add(5 * time.Second); (spent != want || leases != 0) && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+		spent, leases = budgetHash(t, s, name)
+	}
+	if spent != want || leases != 0 {
+		t.Fatalf("the window holds %d tokens (want %d) and %d leases hold some (want none)", spent, want, leases)
+	}
+}
+
+// TestTokenLeasesShareOneBudget: two replicas reserving one leased
+// budget from eight goroutines until it refuses them admit no more than
+// its limit and most of it, with a call per ten reservations or fewer;
+// a few seconds on, the window holds exactly what was settled and the
+// leases have given back what they held.
+func TestTokenLeasesShareOneBudget(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	replicas := []*State{start(t, r.URL, Hooks{}), start(t, r.URL, Hooks{})}
+	const limit, n = 1_000_000, 2_000
+	calls := r.ScriptCalls()
+	var taken, reservations atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(10 * time.Second)
+	for i := range 8 {
+		wg.Go(func() {
+			s := replicas[i%2]
+			for refused := 0; refused < 3 && time.Now().Before(end); {
+				h, ok, _, _, _, err := s.ReserveTokens("big", limit, n)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !ok {
+					refused++
+					continue
+				}
+				reservations.Add(1)
+				taken.Add(n)
+				s.SettleTokens(h, n)
+			}
+		})
+	}
+	wg.Wait()
+	calls = r.ScriptCalls() - calls
+	t.Logf("%d reservations (%d tokens), %d script calls", reservations.Load(), taken.Load(), calls)
+	if got := taken.Load(); got > limit || got < limit*7/10 {
+		t.Fatalf("the replicas reserved %d tokens of a %d budget, want at most all and at least 70 %%", got, limit)
+	}
+	if calls*10 > reservations.Load() {
+		t.Fatalf("%d script calls for %d reservations, want at most one per ten", calls, reservations.Load())
+	}
+	settled(t, replicas[0], "big", taken.Load())
+}
+
+// TestATokenLeaseKeepsItsRequestsHolds: what a replica's request in
+// flight reserved from its lease stays held — past the flush that gives
+// the lease's free tokens back — so another replica cannot reserve it;
+// a reply that used more than it reserved is spent in full.
+func TestATokenLeaseKeepsItsRequestsHolds(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	a, b := start(t, r.URL, Hooks{}), start(t, r.URL, Hooks{})
+	const limit = 1_000_000
+	h, ok, _, _, _, err := a.ReserveTokens("held", limit, 90_000)
+	if err != nil || !ok || h.lease == nil {
+		t.Fatalf("a: taken %v (leased %v), %v", ok, h.lease != nil, err)
+	}
+	time.Sleep(2*tokenFlush + 200*time.Millisecond) // a's lease is unused: its free tokens go back
+	if held, free := a.TokenLeased("held"); held != 90_000 || free != 0 {
+		t.Fatalf("an unused lease holds %d (%d free), want its request's 90000 only", held, free)
+	}
+	var got int64
+	for range 100 {
+		hb, ok, _, remaining, _, err := b.ReserveTokens("held", limit, 10_000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			if remaining < 0 || remaining >= 10_000 {
+				t.Fatalf("b refused with %d remaining", remaining)
+			}
+			break
+		}
+		got += 10_000
+		b.SettleTokens(hb, 10_000)
+	}
+	if got != limit-90_000 {
+		t.Fatalf("b reserved %d, want the limit less a's request in flight (%d)", got, limit-90_000)
+	}
+	a.SettleTokens(h, 120_000)
+	settled(t, a, "held", got+120_000)
+}
+
+// TestATokenBudgetTooSmallIsNotLeased: a budget whose tenth is under
+// MinTokenLease — and a reservation larger than a lease holds free —
+// takes a call each; a large budget's small reservations share calls.
+func TestATokenBudgetTooSmallIsNotLeased(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	for _, limit := range []int64{100, 1_000_000} { // the three scripts loaded (a first call is two), the first beat made
+		h, _, _, _, _, err := s.ReserveTokens("warm", limit, 1)
+		if err == nil && h.lease == nil {
+			err = s.settleTokens(context.Background(), h, 0)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, tt := range []struct {
+		name         string
+		limit, n     int64
+		reservations int64
+		mostCalls    int64
+	}{
+		{"small", 10*MinTokenLease - 1, 100, 20, 20},
+		{"large-reservation", 1_000_000, 100_001, 5, 5},
+		{"leased", 1_000_000, 100, 20, 1},
+	} {
+		calls, settles := r.ScriptCalls(), int64(0)
+		for range tt.reservations {
+			h, ok, _, _, _, err := s.ReserveTokens(tt.name, tt.limit, tt.n)
+			if err != nil || !ok {
+				t.Fatalf("%s: %v %v", tt.name, ok, err)
+			}
+			if h.lease != nil {
+				s.SettleTokens(h, 0) // the lease's books: no call
+				continue
+			}
+			settles++
+			if err := s.settleTokens(context.Background(), h, 0); err != nil { // a refund's call, counted apart
+				t.Fatal(err)
+			}
+		}
+		got := r.ScriptCalls() - calls - settles
+		if tt.mostCalls == tt.reservations && got != tt.reservations || got > tt.mostCalls {
+			t.Fatalf("%s: %d reservations made %d reserving calls, want %d at most (all, when not leased)", tt.name,
+				tt.reservations, got, tt.mostCalls)
+		}
+	}
+}
+
+// TestAChangedTokenLimitGivesTheLeaseBack: a reservation under another
+// limit (a reload) reserves anew, and what the lease held free under the
+// old one is not spent under it.
+func TestAChangedTokenLimitGivesTheLeaseBack(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	if _, ok, _, _, _, err := s.ReserveTokens("reloaded", 2_000_000, 1_000); err != nil || !ok {
+		t.Fatalf("%v %v", ok, err)
+	}
+	if _, free := s.TokenLeased("reloaded"); free < MinTokenLease-1_000 {
+		t.Fatalf("the lease holds %d free, want at least a block", free)
+	}
+	calls := r.ScriptCalls()
+	_, ok, _, _, _, err := s.ReserveTokens("reloaded", 1_000_000, 1_000)
+	if err != nil || !ok || r.ScriptCalls() != calls+1 {
+		t.Fatalf("under a new limit: taken %v (%v), %d calls, want one", ok, err, r.ScriptCalls()-calls)
+	}
+	if held, _ := s.TokenLeased("reloaded"); held > 2_000+tokenLeaseSize(1_000_000) {
+		t.Fatalf("the lease holds %d, more than its requests and a block of the new limit", held)
+	}
+}
+
+// TestAClosingReplicaGivesItsTokenLeaseBack: Close moves the spend a
+// lease settled into the window and gives back what it held free at
+// once — not a flush, nor TokenLeaseFor, later.
+func TestAClosingReplicaGivesItsTokenLeaseBack(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s, err := New(Config{URL: r.URL, Prefix: "t:", Timeout: 200 * time.Millisecond}, zerolog.Nop(), Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, ok, _, _, _, err := s.ReserveTokens("closing", 1_000_000, 5_000)
+	if err != nil || !ok {
+		t.Fatalf("%v %v", ok, err)
+	}
+	s.SettleTokens(h, 4_000)
+	s.Close()
+	check := start(t, r.URL, Hooks{})
+	if spent, leases := budgetHash(t, check, "closing"); spent != 4_000 || leases != 0 {
+		t.Fatalf("after Close the window holds %d (want 4000) and %d leases (want none)", spent, leases)
+	}
+}
