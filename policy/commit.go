@@ -33,40 +33,50 @@ func Judge(api API, name, data []byte) (mark Mark, code string) {
 	doc := inPlace(data)
 	switch api {
 	case APIChat, APICompletions:
-		// One pass over the top-level keys (each Get would scan from the
-		// start); the first of each key counts, as Get finds it.
-		// A value ForEach gives always Exists: that tells a key seen.
-		var e, usage, choices gjson.Result
-		doc.ForEach(func(k, v gjson.Result) bool {
-			switch {
-			case k.Str == "error" && !e.Exists():
-				e = v
-			case k.Str == "usage" && !usage.Exists():
-				usage = v
-			case k.Str == "choices" && !choices.Exists():
-				choices = v
-			}
-			return !e.Exists() || !usage.Exists() || !choices.Exists()
-		})
-		if e.Exists() {
-			return MarkFailure, strings.Clone(errorCode(e))
-		}
-		return chunkMark(api, usage, choices), ""
+		return chatMark(api, &doc)
 	case APIResponses:
-		return responsesMark(name, doc)
+		return responsesMark(name, &doc)
 	case APIAnthropic:
-		return anthropicMark(name, doc)
+		return anthropicMark(name, &doc)
 	case APIOllama:
-		if e := doc.Get("error"); e.Exists() {
-			return MarkFailure, strings.Clone(e.String())
-		}
-		if doc.Get("done").Bool() || doc.Get("message.content").String() != "" || doc.Get("response").String() != "" ||
-			doc.Get("message.tool_calls").Exists() || doc.Get("message.thinking").String() != "" {
-			return MarkContent, ""
-		}
-		return MarkFraming, ""
+		return ollamaMark(&doc)
 	}
 	return MarkContent, ""
+}
+
+// chatMark judges a chat (or legacy completions) chunk.
+func chatMark(api API, doc *gjson.Result) (Mark, string) {
+	// One pass over the top-level keys (each Get would scan from the
+	// start); the first of each key counts, as Get finds it.
+	// A value ForEach gives always Exists: that tells a key seen.
+	var e, usage, choices gjson.Result
+	doc.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "error" && !e.Exists():
+			e = v
+		case k.Str == "usage" && !usage.Exists():
+			usage = v
+		case k.Str == "choices" && !choices.Exists():
+			choices = v
+		}
+		return !e.Exists() || !usage.Exists() || !choices.Exists()
+	})
+	if e.Exists() {
+		return MarkFailure, strings.Clone(errorCode(e))
+	}
+	return chunkMark(api, &usage, &choices), ""
+}
+
+// ollamaMark judges an Ollama line.
+func ollamaMark(doc *gjson.Result) (Mark, string) {
+	if e := doc.Get("error"); e.Exists() {
+		return MarkFailure, strings.Clone(e.String())
+	}
+	if doc.Get("done").Bool() || doc.Get("message.content").String() != "" || doc.Get("response").String() != "" ||
+		doc.Get("message.tool_calls").Exists() || doc.Get("message.thinking").String() != "" {
+		return MarkContent, ""
+	}
+	return MarkFraming, ""
 }
 
 // inPlace parses the JSON in b without copying it: every string of the
@@ -85,13 +95,13 @@ func eventType(name []byte, doc gjson.Result) string {
 // responsesMark judges a Responses API event before the commit point:
 // the stream's framing (created, in progress, queued, an empty item or
 // part announced), a failure (error, response.failed) or output.
-func responsesMark(name []byte, doc gjson.Result) (Mark, string) {
-	typ := eventType(name, doc)
+func responsesMark(name []byte, doc *gjson.Result) (Mark, string) {
+	typ := eventType(name, *doc)
 	switch typ {
 	case "response.created", "response.in_progress", "response.queued", "":
 		return MarkFraming, ""
 	case "error":
-		return MarkFailure, strings.Clone(errorCode(doc))
+		return MarkFailure, strings.Clone(errorCode(*doc))
 	case "response.failed":
 		return MarkFailure, strings.Clone(errorCode(doc.Get("response.error")))
 	case "response.output_item.added":
@@ -118,8 +128,8 @@ func responsesMark(name []byte, doc gjson.Result) (Mark, string) {
 // ping, an empty text or thinking block's start and its stop are framing;
 // an error event is a failure, its code the error's type
 // (overloaded_error, api_error, rate_limit_error …).
-func anthropicMark(name []byte, doc gjson.Result) (Mark, string) {
-	typ := eventType(name, doc)
+func anthropicMark(name []byte, doc *gjson.Result) (Mark, string) {
+	typ := eventType(name, *doc)
 	switch typ {
 	case "message_start", "ping", "content_block_stop":
 		return MarkFraming, ""
@@ -158,7 +168,7 @@ func isEmpty(a gjson.Result) bool {
 
 // chunkMark finds output in a chat (or legacy completions) chunk, given
 // its usage and choices.
-func chunkMark(api API, usage, choices gjson.Result) Mark {
+func chunkMark(api API, usage, choices *gjson.Result) Mark {
 	if usage.Exists() && usage.Type != gjson.Null {
 		return MarkContent
 	}
@@ -170,7 +180,7 @@ func chunkMark(api API, usage, choices gjson.Result) Mark {
 	}
 	mark := MarkFraming
 	choices.ForEach(func(_, c gjson.Result) bool {
-		if choiceHasOutput(api, c) {
+		if choiceHasOutput(api, &c) {
 			mark = MarkContent
 			return false
 		}
@@ -179,37 +189,67 @@ func chunkMark(api API, usage, choices gjson.Result) Mark {
 	return mark
 }
 
-// outputKeys are the delta keys whose non-empty string is output.
-var outputKeys = [...]string{"content", "refusal", "reasoning_content", "reasoning"}
-
 // choiceHasOutput reports whether one choice of a chunk carries output:
-// a finish_reason, text, a tool call, a legacy function call or audio.
-func choiceHasOutput(api API, c gjson.Result) bool {
-	if f := c.Get("finish_reason"); f.Exists() && f.Type != gjson.Null {
-		return true
-	}
-	if api == APICompletions {
-		return c.Get("text").String() != ""
-	}
-	d := c.Get("delta")
-	for _, k := range outputKeys {
-		if d.Get(k).String() != "" {
-			return true
+// a finish_reason, text, or a delta with output (deltaHasOutput). The
+// first of each key counts, as Get would find it; one pass over the
+// keys, not a Get each (a judged stream's first event is read deep in
+// the request's stack: this keeps it under 8 KiB).
+func choiceHasOutput(api API, c *gjson.Result) bool {
+	const finish, text, delta = 1, 2, 4
+	var seen int
+	var has bool
+	var d gjson.Result
+	c.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "finish_reason" && seen&finish == 0:
+			seen |= finish
+			has = v.Type != gjson.Null
+		case k.Str == "text" && seen&text == 0:
+			seen |= text
+			has = api == APICompletions && v.String() != ""
+		case k.Str == "delta" && seen&delta == 0:
+			seen |= delta
+			d = v
 		}
-	}
-	if tc := d.Get("tool_calls"); tc.IsArray() {
-		has := false
-		tc.ForEach(func(_, _ gjson.Result) bool { has = true; return false })
-		if has {
-			return true
+		return !has
+	})
+	return has || api != APICompletions && deltaHasOutput(&d)
+}
+
+// outputKeys are the delta keys whose non-empty string is output; then
+// tool_calls (a non-empty array), and function_call (legacy function
+// calling) and audio (a non-empty object).
+var outputKeys = [...]string{"content", "refusal", "reasoning_content", "reasoning", "tool_calls", "function_call", "audio"}
+
+// deltaHasOutput reports whether a choice's delta carries text, a
+// refusal or reasoning, a tool call, a legacy function call or audio
+// (the first of each key counting).
+func deltaHasOutput(d *gjson.Result) bool {
+	var seen int
+	var has bool
+	var calls gjson.Result
+	d.ForEach(func(k, v gjson.Result) bool {
+		for i, key := range outputKeys {
+			if k.Str != key || seen&(1<<i) != 0 {
+				continue
+			}
+			seen |= 1 << i
+			switch {
+			case i < 4:
+				has = v.String() != ""
+			case i == 4:
+				calls = v
+			default:
+				has = v.IsObject() && v.Raw != "{}"
+			}
+			break
 		}
+		return !has
+	})
+	if !has && calls.IsArray() {
+		calls.ForEach(func(_, _ gjson.Result) bool { has = true; return false })
 	}
-	for _, k := range [...]string{"function_call", "audio"} { // legacy function calling; audio output
-		if v := d.Get(k); v.IsObject() && v.Raw != "{}" {
-			return true
-		}
-	}
-	return false
+	return has
 }
 
 // errorCode is an error object's code when EventFailure knows it, else

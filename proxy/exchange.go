@@ -54,6 +54,15 @@ type exchange struct {
 	// stream, or a body read whole for an HTTP/1.0 client): its own
 	// part, with its own reader's life, pooled with the exchange.
 	st *stream
+	// visit, last and in are the attempt loop's (run): the target being
+	// visited, the try in progress (then the last one made), and what
+	// stood in the way of the targets. Held here, not on the request's
+	// goroutine's stack: a stream's first event is judged at the loop's
+	// deepest, and a goroutine that outgrows 8 KiB of stack keeps 16 KiB
+	// for its client connection's life.
+	visit visit
+	last  attempt
+	in    obstruction
 }
 
 // outbound is the request as Sturdy sends it upstream, and what is fixed

@@ -36,10 +36,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	ex.prepare()
 	ex.tr.route(ex.ctx.Method(), ex.req.route, ex.req.call, ex.req.model)
-	var last attempt // the try in progress, then the last one made
-	var in obstruction
-	ex.run(&last, &in)
-	ex.respond(&last, &in)
+	last, in := &ex.last, &ex.in // the try in progress, then the last one made; what stood in the way
+	ex.run(last, in)
+	ex.respond(last, in)
 	if !ex.out.reader { // else the body's reader ends it (CloseWithError)
 		ex.finish()
 	}

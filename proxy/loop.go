@@ -49,7 +49,9 @@ type obstruction struct {
 // or to stop, and returns which; what stood in the way of the targets so
 // far is in, and what stands in t's goes there too.
 func (ex *exchange) onTarget(t *target, ti int, a *attempt, in *obstruction) policy.Action {
-	v := visit{ex: ex, t: t, ti: ti, in: *in} // the visit holds the obstruction by value: a pointer in it would go to the heap
+	v := &ex.visit // not on the stack (exchange.visit); cleared, then set: a literal would be built on it
+	*v = visit{}
+	v.ex, v.t, v.ti, v.in = ex, t, ti, *in
 	act := v.run(a)
 	*in = v.in
 	return act
