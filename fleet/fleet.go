@@ -220,9 +220,12 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	return s, nil
 }
 
-// Close stops following the fleet and closes the connections.
+// Close gives back the State's token leases (giveBackTokens), stops
+// following the fleet and closes the connections; once.
 func (s *State) Close() {
-	s.closed.Store(true)
+	if !s.closed.CompareAndSwap(false, true) {
+		return
+	}
 	s.giveBackTokens()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	_ = s.rdb.ZRem(ctx, s.cfg.Prefix+"replicas", s.id).Err() // the others stop counting it now, not in replicaTTL

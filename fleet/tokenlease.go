@@ -3,7 +3,9 @@ package fleet
 import (
 	"context"
 	"math"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,18 +14,22 @@ import (
 // Token budgets by lease. A fleet's token budget large enough to split
 // (TokenLeaseShare of its minute reaches MinTokenLease: 200,000 tokens a
 // minute) is reserved here from this replica's lease of it — tokens the
-// budget's hash holds for the replica, its field "l<replica>" — without
-// a call: a request's reservation and its settlement are the lease's
-// own bookkeeping, and one call now and then (a renewal when half of what
-// it holds free is reserved, a flush a second after the last) moves the
+// budget's hash holds for the lease, its field "l<lease>" — without a
+// call: a request's reservation and its settlement are the lease's own
+// books, and one call now and then (a renewal when what it holds free
+// falls to half its size, a flush a second after a use) moves the
 // settled spend into the window, holds what the replica's requests in
 // flight reserved, and sizes what it holds free to a second of the
-// replica's recent share. A lease's tokens count against the budget
-// like any reservation, so the fleet's bound is the one without leases;
-// what a lease costs is capacity: tokens one replica holds free that
-// another cannot reserve (≤ TokenLeaseShare of the minute per replica),
-// and a replica that stops without closing loses the spend it settled
-// in its last second.
+// replica's recent share. The lease never counts on more than Redis is
+// sure to hold for it (what is free beyond the new size is given back
+// before the call; a call that failed leaves the less of before and
+// after), and a call never makes Redis hold more for it than it held
+// unless the budget has room. So a lease's tokens count against the
+// budget like any reservation, and the fleet's bound is the one without
+// leases; what a lease costs is capacity — tokens one replica holds free
+// that another cannot reserve (≤ TokenLeaseShare of the minute per
+// replica) — and a replica that dies without closing (Close ends its
+// leases: end) loses the spend it settled since its last call.
 
 const (
 	// TokenLeaseShare is the most of a budget's minute a lease holds free
@@ -45,27 +51,37 @@ const (
 )
 
 // leaseTokens sets the caller's lease of the budget in KEYS[1] (ARGV: 1
-// the limit, 2 the replica, 3 the spend settled since its last call — now
-// the window's —, 4 floor, the tokens it must go on holding (its requests
-// in flight), 5 need (≥ floor), 6 want (≥ need), 7 how long it holds, µs):
-// want, or what room the budget has, if at least need fit; else floor.
-// Returns {need met, wait µs as reserveTokens, remaining, held, reserved
-// by requests in flight and leases}.
+// the limit, 2 the lease, 3 the spend settled since its last call — now
+// the window's —, 4 floor, the tokens it must go on holding (what its
+// requests in flight reserved; never more than it holds now), 5 the more
+// a request needs, 6 want (what it asks to hold), 7 how long it holds,
+// µs; 8 "1" to end the lease, what floor holds becoming a reservation of
+// this minute): want, or what room the budget has, if floor and the more
+// fit; else floor. Returns {the more met, wait µs as reserveTokens,
+// remaining, held, reserved by requests in flight and leases (ending: the
+// minute)}.
 var leaseTokens = redis.NewScript(`local self = 'l' .. ARGV[2]` + tokenWindow + `
-local spend, floor, need, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local spend, more, want = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local floor = math.min(tonumber(ARGV[4]), own)
 if spend > 0 then
   redis.call('HINCRBY', KEYS[1], 's' .. slot, spend)
   spent = spent + spend
   slots[#slots + 1] = {slot, spend}
 end
+redis.call('PEXPIRE', KEYS[1], 360000)
+if ARGV[8] == '1' then
+  redis.call('HDEL', KEYS[1], self)
+  if floor > 0 then redis.call('HINCRBY', KEYS[1], 'r' .. minute, floor) end
+  return {1, 0, limit - spent - reserved - floor, 0, minute}
+end
+local need = floor + more
 local room, held, taken = limit - spent - reserved, floor, 0
-if room >= need then held, taken = math.max(math.min(want, room), floor), 1 end
+if room >= need then held, taken = math.max(math.min(want, room), need), 1 end
 if held > 0 then
   redis.call('HSET', KEYS[1], self, string.format('%.0f:%.0f', held, now + tonumber(ARGV[7])))
 else
   redis.call('HDEL', KEYS[1], self)
 end
-redis.call('PEXPIRE', KEYS[1], 360000)
 local w = 0
 if taken == 0 then w = wait(need) end
 return {taken, w, limit - spent - reserved - held, held, reserved + held}`)
@@ -86,14 +102,19 @@ func tokenLeaseSize(limit int64) int64 {
 type tokenLease struct {
 	st   *State
 	name string
+	// id names its field ("l<id>"): the State's and the lease's own
+	// number, so a lease evicted while a request still used it, and the
+	// one made after it, never write one field.
+	id   string
 	call sync.Mutex
 	mu   sync.Mutex
 	// limit is the budget's as last reserved under: a change gives back
 	// what is held free (a reload made it smaller, or larger).
 	limit int64
-	// held is what Redis holds for the lease as of its last call (0 once
-	// lapsed: until, mono); inFlight what this replica's requests
-	// reserved of it and have not settled; unflushed what settled
+	// held is what Redis holds for the lease, as far as is known — never
+	// more: after a call that failed, the less of before and what it
+	// asked for; 0 once lapsed (until, mono); inFlight what this replica's
+	// requests reserved of it and have not settled; unflushed what settled
 	// requests used, not yet in the window. What is free is held less
 	// both.
 	held, inFlight, unflushed int64
@@ -106,12 +127,18 @@ type tokenLease struct {
 	// background renewal may next be tried after one that failed.
 	used           bool
 	lastCall, calm int64
-	// renewing: a background renewal is on its way; shrinking: the call
-	// in flight may leave less held than now, so nothing is reserved from
-	// what is free meanwhile.
-	renewing, shrinking bool
-	flush               *time.Timer // armed while the lease holds or owes anything
+	// calling: a call is in flight (mu let go); renewing: a background
+	// renewal is on its way.
+	calling, renewing bool
+	flush             *time.Timer // armed while the lease holds or owes anything
+	// ended is, once its State closed and the lease ended, the minute
+	// (+1) its requests in flight's tokens became a reservation of: they
+	// settle it through the State that replaced it (detached); 0: not.
+	ended int64
 }
+
+// leaseSeq numbers the leases (tokenLease.id).
+var leaseSeq atomic.Int64
 
 // tokenAnswer is a budget's answer to a reservation (ReserveTokens').
 type tokenAnswer struct {
@@ -128,7 +155,7 @@ type tokenAnswer struct {
 func (l *tokenLease) reserveLeased(n, limit int64) (tokenAnswer, error) {
 	l.mu.Lock()
 	if l.take(n, limit) {
-		renew := !l.renewing && l.free()*2 <= l.size && mono() >= l.calm && l.st.Up()
+		renew := !l.renewing && !l.calling && l.free()*2 <= l.size && mono() >= l.calm && l.st.Up()
 		l.renewing = l.renewing || renew
 		l.mu.Unlock()
 		if renew {
@@ -177,7 +204,7 @@ func (l *tokenLease) take(n, limit int64) bool {
 		l.limit, l.size = limit, 0
 		l.held = min(l.held, l.inFlight+l.unflushed) // the next call gives the rest back
 	}
-	if l.shrinking || l.free() < n {
+	if l.free() < n {
 		return false
 	}
 	l.inFlight += n
@@ -203,46 +230,66 @@ func (l *tokenLease) settle(n, used int64) {
 	l.mark()
 }
 
+// detached is how a hold of l settles through another State (a reload
+// replaced l's): its reservation, when l's end made its tokens one, and
+// its spend; else its spend only (what l held for it lapses).
+func (l *tokenLease) detached(h TokenHold) TokenHold {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended == 0 {
+		return TokenHold{Name: h.Name}
+	}
+	return TokenHold{Name: h.Name, Minute: l.ended - 1, Reserved: h.Reserved}
+}
+
 // exchange is l's call to Redis (under call and mu; mu is let go during
-// it): n more tokens for a request (0: a renewal or a flush), the spend
-// settled so far into the window, what is held free sized anew — none
-// when shrink (an unused lease's flush).
-func (l *tokenLease) exchange(n int64, shrink bool) (tokenAnswer, error) {
+// it): more tokens for a request (0: a renewal or a flush), the spend
+// settled so far into the window, and what is held free sized anew to
+// the recent share — none when shrink (an unused lease's flush). What is
+// free beyond the new size is given back before the call (no request
+// takes it meanwhile), so the floor the call keeps is held in Redis
+// already.
+func (l *tokenLease) exchange(more int64, shrink bool) (tokenAnswer, error) {
 	now := mono()
-	l.free() // a lapsed hold is 0
-	spend := l.unflushed
-	floor := max(l.held-spend, l.inFlight) // what it reserved from the hold meanwhile stays held
-	if shrink {
-		floor = l.inFlight
-	}
-	want := l.inFlight + n
+	size := int64(0)
 	if !shrink {
-		want += l.resize(now)
+		size = l.resize(now)
 	}
-	need := floor + n
-	want = max(want, need)
-	l.shrinking = shrink
+	if f := l.free(); f > size {
+		l.held -= f - size
+	}
+	spend, limit := l.unflushed, l.limit
+	floor := max(l.held-spend, l.inFlight)
+	want := l.inFlight + more + size
+	l.calling = true
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), l.st.cfg.Timeout)
-	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, l.limit, l.st.id, spend, floor, need,
-		want, TokenLeaseFor.Microseconds()).Int64Slice()
+	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, limit, l.id, spend, floor, more,
+		want, TokenLeaseFor.Microseconds(), 0).Int64Slice()
 	cancel()
 	l.st.result("tokens", err)
 	if err == nil && len(r) != 5 {
 		err = redis.Nil
 	}
 	l.mu.Lock()
-	l.shrinking = false
+	l.calling = false
 	if err != nil {
+		// Redis holds what it held, or what the call set: at least the
+		// less of the two. The spend is sent again (counted twice if the
+		// call did go through: never less than spent).
+		l.held = min(l.held, floor)
 		l.calm = mono() + int64(leaseCalm)
 		return tokenAnswer{}, err
 	}
 	l.unflushed -= spend
 	l.held, l.until, l.lastCall = r[3], now+int64(TokenLeaseFor), now
+	if l.limit != limit { // a reload changed the limit meanwhile: nothing free is kept under the new one
+		l.held = min(l.held, l.inFlight+l.unflushed+more)
+	}
 	a := tokenAnswer{taken: r[0] == 1, wait: time.Duration(r[1]) * time.Microsecond, remaining: r[2], reserved: r[4]}
-	if n > 0 && a.taken {
-		l.inFlight += n
-		l.reserved += n
+	if more > 0 && a.taken {
+		l.inFlight += more
+		l.reserved += more
 		l.mark()
 	}
 	return a, nil
@@ -277,10 +324,11 @@ func (l *tokenLease) renewBackground() {
 }
 
 // flushNow is l's flush: a second after a use, it moves the settled
-// spend into the window (unless a call did that within the second),
-// keeps what its requests in flight hold from lapsing, and — when l was
-// not used since the flush before — gives what it holds free back. It
-// rearms while l holds or owes anything.
+// spend into the window (unless a call did that within half a second),
+// sizes what is held free to the recent share, keeps what its requests
+// in flight hold from lapsing, and — when l was not used since the flush
+// before — gives what it holds free back. It rearms while l holds or
+// owes anything.
 func (l *tokenLease) flushNow() {
 	l.call.Lock()
 	defer l.call.Unlock()
@@ -292,6 +340,7 @@ func (l *tokenLease) flushNow() {
 	}
 	unused := !l.used
 	l.used = false
+	l.free() // a lapsed hold is 0
 	switch {
 	case l.held == 0 && l.inFlight == 0 && l.unflushed == 0:
 		return
@@ -305,16 +354,44 @@ func (l *tokenLease) flushNow() {
 	}
 }
 
+// end ends l as its State closes: its settled spend goes into the window,
+// what it holds free goes back, and what its requests in flight reserved
+// becomes a reservation of this minute, which they settle through the
+// State that replaces this one (detached). Under call and mu.
+func (l *tokenLease) end() {
+	l.free()
+	spend := l.unflushed
+	floor := max(l.held-spend, l.inFlight)
+	if l.held == 0 && spend == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.st.cfg.Timeout)
+	defer cancel()
+	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, l.limit, l.id, spend,
+		min(floor, l.inFlight), 0, 0, 0, 1).Int64Slice()
+	if err != nil || len(r) != 5 {
+		return // it lapses, TokenLeaseFor after its last call
+	}
+	l.unflushed -= spend
+	l.held, l.ended = 0, r[4]+1
+}
+
 // tokenLeases is the State's token leases, by budget name; at most
 // MaxLeases.
 type tokenLeases struct {
-	mu sync.Mutex
+	mu sync.RWMutex
 	m  map[string]*tokenLease
 }
 
 // tokenLeaseOf returns name's lease, made on first use; nil when
 // MaxLeases are held and none of the few looked at is idle.
 func (s *State) tokenLeaseOf(name string) *tokenLease {
+	s.tokenLeases.mu.RLock()
+	l := s.tokenLeases.m[name]
+	s.tokenLeases.mu.RUnlock()
+	if l != nil {
+		return l
+	}
 	s.tokenLeases.mu.Lock()
 	defer s.tokenLeases.mu.Unlock()
 	if l := s.tokenLeases.m[name]; l != nil {
@@ -337,27 +414,27 @@ func (s *State) tokenLeaseOf(name string) *tokenLease {
 			return nil
 		}
 	}
-	l := &tokenLease{st: s, name: name, since: mono()}
+	l = &tokenLease{st: s, name: name, since: mono(), id: s.id + "." + strconv.FormatInt(leaseSeq.Add(1), 36)}
 	s.tokenLeases.m[name] = l
 	return l
 }
 
 // idle reports whether l holds, owes and awaits nothing: it may leave
-// the map.
+// the map (a request that still reserves from it has a field of its own).
 func (l *tokenLease) idle() bool {
 	if !l.mu.TryLock() {
 		return false
 	}
 	defer l.mu.Unlock()
-	return l.held == 0 && l.inFlight == 0 && l.unflushed == 0 && l.flush == nil && !l.renewing
+	return l.free() == 0 && l.held == 0 && l.inFlight == 0 && l.unflushed == 0 && l.flush == nil && !l.renewing && !l.calling
 }
 
 // TokenLeased reports what this replica's lease of name holds, and what
 // of that is free (for tests).
 func (s *State) TokenLeased(name string) (held, free int64) {
-	s.tokenLeases.mu.Lock()
+	s.tokenLeases.mu.RLock()
 	l := s.tokenLeases.m[name]
-	s.tokenLeases.mu.Unlock()
+	s.tokenLeases.mu.RUnlock()
 	if l == nil {
 		return 0, 0
 	}
@@ -367,27 +444,25 @@ func (s *State) TokenLeased(name string) (held, free int64) {
 	return l.held, f
 }
 
-// giveBackTokens moves, as the State closes, its token leases' settled
-// spend into the window and gives back what they hold free (their
-// requests in flight keep their holds, which lapse TokenLeaseFor later):
-// no new call once the State's timeout has passed.
+// giveBackTokens ends, as the State closes, each of its token leases
+// (tokenLease.end): no new call once max(timeout, 1 s) has passed, or
+// Redis is known down — those lapse, TokenLeaseFor after their last call,
+// and the spend they settled since is lost.
 func (s *State) giveBackTokens() {
-	s.tokenLeases.mu.Lock()
+	s.tokenLeases.mu.RLock()
 	ls := make([]*tokenLease, 0, len(s.tokenLeases.m))
 	for _, l := range s.tokenLeases.m {
 		ls = append(ls, l)
 	}
-	s.tokenLeases.mu.Unlock()
-	end := time.Now().Add(s.cfg.Timeout)
+	s.tokenLeases.mu.RUnlock()
+	end := time.Now().Add(max(s.cfg.Timeout, time.Second))
 	for _, l := range ls {
-		if time.Now().After(end) || !s.Usable() {
+		if time.Now().After(end) || !s.Up() {
 			return
 		}
 		l.call.Lock()
 		l.mu.Lock()
-		if l.held > 0 || l.unflushed > 0 {
-			_, _ = l.exchange(0, true)
-		}
+		l.end()
 		l.mu.Unlock()
 		l.call.Unlock()
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/redistest"
@@ -105,8 +106,12 @@ func TestATokenLeaseKeepsItsRequestsHolds(t *testing.T) {
 	if err != nil || !ok || h.lease == nil {
 		t.Fatalf("a: taken %v (leased %v), %v", ok, h.lease != nil, err)
 	}
-	time.Sleep(2*tokenFlush + 200*time.Millisecond) // a's lease is unused: its free tokens go back
-	if held, free := a.TokenLeased("held"); held != 90_000 || free != 0 {
+	held, free := a.TokenLeased("held")
+	for end := time.Now().Add(3*tokenFlush + 2*time.Second); free != 0 && time.Now().Before(end); { // unused: its free tokens go back
+		time.Sleep(50 * time.Millisecond)
+		held, free = a.TokenLeased("held")
+	}
+	if held != 90_000 || free != 0 {
 		t.Fatalf("an unused lease holds %d (%d free), want its request's 90000 only", held, free)
 	}
 	var got int64
@@ -137,17 +142,22 @@ func TestATokenLeaseKeepsItsRequestsHolds(t *testing.T) {
 func TestATokenBudgetTooSmallIsNotLeased(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
-	s := start(t, r.URL, Hooks{})
-	for _, limit := range []int64{100, 1_000_000} { // the three scripts loaded (a first call is two), the first beat made
-		h, _, _, _, _, err := s.ReserveTokens("warm", limit, 1)
+	warm, err := New(Config{URL: r.URL, Prefix: "t:", Timeout: 200 * time.Millisecond}, zerolog.Nop(), Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int64{100, 1_000_000} { // the three scripts loaded (a first call is two)
+		h, _, _, _, _, err := warm.ReserveTokens("warm", limit, 1)
 		if err == nil && h.lease == nil {
-			err = s.settleTokens(context.Background(), h, 0)
+			err = warm.settleTokens(context.Background(), h, 0)
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	warm.Close()
+	s := start(t, r.URL, Hooks{})
+	time.Sleep(100 * time.Millisecond) // its first beat made
 	for _, tt := range []struct {
 		name         string
 		limit, n     int64
@@ -156,7 +166,7 @@ func TestATokenBudgetTooSmallIsNotLeased(t *testing.T) {
 	}{
 		{"small", 10*MinTokenLease - 1, 100, 20, 20},
 		{"large-reservation", 1_000_000, 100_001, 5, 5},
-		{"leased", 1_000_000, 100, 20, 1},
+		{"leased", 1_000_000, 100, 20, 2}, // its first call, and a flush if a loaded machine takes a second
 	} {
 		calls, settles := r.ScriptCalls(), int64(0)
 		for range tt.reservations {
@@ -223,5 +233,151 @@ func TestAClosingReplicaGivesItsTokenLeaseBack(t *testing.T) {
 	check := start(t, r.URL, Hooks{})
 	if spent, leases := budgetHash(t, check, "closing"); spent != 4_000 || leases != 0 {
 		t.Fatalf("after Close the window holds %d (want 4000) and %d leases (want none)", spent, leases)
+	}
+}
+
+// TestALostReplyNeverLeavesALeaseOverBudget: a call whose reply is lost
+// (Redis busy past the timeout, then running it) leaves the lease
+// believing no more than Redis holds for it, so what two replicas reserve
+// stays within the budget — before, a lost shrink left the lease spending
+// tokens Redis had given back (1,021,000 of 1,000,000).
+func TestALostReplyNeverLeavesALeaseOverBudget(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	a, b := start(t, r.URL, Hooks{}), start(t, r.URL, Hooks{})
+	const limit = 1_000_000
+	h, ok, _, _, _, err := a.ReserveTokens("lost", limit, 1_000)
+	if err != nil || !ok {
+		t.Fatalf("%v %v", ok, err)
+	}
+	a.SettleTokens(h, 0)
+	busy, slow := make(chan error, 1), redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 5 * time.Second})
+	defer slow.Close()
+	go func() { // Redis runs nothing else for 400 ms; a's timeout is 200 ms
+		busy <- slow.Eval(context.Background(), `local t = redis.call('TIME') local s = t[1] * 1e6 + t[2]
+while true do local u = redis.call('TIME') if u[1] * 1e6 + u[2] - s > 400000 then break end end return 1`, nil).Err()
+	}()
+	time.Sleep(50 * time.Millisecond)
+	l := a.tokenLeaseOf("lost")
+	l.call.Lock()
+	l.mu.Lock()
+	_, err = l.exchange(0, true) // an unused lease's flush: it gives back what it holds free
+	l.mu.Unlock()
+	l.call.Unlock()
+	if err == nil {
+		t.Fatal("the call answered within the timeout while Redis was busy")
+	}
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the shrink has run in Redis by now
+	var got int64
+	for _, s := range []*State{b, a} {
+		for range 200 {
+			h, ok, _, _, _, err := s.ReserveTokens("lost", limit, 10_000)
+			if err != nil || !ok {
+				break
+			}
+			got += 10_000
+			s.SettleTokens(h, 10_000)
+		}
+	}
+	if got > limit {
+		t.Fatalf("the replicas reserved %d of a %d budget", got, limit)
+	}
+}
+
+// TestALeaseHoldsFreeNoMoreThanItsShare: tokens a lease's requests gave
+// back (refunds, estimates over what was used) do not stay held while
+// the lease is used lightly — each call sizes what is free to the
+// replica's recent share (here, below MinTokenLease: that much).
+func TestALeaseHoldsFreeNoMoreThanItsShare(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	const limit = 1_000_000
+	var hs []TokenHold
+	for range 60 {
+		h, ok, _, _, _, err := s.ReserveTokens("share", limit, 2_000)
+		if err != nil || !ok {
+			t.Fatalf("%v %v", ok, err)
+		}
+		hs = append(hs, h)
+	}
+	for _, h := range hs {
+		s.SettleTokens(h, 0)
+	}
+	_, free := s.TokenLeased("share")
+	for end := time.Now().Add(3*tokenFlush + 2*time.Second); free > MinTokenLease && time.Now().Before(end); {
+		if h, ok, _, _, _, err := s.ReserveTokens("share", limit, 100); err == nil && ok { // light use: 500 a second
+			s.SettleTokens(h, 100)
+		}
+		time.Sleep(200 * time.Millisecond)
+		_, free = s.TokenLeased("share")
+	}
+	if free > MinTokenLease {
+		t.Fatalf("a lightly used lease holds %d free, want at most %d", free, MinTokenLease)
+	}
+}
+
+// TestAClosingReplicasRequestsKeepTheirHolds: a State that closes with a
+// request in flight turns what it reserved into a reservation the budget
+// keeps (not a lease that lapses in TokenLeaseFor), and the request
+// settling through the State that replaced it releases it and spends
+// what it used; meanwhile concurrent reloads of the limit race no lease.
+func TestAClosingReplicasRequestsKeepTheirHolds(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	old, err := New(Config{URL: r.URL, Prefix: "t:", Timeout: 200 * time.Millisecond}, zerolog.Nop(), Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 4 { // limits changing under the lease's calls (-race watches)
+		wg.Go(func() {
+			for range 25 {
+				if h, ok, _, _, _, _ := old.ReserveTokens("closing", int64(1_000_000*(1+i%2)), 30_000); ok {
+					old.SettleTokens(h, 0)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	h, ok, _, _, _, err := old.ReserveTokens("closing", 1_000_000, 40_000)
+	if err != nil || !ok || h.lease == nil {
+		t.Fatalf("%v %v", ok, err)
+	}
+	old.Close()
+	next := start(t, r.URL, Hooks{})
+	reserved := func() (n int64, leases int) {
+		f, err := next.rdb.HGetAll(context.Background(), "t:tokens:closing").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range f {
+			switch k[0] {
+			case 'r':
+				m, _ := strconv.ParseInt(v, 10, 64)
+				n += m
+			case 'l':
+				leases++
+			}
+		}
+		return n, leases
+	}
+	if n, leases := reserved(); n != 40_000 || leases != 0 {
+		t.Fatalf("after Close the budget holds %d reserved (want the request's 40000) and %d leases (want none)", n, leases)
+	}
+	next.SettleTokens(h, 35_000)
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if n, _ := reserved(); n == 0 {
+			break
+		}
+	}
+	if n, _ := reserved(); n != 0 {
+		t.Fatalf("settled through the next State, %d stay reserved", n)
+	}
+	if spent, _ := budgetHash(t, next, "closing"); spent != 35_000 {
+		t.Fatalf("the window holds %d, want the 35000 used", spent)
 	}
 }

@@ -24,10 +24,11 @@ import (
 // tokenWindow is the scripts' common start: it reads the budget's hash
 // (KEYS[1]; ARGV[1] its limit) as it stands now — spent, the spend in
 // the window's slots (slots), reserved, what requests in flight and the
-// replicas' leases hold (a lease's field "l<replica>" holds
+// replicas' leases hold (a lease's field "l<lease>" holds
 // "<tokens>:<deadline µs>"; self, the caller's own lease field, is not
-// counted) — dropping what has aged out; wait(need) is how long until
-// need more tokens fit (µs; 0: the holds in flight keep them).
+// counted there but in own) — dropping what has aged out; wait(need) is
+// how long until need more tokens fit (µs; 0: the holds in flight keep
+// them).
 const tokenWindow = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -35,7 +36,7 @@ local slot = math.floor(now / 5000000)
 local minute = math.floor(now / 60000000)
 local limit = tonumber(ARGV[1])
 local h = redis.call('HGETALL', KEYS[1])
-local spent, reserved, slots = 0, 0, {}
+local spent, reserved, own, slots = 0, 0, 0, {}
 for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
   local k, at = string.sub(f, 1, 1), tonumber(string.sub(f, 2))
@@ -46,7 +47,7 @@ for i = 1, #h, 2 do
   elseif k == 'r' and at and at > minute - 5 then
     reserved = reserved + tonumber(v)
   elseif k == 'l' and held and tonumber(deadline) > now then
-    if f ~= self then reserved = reserved + tonumber(held) end
+    if f == self then own = tonumber(held) else reserved = reserved + tonumber(held) end
   else
     redis.call('HDEL', KEYS[1], f)
   end
@@ -112,7 +113,7 @@ type TokenHold struct {
 // more than the lease holds free at most; what is said of remaining and
 // reserved is then said only when a call was made (not taken).
 func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, taken bool, wait time.Duration, remaining, reserved int64, err error) {
-	if most := tokenLeaseSize(limit); most > 0 && n <= most {
+	if most := tokenLeaseSize(limit); most > 0 && n <= most && !s.closed.Load() {
 		if l := s.tokenLeaseOf(name); l != nil {
 			a, err := l.reserveLeased(n, limit)
 			return a.hold, a.taken, a.wait, a.remaining, a.reserved, err
@@ -138,11 +139,11 @@ func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, take
 // link) settles its spend here, its hold lapsing with that lease.
 func (s *State) SettleTokens(h TokenHold, used int64) {
 	if h.lease != nil {
-		if h.lease.st == s {
+		if h.lease.st == s && !s.closed.Load() {
 			h.lease.settle(h.Reserved, used)
 			return
 		}
-		h = TokenHold{Name: h.Name}
+		h = h.lease.detached(h)
 	}
 	s.background("tokens", func(ctx context.Context) error {
 		err := s.settleTokens(ctx, h, used)

@@ -189,8 +189,9 @@ const streamGraceEnd = time.Second
 // idle client connections, and requests and streams in flight finish
 // until ctx ends. Streams still open then end with a stream_interrupted
 // event (and their access-log line) instead of a bare cut. Idle upstream
-// connections are closed last. It returns ctx's error if the grace ran
-// out.
+// connections are closed last, and then the fleet's connection
+// (shared_state: its token leases given back, their spend settled). It
+// returns ctx's error if the grace ran out.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.Drain()
 	p.stopOnce.Do(func() { close(p.stopping) })
@@ -201,6 +202,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		}
 		p.CloseIdleConnections()
 		p.tracers.stop(&p.log)
+		if f := p.fleet.Load(); f != nil {
+			f.st.Close()
+		}
 	})
 	return err
 }
