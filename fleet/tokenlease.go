@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"sync"
@@ -23,13 +24,15 @@ import (
 // replica's recent share. The lease never counts on more than Redis is
 // sure to hold for it (what is free beyond the new size is given back
 // before the call; a call that failed leaves the less of before and
-// after), and a call never makes Redis hold more for it than it held
-// unless the budget has room. So a lease's tokens count against the
+// after; its calls are numbered, and one that reaches Redis after a
+// later one changes nothing), and a call never makes Redis hold more for
+// it than it held unless the budget has room. So a lease's tokens count against the
 // budget like any reservation, and the fleet's bound is the one without
 // leases; what a lease costs is capacity — tokens one replica holds free
 // that another cannot reserve (≤ TokenLeaseShare of the minute per
 // replica) — and a replica that dies without closing (Close ends its
-// leases: end) loses the spend it settled since its last call.
+// leases: end) loses the spend it settled since its last call, one cut
+// off from Redis past TokenLeaseFor its holds there.
 
 const (
 	// TokenLeaseShare is the most of a budget's minute a lease holds free
@@ -52,17 +55,21 @@ const (
 
 // leaseTokens sets the caller's lease of the budget in KEYS[1] (ARGV: 1
 // the limit, 2 the lease, 3 the spend settled since its last call — now
-// the window's —, 4 floor, the tokens it must go on holding (what its
-// requests in flight reserved; never more than it holds now), 5 the more
-// a request needs, 6 want (what it asks to hold), 7 how long it holds,
-// µs; 8 "1" to end the lease, what floor holds becoming a reservation of
-// this minute): want, or what room the budget has, if floor and the more
-// fit; else floor. Returns {the more met, wait µs as reserveTokens,
-// remaining, held, reserved by requests in flight and leases (ending: the
-// minute)}.
+// the window's —, 4 floor, what its requests in flight reserved (what it
+// holds of that is kept whatever the room; no more than it holds), 5 the
+// more a request needs, 6 want (what it asks to hold), 7 how long it
+// holds, µs, 8 "1" to end the lease — what it holds of floor becoming a
+// reservation of this minute —, 9 the call's number, which must be past
+// the lease's last: a call that reaches Redis after a later one does
+// nothing). It holds want, or what room the budget has, when floor and
+// the more fit; else floor as far as it holds it or room allows. Returns
+// {the more met (-1: a stale call), wait µs as reserveTokens, remaining,
+// held (ending: what became a reservation), reserved by requests in
+// flight and leases (ending: the minute)}.
 var leaseTokens = redis.NewScript(`local self = 'l' .. ARGV[2]` + tokenWindow + `
-local spend, more, want = tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local floor = math.min(tonumber(ARGV[4]), own)
+if tonumber(ARGV[9]) <= ownSeq then return {-1, 0, 0, own, 0} end
+local spend, floor, more, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local keep = math.min(floor, own)
 if spend > 0 then
   redis.call('HINCRBY', KEYS[1], 's' .. slot, spend)
   spent = spent + spend
@@ -71,14 +78,14 @@ end
 redis.call('PEXPIRE', KEYS[1], 360000)
 if ARGV[8] == '1' then
   redis.call('HDEL', KEYS[1], self)
-  if floor > 0 then redis.call('HINCRBY', KEYS[1], 'r' .. minute, floor) end
-  return {1, 0, limit - spent - reserved - floor, 0, minute}
+  if keep > 0 then redis.call('HINCRBY', KEYS[1], 'r' .. minute, keep) end
+  return {1, 0, limit - spent - reserved - keep, keep, minute}
 end
 local need = floor + more
-local room, held, taken = limit - spent - reserved, floor, 0
+local room, held, taken = limit - spent - reserved, math.max(keep, math.min(floor, limit - spent - reserved)), 0
 if room >= need then held, taken = math.max(math.min(want, room), need), 1 end
 if held > 0 then
-  redis.call('HSET', KEYS[1], self, string.format('%.0f:%.0f', held, now + tonumber(ARGV[7])))
+  redis.call('HSET', KEYS[1], self, string.format('%.0f:%.0f:', held, now + tonumber(ARGV[7])) .. ARGV[9])
 else
   redis.call('HDEL', KEYS[1], self)
 end
@@ -131,11 +138,21 @@ type tokenLease struct {
 	// renewal is on its way.
 	calling, renewing bool
 	flush             *time.Timer // armed while the lease holds or owes anything
-	// ended is, once its State closed and the lease ended, the minute
-	// (+1) its requests in flight's tokens became a reservation of: they
-	// settle it through the State that replaced it (detached); 0: not.
-	ended int64
+	// seq numbers its calls (the script's ARGV[9]).
+	seq int64
+	// closing is set as its State ends it (end): nothing is reserved from
+	// it, settled into it or called for it after. ended is then the minute
+	// (+1) what its requests in flight reserved became a reservation of,
+	// moved how much of that is left to release: they settle it through
+	// the State that replaced this one (detached); ended 0: not.
+	closing      bool
+	ended, moved int64
 }
+
+// errLeaseEnded is the answer to a reservation that reached a lease its
+// State was ending: as for a State that cannot reach Redis, the caller
+// decides (on_failure).
+var errLeaseEnded = errors.New("the fleet's connection is closing")
 
 // leaseSeq numbers the leases (tokenLease.id).
 var leaseSeq atomic.Int64
@@ -171,6 +188,9 @@ func (l *tokenLease) reserveLeased(n, limit int64) (tokenAnswer, error) {
 	if l.take(n, limit) {
 		return l.answer(n), nil
 	}
+	if l.ending() {
+		return tokenAnswer{}, errLeaseEnded
+	}
 	// What is free is this request's now (no other takes it meanwhile):
 	// the call holds the rest.
 	f := max(l.free(), 0)
@@ -198,8 +218,14 @@ func (l *tokenLease) free() int64 {
 	return l.held - l.inFlight - l.unflushed
 }
 
+// ending reports whether l's State is closing (under mu).
+func (l *tokenLease) ending() bool { return l.closing || l.st.closed.Load() }
+
 // take reserves n from what l holds free, if it can (under mu).
 func (l *tokenLease) take(n, limit int64) bool {
+	if l.ending() {
+		return false
+	}
 	if limit != l.limit {
 		l.limit, l.size = limit, 0
 		l.held = min(l.held, l.inFlight+l.unflushed) // the next call gives the rest back
@@ -221,25 +247,36 @@ func (l *tokenLease) mark() {
 	}
 }
 
-// settle turns a reservation of n into used tokens (0: a refund).
-func (l *tokenLease) settle(n, used int64) {
+// settle turns a reservation of n into used tokens (0: a refund) in l's
+// books, unless its State is closing (false: detached settles it).
+func (l *tokenLease) settle(n, used int64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.ending() {
+		return false
+	}
 	l.inFlight -= n
 	l.unflushed += max(used, 0)
 	l.mark()
+	return true
 }
 
-// detached is how a hold of l settles through another State (a reload
-// replaced l's): its reservation, when l's end made its tokens one, and
-// its spend; else its spend only (what l held for it lapses).
+// detached is how a hold of l settles once l's State is closing (through
+// it, or the State that replaced it): the part of the reservation l's end
+// made of its requests' tokens that is left, and its spend; before the
+// end, or when it failed, its spend only — and l no longer counts it
+// among its requests in flight, so its end does not make it a
+// reservation no one releases.
 func (l *tokenLease) detached(h TokenHold) TokenHold {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ended == 0 {
+		l.inFlight -= h.Reserved
 		return TokenHold{Name: h.Name}
 	}
-	return TokenHold{Name: h.Name, Minute: l.ended - 1, Reserved: h.Reserved}
+	r := min(h.Reserved, l.moved)
+	l.moved -= r
+	return TokenHold{Name: h.Name, Minute: l.ended - 1, Reserved: r}
 }
 
 // exchange is l's call to Redis (under call and mu; mu is let go during
@@ -262,13 +299,15 @@ func (l *tokenLease) exchange(more int64, shrink bool) (tokenAnswer, error) {
 	floor := max(l.held-spend, l.inFlight)
 	want := l.inFlight + more + size
 	l.calling = true
+	l.seq++
+	seq := l.seq
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), l.st.cfg.Timeout)
 	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, limit, l.id, spend, floor, more,
-		want, TokenLeaseFor.Microseconds(), 0).Int64Slice()
+		want, TokenLeaseFor.Microseconds(), 0, seq).Int64Slice()
 	cancel()
 	l.st.result("tokens", err)
-	if err == nil && len(r) != 5 {
+	if err == nil && (len(r) != 5 || r[0] < 0) {
 		err = redis.Nil
 	}
 	l.mu.Lock()
@@ -318,7 +357,7 @@ func (l *tokenLease) renewBackground() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.renewing = false
-	if l.free()*2 <= l.size {
+	if !l.ending() && l.free()*2 <= l.size {
 		_, _ = l.exchange(0, false)
 	}
 }
@@ -335,7 +374,7 @@ func (l *tokenLease) flushNow() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.flush = nil
-	if l.st.closed.Load() {
+	if l.ending() {
 		return
 	}
 	unused := !l.used
@@ -349,31 +388,34 @@ func (l *tokenLease) flushNow() {
 			_, _ = l.exchange(0, unused)
 		}
 	}
-	if l.held > 0 || l.inFlight > 0 || l.unflushed > 0 {
+	if (l.held > 0 || l.inFlight > 0 || l.unflushed > 0) && l.flush == nil { // a use during the call may have armed one
 		l.flush = time.AfterFunc(tokenFlush, l.flushNow)
 	}
 }
 
 // end ends l as its State closes: its settled spend goes into the window,
-// what it holds free goes back, and what its requests in flight reserved
-// becomes a reservation of this minute, which they settle through the
-// State that replaces this one (detached). Under call and mu.
+// what it holds free goes back, and what it holds of what its requests in
+// flight reserved becomes a reservation of this minute, which they
+// release as they settle, through this State or the one that replaces it
+// (detached). Under call and mu; after it, l takes no reservation,
+// settlement or call.
 func (l *tokenLease) end() {
+	l.closing = true
 	l.free()
 	spend := l.unflushed
-	floor := max(l.held-spend, l.inFlight)
 	if l.held == 0 && spend == 0 {
 		return
 	}
+	l.seq++
 	ctx, cancel := context.WithTimeout(context.Background(), l.st.cfg.Timeout)
 	defer cancel()
 	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, l.limit, l.id, spend,
-		min(floor, l.inFlight), 0, 0, 0, 1).Int64Slice()
-	if err != nil || len(r) != 5 {
-		return // it lapses, TokenLeaseFor after its last call
+		l.inFlight, 0, 0, 0, 1, l.seq).Int64Slice()
+	if err != nil || len(r) != 5 || r[0] < 0 {
+		return // it lapses, TokenLeaseFor after its last call; its requests settle their spend only
 	}
 	l.unflushed -= spend
-	l.held, l.ended = 0, r[4]+1
+	l.held, l.ended, l.moved = 0, r[4]+1, r[3]
 }
 
 // tokenLeases is the State's token leases, by budget name; at most
@@ -445,9 +487,9 @@ func (s *State) TokenLeased(name string) (held, free int64) {
 }
 
 // giveBackTokens ends, as the State closes, each of its token leases
-// (tokenLease.end): no new call once max(timeout, 1 s) has passed, or
-// Redis is known down — those lapse, TokenLeaseFor after their last call,
-// and the spend they settled since is lost.
+// (tokenLease.end): no new call once max(timeout, 1 s) has passed — those
+// lapse, TokenLeaseFor after their last call, and the spend they settled
+// since is lost.
 func (s *State) giveBackTokens() {
 	s.tokenLeases.mu.RLock()
 	ls := make([]*tokenLease, 0, len(s.tokenLeases.m))
@@ -457,7 +499,7 @@ func (s *State) giveBackTokens() {
 	s.tokenLeases.mu.RUnlock()
 	end := time.Now().Add(max(s.cfg.Timeout, time.Second))
 	for _, l := range ls {
-		if time.Now().After(end) || !s.Up() {
+		if time.Now().After(end) {
 			return
 		}
 		l.call.Lock()

@@ -237,7 +237,7 @@ func TestAClosingReplicaGivesItsTokenLeaseBack(t *testing.T) {
 }
 
 // TestALostReplyNeverLeavesALeaseOverBudget: a call whose reply is lost
-// (Redis busy past the timeout, then running it) leaves the lease
+// (Redis paused past the timeout, then running it) leaves the lease
 // believing no more than Redis holds for it, so what two replicas reserve
 // stays within the budget — before, a lost shrink left the lease spending
 // tokens Redis had given back (1,021,000 of 1,000,000).
@@ -251,13 +251,11 @@ func TestALostReplyNeverLeavesALeaseOverBudget(t *testing.T) {
 		t.Fatalf("%v %v", ok, err)
 	}
 	a.SettleTokens(h, 0)
-	busy, slow := make(chan error, 1), redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 5 * time.Second})
-	defer slow.Close()
-	go func() { // Redis runs nothing else for 400 ms; a's timeout is 200 ms
-		busy <- slow.Eval(context.Background(), `local t = redis.call('TIME') local s = t[1] * 1e6 + t[2]
-while true do local u = redis.call('TIME') if u[1] * 1e6 + u[2] - s > 400000 then break end end return 1`, nil).Err()
-	}()
-	time.Sleep(50 * time.Millisecond)
+	pause := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer pause.Close()
+	if err := pause.Do(context.Background(), "CLIENT", "PAUSE", 400, "ALL").Err(); err != nil { // a's timeout is 200 ms
+		t.Fatal(err)
+	}
 	l := a.tokenLeaseOf("lost")
 	l.call.Lock()
 	l.mu.Lock()
@@ -265,12 +263,9 @@ while true do local u = redis.call('TIME') if u[1] * 1e6 + u[2] - s > 400000 the
 	l.mu.Unlock()
 	l.call.Unlock()
 	if err == nil {
-		t.Fatal("the call answered within the timeout while Redis was busy")
+		t.Fatal("the call answered within the timeout while Redis was paused")
 	}
-	if err := <-busy; err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(100 * time.Millisecond) // the shrink has run in Redis by now
+	time.Sleep(400 * time.Millisecond) // the pause is over: the shrink has run in Redis
 	var got int64
 	for _, s := range []*State{b, a} {
 		for range 200 {
@@ -324,7 +319,9 @@ func TestALeaseHoldsFreeNoMoreThanItsShare(t *testing.T) {
 // request in flight turns what it reserved into a reservation the budget
 // keeps (not a lease that lapses in TokenLeaseFor), and the request
 // settling through the State that replaced it releases it and spends
-// what it used; meanwhile concurrent reloads of the limit race no lease.
+// what it used; one that settled through it before the old one closed
+// is not made a reservation no one releases; and concurrent reloads of
+// the limit race no lease.
 func TestAClosingReplicasRequestsKeepTheirHolds(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
@@ -344,11 +341,13 @@ func TestAClosingReplicasRequestsKeepTheirHolds(t *testing.T) {
 	}
 	wg.Wait()
 	h, ok, _, _, _, err := old.ReserveTokens("closing", 1_000_000, 40_000)
-	if err != nil || !ok || h.lease == nil {
-		t.Fatalf("%v %v", ok, err)
+	early, ok2, _, _, _, err2 := old.ReserveTokens("closing", 1_000_000, 20_000)
+	if err != nil || err2 != nil || !ok || !ok2 || h.lease == nil {
+		t.Fatalf("%v %v %v %v", ok, err, ok2, err2)
 	}
-	old.Close()
 	next := start(t, r.URL, Hooks{})
+	next.SettleTokens(early, 5_000) // a reload made next the link; old's Close is on its way
+	old.Close()
 	reserved := func() (n int64, leases int) {
 		f, err := next.rdb.HGetAll(context.Background(), "t:tokens:closing").Result()
 		if err != nil {
@@ -377,7 +376,42 @@ func TestAClosingReplicasRequestsKeepTheirHolds(t *testing.T) {
 	if n, _ := reserved(); n != 0 {
 		t.Fatalf("settled through the next State, %d stay reserved", n)
 	}
-	if spent, _ := budgetHash(t, next, "closing"); spent != 35_000 {
-		t.Fatalf("the window holds %d, want the 35000 used", spent)
+	if spent, _ := budgetHash(t, next, "closing"); spent != 40_000 {
+		t.Fatalf("the window holds %d, want the 5000 and 35000 used", spent)
+	}
+}
+
+// TestAStaleLeaseCallChangesNothing: a lease's call that reaches Redis
+// after a later one of the same lease (its reply was lost, it was held up
+// on the way) is refused whole — it cannot take back what the later call
+// left held (two replicas reserved 1,050,000 of 1,000,000 when it could).
+func TestAStaleLeaseCallChangesNothing(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{})
+	if _, ok, _, _, _, err := s.ReserveTokens("stale", 1_000_000, 1_000); err != nil || !ok {
+		t.Fatalf("%v %v", ok, err)
+	}
+	l := s.tokenLeaseOf("stale")
+	field := func() string {
+		v, err := s.rdb.HGet(context.Background(), "t:tokens:stale", "l"+l.id).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := field()
+	l.mu.Lock()
+	seq := l.seq
+	l.mu.Unlock()
+	for _, stale := range []int64{seq, seq - 1} { // an ending shrink, as a lost one would be
+		got, err := leaseTokens.Run(context.Background(), s.rdb, []string{"t:tokens:stale"}, 1_000_000, l.id, 500, 0, 0, 0,
+			TokenLeaseFor.Microseconds(), 1, stale).Int64Slice()
+		if err != nil || got[0] != -1 || field() != before {
+			t.Fatalf("a stale call (%d, the lease's last %d): %v %v, the field %q → %q", stale, seq, got, err, before, field())
+		}
+	}
+	if spent, _ := budgetHash(t, s, "stale"); spent != 0 {
+		t.Fatalf("a stale call's spend counted: %d", spent)
 	}
 }
