@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -230,7 +231,8 @@ func TestOverloadSmoke(t *testing.T) {
 
 // TestTokensSmoke runs the tokens scenario for 3 s a target: a row per
 // target, Sturdy settling exactly what the server served, no usage chunk
-// a client did not ask for, and the small key's first request admitted.
+// a client did not ask for, the small key's first request admitted, and
+// the leased budget costing Redis less than a command a request.
 func TestTokensSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the sturdy binary")
@@ -241,15 +243,27 @@ func TestTokensSmoke(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{"| post-hoc counter |", "| sturdy |", "| sturdy ×2, one Redis |", "| budget (Redis) |"} {
+	for _, want := range []string{"| post-hoc counter |", "| sturdy |", "| sturdy ×2, one Redis |", "| sturdy ×2, one Redis, leased |", "| budget (Redis) |"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("no %q in:\n%s", want, out)
 		}
 	}
+	rows := 0
 	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Split(line, " | "); strings.HasPrefix(line, "| sturdy") && len(f) == 10 && (f[7] != "0" || !strings.HasPrefix(f[8], "true") || f[9] != "admitted |") {
+		f := strings.Split(line, " | ")
+		if !strings.HasPrefix(line, "| sturdy") || len(f) != 12 {
+			continue
+		}
+		rows++
+		if f[8] != "0" || !strings.HasPrefix(f[9], "true") || f[10] != "admitted" {
 			t.Fatalf("a usage chunk unasked, a settlement off, or the small key refused: %s", line)
 		}
+		if ops, _ := strconv.ParseFloat(strings.TrimSuffix(f[11], " |"), 64); strings.Contains(f[0], "leased") && ops >= 1 {
+			t.Fatalf("the leased budget cost %v Redis commands a request: %s", ops, line)
+		}
+	}
+	if rows != 3 {
+		t.Fatalf("%d Sturdy rows of 12 columns, want 3:\n%s", rows, out)
 	}
 	t.Log(out)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -140,20 +141,30 @@ func (s *tkServer) handle(ctx *fasthttp.RequestCtx) {
 }
 
 // tkTarget is one way to the fake server: the counter after the fact,
-// or one or two Sturdys.
+// or one or two Sturdys; limit is its budget (0: tkLimit).
 type tkTarget struct {
 	name     string
 	posthoc  bool
 	replicas int
+	limit    int64
 }
 
-var tkTargets = []tkTarget{{name: "post-hoc counter", posthoc: true}, {name: "sturdy", replicas: 1}, {name: "sturdy ×2, one Redis", replicas: 2}}
+// tkLeased is the leased target's budget: large enough to lease
+// (fleet.MinTokenLease ÷ fleet.TokenLeaseShare) and still well under what
+// the 50 clients ask.
+const tkLeased = 2_000_000
+
+var tkTargets = []tkTarget{{name: "post-hoc counter", posthoc: true}, {name: "sturdy", replicas: 1},
+	{name: "sturdy ×2, one Redis", replicas: 2}, {name: "sturdy ×2, one Redis, leased", replicas: 2, limit: tkLeased}}
 
 // tkRun is what one target did.
 type tkRun struct {
 	target string
 	d      time.Duration
+	limit  int64
 	served []tkServed
+	// redisOps is the Redis commands per request (-1: no Redis).
+	redisOps float64
 	// sent, ok and refused count the clients' requests; usageSeen those
 	// of a stream that did not ask for usage whose usage chunk came
 	// through; smallAdmitted says the 100-a-minute key's first request
@@ -167,8 +178,8 @@ type tkRun struct {
 
 // tkConfig is a measured Sturdy's budget: the 50 clients' key under
 // clients:, the small key's own in a client_keys_file (by its SHA-256).
-func tkConfig(keysFile string) string {
-	return "clients:\n  - tokens_per_minute: " + strconv.Itoa(tkLimit) + "\nclient_keys_file: " + keysFile +
+func tkConfig(keysFile string, limit int64) string {
+	return "clients:\n  - tokens_per_minute: " + strconv.FormatInt(limit, 10) + "\nclient_keys_file: " + keysFile +
 		"\nroutes:\n  - {name: all, path_prefix: /, upstream: fake, retry: {max_attempts: 1}}\n"
 }
 
@@ -220,17 +231,17 @@ func tkKeysFile(dir string) (string, error) {
 
 // runTokens runs the 50 clients through t for d.
 func runTokens(bin string, t tkTarget, d time.Duration) (tkRun, error) {
-	run := tkRun{target: t.name, d: d, settled: -1}
+	run := tkRun{target: t.name, d: d, settled: -1, limit: cmp.Or(t.limit, tkLimit), redisOps: -1}
 	var posthoc int64
 	if t.posthoc {
-		posthoc = tkLimit
+		posthoc = run.limit
 	}
 	fake, err := startTokenServer(posthoc, false)
 	if err != nil {
 		return run, err
 	}
 	defer fake.close()
-	urls, admins := []string{fake.url()}, []string(nil)
+	urls, admins, redisAddr := []string{fake.url()}, []string(nil), ""
 	if t.replicas > 0 {
 		dir, err := os.MkdirTemp("", "sturdy-bench-tokens")
 		if err != nil {
@@ -242,7 +253,7 @@ func runTokens(bin string, t tkTarget, d time.Duration) (tkRun, error) {
 			return run, err
 		}
 		var stop func()
-		urls, admins, _, stop, err = startTokenSturdys(bin, t.replicas, fake.url(), tkConfig(keys))
+		urls, admins, redisAddr, stop, err = startTokenSturdys(bin, t.replicas, fake.url(), tkConfig(keys, run.limit))
 		defer stop()
 		if err != nil {
 			return run, err
@@ -254,6 +265,7 @@ func runTokens(bin string, t tkTarget, d time.Duration) (tkRun, error) {
 	fake.mu.Lock()
 	started := time.Since(fake.start)
 	fake.mu.Unlock()
+	ops := redisOps(redisAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
@@ -272,6 +284,9 @@ func runTokens(bin string, t tkTarget, d time.Duration) (tkRun, error) {
 	}
 	wg.Wait()
 	time.Sleep(200 * time.Millisecond) // the last replies' requests end (and are counted) a moment after them
+	if redisAddr != "" && run.sent > 0 {
+		run.redisOps = float64(max(redisOps(redisAddr)-ops-1, 0)) / float64(run.sent)
+	}
 	fake.mu.Lock()
 	for _, sv := range fake.served {
 		run.all += sv.in + sv.out
@@ -364,7 +379,7 @@ func (r tkRun) figures() tkFigures {
 			sum -= r.served[lo].in + r.served[lo].out
 			lo++
 		}
-		f.maxWindow = max(f.maxWindow, float64(sum)/tkLimit)
+		f.maxWindow = max(f.maxWindow, float64(sum)/float64(r.limit))
 	}
 	// The fill: the trailing minute's spend ÷ the limit, each second from
 	// the first minute's end on (before it, no window is whole).
@@ -376,7 +391,7 @@ func (r tkRun) figures() tkFigures {
 				in += s.in + s.out
 			}
 		}
-		fills = append(fills, float64(in)/tkLimit)
+		fills = append(fills, float64(in)/float64(r.limit))
 	}
 	for _, v := range fills {
 		f.utilisation += v / float64(len(fills))
@@ -469,18 +484,21 @@ func fixedRate(client *http.Client, url, body string, rate int, d time.Duration)
 
 // tokensReport prints the runs and the latency.
 func tokensReport(w io.Writer, runs []tkRun, lat tkLatency) {
-	fmt.Fprintf(w, "### tokens: %d clients of one key, %d tokens a minute\n\n", tkClients, tkLimit)
-	fmt.Fprintln(w, "| target | run s | most in any 60 s (× limit) | utilisation (the trailing minute ÷ limit, mean from 60 s) | requests | 200 | 429 | usage chunks unasked | settled = served | 100-a-minute key's first |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+	fmt.Fprintf(w, "### tokens: %d clients of one key\n\n", tkClients)
+	fmt.Fprintln(w, "| target | limit (tokens a minute) | run s | most in any 60 s (× limit) | utilisation (the trailing minute ÷ limit, mean from 60 s) | requests | 200 | 429 | usage chunks unasked | settled = served | 100-a-minute key's first | Redis commands / request |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
 	for _, r := range runs {
 		f := r.figures()
-		settled, small := "–", "–"
+		settled, small, ops := "–", "–", "–"
 		if r.settled >= 0 {
 			settled = fmt.Sprintf("%v (%d of %d)", r.settled == r.all, r.settled, r.all)
 			small = map[bool]string{true: "admitted", false: "refused"}[r.smallAdmitted]
 		}
-		fmt.Fprintf(w, "| %s | %.0f | %.3f | %.0f %% | %d | %d | %d | %d | %s | %s |\n", r.target, r.d.Seconds(), f.maxWindow,
-			100*f.utilisation, r.sent, r.ok, r.refused, r.usageSeen, settled, small)
+		if r.redisOps >= 0 {
+			ops = fmt.Sprintf("%.3f", r.redisOps)
+		}
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.3f | %.0f %% | %d | %d | %d | %d | %s | %s | %s |\n", r.target, r.limit, r.d.Seconds(),
+			f.maxWindow, 100*f.utilisation, r.sent, r.ok, r.refused, r.usageSeen, settled, small, ops)
 	}
 	if len(lat.p99s) == 0 {
 		return
