@@ -13,7 +13,8 @@
 // The files: fleet.go the State (New, Close, reachability, cooldowns
 // published and shortened, breaker hints), follow.go the events and the
 // cooldowns loaded on (re)connect, limit.go the GCRA reservation,
-// lease.go the leases of it (taken, spent, renewed, lapsed),
+// lease.go the leases of it (taken, spent, renewed, lapsed) and the map
+// both kinds of lease are kept in (leaseMap),
 // tokens.go the token budgets' sliding minute and the membership
 // (heartbeat, Replicas), tokenlease.go the token budgets' leases
 // (reserved from, settled into, renewed, flushed, given back), resp.go the guard every Redis reply passes (its
@@ -157,8 +158,8 @@ type State struct {
 	// leases are the blocks of fleet-wide limits this replica spends
 	// without a call (lease.go); tokenLeases its token budgets' leases
 	// (tokenlease.go).
-	leases      leases
-	tokenLeases tokenLeases
+	leases      leaseMap[lease]
+	tokenLeases leaseMap[tokenLease]
 }
 
 // dialFailed notes a dial's failure (see refusedAt).

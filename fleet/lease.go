@@ -86,10 +86,66 @@ var monoStart = time.Now()
 // mono is the monotonic clock, in nanoseconds since the process started.
 func mono() int64 { return int64(time.Since(monoStart)) }
 
-// leases is the State's leases, by limit name; at most MaxLeases.
-type leases struct {
+// leaseMap is a State's leases of one kind (a limit's slots: lease; a
+// token budget's: tokenLease), by name; at most MaxLeases.
+type leaseMap[L any] struct {
 	mu sync.RWMutex
-	m  map[string]*lease
+	m  map[string]*L
+}
+
+// lookup is name's lease (nil: none).
+func (lm *leaseMap[L]) lookup(name string) *L {
+	lm.mu.RLock()
+	defer lm.mu.RUnlock()
+	return lm.m[name]
+}
+
+// evictScan is how many leases a full map looks at for idle ones.
+const evictScan = 16
+
+// get returns name's lease, made by fresh on first use; nil when
+// MaxLeases are held and none of the evictScan looked at is idle (those
+// that are leave, under the write lock).
+func (lm *leaseMap[L]) get(name string, idle func(*L) bool, fresh func() *L) *L {
+	if l := lm.lookup(name); l != nil {
+		return l
+	}
+	lm.mu.Lock()
+	defer lm.mu.Unlock()
+	if l := lm.m[name]; l != nil {
+		return l
+	}
+	if lm.m == nil {
+		lm.m = map[string]*L{}
+	}
+	if len(lm.m) >= MaxLeases {
+		seen := 0
+		for k, l := range lm.m {
+			if seen++; seen > evictScan {
+				break
+			}
+			if idle(l) {
+				delete(lm.m, k)
+			}
+		}
+		if len(lm.m) >= MaxLeases {
+			return nil
+		}
+	}
+	l := fresh()
+	lm.m[name] = l
+	return l
+}
+
+// all is the leases held now.
+func (lm *leaseMap[L]) all() []*L {
+	lm.mu.RLock()
+	defer lm.mu.RUnlock()
+	ls := make([]*L, 0, len(lm.m))
+	for _, l := range lm.m {
+		ls = append(ls, l)
+	}
+	return ls
 }
 
 // leaseSize is the largest block of a limit of rate per second and
@@ -241,48 +297,19 @@ func (l *lease) lapse(now int64) {
 // leaseOf returns name's lease, made on first use; nil when MaxLeases are
 // held and none of the few looked at has lapsed.
 func (s *State) leaseOf(name string) *lease {
-	s.leases.mu.RLock()
-	l := s.leases.m[name]
-	s.leases.mu.RUnlock()
-	if l != nil {
+	if l := s.leases.lookup(name); l != nil {
 		return l
 	}
-	s.leases.mu.Lock()
-	defer s.leases.mu.Unlock()
-	if l = s.leases.m[name]; l != nil {
+	return s.leases.get(name, lapsed, func() *lease {
+		l := &lease{}
+		l.since.Store(mono())
 		return l
-	}
-	if s.leases.m == nil {
-		s.leases.m = map[string]*lease{}
-	}
-	if len(s.leases.m) >= MaxLeases {
-		s.evictLapsed(mono())
-		if len(s.leases.m) >= MaxLeases {
-			return nil
-		}
-	}
-	l = &lease{}
-	l.since.Store(mono())
-	s.leases.m[name] = l
-	return l
+	})
 }
 
-// evictScan is how many leases a full map looks at for a lapsed one.
-const evictScan = 16
-
-// evictLapsed drops up to evictScan lapsed, idle leases (under the
-// write lock).
-func (s *State) evictLapsed(now int64) {
-	seen := 0
-	for name, l := range s.leases.m {
-		if seen++; seen > evictScan {
-			return
-		}
-		if now >= l.until.Load() && !l.renewing.Load() {
-			delete(s.leases.m, name)
-		}
-	}
-}
+// lapsed reports whether l has lapsed and no renewal is on its way: it
+// may leave the map.
+func lapsed(l *lease) bool { return mono() >= l.until.Load() && !l.renewing.Load() }
 
 // renew takes l's next block (the caller holds its renewal: begin):
 // sized to last leaseAhead at this replica's recent share (at least
@@ -332,9 +359,7 @@ func (s *State) renew(name string, l *lease, rate float64, burst int, most, own 
 // Leased reports the slots of name this replica holds unspent (0: none),
 // for tests.
 func (s *State) Leased(name string) int64 {
-	s.leases.mu.RLock()
-	defer s.leases.mu.RUnlock()
-	if l := s.leases.m[name]; l != nil && mono() < l.until.Load() {
+	if l := s.leases.lookup(name); l != nil && mono() < l.until.Load() {
 		return max(l.left.Load(), 0)
 	}
 	return 0

@@ -418,47 +418,15 @@ func (l *tokenLease) end() {
 	l.held, l.ended, l.moved = 0, r[4]+1, r[3]
 }
 
-// tokenLeases is the State's token leases, by budget name; at most
-// MaxLeases.
-type tokenLeases struct {
-	mu sync.RWMutex
-	m  map[string]*tokenLease
-}
-
 // tokenLeaseOf returns name's lease, made on first use; nil when
 // MaxLeases are held and none of the few looked at is idle.
 func (s *State) tokenLeaseOf(name string) *tokenLease {
-	s.tokenLeases.mu.RLock()
-	l := s.tokenLeases.m[name]
-	s.tokenLeases.mu.RUnlock()
-	if l != nil {
+	if l := s.tokenLeases.lookup(name); l != nil {
 		return l
 	}
-	s.tokenLeases.mu.Lock()
-	defer s.tokenLeases.mu.Unlock()
-	if l := s.tokenLeases.m[name]; l != nil {
-		return l
-	}
-	if s.tokenLeases.m == nil {
-		s.tokenLeases.m = map[string]*tokenLease{}
-	}
-	if len(s.tokenLeases.m) >= MaxLeases {
-		seen := 0
-		for k, l := range s.tokenLeases.m {
-			if seen++; seen > evictScan {
-				break
-			}
-			if l.idle() {
-				delete(s.tokenLeases.m, k)
-			}
-		}
-		if len(s.tokenLeases.m) >= MaxLeases {
-			return nil
-		}
-	}
-	l = &tokenLease{st: s, name: name, since: mono(), id: s.id + "." + strconv.FormatInt(leaseSeq.Add(1), 36)}
-	s.tokenLeases.m[name] = l
-	return l
+	return s.tokenLeases.get(name, (*tokenLease).idle, func() *tokenLease {
+		return &tokenLease{st: s, name: name, since: mono(), id: s.id + "." + strconv.FormatInt(leaseSeq.Add(1), 36)}
+	})
 }
 
 // idle reports whether l holds, owes and awaits nothing: it may leave
@@ -474,9 +442,7 @@ func (l *tokenLease) idle() bool {
 // TokenLeased reports what this replica's lease of name holds, and what
 // of that is free (for tests).
 func (s *State) TokenLeased(name string) (held, free int64) {
-	s.tokenLeases.mu.RLock()
-	l := s.tokenLeases.m[name]
-	s.tokenLeases.mu.RUnlock()
+	l := s.tokenLeases.lookup(name)
 	if l == nil {
 		return 0, 0
 	}
@@ -491,12 +457,7 @@ func (s *State) TokenLeased(name string) (held, free int64) {
 // lapse, TokenLeaseFor after their last call, and the spend they settled
 // since is lost.
 func (s *State) giveBackTokens() {
-	s.tokenLeases.mu.RLock()
-	ls := make([]*tokenLease, 0, len(s.tokenLeases.m))
-	for _, l := range s.tokenLeases.m {
-		ls = append(ls, l)
-	}
-	s.tokenLeases.mu.RUnlock()
+	ls := s.tokenLeases.all()
 	end := time.Now().Add(max(s.cfg.Timeout, time.Second))
 	for _, l := range ls {
 		if time.Now().After(end) {

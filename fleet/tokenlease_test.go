@@ -17,21 +17,31 @@ import (
 // budgetHash reads a token budget's hash: the spend its window holds,
 // and how many leases hold tokens of it.
 func budgetHash(t *testing.T, s *State, name string) (spent int64, leases int) {
+	spent, _, leases = budgetFields(t, s, name)
+	return spent, leases
+}
+
+// budgetFields reads a token budget's hash: the spend its window holds,
+// what requests' reservations hold, and how many leases hold tokens of
+// it.
+func budgetFields(t *testing.T, s *State, name string) (spent, reserved int64, leases int) {
 	t.Helper()
 	h, err := s.rdb.HGetAll(context.Background(), "t:tokens:"+name).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for f, v := range h {
+		n, _ := strconv.ParseInt(v, 10, 64)
 		switch f[0] {
 		case 's':
-			n, _ := strconv.ParseInt(v, 10, 64)
 			spent += n
+		case 'r':
+			reserved += n
 		case 'l':
 			leases++
 		}
 	}
-	return spent, leases
+	return spent, reserved, leases
 }
 
 // settled waits (at most 5 s: two flushes) until the budget's window
@@ -349,19 +359,7 @@ func TestAClosingReplicasRequestsKeepTheirHolds(t *testing.T) {
 	next.SettleTokens(early, 5_000) // a reload made next the link; old's Close is on its way
 	old.Close()
 	reserved := func() (n int64, leases int) {
-		f, err := next.rdb.HGetAll(context.Background(), "t:tokens:closing").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range f {
-			switch k[0] {
-			case 'r':
-				m, _ := strconv.ParseInt(v, 10, 64)
-				n += m
-			case 'l':
-				leases++
-			}
-		}
+		_, n, leases = budgetFields(t, next, "closing")
 		return n, leases
 	}
 	if n, leases := reserved(); n != 40_000 || leases != 0 {

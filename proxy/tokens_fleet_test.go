@@ -62,16 +62,25 @@ func spentInRedis(t *testing.T, url string, want int64) (all string) {
 	return all
 }
 
+// budgetFleet is two replicas sharing a Redis in front of an upstream
+// whose replies use in and out tokens, edit applied to each (their Redis
+// timeout 500 ms: a loaded machine's Redis is no test of a budget).
+func budgetFleet(t *testing.T, in, out int, edit func(*Options)) (*redistest.Server, []*harness) {
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(in, out))
+	return r, fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
+		o.SharedState.Timeout = 500 * time.Millisecond
+		edit(o)
+	})
+}
+
 // TestTwoReplicasHoldOneTokenBudget: a client's budget is the fleet's —
 // two replicas together admit what one would (per-replica counters would
 // admit twice the limit: LiteLLM #40291) — and Redis holds hashes, never
 // the credential.
 func TestTwoReplicasHoldOneTokenBudget(t *testing.T) {
 	t.Parallel()
-	r := redistest.Start(t)
-	up := upstreamtest.Start(t, chatUsage(10, 50))
-	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
-		o.SharedState.Timeout = 500 * time.Millisecond // a loaded machine's Redis is no test of this
+	r, hs := budgetFleet(t, 10, 50, func(o *Options) {
 		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 100}}}
 	})
 	const key = "Bearer sk-secret-0123456789"
@@ -95,10 +104,7 @@ func TestTwoReplicasHoldOneTokenBudget(t *testing.T) {
 // fleet's window holds once they flushed is exactly what the replies used.
 func TestTwoReplicasLeaseALargeTokenBudget(t *testing.T) {
 	t.Parallel()
-	r := redistest.Start(t)
-	up := upstreamtest.Start(t, chatUsage(100, 900))
-	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
-		o.SharedState.Timeout = 500 * time.Millisecond
+	r, hs := budgetFleet(t, 100, 900, func(o *Options) {
 		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 1_000_000}}}
 	})
 	const requests = 100
@@ -171,10 +177,7 @@ func TestRedisDownDividesATokenBudgetByTheReplicas(t *testing.T) {
 // tokens_per_minute is the fleet's too.
 func TestTwoReplicasPaceOneUpstreamTokensPerMinute(t *testing.T) {
 	t.Parallel()
-	r := redistest.Start(t)
-	up := upstreamtest.Start(t, chatUsage(10, 50))
-	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
-		o.SharedState.Timeout = 500 * time.Millisecond
+	r, hs := budgetFleet(t, 10, 50, func(o *Options) {
 		o.Upstreams[0].TokensPerMinute = map[string]int64{"*": 100}
 	})
 	var codes []int
@@ -192,10 +195,7 @@ func TestTwoReplicasPaceOneUpstreamTokensPerMinute(t *testing.T) {
 // replica counts on the other (in Redis, by the credential's hash).
 func TestTwoReplicasHoldOneSpendBudget(t *testing.T) {
 	t.Parallel()
-	r := redistest.Start(t)
-	up := upstreamtest.Start(t, chatUsage(10, 50)) // $1.10 at m's price
-	hs := fleetOf(t, 2, up.URL, r.URL, func(o *Options) {
-		o.SharedState.Timeout = 500 * time.Millisecond
+	r, hs := budgetFleet(t, 10, 50, func(o *Options) { // $1.10 at m's price
 		o.Prices = map[string]Price{"m": {Input: 10000, Output: 20000}}
 		o.Clients = []ClientLimit{{Spend: Spend{USD: 1, Period: "month"}}}
 	})
