@@ -54,41 +54,43 @@ const (
 )
 
 // leaseTokens sets the caller's lease of the budget in KEYS[1] (ARGV: 1
-// the limit, 2 the lease, 3 the spend settled since its last call — now
-// the window's —, 4 floor, what its requests in flight reserved (what it
-// holds of that is kept whatever the room; no more than it holds), 5 the
-// more a request needs, 6 want (what it asks to hold), 7 how long it
-// holds, µs, 8 "1" to end the lease — what it holds of floor becoming a
-// reservation of this minute —, 9 the call's number, which must be past
-// the lease's last: a call that reaches Redis after a later one does
-// nothing). It holds want, or what room the budget has, when floor and
-// the more fit; else floor as far as it holds it or room allows. Returns
-// {the more met (-1: a stale call), wait µs as reserveTokens, remaining,
-// held (ending: what became a reservation), reserved by requests in
-// flight and leases (ending: the minute)}.
+// the limit, 2 the lease, 3 and 10 the spend it knows it has put in the
+// window and the spend settled so far — the difference, less what a call
+// whose reply was lost put there, goes in now —, 4 floor, what its
+// requests in flight reserved (what it holds of that is kept whatever the
+// room; no more than it holds), 5 the more a request needs, 6 want (what
+// it asks to hold), 7 how long it holds, µs, 8 "1" to end the lease —
+// what it holds of floor becoming a reservation of this minute —, 9 the
+// call's number, which must be past the lease's last: a call that
+// reaches Redis after a later one does nothing). It holds want, or what
+// room the budget has, when floor and the more fit; else floor as far as
+// it holds it or room allows. The field stays (holding 0 once nothing is
+// held, its number and spend with it) until its deadline. Returns {the
+// more met (-1: a stale call), wait µs as reserveTokens, remaining, held
+// (ending: what became a reservation), reserved by requests in flight and
+// leases (ending: the minute)}.
 var leaseTokens = redis.NewScript(`local self = 'l' .. ARGV[2]` + tokenWindow + `
 if tonumber(ARGV[9]) <= ownSeq then return {-1, 0, 0, own, 0} end
-local spend, floor, more, want = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local keep = math.min(floor, own)
+local floor, more, want, total = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[10])
+local keep, spend = math.min(floor, own), total - math.max(tonumber(ARGV[3]), ownFlushed)
 if spend > 0 then
   redis.call('HINCRBY', KEYS[1], 's' .. slot, spend)
   spent = spent + spend
   slots[#slots + 1] = {slot, spend}
 end
 redis.call('PEXPIRE', KEYS[1], 360000)
+local function hold(n)
+  redis.call('HSET', KEYS[1], self, string.format('%.0f:%.0f:', n, now + tonumber(ARGV[7])) .. ARGV[9] .. ':' .. ARGV[10])
+end
 if ARGV[8] == '1' then
-  redis.call('HDEL', KEYS[1], self)
+  hold(0)
   if keep > 0 then redis.call('HINCRBY', KEYS[1], 'r' .. minute, keep) end
   return {1, 0, limit - spent - reserved - keep, keep, minute}
 end
 local need = floor + more
 local room, held, taken = limit - spent - reserved, math.max(keep, math.min(floor, limit - spent - reserved)), 0
 if room >= need then held, taken = math.max(math.min(want, room), need), 1 end
-if held > 0 then
-  redis.call('HSET', KEYS[1], self, string.format('%.0f:%.0f:', held, now + tonumber(ARGV[7])) .. ARGV[9])
-else
-  redis.call('HDEL', KEYS[1], self)
-end
+hold(held)
 local w = 0
 if taken == 0 then w = wait(need) end
 return {taken, w, limit - spent - reserved - held, held, reserved + held}`)
@@ -138,8 +140,9 @@ type tokenLease struct {
 	// renewal is on its way.
 	calling, renewing bool
 	flush             *time.Timer // armed while the lease holds or owes anything
-	// seq numbers its calls (the script's ARGV[9]).
-	seq int64
+	// seq numbers its calls (the script's ARGV[9]); flushed is the spend
+	// its calls are known to have put in the window (ARGV[3]).
+	seq, flushed int64
 	// closing is set as its State ends it (end): nothing is reserved from
 	// it, settled into it or called for it after. ended is then the minute
 	// (+1) what its requests in flight reserved became a reservation of,
@@ -303,8 +306,9 @@ func (l *tokenLease) exchange(more int64, shrink bool) (tokenAnswer, error) {
 	seq := l.seq
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), l.st.cfg.Timeout)
-	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, limit, l.id, spend, floor, more,
-		want, TokenLeaseFor.Microseconds(), 0, seq).Int64Slice()
+	acked := l.flushed
+	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, limit, l.id, acked, floor, more,
+		want, TokenLeaseFor.Microseconds(), 0, seq, acked+spend).Int64Slice()
 	cancel()
 	l.st.result("tokens", err)
 	if err == nil && (len(r) != 5 || r[0] < 0) {
@@ -314,13 +318,14 @@ func (l *tokenLease) exchange(more int64, shrink bool) (tokenAnswer, error) {
 	l.calling = false
 	if err != nil {
 		// Redis holds what it held, or what the call set: at least the
-		// less of the two. The spend is sent again (counted twice if the
-		// call did go through: never less than spent).
+		// less of the two. The spend goes with the next call (the script
+		// counts what this one put in the window, if it did, once).
 		l.held = min(l.held, floor)
 		l.calm = mono() + int64(leaseCalm)
 		return tokenAnswer{}, err
 	}
 	l.unflushed -= spend
+	l.flushed += spend
 	l.held, l.until, l.lastCall = r[3], now+int64(TokenLeaseFor), now
 	if l.limit != limit { // a reload changed the limit meanwhile: nothing free is kept under the new one
 		l.held = min(l.held, l.inFlight+l.unflushed+more)
@@ -409,12 +414,13 @@ func (l *tokenLease) end() {
 	l.seq++
 	ctx, cancel := context.WithTimeout(context.Background(), l.st.cfg.Timeout)
 	defer cancel()
-	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, l.limit, l.id, spend,
-		l.inFlight, 0, 0, 0, 1, l.seq).Int64Slice()
+	r, err := leaseTokens.Run(ctx, l.st.rdb, []string{l.st.cfg.Prefix + "tokens:" + l.name}, l.limit, l.id, l.flushed,
+		l.inFlight, 0, 0, 0, 1, l.seq, l.flushed+spend).Int64Slice()
 	if err != nil || len(r) != 5 || r[0] < 0 {
 		return // it lapses, TokenLeaseFor after its last call; its requests settle their spend only
 	}
 	l.unflushed -= spend
+	l.flushed += spend
 	l.held, l.ended, l.moved = 0, r[4]+1, r[3]
 }
 

@@ -2,13 +2,15 @@ package fleet
 
 import (
 	"context"
+	"io"
+	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/redistest"
@@ -23,7 +25,7 @@ func budgetHash(t *testing.T, s *State, name string) (spent int64, leases int) {
 
 // budgetFields reads a token budget's hash: the spend its window holds,
 // what requests' reservations hold, and how many leases hold tokens of
-// it.
+// it (a lease's field holding none stays until its deadline).
 func budgetFields(t *testing.T, s *State, name string) (spent, reserved int64, leases int) {
 	t.Helper()
 	h, err := s.rdb.HGetAll(context.Background(), "t:tokens:"+name).Result()
@@ -38,7 +40,9 @@ func budgetFields(t *testing.T, s *State, name string) (spent, reserved int64, l
 		case 'r':
 			reserved += n
 		case 'l':
-			leases++
+			if !strings.HasPrefix(v, "0:") {
+				leases++
+			}
 		}
 	}
 	return spent, reserved, leases
@@ -246,36 +250,84 @@ func TestAClosingReplicaGivesItsTokenLeaseBack(t *testing.T) {
 	}
 }
 
-// TestALostReplyNeverLeavesALeaseOverBudget: a call whose reply is lost
-// (Redis paused past the timeout, then running it) leaves the lease
-// believing no more than Redis holds for it, so what two replicas reserve
-// stays within the budget — before, a lost shrink left the lease spending
-// tokens Redis had given back (1,021,000 of 1,000,000).
+// replyDropper is a loopback proxy to the Redis at addr whose replies
+// are dropped while drop is set: a call that runs in Redis and whose
+// reply never comes.
+func replyDropper(t *testing.T, addr string) (url string, drop *atomic.Bool) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	drop = new(atomic.Bool)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := up.Read(buf)
+					if n > 0 && !drop.Load() {
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "redis://" + ln.Addr().String() + "/0", drop
+}
+
+// TestALostReplyNeverLeavesALeaseOverBudget: a call that runs in Redis
+// but whose reply is lost (an unused lease's flush, giving back what it
+// holds free, with spend settled since the last call) leaves the lease
+// believing no more than Redis holds for it, and its spend in the window
+// once, not again with the next call — before, the lease went on
+// spending what it had given back (two replicas reserved 1,021,000 of
+// 1,000,000).
 func TestALostReplyNeverLeavesALeaseOverBudget(t *testing.T) {
 	t.Parallel()
 	r := redistest.Start(t)
-	a, b := start(t, r.URL, Hooks{}), start(t, r.URL, Hooks{})
+	url, drop := replyDropper(t, r.Addr)
+	a, b := start(t, url, Hooks{}), start(t, r.URL, Hooks{})
 	const limit = 1_000_000
 	h, ok, _, _, _, err := a.ReserveTokens("lost", limit, 1_000)
 	if err != nil || !ok {
 		t.Fatalf("%v %v", ok, err)
 	}
-	a.SettleTokens(h, 0)
-	pause := redis.NewClient(&redis.Options{Addr: r.Addr})
-	defer pause.Close()
-	if err := pause.Do(context.Background(), "CLIENT", "PAUSE", 400, "ALL").Err(); err != nil { // a's timeout is 200 ms
-		t.Fatal(err)
-	}
+	a.SettleTokens(h, 700)
 	l := a.tokenLeaseOf("lost")
 	l.call.Lock()
 	l.mu.Lock()
-	_, err = l.exchange(0, true) // an unused lease's flush: it gives back what it holds free
+	drop.Store(true)
+	_, err = l.exchange(0, true)
+	drop.Store(false)
+	believed := l.held
 	l.mu.Unlock()
 	l.call.Unlock()
 	if err == nil {
-		t.Fatal("the call answered within the timeout while Redis was paused")
+		t.Fatal("the call was answered with its reply dropped")
 	}
-	time.Sleep(400 * time.Millisecond) // the pause is over: the shrink has run in Redis
+	f, err := b.rdb.HGet(context.Background(), "t:tokens:lost", "l"+l.id).Result()
+	held, _ := strconv.ParseInt(strings.Split(f, ":")[0], 10, 64)
+	if err != nil || believed > held {
+		t.Fatalf("the lease believes it holds %d, Redis holds %d (%q, %v)", believed, held, f, err)
+	}
+	if spent, _ := budgetHash(t, b, "lost"); spent != 700 {
+		t.Fatalf("the lost call put %d in the window, want its 700", spent)
+	}
 	var got int64
 	for _, s := range []*State{b, a} {
 		for range 200 {
@@ -287,8 +339,11 @@ func TestALostReplyNeverLeavesALeaseOverBudget(t *testing.T) {
 			s.SettleTokens(h, 10_000)
 		}
 	}
-	if got > limit {
-		t.Fatalf("the replicas reserved %d of a %d budget", got, limit)
+	if got > limit-700 {
+		t.Fatalf("the replicas reserved %d of the %d a %d budget had left", got, limit-700, limit)
+	}
+	if spent, _ := budgetHash(t, b, "lost"); spent > 700+got {
+		t.Fatalf("the window holds %d, more than the 700 and %d spent: the lost call's spend counted again", spent, got)
 	}
 }
 
@@ -398,13 +453,15 @@ func TestAStaleLeaseCallChangesNothing(t *testing.T) {
 		}
 		return v
 	}
+	l.call.Lock() // no flush of its own meanwhile
+	defer l.call.Unlock()
 	before := field()
 	l.mu.Lock()
-	seq := l.seq
+	seq, flushed := l.seq, l.flushed
 	l.mu.Unlock()
 	for _, stale := range []int64{seq, seq - 1} { // an ending shrink, as a lost one would be
-		got, err := leaseTokens.Run(context.Background(), s.rdb, []string{"t:tokens:stale"}, 1_000_000, l.id, 500, 0, 0, 0,
-			TokenLeaseFor.Microseconds(), 1, stale).Int64Slice()
+		got, err := leaseTokens.Run(context.Background(), s.rdb, []string{"t:tokens:stale"}, 1_000_000, l.id, flushed, 0, 0, 0,
+			TokenLeaseFor.Microseconds(), 1, stale, flushed+500).Int64Slice()
 		if err != nil || got[0] != -1 || field() != before {
 			t.Fatalf("a stale call (%d, the lease's last %d): %v %v, the field %q → %q", stale, seq, got, err, before, field())
 		}

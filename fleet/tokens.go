@@ -25,8 +25,9 @@ import (
 // (KEYS[1]; ARGV[1] its limit) as it stands now — spent, the spend in
 // the window's slots (slots), reserved, what requests in flight and the
 // replicas' leases hold (a lease's field "l<lease>" holds
-// "<tokens>:<deadline µs>:<its last call's number>"; self, the caller's
-// own lease field, is not counted there but in own and ownSeq) —
+// "<tokens>:<deadline µs>:<its last call's number>:<the spend it has
+// put in the window>"; self, the caller's own lease field, is not
+// counted there but in own, ownSeq and ownFlushed) —
 // dropping what has aged out; wait(need) is how long until need more
 // tokens fit (µs; 0: the holds in flight keep them).
 const tokenWindow = `
@@ -36,18 +37,22 @@ local slot = math.floor(now / 5000000)
 local minute = math.floor(now / 60000000)
 local limit = tonumber(ARGV[1])
 local h = redis.call('HGETALL', KEYS[1])
-local spent, reserved, own, ownSeq, slots = 0, 0, 0, -1, {}
+local spent, reserved, own, ownSeq, ownFlushed, slots = 0, 0, 0, -1, 0, {}
 for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
   local k, at = string.sub(f, 1, 1), tonumber(string.sub(f, 2))
-  local held, deadline, seq = string.match(v, '^(%d+):(%d+):(%d+)$')
+  local held, deadline, seq, flushed = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
   if k == 's' and at and at > slot - 13 then
     spent = spent + tonumber(v)
     slots[#slots + 1] = {at, tonumber(v)}
   elseif k == 'r' and at and at > minute - 5 then
     reserved = reserved + tonumber(v)
   elseif k == 'l' and held and tonumber(deadline) > now then
-    if f == self then own, ownSeq = tonumber(held), tonumber(seq) else reserved = reserved + tonumber(held) end
+    if f == self then
+      own, ownSeq, ownFlushed = tonumber(held), tonumber(seq), tonumber(flushed)
+    else
+      reserved = reserved + tonumber(held)
+    end
   else
     redis.call('HDEL', KEYS[1], f)
   end
@@ -116,7 +121,11 @@ func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, take
 	if most := tokenLeaseSize(limit); most > 0 && n <= most && !s.closed.Load() {
 		if l := s.tokenLeaseOf(name); l != nil {
 			a, err := l.reserveLeased(n, limit)
-			return a.hold, a.taken, a.wait, a.remaining, a.reserved, err
+			if !errors.Is(err, errLeaseEnded) {
+				return a.hold, a.taken, a.wait, a.remaining, a.reserved, err
+			}
+			// The State is closing (a reload replaced it): reserved as a
+			// small budget is, while its connection lasts.
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
@@ -134,7 +143,8 @@ func (s *State) ReserveTokens(name string, limit, n int64) (hold TokenHold, take
 }
 
 // SettleTokens turns hold into used tokens spent now (0: a refund), in
-// the background: no request waits for it. A hold of this State's lease
+// the background: no request waits for it (but for a lease's end, as its
+// State closes: up to the timeout). A hold of this State's lease
 // settles into the lease's books; one of a lease whose State is closing
 // (a reload replaced the link) as tokenLease.detached says.
 func (s *State) SettleTokens(h TokenHold, used int64) {
