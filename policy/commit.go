@@ -190,66 +190,59 @@ func chunkMark(api API, usage, choices *gjson.Result) Mark {
 }
 
 // choiceHasOutput reports whether one choice of a chunk carries output:
-// a finish_reason, text, or a delta with output (deltaHasOutput). The
-// first of each key counts, as Get would find it; one pass over the
-// keys, not a Get each (a judged stream's first event is read deep in
-// the request's stack: this keeps it under 8 KiB).
+// a finish_reason, text, a tool call, a legacy function call or audio.
+// Each key is read by a helper (setNonNull, nonEmpty, nonEmptyArray,
+// nonEmptyObject) with gjson.Get on the raw JSON: the results are not on
+// this frame, and a Get goes less deep than a ForEach over the choice,
+// which parses every value (a number's parse alone takes a KiB) — a
+// judged stream's first event is read at the attempt loop's deepest, or
+// a continuation's, under 8 KiB of stack.
 func choiceHasOutput(api API, c *gjson.Result) bool {
-	const finish, text, delta = 1, 2, 4
-	var seen int
-	var has bool
-	var d gjson.Result
-	c.ForEach(func(k, v gjson.Result) bool {
-		switch {
-		case k.Str == "finish_reason" && seen&finish == 0:
-			seen |= finish
-			has = v.Type != gjson.Null
-		case k.Str == "text" && seen&text == 0:
-			seen |= text
-			has = api == APICompletions && v.String() != ""
-		case k.Str == "delta" && seen&delta == 0:
-			seen |= delta
-			d = v
+	if setNonNull(c.Raw, "finish_reason") {
+		return true
+	}
+	if api == APICompletions {
+		return nonEmpty(c.Raw, "text")
+	}
+	d := rawOf(c.Raw, "delta")
+	for _, k := range outputKeys {
+		if nonEmpty(d, k) {
+			return true
 		}
-		return !has
-	})
-	return has || api != APICompletions && deltaHasOutput(&d)
+	}
+	// a tool call; legacy function calling; audio output
+	return nonEmptyArray(d, "tool_calls") || nonEmptyObject(d, "function_call") || nonEmptyObject(d, "audio")
 }
 
-// outputKeys are the delta keys whose non-empty string is output; then
-// tool_calls (a non-empty array), and function_call (legacy function
-// calling) and audio (a non-empty object).
-var outputKeys = [...]string{"content", "refusal", "reasoning_content", "reasoning", "tool_calls", "function_call", "audio"}
+// outputKeys are the delta keys whose non-empty string is output.
+var outputKeys = [...]string{"content", "refusal", "reasoning_content", "reasoning"}
 
-// deltaHasOutput reports whether a choice's delta carries text, a
-// refusal or reasoning, a tool call, a legacy function call or audio
-// (the first of each key counting).
-func deltaHasOutput(d *gjson.Result) bool {
-	var seen int
-	var has bool
-	var calls gjson.Result
-	d.ForEach(func(k, v gjson.Result) bool {
-		for i, key := range outputKeys {
-			if k.Str != key || seen&(1<<i) != 0 {
-				continue
-			}
-			seen |= 1 << i
-			switch {
-			case i < 4:
-				has = v.String() != ""
-			case i == 4:
-				calls = v
-			default:
-				has = v.IsObject() && v.Raw != "{}"
-			}
-			break
-		}
-		return !has
-	})
-	if !has && calls.IsArray() {
-		calls.ForEach(func(_, _ gjson.Result) bool { has = true; return false })
+// setNonNull reports whether raw's key is there and not null.
+func setNonNull(raw, key string) bool {
+	v := gjson.Get(raw, key)
+	return v.Exists() && v.Type != gjson.Null
+}
+
+// nonEmpty reports whether raw's key reads as a non-empty string.
+func nonEmpty(raw, key string) bool { return gjson.Get(raw, key).String() != "" }
+
+// rawOf is raw's key as JSON ("": none).
+func rawOf(raw, key string) string { return gjson.Get(raw, key).Raw }
+
+// nonEmptyArray reports whether raw's key is an array with an element.
+func nonEmptyArray(raw, key string) bool {
+	v := gjson.Get(raw, key)
+	has := false
+	if v.IsArray() {
+		v.ForEach(func(_, _ gjson.Result) bool { has = true; return false })
 	}
 	return has
+}
+
+// nonEmptyObject reports whether raw's key is an object other than {}.
+func nonEmptyObject(raw, key string) bool {
+	v := gjson.Get(raw, key)
+	return v.IsObject() && v.Raw != "{}"
 }
 
 // errorCode is an error object's code when EventFailure knows it, else

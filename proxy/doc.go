@@ -65,8 +65,11 @@
 // pooled with the exchange). What the loop learns on one target (a visit:
 // the model as sent, its cooldown keys, the endpoints that failed) and of
 // one try (an attempt: its endpoint, lease, tickets, outcome, verdict and
-// its reply, pooled and taken over by the next try) lives in the steps
-// that run them, the target's steps being the visit's methods; what
+// its reply, pooled and taken over by the next try) is held with the
+// exchange (its visit, last and in fields; a continuation's try in its
+// stream's rescue) — not on the request's stack, which a stream's judged
+// first event would take past 8 KiB — and run by the loop's steps, the
+// target's steps being the visit's methods; what
 // stood in the way of the targets (an obstruction) goes from run to
 // respond, and the answering attempt's reply to the stream at commit
 // (respond gives back one not committed). The other files:

@@ -30,7 +30,9 @@ const maxTriedEndpoints = 8
 // client's presence, the request as it goes upstream, the attempt loop's
 // counts and where it stands, the client's response, and the notes the
 // access log needs. A try's own state — its reply included — is its
-// attempt, a target's its visit (both in the loop's steps). It is
+// attempt, a target's its visit: held here (visit, last; a
+// continuation's in its stream), run by the loop's steps, not on the
+// request's stack. It is
 // pooled; once a reply is committed as a stream its stream (holding that
 // reply) is the body reader fasthttp pulls from, and the exchange is
 // released when fasthttp closes that reader.
@@ -117,7 +119,7 @@ type outbound struct {
 // attempts so far, and why it stopped.
 //
 // What the loop learns on one target is not here: it lives in that
-// target's visit (loop.go), in the step that runs it; what stood in the
+// target's visit (loop.go; the exchange's visit field); what stood in the
 // way of the targets is the loop's obstruction, carried from visit to
 // visit and handed to respond.
 type loopState struct {

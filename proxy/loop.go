@@ -101,8 +101,9 @@ func (v *visit) run(a *attempt) policy.Action {
 // visit is the loop's stay on one target, from useTarget to its failover
 // or stop: what it has learned there and is asked of again (the attempts
 // on it, its cooldown and affinity keys, the endpoints that failed, a
-// ride through its outage). It lives in the step that runs it (onTarget,
-// a rescue's continueOn); what the request holds of the target (its
+// ride through its outage). It is the exchange's (exchange.visit, set by
+// onTarget, then by a rescue's continueOn once the loop is over), not on
+// the stack of the step that runs it; what the request holds of the target (its
 // slot, its in-flight count, a riders' place) is the exchange's, given
 // back by leaveTarget.
 type visit struct {

@@ -59,6 +59,10 @@ type rescue struct {
 	refused        string
 	// join joins a Messages API stream's continuations to it.
 	join messageSeam
+	// try is a continuation's try, then the last one made: held here,
+	// not on the stack (the continuation's first event is judged as deep
+	// as the loop's, under the stream's Read).
+	try attempt
 }
 
 // errInBand is why a stream that reported an error mid-answer ended.
@@ -348,27 +352,16 @@ func (st *stream) rescueStream() bool {
 	if !rs.rescuable {
 		return false
 	}
-	var a attempt // a continuation's try, then the last one made
+	a := &rs.try
+	*a = attempt{}
 	for {
-		ti, now, reserved := st.rescueTarget(), time.Now(), false
-		var budget *policy.Budget
-		if ti >= 0 {
-			budget = ex.req.route.targets[ti].up.Budget()
-			reserved = budget.Reserve(now)
-		}
-		if why := st.rescueState(ti, ti >= 0 && !reserved).Refusal(); why != "" {
-			if reserved {
-				budget.Cancel(now)
-			}
-			if rs.refused == "" && why != "interrupted" {
-				rs.refused = why
-			}
-			ex.report().rescued(why, rs.tries == 0 || why != "exhausted")
+		ti, budget, now, ok := st.nextRescue()
+		if !ok {
 			return false
 		}
 		rs.tries++
 		ex.report().cut(rs.end)
-		took, sent := st.continueOn(ti, &a)
+		took, sent := st.continueOn(ti, a)
 		if !sent {
 			budget.Cancel(now)
 		}
@@ -384,6 +377,32 @@ func (st *stream) rescueStream() bool {
 		ex.report().continuationFailed()
 		rs.ti = policy.RescueNext(ti, sent && a.verdict.Class == policy.ClassRetryable)
 	}
+}
+
+// nextRescue is the target the next continuation goes to, as
+// policy.Rescue allows, with its upstream's retry budget reserved at now
+// (given back unless it is sent); not ok: none goes (the refusal
+// reported). A function of its own: its frame is not on the stack while
+// the continuation is judged.
+func (st *stream) nextRescue() (ti int, budget *policy.Budget, now time.Time, ok bool) {
+	ex, rs := st.ex, &st.rescue
+	ti, now = st.rescueTarget(), time.Now()
+	reserved := false
+	if ti >= 0 {
+		budget = ex.req.route.targets[ti].up.Budget()
+		reserved = budget.Reserve(now)
+	}
+	if why := st.rescueState(ti, ti >= 0 && !reserved).Refusal(); why != "" {
+		if reserved {
+			budget.Cancel(now)
+		}
+		if rs.refused == "" && why != "interrupted" {
+			rs.refused = why
+		}
+		ex.report().rescued(why, rs.tries == 0 || why != "exhausted")
+		return ti, nil, now, false
+	}
+	return ti, budget, now, true
 }
 
 // continueOn sends the continuation request to target ti — the body as
@@ -405,7 +424,9 @@ func (st *stream) continueOn(ti int, a *attempt) (took, sent bool) {
 	if !ok {
 		return false, false
 	}
-	v := visit{ex: ex, t: t, ti: ti}
+	v := &ex.visit // the loop's visit has ended: off the stack, as onTarget's
+	*v = visit{}
+	v.ex, v.t, v.ti = ex, t, ti
 	if v.useTarget() != policy.ActionAttempt { // its obstruction answers nobody: the stream ends
 		return false, false
 	}

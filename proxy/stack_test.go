@@ -4,12 +4,14 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,19 +24,22 @@ import (
 const stackProbe = "STURDY_STACK_PROBE"
 
 // TestARequestRunsIn8KiBOfStack: a request runs in 8 KiB of stack — one
-// whose attempt dials a new upstream connection, plain and over TLS, and
-// a stream of each API whose first events are judged before it commits
-// (chat, Responses, Messages). The request's goroutine keeps its stack
-// for its client connection's life, so one that grew to 16 KiB costs
-// every idle connection, and every open stream, 8 KiB more. Run in a
-// child process with the stack capped (debug.SetMaxStack), where a
-// goroutine past it crashes with its trace; it fails if that goroutine is
-// the proxy's request path (the dial's own goroutine may outgrow it: a
-// TLS handshake does). Before the dial had a goroutine of its own, the net
-// package's dial overflowed the request's; before the attempt loop's
-// visit and tries left the request's stack and a choice was read in one
-// pass, judging a chat stream's first event did. Without -race only (its
-// instrumentation widens every frame); .ci/run runs it so.
+// whose attempt dials a new upstream connection, plain and over TLS, a
+// stream of each API whose first events are judged before it commits
+// (chat, Responses, Messages), and a stream rescued by a continuation on
+// a fallback (judged again, under the stream's Read). The client
+// connection's goroutine keeps its stack for the connection's life, so
+// one that grew to 16 KiB costs every idle connection, and every open
+// stream, 8 KiB more. Run in a child process with the stack capped
+// (debug.SetMaxStack), where a goroutine past it crashes with its trace:
+// it fails unless that goroutine is a dial's own (a TLS handshake needs
+// more; that is why the dial has a goroutine) and every case before the
+// TLS one said it finished. Before the dial had a goroutine of its own
+// the net package's dial overflowed the request's; before the attempt
+// loop's visit and tries left the stack and a choice was read in one
+// pass, judging a chat stream's first event did; before a continuation's
+// visit and try did too, judging its first event did. Without -race only
+// (its instrumentation widens every frame); .ci/run runs it so.
 func TestARequestRunsIn8KiBOfStack(t *testing.T) {
 	if os.Getenv(stackProbe) != "" {
 		probeStack(t)
@@ -47,60 +52,80 @@ func TestARequestRunsIn8KiBOfStack(t *testing.T) {
 	if err == nil {
 		return
 	}
-	// The cap is the process's: the dial's own goroutine (a TLS
-	// handshake needs more than 8 KiB) may be the one past it, and that
-	// is where it belongs. Only the goroutine that overflowed counts.
-	over, _, found := strings.Cut(string(out), "[running]:")
+	over, trace, found := strings.Cut(string(out), "[running]:")
 	if !found || !strings.Contains(over, "stack overflow") {
 		t.Fatalf("the probe failed: %v\n%s", err, firstLines(string(out), 60))
 	}
-	_, trace, _ := strings.Cut(string(out), "[running]:")
-	trace, _, _ = strings.Cut(trace, "created by")
-	if strings.Contains(trace, "sturdy/proxy.(*Proxy).Handle") {
-		t.Fatalf("a request's goroutine outgrew 8 KiB of stack:%s", firstLines(trace, 60))
+	if _, by, _ := strings.Cut(trace, "created by"); !strings.HasPrefix(strings.TrimSpace(by), "sturdy/upstream.(*Endpoint).dial") {
+		t.Fatalf("a goroutine outgrew 8 KiB of stack:%s", firstLines(trace, 80))
+	}
+	for _, c := range stackCases {
+		if !c.tls && !strings.Contains(over, stackDone+c.name+"\n") {
+			t.Fatalf("the probe ended before %q finished:\n%s", c.name, firstLines(string(out), 60))
+		}
 	}
 }
 
-// probeStack is the child: each upstream is first reached through a
-// proxy of its own (its server's goroutines grow there, and the reply
-// closes the connection so they are reused), then through a fresh proxy
-// with the stack capped, over a client connection opened before the cap.
+// stackDone starts the line the probe writes as a case finishes.
+const stackDone = "stack probe done: "
+
+// stackCases are the probe's requests: to path, with body, answered by
+// step (and by fallback, a fallback that continues a cut stream); tls
+// last, since the handshake's own goroutine outgrows the cap and ends
+// the probe there.
+var stackCases = []struct {
+	name, path, body string
+	step, fallback   upstreamtest.Step
+	tls              bool
+}{
+	{name: "a dial", path: "/v1/chat/completions", body: stackChat, step: upstreamtest.Step{Body: "{}"}},
+	{name: "a chat stream", path: "/v1/chat/completions", body: streamChat,
+		step: sseStep(roleChunk, upstreamtest.SSE("Hi", "there")[0], "data: [DONE]\n\n")},
+	{name: "a Responses stream", path: "/v1/responses", body: `{"model":"m","stream":true,"input":"hi"}`,
+		step: sseStep(created, inProgress, respDelta, respDone)},
+	{name: "a Messages stream", path: "/v1/messages", body: msgRequest, step: sseStep(msgStart, msgPing, msgBlock, msgDelta, msgEnd)},
+	{name: "a rescued stream", path: "/v1/chat/completions", body: streamChat,
+		step: sseStep(append(upstreamtest.SSE("Hel", "lo")[:2], vllmError)...), fallback: continuationOf(" wor", "ld")},
+	{name: "a dial over TLS", path: "/v1/chat/completions", body: stackChat, step: upstreamtest.Step{Body: "{}"}, tls: true},
+}
+
+const stackChat = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+
+// probeStack is the child: each case is first served through a proxy of
+// its own (the upstreams' goroutines grow there, and each reply closes
+// its connection so the next dials), then through a fresh proxy with the
+// stack capped, over a client connection opened before the cap.
 func probeStack(t *testing.T) {
 	cert, key := upstreamtest.SelfSigned(t)
 	closing := func(st upstreamtest.Step) upstreamtest.Step {
-		st.Header = append(st.Header, [2]string{"Connection", "close"})
+		st.Header = append(slices.Clip(st.Header), [2]string{"Connection", "close"})
 		return st
 	}
-	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
-	for _, tt := range []struct {
-		name, path, body string
-		step             upstreamtest.Step
-		tls              bool
-	}{
-		{"a dial", "/v1/chat/completions", chat, upstreamtest.Step{Body: "{}"}, false},
-		{"a chat stream", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
-			sseStep(roleChunk, upstreamtest.SSE("Hi", "there")[0], "data: [DONE]\n\n"), false},
-		{"a Responses stream", "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`,
-			sseStep(created, inProgress, respDelta, respDone), false},
-		{"a Messages stream", "/v1/messages", msgRequest, sseStep(msgStart, msgPing, msgBlock, msgDelta, msgEnd), false},
-		// Last: the handshake's own goroutine outgrows the cap, which ends
-		// the probe there.
-		{"a dial over TLS", "/v1/chat/completions", chat, upstreamtest.Step{Body: "{}"}, true},
-	} {
+	for _, c := range stackCases {
 		start := upstreamtest.Start
-		if tt.tls {
+		if c.tls {
 			start = func(t testing.TB, steps ...upstreamtest.Step) *upstreamtest.Server {
 				return upstreamtest.StartTLS(t, cert, key, steps...)
 			}
 		}
-		up := start(t, closing(tt.step), closing(tt.step))
-		insecure := func(o *Options) { o.Upstreams[0].TLS = upstream.TLS{InsecureSkipVerify: true} }
-		if code := rawPost(t, startProxy(t, up.URL, insecure).url, tt.path, tt.body, 0); code != 200 {
-			t.Fatalf("%s, warming: %d", tt.name, code)
+		up := start(t, closing(c.step), closing(c.step))
+		opts := func(o *Options) { o.Upstreams[0].TLS = upstream.TLS{InsecureSkipVerify: true} }
+		if c.fallback.Chunks != nil {
+			fallback := upstreamtest.Start(t, closing(c.fallback), closing(c.fallback))
+			opts = func(o *Options) {
+				fb := testUpstream("fb", fallback.URL)
+				fb.Continuation = upstream.ContinuePrefill
+				o.Upstreams = append(o.Upstreams, fb)
+				o.Routes[0].Fallbacks = []Target{{Upstream: "fb", Model: "other"}}
+			}
 		}
-		if code := rawPost(t, startProxy(t, up.URL, insecure).url, tt.path, tt.body, 8<<10); code != 200 {
-			t.Fatalf("%s: %d", tt.name, code)
+		if code := rawPost(t, startProxy(t, up.URL, opts).url, c.path, c.body, 0); code != 200 {
+			t.Fatalf("%s, warming: %d", c.name, code)
 		}
+		if code := rawPost(t, startProxy(t, up.URL, opts).url, c.path, c.body, 8<<10); code != 200 {
+			t.Fatalf("%s: %d", c.name, code)
+		}
+		fmt.Print(stackDone + c.name + "\n")
 	}
 }
 
