@@ -2,12 +2,13 @@
 // fleet through Redis: cooldowns (published, and loaded on every
 // (re)connect), pacing and per-client limits (a GCRA state in Redis:
 // blocks of it leased and spent locally when the limit is large enough,
-// else one atomic reservation per request), token budgets (reserved and
-// settled atomically in Redis: from a lease of the budget kept locally
-// when the budget is large enough, else per request), the replicas'
-// membership and, opt-in, breaker hints. It is
-// local-first: a request never waits on Redis longer than the timeout,
-// and when Redis is slow or down the caller carries on with its own
+// else one atomic reservation per request), token budgets (a
+// reservation and a settlement per request, each atomic in Redis — or,
+// when the budget is large enough, made in the books of a lease of it
+// that one call now and then keeps in Redis), the replicas' membership
+// and, opt-in, breaker hints. It is
+// local-first: a request never waits on Redis longer than the timeout
+// (twice, at worst, behind a lease's call in flight), and when Redis is slow or down the caller carries on with its own
 // state (or refuses, as configured).
 //
 // The files: fleet.go the State (New, Close, reachability, cooldowns

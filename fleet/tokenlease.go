@@ -140,6 +140,8 @@ type tokenLease struct {
 	// renewal is on its way.
 	calling, renewing bool
 	flush             *time.Timer // armed while the lease holds or owes anything
+	// failed is the last call's error (nil: it answered).
+	failed error
 	// seq numbers its calls (the script's ARGV[9]); flushed is the spend
 	// its calls are known to have put in the window (ARGV[3]).
 	seq, flushed int64
@@ -184,7 +186,10 @@ func (l *tokenLease) reserveLeased(n, limit int64) (tokenAnswer, error) {
 		return l.answer(n), nil
 	}
 	l.mu.Unlock()
-	l.call.Lock()
+	queued, waited := time.Now(), !l.call.TryLock()
+	if waited {
+		l.call.Lock()
+	}
 	defer l.call.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -193,6 +198,15 @@ func (l *tokenLease) reserveLeased(n, limit int64) (tokenAnswer, error) {
 	}
 	if l.ending() {
 		return tokenAnswer{}, errLeaseEnded
+	}
+	switch {
+	case waited && l.failed != nil && !l.st.Up():
+		// The call it waited for failed, and Redis is down: its answer
+		// is this one's — requests queued behind a hung Redis wait one
+		// timeout, not one each.
+		return tokenAnswer{}, l.failed
+	case waited && time.Since(queued) >= l.st.cfg.Timeout:
+		return tokenAnswer{}, context.DeadlineExceeded // it waited its timeout for the calls before it
 	}
 	// What is free is this request's now (no other takes it meanwhile):
 	// the call holds the rest.
@@ -316,6 +330,7 @@ func (l *tokenLease) exchange(more int64, shrink bool) (tokenAnswer, error) {
 	}
 	l.mu.Lock()
 	l.calling = false
+	l.failed = err
 	if err != nil {
 		// Redis holds what it held, or what the call set: at least the
 		// less of the two. The spend goes with the next call (the script

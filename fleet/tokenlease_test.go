@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/redistest"
@@ -468,5 +469,34 @@ func TestAStaleLeaseCallChangesNothing(t *testing.T) {
 	}
 	if spent, _ := budgetHash(t, s, "stale"); spent != 0 {
 		t.Fatalf("a stale call's spend counted: %d", spent)
+	}
+}
+
+// TestRequestsQueuedBehindAHungRedisWaitOneTimeout: requests that find a
+// lease empty while Redis does not answer queue for the lease's one call,
+// and when it fails they take its answer — together about one timeout,
+// not one each (eight: 1.6 s before).
+func TestRequestsQueuedBehindAHungRedisWaitOneTimeout(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	s := start(t, r.URL, Hooks{}) // a 200 ms timeout
+	pause := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer pause.Close()
+	if err := pause.Do(context.Background(), "CLIENT", "PAUSE", 3000, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 8 {
+		wg.Go(func() {
+			if _, _, _, _, _, err := s.ReserveTokens("hung", 1_000_000, 1_000); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if took := time.Since(began); failed.Load() != 8 || took > 1200*time.Millisecond {
+		t.Fatalf("%d of 8 failed, in %v (want all, in about one 200 ms timeout)", failed.Load(), took)
 	}
 }
