@@ -59,10 +59,11 @@ type rescue struct {
 	refused        string
 	// join joins a Messages API stream's continuations to it.
 	join messageSeam
-	// try is a continuation's try, then the last one made: held here,
-	// not on the stack (the continuation's first event is judged as deep
-	// as the loop's, under the stream's Read).
-	try attempt
+	// try is a continuation's try, then the last one made, made with the
+	// first: off the stack (the continuation's first event is judged as
+	// deep as the loop's, under the stream's Read), and no part of a
+	// stream that is never rescued.
+	try *attempt
 }
 
 // errInBand is why a stream that reported an error mid-answer ended.
@@ -352,7 +353,10 @@ func (st *stream) rescueStream() bool {
 	if !rs.rescuable {
 		return false
 	}
-	a := &rs.try
+	if rs.try == nil {
+		rs.try = new(attempt)
+	}
+	a := rs.try
 	*a = attempt{}
 	for {
 		ti, budget, now, ok := st.nextRescue()
