@@ -85,14 +85,40 @@ type reply struct {
 	// of it went to the client.
 	head    []byte
 	headOff int
+	// headBuf is where head came from (headPool), nil without one.
+	headBuf *[]byte
 	// heldToEnd is set when a stream ended while its framing was held:
 	// all of it is in head.
 	heldToEnd bool
 }
 
-var replyPool = sync.Pool{New: func() any {
-	return &reply{msg: new(fasthttp.Response), head: make([]byte, 0, headSize)}
-}}
+var replyPool = sync.Pool{New: func() any { return &reply{msg: new(fasthttp.Response)} }}
+
+// headPool holds reply heads apart from their replies: a reply takes one
+// as its body is first read (readHead) and a committed stream gives it
+// back once the client has what it held (dropHead), so a thousand open
+// streams do not each keep a head's touched pages.
+var headPool = sync.Pool{New: func() any { b := make([]byte, 0, headSize); return &b }}
+
+// takeHead gives rp an empty head, from the pool unless it has one.
+func (rp *reply) takeHead() {
+	if rp.headBuf == nil {
+		rp.headBuf = headPool.Get().(*[]byte)
+		rp.head = *rp.headBuf
+	}
+	rp.head, rp.headOff = rp.head[:0], 0
+}
+
+// dropHead gives rp's head back to the pool (emptied; a fresh one when
+// holding a stream's framing grew it far past headSize).
+func (rp *reply) dropHead() {
+	if rp.headBuf == nil {
+		return
+	}
+	*rp.headBuf = keepHead(rp.head)
+	headPool.Put(rp.headBuf)
+	rp.headBuf, rp.head, rp.headOff = nil, nil, 0
+}
 
 // reuse readies rp for the next attempt, whose connection is held in
 // conn (a request's presence.inUse): the previous attempt's reply closed
@@ -115,7 +141,8 @@ func (rp *reply) release() {
 	}
 	rp.close()
 	rp.msg.Reset()
-	*rp = reply{msg: rp.msg, head: keepHead(rp.head)}
+	rp.dropHead()
+	*rp = reply{msg: rp.msg}
 	replyPool.Put(rp)
 }
 
@@ -214,7 +241,7 @@ func (v *visit) roundTrip(a *attempt) {
 func (v *visit) readHead(a *attempt, status int) policy.Fault {
 	ex := v.ex
 	rp := a.rp
-	rp.head, rp.headOff = rp.head[:0], 0
+	rp.takeHead()
 	rp.body = rp.msg.BodyStream()
 	if rp.body == nil {
 		// Read whole with the head (upstreamTransport), or no body.

@@ -90,7 +90,9 @@ func (st *stream) Read(p []byte) (int, error) {
 	}
 	if rp.headOff < len(rp.head) {
 		n := copy(p, rp.head[rp.headOff:])
-		rp.headOff += n
+		if rp.headOff += n; rp.headOff == len(rp.head) {
+			rp.dropHead() // the client has it all: it serves the next request's reply
+		}
 		return st.relayed(p[:n]), nil
 	}
 	if rp.body == nil {
