@@ -96,7 +96,7 @@ var replyPool = sync.Pool{New: func() any { return &reply{msg: new(fasthttp.Resp
 
 // headPool holds reply heads apart from their replies: a reply takes one
 // as its body is first read (readHead) and a committed stream gives it
-// back once the client has what it held (dropHead), so a thousand open
+// back once the client has what it held (passHead), so a thousand open
 // streams do not each keep a head's touched pages.
 var headPool = sync.Pool{New: func() any { b := make([]byte, 0, headSize); return &b }}
 
@@ -132,6 +132,15 @@ func (rp *reply) reuse(conn *upstream.Hold) *reply {
 	}
 	rp.conn, rp.sample, rp.heldToEnd = conn, upstream.Sample{}, false
 	return rp
+}
+
+// passHead gives a committed stream's reply head back to its pool once
+// what it held has gone on (to the client, or to a rescue's pending
+// text), and with it the request's share s of the budget b reserved for
+// its capacity past headSize: the next request to take it reserves anew.
+func (rp *reply) passHead(s *share, b *heldBytes) {
+	rp.dropHead()
+	s.giveHead(b)
 }
 
 // release closes rp and returns it to the pool (nil: none).

@@ -362,6 +362,32 @@ func TestAHoldIsReleasedWhenTheBufferBudgetIsFull(t *testing.T) {
 	waitFor(t, 5*time.Second, "the held stream flowing", func() bool { return read.Load() >= 1<<20 })
 }
 
+// TestAStreamGivesBackItsHeldHeadOnceItsClientHasIt: a stream held past
+// its first chunk (stream_hold: 64 KiB of its 128 KiB of events, then
+// silence) reserves its head's growth from server.max_buffered_bytes; once the
+// client has the held bytes the head goes back to its pool and the
+// reservation with it, while the stream stays open. Before, the
+// reservation stayed for the stream's life, and the next request to take
+// the same head from the pool reserved it a second time.
+func TestAStreamGivesBackItsHeldHeadOnceItsClientHasIt(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	defer close(gate)
+	url := gatedStream(t, "text/event-stream", words(32), gate) // 128 KiB, then silence
+	h := startProxy(t, url, func(o *Options) {
+		o.Routes[0].StreamHold = StreamHold{Max: 10 * time.Second, Bytes: 64 << 10}
+		o.Upstreams[0].Timeouts.Idle = 15 * time.Second
+	})
+	read, done := readStream(t, h, "/v1/chat/completions", streamChat)
+	waitFor(t, 5*time.Second, "the held head at the client", func() bool { return read.Load() >= 128<<10 })
+	waitFor(t, 5*time.Second, "the head's reservation given back", func() bool { return h.p.held.used.Load() == 0 })
+	select {
+	case tail := <-done:
+		t.Fatalf("the stream ended before its upstream did: %.200q", tail)
+	default:
+	}
+}
+
 // TestARequestThatLoopsBackIs508AtOnce: an upstream whose url is Sturdy's
 // own listener answers 508 loop_detected to the request that came back
 // (its Via names this process), and the first Sturdy hands that back

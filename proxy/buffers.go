@@ -12,7 +12,8 @@ import (
 // requests together (server.max_buffered_bytes): a stream's head held
 // past its first chunk (the commit point's framing, stream_hold), the
 // text a rescue keeps, a body read whole for an HTTP/1.0 client. Each
-// request reserves what it grows by and gives it all back when it ends.
+// request reserves what it grows by and gives it all back when it ends —
+// a held head's part earlier, as soon as its client has what it held.
 // Past the budget a hold is released early (the stream is committed as
 // it stands), a rescue becomes unrescuable and an HTTP/1.0 reply is
 // 502 response_too_large.
@@ -84,6 +85,15 @@ func (s *share) headRoom(b *heldBytes, head []byte, limit int) ([]byte, bool) {
 		s.head += need
 	}
 	return slices.Grow(head, want-len(head)), true
+}
+
+// giveHead gives back the part of s covering a reply head's capacity
+// past headSize, as the head goes back to its pool before the request
+// ends (reply.passHead): the next request to take it reserves it anew.
+func (s *share) giveHead(b *heldBytes) {
+	b.give(s.head)
+	s.n -= s.head
+	s.head = 0
 }
 
 // grow makes room in buf for at least one more byte (doubling it, to at

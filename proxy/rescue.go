@@ -144,7 +144,7 @@ func (st *stream) pull() error {
 	rp, rs := st.rp, &st.rescue
 	if rp.headOff < len(rp.head) {
 		rs.pending = append(rs.pending, rp.head[rp.headOff:]...)
-		rp.dropHead() // all of it is in pending
+		rp.passHead(&st.ex.held, &st.ex.p.held) // all of it is in pending
 		return nil
 	}
 	if rp.body == nil { // read to its end while held

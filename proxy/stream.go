@@ -91,7 +91,7 @@ func (st *stream) Read(p []byte) (int, error) {
 	if rp.headOff < len(rp.head) {
 		n := copy(p, rp.head[rp.headOff:])
 		if rp.headOff += n; rp.headOff == len(rp.head) {
-			rp.dropHead() // the client has it all: it serves the next request's reply
+			rp.passHead(&st.ex.held, &st.ex.p.held) // the client has it all: it serves the next request's reply
 		}
 		return st.relayed(p[:n]), nil
 	}
