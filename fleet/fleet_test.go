@@ -24,6 +24,14 @@ func start(t *testing.T, url string, hooks Hooks) *State {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
+	// Its first beat (the heartbeat script's first call is two) made, so
+	// that a test counting script calls counts its own only: the next is
+	// replicaBeat away.
+	for end := time.Now().Add(5 * time.Second); s.replicas.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the first heartbeat did not come in 5s")
+		}
+	}
 	return s
 }
 

@@ -171,8 +171,7 @@ func TestATokenBudgetTooSmallIsNotLeased(t *testing.T) {
 		}
 	}
 	warm.Close()
-	s := start(t, r.URL, Hooks{})
-	time.Sleep(100 * time.Millisecond) // its first beat made
+	s := start(t, r.URL, Hooks{}) // its first beat made
 	for _, tt := range []struct {
 		name         string
 		limit, n     int64
