@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -59,7 +61,25 @@ func BenchmarkProxiedRequestTraced(b *testing.B) {
 }
 
 func benchProxied(b *testing.B, edit func(*Options)) {
-	upLn := benchUpstream(b)
+	benchProxiedFrom(b, benchUpstream(b), benchChat, edit)
+}
+
+// BenchmarkProxiedStream is BenchmarkProxiedRequest for a streamed chat
+// completion (16 content events, a finish and [DONE], a chunk each): the
+// stream's relay, event scanning and end included.
+func BenchmarkProxiedStream(b *testing.B) {
+	benchProxiedFrom(b, benchStreamUpstream(b), benchStreamedChat, nil)
+}
+
+// The benchmarks' request bodies.
+var (
+	benchChat         = []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	benchStreamedChat = []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+)
+
+// benchProxiedFrom runs Sturdy (its options edited by edit) in front of
+// the upstream on upLn, and parallel clients sending body through it.
+func benchProxiedFrom(b *testing.B, upLn *fasthttputil.InmemoryListener, body []byte, edit func(*Options)) {
 	o := Options{Upstreams: []upstream.Options{testUpstream("up", "http://inmemory")}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()}
 	if edit != nil {
 		edit(&o)
@@ -73,7 +93,7 @@ func benchProxied(b *testing.B, edit func(*Options)) {
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = p.Serve(ln) }() // through the listener guard, as in production
 	defer func() { _ = p.Shutdown(context.Background()) }()
-	benchClients(b, ln)
+	benchClientsSending(b, ln, body)
 }
 
 // BenchmarkFloorRequest is BenchmarkProxiedRequest's round trip through
@@ -126,11 +146,69 @@ func benchUpstreamTCP(b *testing.B) string {
 	return ln.Addr().String()
 }
 
+// benchStreamUpstream serves a streamed chat completion on an in-memory
+// listener for the benchmark's length: the same chunked reply, written
+// whole, to every request.
+func benchStreamUpstream(b *testing.B) *fasthttputil.InmemoryListener {
+	var reply bytes.Buffer
+	reply.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	for _, ev := range upstreamtest.SSE(upstreamtest.Words(16, "word ")...) {
+		fmt.Fprintf(&reply, "%x\r\n%s\r\n", len(ev), ev)
+	}
+	reply.WriteString("0\r\n\r\n")
+	ln := fasthttputil.NewInmemoryListener()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serveCanned(c, reply.Bytes())
+		}
+	}()
+	b.Cleanup(func() { _ = ln.Close() })
+	return ln
+}
+
+// serveCanned answers each request on c (its head, then a body of its
+// Content-Length) with raw, until c ends.
+func serveCanned(c net.Conn, raw []byte) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		size := 0
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			if len(line) <= 2 {
+				break
+			}
+			if v, ok := bytes.CutPrefix(line, []byte("Content-Length: ")); ok {
+				for _, d := range bytes.TrimSpace(v) {
+					size = size*10 + int(d-'0')
+				}
+			}
+		}
+		if _, err := br.Discard(size); err != nil {
+			return
+		}
+		if _, err := c.Write(raw); err != nil {
+			return
+		}
+	}
+}
+
 // benchClients sends chat completions through the proxy on ln from
 // parallel clients for the benchmark's length.
 func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener) {
+	benchClientsSending(b, ln, benchChat)
+}
+
+// benchClientsSending is benchClients with reqBody as the request's body.
+func benchClientsSending(b *testing.B, ln *fasthttputil.InmemoryListener, reqBody []byte) {
 	client := &fasthttp.HostClient{Addr: "sturdy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
-	reqBody := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {

@@ -52,6 +52,9 @@ type stream struct {
 	// stripUsage: Sturdy asked the upstream for the stream's usage, not
 	// the client (outbound.asksUsage): its usage chunk is not relayed.
 	stripUsage bool
+	// drain reads what follows the stream's end (endBody) into io.Discard's
+	// pooled buffers: held here, it costs a request no allocation.
+	drain io.LimitedReader
 }
 
 // streamed says the body is a stream by its framing: of no length, or
@@ -205,13 +208,9 @@ func (st *stream) endBody() {
 	rp := st.rp
 	if rp.body != nil && st.pending == nil {
 		upstream.CapReads(rp.msg, time.Now().Add(drainWait))
-		var buf [4 << 10]byte
-		for left := drainBytes; left > 0; {
-			n, err := rp.body.Read(buf[:min(len(buf), left)])
-			if left -= n; err != nil {
-				break
-			}
-		}
+		st.drain = io.LimitedReader{R: rp.body, N: drainBytes}
+		_, _ = io.Copy(io.Discard, &st.drain)
+		st.drain.R = nil
 	}
 	st.rp.close()
 }
