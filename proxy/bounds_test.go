@@ -21,6 +21,7 @@ import (
 	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
 	"sturdy/tracing"
+	"sturdy/units"
 	"sturdy/upstream"
 )
 
@@ -340,20 +341,30 @@ func TestHTTP10BodiesAreBoundedAndSayWhy(t *testing.T) {
 	}
 }
 
+// heldStreamProxy is Sturdy (server.max_buffered_bytes budget, unless
+// 0) holding up to holdBytes of an SSE stream for 10 s, in front of an
+// upstream that sends n 4 KiB words, then nothing until the test ends.
+func heldStreamProxy(t *testing.T, n int, holdBytes units.Size, budget int64) *harness {
+	gate := make(chan struct{})
+	url := gatedStream(t, "text/event-stream", words(n), gate)
+	h := startProxy(t, url, func(o *Options) {
+		o.Routes[0].StreamHold = StreamHold{Max: 10 * time.Second, Bytes: holdBytes}
+		o.Upstreams[0].Timeouts.Idle = 15 * time.Second
+		if budget > 0 {
+			o.Server.MaxBufferedBytes = budget
+		}
+	})
+	t.Cleanup(func() { close(gate) }) // first: the stream ends before Sturdy shuts down
+	return h
+}
+
 // TestAHoldIsReleasedWhenTheBufferBudgetIsFull: a stream_hold window of
 // 16 MiB and 10 s, a budget of 1 MiB: past the budget the head is no
 // longer held and the stream flows at once. Before, each held stream
 // could hold its 16 MiB, whatever the others held.
 func TestAHoldIsReleasedWhenTheBufferBudgetIsFull(t *testing.T) {
 	t.Parallel()
-	gate := make(chan struct{})
-	defer close(gate)
-	url := gatedStream(t, "text/event-stream", words(512), gate) // 2 MiB, then silence
-	h := startProxy(t, url, func(o *Options) {
-		o.Routes[0].StreamHold = StreamHold{Max: 10 * time.Second, Bytes: 16 << 20}
-		o.Upstreams[0].Timeouts.Idle = 15 * time.Second
-		o.Server.MaxBufferedBytes = 1 << 20
-	})
+	h := heldStreamProxy(t, 512, 16<<20, 1<<20) // 2 MiB, then silence
 	start := time.Now()
 	read, _ := readStream(t, h, "/v1/chat/completions", streamChat) // returns once the head came
 	if d := time.Since(start); d > 5*time.Second {
@@ -371,13 +382,7 @@ func TestAHoldIsReleasedWhenTheBufferBudgetIsFull(t *testing.T) {
 // the same head from the pool reserved it a second time.
 func TestAStreamGivesBackItsHeldHeadOnceItsClientHasIt(t *testing.T) {
 	t.Parallel()
-	gate := make(chan struct{})
-	defer close(gate)
-	url := gatedStream(t, "text/event-stream", words(32), gate) // 128 KiB, then silence
-	h := startProxy(t, url, func(o *Options) {
-		o.Routes[0].StreamHold = StreamHold{Max: 10 * time.Second, Bytes: 64 << 10}
-		o.Upstreams[0].Timeouts.Idle = 15 * time.Second
-	})
+	h := heldStreamProxy(t, 32, 64<<10, 0) // 128 KiB, then silence
 	read, done := readStream(t, h, "/v1/chat/completions", streamChat)
 	waitFor(t, 5*time.Second, "the held head at the client", func() bool { return read.Load() >= 128<<10 })
 	waitFor(t, 5*time.Second, "the head's reservation given back", func() bool { return h.p.held.used.Load() == 0 })
