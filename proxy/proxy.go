@@ -56,6 +56,11 @@ type Proxy struct {
 	serverOnce   sync.Once
 	server       *fasthttp.Server
 	shutdownOnce sync.Once
+	// reloadMu orders a reload with Shutdown's last step; closed is set
+	// there, once the fleet's connection and the tracers are closed: a
+	// reload after it would open new ones nothing closes (errShutDown).
+	reloadMu sync.Mutex
+	closed   bool
 	// draining is set from Drain on: readiness fails so load balancers
 	// stop sending, while requests are still served.
 	draining atomic.Bool
@@ -120,6 +125,11 @@ func New(o Options) (*Proxy, error) {
 // restart (the server reads bodies up to that limit); Reload says so in
 // its warnings.
 func (p *Proxy) Reload(o Options) (warnings []string, err error) {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	if p.closed {
+		return nil, errShutDown
+	}
 	old := p.tbl.Load()
 	t, dropped, err := buildTable(o, old, p.env, p.m)
 	if err != nil {
@@ -182,6 +192,9 @@ func (p *Proxy) Draining() bool { return p.draining.Load() }
 // interrupted get to write their interruption event.
 const streamGraceEnd = time.Second
 
+// errShutDown is why a reload after Shutdown's end is not applied.
+var errShutDown = errors.New("Sturdy has shut down: the reload is not applied")
+
 // Shutdown stops the proxy gracefully: readiness fails (Drain), every
 // wait in progress (backoff, Retry-After, cooldown, pacing, a
 // max_in_flight slot) ends at once — its request gets its last upstream
@@ -189,9 +202,10 @@ const streamGraceEnd = time.Second
 // idle client connections, and requests and streams in flight finish
 // until ctx ends. Streams still open then end with a stream_interrupted
 // event (and their access-log line) instead of a bare cut. Idle upstream
-// connections are closed last, and then the fleet's connection
-// (shared_state: its token leases given back, their spend settled). It
-// returns ctx's error if the grace ran out.
+// connections are closed last, and then the tracers and the fleet's
+// connection (shared_state: its token leases given back, their spend
+// settled); a reload from then on is refused. It returns ctx's error if
+// the grace ran out.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.Drain()
 	p.stopOnce.Do(func() { close(p.stopping) })
@@ -201,6 +215,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			p.interruptStreams()
 		}
 		p.CloseIdleConnections()
+		p.reloadMu.Lock() // a reload in progress finishes first; none starts after
+		p.closed = true
+		p.reloadMu.Unlock()
 		p.tracers.stop(&p.log)
 		if f := p.fleet.Load(); f != nil {
 			f.st.Close()
