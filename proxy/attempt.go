@@ -85,7 +85,8 @@ type reply struct {
 	// of it went to the client.
 	head    []byte
 	headOff int
-	// headBuf is where head came from (headPool), nil without one.
+	// headBuf holds head's place in headPool (head is the one to read: it
+	// may have grown), nil once a stream gave it away.
 	headBuf *[]byte
 	// heldToEnd is set when a stream ended while its framing was held:
 	// all of it is in head.
@@ -94,30 +95,21 @@ type reply struct {
 
 var replyPool = sync.Pool{New: func() any { return &reply{msg: new(fasthttp.Response)} }}
 
-// headPool holds reply heads apart from their replies: a reply takes one
-// as its body is first read (readHead) and a committed stream gives it
-// back once the client has what it held (passHead), so a thousand open
-// streams do not each keep a head's touched pages.
+// headPool holds the reply heads committed streams gave back (passHead):
+// a reply keeps its head through the pool of replies, so a request not
+// streamed takes none from here, and a thousand open streams do not each
+// keep a head's touched pages. A reply without one takes one as its body
+// is first read (readHead).
 var headPool = sync.Pool{New: func() any { b := make([]byte, 0, headSize); return &b }}
 
-// takeHead gives rp an empty head, from the pool unless it has one.
+// takeHead empties rp's head for the next body, taking one from the pool
+// when a stream gave its own away.
 func (rp *reply) takeHead() {
 	if rp.headBuf == nil {
 		rp.headBuf = headPool.Get().(*[]byte)
 		rp.head = *rp.headBuf
 	}
 	rp.head, rp.headOff = rp.head[:0], 0
-}
-
-// dropHead gives rp's head back to the pool (emptied; a fresh one when
-// holding a stream's framing grew it far past headSize).
-func (rp *reply) dropHead() {
-	if rp.headBuf == nil {
-		return
-	}
-	*rp.headBuf = keepHead(rp.head)
-	headPool.Put(rp.headBuf)
-	rp.headBuf, rp.head, rp.headOff = nil, nil, 0
 }
 
 // reuse readies rp for the next attempt, whose connection is held in
@@ -134,12 +126,17 @@ func (rp *reply) reuse(conn *upstream.Hold) *reply {
 	return rp
 }
 
-// passHead gives a committed stream's reply head back to its pool once
-// what it held has gone on (to the client, or to a rescue's pending
-// text), and with it the request's share s of the budget b reserved for
-// its capacity past headSize: the next request to take it reserves anew.
+// passHead gives a committed stream's reply head to the pool once what
+// it held has gone on (to the client, or to a rescue's pending text),
+// and with it the request's share s of the budget b reserved for its
+// capacity past headSize: the next request to take it reserves anew.
 func (rp *reply) passHead(s *share, b *heldBytes) {
-	rp.dropHead()
+	if rp.headBuf == nil {
+		return
+	}
+	*rp.headBuf = keepHead(rp.head)
+	headPool.Put(rp.headBuf)
+	rp.headBuf, rp.head, rp.headOff = nil, nil, 0
 	s.giveHead(b)
 }
 
@@ -150,8 +147,7 @@ func (rp *reply) release() {
 	}
 	rp.close()
 	rp.msg.Reset()
-	rp.dropHead()
-	*rp = reply{msg: rp.msg}
+	*rp = reply{msg: rp.msg, head: keepHead(rp.head), headBuf: rp.headBuf}
 	replyPool.Put(rp)
 }
 

@@ -66,8 +66,8 @@
 // the model as sent, its cooldown keys, the endpoints that failed) and of
 // one try (an attempt: its endpoint, lease, tickets, outcome, verdict and
 // its reply, pooled and taken over by the next try; the reply's head, the
-// body bytes held before commit, pooled apart and given back by a stream
-// once its client has them) is held with the
+// body bytes held before commit, kept with it but given to a pool of
+// heads by a stream once its client has them) is held with the
 // exchange (its visit, last and in fields; a continuation's try in its
 // stream's rescue) — not on the request's stack, which a stream's judged
 // first event would take past 8 KiB — and run by the loop's steps, the
