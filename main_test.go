@@ -163,10 +163,12 @@ func runBinaryCmd(t *testing.T, cmd func(bin string, args ...string) *exec.Cmd, 
 		}
 		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 		t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.exited })
+		// Its own startup line (JSON or console) says it listens: a dial
+		// alone could reach another test's server that took the port first.
+		listening := []string{`"listen":"` + p.addr + `"`, " listen=" + p.addr + " "}
 		deadline := time.Now().Add(20 * time.Second)
 		for {
-			if c, err := net.DialTimeout("tcp", p.addr, 100*time.Millisecond); err == nil {
-				c.Close()
+			if out := p.logs.String(); strings.Contains(out, listening[0]) || strings.Contains(out, listening[1]) {
 				return p
 			}
 			select {
