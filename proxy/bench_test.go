@@ -93,7 +93,7 @@ func benchProxiedFrom(b *testing.B, upLn *fasthttputil.InmemoryListener, body []
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = p.Serve(ln) }() // through the listener guard, as in production
 	defer func() { _ = p.Shutdown(context.Background()) }()
-	benchClientsSending(b, ln, body)
+	benchClients(b, ln, body)
 }
 
 // BenchmarkFloorRequest is BenchmarkProxiedRequest's round trip through
@@ -112,7 +112,7 @@ func BenchmarkFloorRequest(b *testing.B) {
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = floor.Serve(ln) }()
 	defer func() { _ = floor.Shutdown() }()
-	benchClients(b, ln)
+	benchClients(b, ln, benchChat)
 }
 
 // benchUpstream serves a chat completion on an in-memory listener for the
@@ -200,14 +200,9 @@ func serveCanned(c net.Conn, raw []byte) {
 	}
 }
 
-// benchClients sends chat completions through the proxy on ln from
-// parallel clients for the benchmark's length.
-func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener) {
-	benchClientsSending(b, ln, benchChat)
-}
-
-// benchClientsSending is benchClients with reqBody as the request's body.
-func benchClientsSending(b *testing.B, ln *fasthttputil.InmemoryListener, reqBody []byte) {
+// benchClients sends chat completions (reqBody) through the proxy on ln
+// from parallel clients for the benchmark's length.
+func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener, reqBody []byte) {
 	client := &fasthttp.HostClient{Addr: "sturdy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
 	b.ReportAllocs()
 	b.ResetTimer()
