@@ -133,6 +133,24 @@ func TestReplicaAddr(t *testing.T) {
 	}
 }
 
+// TestIdleSmoke runs the idle measurement with a few connections: each
+// setting (the default, all at full speed, all lean) reports a row.
+func TestIdleSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the sturdy binary")
+	}
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-scenario", "idle", "-tries", "20"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	for _, row := range []string{"| default | 20 |", "| reduce_memory_above: 120 | 20 |", "| reduce_memory: true | 20 |"} {
+		if !strings.Contains(stdout.String(), row) {
+			t.Fatalf("no %q row:\n%s", row, stdout.String())
+		}
+	}
+}
+
 // TestCancelSmoke runs the cancel measurement for a few tries: a client
 // that leaves must get the upstream connection closed, soon.
 func TestCancelSmoke(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
 	"net"
@@ -16,16 +17,23 @@ const idleSettle = 2 * time.Second
 // idleResult is what the idle measurement found.
 type idleResult struct {
 	conns            int
-	reduce           bool  // server.reduce_memory
-	baseline, loaded int64 // Sturdy's RSS before the connections and with them open
+	server           string // the server keys set beside max_connections ("": none)
+	baseline, loaded int64  // Sturdy's RSS before the connections and with them open
+}
+
+// idleSettings are the server keys the idle scenario measures in turn,
+// for conns connections: the default (connections past the first 1,000
+// served lean), every connection at full speed, every one lean.
+func idleSettings(conns int) []string {
+	return []string{"", fmt.Sprintf("reduce_memory_above: %d", conns+100), "reduce_memory: true"}
 }
 
 // measureIdle opens conns keep-alive client connections to Sturdy, each
 // answered once (so it is served, watched for leaving and then idle),
-// holds them all open, and reads Sturdy's resident memory; reduce turns
-// server.reduce_memory on.
-func measureIdle(bin string, conns int, reduce bool) (idleResult, error) {
-	res := idleResult{conns: conns, reduce: reduce}
+// holds them all open, and reads Sturdy's resident memory; server is
+// more server keys (YAML flow-mapping entries).
+func measureIdle(bin string, conns int, server string) (idleResult, error) {
+	res := idleResult{conns: conns, server: server}
 	up, err := serveRaw(func(c net.Conn, _ *http.Request) {
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
 	})
@@ -35,7 +43,11 @@ func measureIdle(bin string, conns int, reduce bool) (idleResult, error) {
 	defer up.Close()
 	// Above the default (half the descriptor limit): the connections are
 	// the point.
-	sc := &scenario{name: "idle", sturdy: fmt.Sprintf("server: {max_connections: %d, reduce_memory: %v}\n", conns+100, reduce)}
+	keys := fmt.Sprintf("max_connections: %d", conns+100)
+	if server != "" {
+		keys += ", " + server
+	}
+	sc := &scenario{name: "idle", sturdy: "server: {" + keys + "}\n"}
 	addr, pid, stop, err := startSolo(bin, sc, up.Addr())
 	if err != nil {
 		return res, err
@@ -81,13 +93,13 @@ func idleReport(w io.Writer, rs []idleResult) {
 		return
 	}
 	fmt.Fprintf(w, "\n### idle\n\n%d keep-alive client connections, each answered once, then idle for %s\n\n", rs[0].conns, idleSettle)
-	fmt.Fprintln(w, "| server.reduce_memory | connections | RSS before MiB | RSS with them open MiB | per connection KiB |")
+	fmt.Fprintln(w, "| server | connections | RSS before MiB | RSS with them open MiB | per connection KiB |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
 	for _, r := range rs {
 		per := 0.0
 		if r.conns > 0 {
 			per = float64(r.loaded-r.baseline) / float64(r.conns) / 1024
 		}
-		fmt.Fprintf(w, "| %v | %d | %.1f | %.1f | %.1f |\n", r.reduce, r.conns, float64(r.baseline)/(1<<20), float64(r.loaded)/(1<<20), per)
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f |\n", cmp.Or(r.server, "default"), r.conns, float64(r.baseline)/(1<<20), float64(r.loaded)/(1<<20), per)
 	}
 }

@@ -27,7 +27,7 @@
 //	report.go      the Markdown table, the JSON file and the SVG latency chart
 //	proc.go        CPU and peak RSS of a target's processes
 //	cancel.go      solo: how soon a client's leaving closes the upstream connection
-//	idle.go        solo: memory of idle keep-alive client connections, by default and with server.reduce_memory
+//	idle.go        solo: memory of idle keep-alive client connections: by default, all at full speed, all lean
 //	hostile.go     solo: what a client or an upstream controls, thrown at one Sturdy
 //	rescue.go      solo: streams cut mid-answer, continued on a fallback
 //	chaos.go       solo: the chaos property test's generator through direct, Sturdy and the peers
@@ -248,11 +248,12 @@ var solos = map[string]func(bin string, c *command) (report func(io.Writer), err
 		return func(w io.Writer) { cancelReport(w, delays) }, err
 	},
 	// idle: what tries (say 10000) idle keep-alive client connections
-	// cost in memory, by default and with server.reduce_memory.
+	// cost in memory: by default (lean past server.reduce_memory_above),
+	// every one at full speed, every one lean (server.reduce_memory).
 	"idle": func(bin string, c *command) (func(io.Writer), error) {
 		var rs []idleResult
-		for _, reduce := range []bool{false, true} {
-			r, err := measureIdle(bin, c.tries, reduce)
+		for _, server := range idleSettings(c.tries) {
+			r, err := measureIdle(bin, c.tries, server)
 			if err != nil {
 				return nil, err
 			}

@@ -194,6 +194,12 @@ type Server struct {
 	// more CPU per request (README "Limits"). Default false; needs a
 	// restart, like the other server keys.
 	ReduceMemory bool `yaml:"reduce_memory"`
+	// ReduceMemoryAbove is how many client connections may be open before
+	// the next one opened is served as with reduce_memory (for its life):
+	// a few busy connections run at full speed, a crowd of idle ones
+	// costs half the memory. Default 1000; at max_connections or above,
+	// never. Needs a restart.
+	ReduceMemoryAbove int `yaml:"reduce_memory_above"`
 }
 
 // ParsePrefix reads a trusted_proxies entry: a CIDR, or one address.

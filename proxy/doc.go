@@ -76,8 +76,8 @@
 // respond, and the answering attempt's reply to the stream at commit
 // (respond gives back one not committed). The other files:
 //
-//	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server, parse errors, request ids, and what the
-//	               admin side reads (Upstreams, Clients, Ready, RefreshBreakerGauges, Failures)
+//	proxy.go       Proxy: New, Reload, Shutdown, the fasthttp server and its lean twin, parse errors, request
+//	               ids, and what the admin side reads (Upstreams, Clients, Ready, RefreshBreakerGauges, Failures)
 //	options.go     Options and their defaults (an upstream's are upstream.Options); Route, the config
 //	               file's shape of a route (its yaml keys), compiled by buildRoute (table.go)
 //	table.go       one configuration's routes, upstreams, client limits (match, authorized), prices
@@ -109,7 +109,8 @@
 //	failures.go    the last failed requests (a fixed ring, from the summary) for the status page
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)
-//	listener.go    the client listener: accept errors, max_connections, write deadlines
+//	listener.go    the client listener: accept errors, max_connections, write deadlines; past
+//	               server.reduce_memory_above open connections, a new one handed off to the lean server
 //	gone.go        phases, and the client's presence: a client's leaving acted on (presence.left)
 //	watch_linux.go, watch_other.go   the watcher that sees clients leave (epoll on Linux)
 //	fdlimit_unix.go, fdlimit_other.go   the file descriptor limit behind max_connections' default

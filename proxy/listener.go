@@ -37,8 +37,11 @@ const maxRefusing = 64
 const acceptLogEvery = 10 * time.Second
 
 // Serve serves clients on ln until Shutdown: the proxy's server behind a
-// listener guard (see guardedListener).
-func (p *Proxy) Serve(ln net.Listener) error { return p.Server().Serve(p.guard(ln, nil)) }
+// listener guard (see guardedListener), and its lean twin for the
+// connections opened past server.reduce_memory_above (see handoff).
+func (p *Proxy) Serve(ln net.Listener) error {
+	return p.serve(p.guard(ln, nil), func(l net.Listener) net.Listener { return l })
+}
 
 // ServeTLS is Serve over TLS with the PEM certificate and key files. The
 // guard sits below TLS, so a refused connection is answered over TLS too.
@@ -48,10 +51,23 @@ func (p *Proxy) ServeTLS(ln net.Listener, certFile, keyFile string) error {
 		return fmt.Errorf("tls: %w", err)
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
-	return p.Server().Serve(tls.NewListener(p.guard(ln, cfg), cfg))
+	return p.serve(p.guard(ln, cfg), func(l net.Listener) net.Listener { return tls.NewListener(l, cfg) })
 }
 
-func (p *Proxy) guard(ln net.Listener, tlsConfig *tls.Config) net.Listener {
+// serve runs the server on g (wrapped: TLS or not) and, unless the
+// server is lean itself, the lean twin on a handoff g fills past
+// server.reduce_memory_above open connections.
+func (p *Proxy) serve(g *guardedListener, wrap func(net.Listener) net.Listener) error {
+	if lean := p.leanServer(); lean != nil {
+		h := &handoff{addr: g.Addr(), conns: make(chan net.Conn), done: make(chan struct{}), stopping: p.stopping}
+		defer h.Close()
+		g.lean, g.leanAbove = h, int64(p.limits.ReduceMemoryAbove)
+		go func() { _ = lean.Serve(wrap(h)) }()
+	}
+	return p.Server().Serve(wrap(g))
+}
+
+func (p *Proxy) guard(ln net.Listener, tlsConfig *tls.Config) *guardedListener {
 	return &guardedListener{Listener: ln, p: p, max: int64(p.limits.MaxConnections), writeTimeout: p.limits.WriteTimeout,
 		tls: tlsConfig, refusing: make(chan struct{}, maxRefusing)}
 }
@@ -61,12 +77,16 @@ func (p *Proxy) guard(ln net.Listener, tlsConfig *tls.Config) net.Listener {
 // retried with backoff instead of ending Serve; past max open connections
 // a new one is answered 503 too_many_connections and closed; and every
 // connection bounds each single write by writeTimeout, so a client that
-// stops reading frees its upstream connection instead of pinning it.
+// stops reading frees its upstream connection instead of pinning it. A
+// connection opened while leanAbove others are open is handed to lean,
+// the lean server's listener, instead of returned (when lean is set).
 type guardedListener struct {
 	net.Listener
 	p            *Proxy
 	max          int64
 	open         atomic.Int64
+	lean         *handoff
+	leanAbove    int64
 	writeTimeout time.Duration
 	tls          *tls.Config   // the listener's, to answer refusals over TLS; nil: plain
 	refusing     chan struct{} // a place per refusal being written
@@ -98,7 +118,8 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.failing = false
-		if l.open.Add(1) > l.max {
+		open := l.open.Add(1)
+		if open > l.max {
 			l.open.Add(-1)
 			l.p.m.ConnectionsRefused.Inc()
 			select {
@@ -115,9 +136,59 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 		l.p.m.ClientConnections.Inc()
 		cc := &clientConn{Conn: c, l: l}
 		watch(cc)
+		if l.lean != nil && open > l.leanAbove && l.lean.put(cc) {
+			continue
+		}
 		return cc, nil
 	}
 }
+
+// handoff is the lean server's listener: the guard puts the connections
+// it accepts for that server here, and the server's Serve takes them.
+// Closed, or once shutdown begins (stopping), it takes none: a lean Serve
+// that began after the lean server's Shutdown serves nothing.
+type handoff struct {
+	addr     net.Addr
+	conns    chan net.Conn
+	done     chan struct{}
+	stopping <-chan struct{}
+	closer   sync.Once
+}
+
+// Accept returns the next connection handed off, or net.ErrClosed once
+// the handoff is closed or shutdown has begun.
+func (h *handoff) Accept() (net.Conn, error) {
+	select {
+	case <-h.done:
+		return nil, net.ErrClosed
+	case <-h.stopping:
+		return nil, net.ErrClosed
+	case c := <-h.conns:
+		return c, nil
+	}
+}
+
+// put hands c to the lean server, waiting while its accept loop is
+// behind; false once the handoff is closed or shutdown has begun (c is
+// the guard's to serve).
+func (h *handoff) put(c net.Conn) bool {
+	select {
+	case <-h.done:
+		return false
+	case <-h.stopping:
+		return false
+	case h.conns <- c:
+		return true
+	}
+}
+
+// Close ends Accept.
+func (h *handoff) Close() error {
+	h.closer.Do(func() { close(h.done) })
+	return nil
+}
+
+func (h *handoff) Addr() net.Addr { return h.addr }
 
 // acceptErrorReason names an accept error for the metric and says whether
 // it passes: the listener is fine and the next accept may succeed.

@@ -26,9 +26,12 @@ const (
 	DefaultMaxHeaderBytes   = 32 << 10
 	DefaultWriteTimeout     = 60 * time.Second
 	DefaultMaxBufferedBytes = 256 << 20
-	DefaultMaxDuration      = 10 * time.Minute
-	DefaultMaxRescues       = 1
-	DefaultMaxRescueBytes   = 1 << 20
+	// DefaultReduceMemoryAbove is ServerLimits.ReduceMemoryAbove's
+	// default: the first thousand connections are served at full speed.
+	DefaultReduceMemoryAbove = 1000
+	DefaultMaxDuration       = 10 * time.Minute
+	DefaultMaxRescues        = 1
+	DefaultMaxRescueBytes    = 1 << 20
 )
 
 // StreamHold holds a committed stream's status and headers until the
@@ -79,6 +82,12 @@ type ServerLimits struct {
 	// buffers between requests (fasthttp's ReduceMemoryUsage): less
 	// memory per idle connection, more CPU per request. Default off.
 	ReduceMemory bool
+	// ReduceMemoryAbove is how many client connections may be open before
+	// the next one opened is served as with ReduceMemory (each keeps that
+	// way for its life): a few connections are served at full speed, a
+	// crowd of idle ones costs half the memory. Default 1,000; at
+	// MaxConnections or above, never.
+	ReduceMemoryAbove int
 }
 
 func (s ServerLimits) withDefaults() ServerLimits {
@@ -88,6 +97,7 @@ func (s ServerLimits) withDefaults() ServerLimits {
 	upstream.OrDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
 	upstream.OrDefault(&s.WriteTimeout, DefaultWriteTimeout)
 	upstream.OrDefault(&s.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	upstream.OrDefault(&s.ReduceMemoryAbove, DefaultReduceMemoryAbove)
 	return s
 }
 

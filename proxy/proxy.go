@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -51,10 +52,15 @@ type Proxy struct {
 	via, via10, viaID []byte
 	// stopping is closed when shutdown begins: every wait in progress
 	// ends, and none starts.
-	stopping     chan struct{}
-	stopOnce     sync.Once
-	serverOnce   sync.Once
-	server       *fasthttp.Server
+	stopping   chan struct{}
+	stopOnce   sync.Once
+	serverOnce sync.Once
+	server     *fasthttp.Server
+	// lean is the server's twin with fasthttp's ReduceMemoryUsage, for
+	// the connections opened past server.reduce_memory_above (nil when
+	// server.reduce_memory already makes the server lean), taken from a
+	// handoff (listener.go) that stops once stopping is closed.
+	lean         *fasthttp.Server
 	shutdownOnce sync.Once
 	// reloadMu orders a reload with Shutdown's last step; closed is set
 	// there, once the fleet's connection and the tracers are closed: a
@@ -157,27 +163,45 @@ const mapClients = "clients" // the others are the upstream side's (upstream.Env
 // call), set up for proxying: bodies up to the largest route's max_body,
 // no headers of its own invented, no write timeout (it would cut long
 // streams), parse errors answered in the OpenAI error shape, its own
-// logging through zerolog.
+// logging through zerolog. Connections opened while
+// server.reduce_memory_above are open go to its lean twin instead
+// (leanServer).
 func (p *Proxy) Server() *fasthttp.Server {
 	p.serverOnce.Do(func() {
-		p.server = &fasthttp.Server{
-			Handler:                      p.Handle,
-			ErrorHandler:                 p.handleParseError,
-			Logger:                       fasthttpLogger{p.log},
-			MaxRequestBodySize:           p.maxBody,
-			ReadBufferSize:               p.limits.MaxHeaderBytes,
-			ReadTimeout:                  p.limits.ReadTimeout,
-			IdleTimeout:                  p.limits.IdleTimeout,
-			NoDefaultServerHeader:        true,
-			NoDefaultDate:                true,
-			NoDefaultContentType:         true,
-			DisablePreParseMultipartForm: true,
-			CloseOnShutdown:              true,
-			SecureErrorLogMessage:        true,
-			ReduceMemoryUsage:            p.limits.ReduceMemory,
+		p.server = p.newServer(p.limits.ReduceMemory)
+		if !p.limits.ReduceMemory {
+			p.lean = p.newServer(true)
 		}
 	})
 	return p.server
+}
+
+// leanServer returns the server's twin with fasthttp's ReduceMemoryUsage
+// (an idle connection gives its context and buffers back between
+// requests), or nil when the server itself has it.
+func (p *Proxy) leanServer() *fasthttp.Server {
+	p.Server()
+	return p.lean
+}
+
+// newServer is Server's fasthttp server, lean with reduce.
+func (p *Proxy) newServer(reduce bool) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                      p.Handle,
+		ErrorHandler:                 p.handleParseError,
+		Logger:                       fasthttpLogger{p.log},
+		MaxRequestBodySize:           p.maxBody,
+		ReadBufferSize:               p.limits.MaxHeaderBytes,
+		ReadTimeout:                  p.limits.ReadTimeout,
+		IdleTimeout:                  p.limits.IdleTimeout,
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		DisablePreParseMultipartForm: true,
+		CloseOnShutdown:              true,
+		SecureErrorLogMessage:        true,
+		ReduceMemoryUsage:            reduce,
+	}
 }
 
 // Drain makes Ready report false from now on — load balancers stop
@@ -211,7 +235,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.stopOnce.Do(func() { close(p.stopping) })
 	var err error
 	p.shutdownOnce.Do(func() {
-		if err = p.Server().ShutdownWithContext(ctx); err != nil {
+		if err = p.shutdownServers(ctx); err != nil {
 			p.interruptStreams()
 		}
 		p.CloseIdleConnections()
@@ -224,6 +248,20 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+// shutdownServers stops the server and its lean twin at once (each
+// stops accepting and closes its idle connections, then waits for its
+// requests in flight) and returns the first error.
+func (p *Proxy) shutdownServers(ctx context.Context) error {
+	lean := p.leanServer()
+	if lean == nil {
+		return p.server.ShutdownWithContext(ctx)
+	}
+	errs := make(chan error, 1)
+	go func() { errs <- lean.ShutdownWithContext(ctx) }()
+	err := p.server.ShutdownWithContext(ctx)
+	return cmp.Or(err, <-errs)
 }
 
 // interruptStreams ends every open stream with an interruption event and

@@ -1,0 +1,146 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"sturdy/internal/upstreamtest"
+	"sturdy/upstream"
+)
+
+// TestConnectionsPastReduceMemoryAboveAreServedLean: with
+// server.reduce_memory_above: 2, a third connection open at once is
+// served by the lean server (fasthttp's ReduceMemoryUsage), plain and
+// over TLS, and answered like the first two, kept alive; once fewer are
+// open a new connection is served at full speed again; Shutdown closes
+// the lean server's idle connection too and returns within its grace.
+func TestConnectionsPastReduceMemoryAboveAreServedLean(t *testing.T) {
+	t.Parallel()
+	for _, overTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls %v", overTLS), func(t *testing.T) {
+			t.Parallel()
+			p, dial := leanProxy(t, overTLS)
+			full, lean := p.Server(), p.leanServer()
+			if full.ReduceMemoryUsage || lean == nil || !lean.ReduceMemoryUsage {
+				t.Fatal("no lean twin beside a full-speed server")
+			}
+			served := func(want [2]int32) {
+				t.Helper()
+				for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					got := [2]int32{full.GetOpenConnectionsCount(), lean.GetOpenConnectionsCount()}
+					if got == want {
+						return
+					}
+					if time.Now().After(end) {
+						t.Fatalf("open connections (full speed, lean): %v, want %v", got, want)
+					}
+				}
+			}
+			c1, c2, c3 := dial(), dial(), dial()
+			served([2]int32{2, 1})
+			c1.c.Close()
+			c3.c.Close()
+			served([2]int32{1, 0})
+			c4 := dial() // one other open: full speed again
+			served([2]int32{2, 0})
+			c5 := dial()
+			served([2]int32{2, 1})
+			for _, c := range []*keptConn{c2, c4, c5} {
+				c.get(t) // each answers again on its kept-alive connection
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := p.Shutdown(ctx); err != nil {
+				t.Fatalf("Shutdown with a lean idle connection: %v", err)
+			}
+			_ = c5.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := c5.c.Read(make([]byte, 1)); n != 0 || err == nil {
+				t.Fatalf("the lean idle connection is still open after Shutdown: %d %v", n, err)
+			}
+		})
+	}
+}
+
+// keptConn is a client connection kept alive between its requests.
+type keptConn struct {
+	c  net.Conn
+	br *bufio.Reader
+}
+
+// get asks for /v1/models on the connection and needs a 200.
+func (k *keptConn) get(t *testing.T) {
+	t.Helper()
+	_ = k.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(k.c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(k.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "ok" {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+}
+
+// leanProxy serves a proxy with server.reduce_memory_above: 2, over TLS
+// or not; dial opens a client connection to it and has one request
+// answered on it.
+func leanProxy(t *testing.T, overTLS bool) (p *Proxy, dial func() *keptConn) {
+	t.Helper()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")},
+		Server: ServerLimits{ReduceMemoryAbove: 2}, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := func() { _ = p.Shutdown(context.Background()) }
+	if !overTLS {
+		addr := strings.TrimPrefix(upstreamtest.ServeWith(t, p.Serve, stop), "http://")
+		return p, func() *keptConn { return keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) }) }
+	}
+	certPEM, keyPEM := upstreamtest.SelfSigned(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
+		t.Fatal("writing the key pair")
+	}
+	addr := strings.TrimPrefix(upstreamtest.ServeWith(t, func(ln net.Listener) error { return p.ServeTLS(ln, certFile, keyFile) }, stop),
+		"http://")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	return p, func() *keptConn {
+		return keep(t, func() (net.Conn, error) {
+			return tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+		})
+	}
+}
+
+// keep dials a connection, closed when the test ends, and has one
+// request answered on it.
+func keep(t *testing.T, dial func() (net.Conn, error)) *keptConn {
+	t.Helper()
+	c, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	k := &keptConn{c: c, br: bufio.NewReader(c)}
+	k.get(t)
+	return k
+}
