@@ -46,7 +46,8 @@ chmod 755 "$dir"
 sed "s#@DIR@#$dir#g" bench/peers/nginx.conf > "$dir/nginx.conf"
 nginx -p "$dir" -c "$dir/nginx.conf"
 haproxy -f bench/peers/haproxy.cfg -D -p "$dir/haproxy.pid"
-go build -o "$dir/sturdy-floor" ./bench/peers/floor
+# Built as Sturdy is (bench/main.go buildSturdy): static, without symbols.
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/sturdy-floor" ./bench/peers/floor
 "$dir/sturdy-floor" -listen 127.0.0.1:18085 -upstream 127.0.0.1:18000 &
 floor_pid=$!
 
