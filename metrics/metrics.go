@@ -122,6 +122,10 @@ type Metrics struct {
 	ConnectionsRefused prometheus.Counter
 	// ClientConnections is the number of open client connections.
 	ClientConnections prometheus.Gauge
+	// LeanClientConnections is the number of those served lean (fasthttp's
+	// ReduceMemoryUsage): opened past server.reduce_memory_above, or every
+	// one with server.reduce_memory.
+	LeanClientConnections prometheus.Gauge
 	// ClientGone counts requests whose client left before their response
 	// ended, by the phase they were in (queue, cooldown, pacing,
 	// response_head, backoff, retry_after, stream).
@@ -235,6 +239,8 @@ func New() *Metrics {
 			Help: "Client connections answered 503 too_many_connections (server.max_connections)."}),
 		ClientConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_client_connections",
 			Help: "Open client connections."}),
+		LeanClientConnections: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_lean_client_connections",
+			Help: "Open client connections served lean: opened past server.reduce_memory_above, or every one with server.reduce_memory."}),
 		ClientGone: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_client_gone_total",
 			Help: "Requests whose client left before the response ended, by phase."}, []string{"phase"}),
 		StreamsUnterminated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_stream_unterminated_total",
@@ -251,7 +257,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,
 		m.BreakerTransitions, m.TimeToFirstByte, m.Duration, m.InFlight, m.OpenStreams, m.ConfigReloads,
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.Tokens, m.Spend, m.AcceptErrors,
-		m.ConnectionsRefused, m.ClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
+		m.ConnectionsRefused, m.ClientConnections, m.LeanClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateErrors, m.ModelBreakerState,
 		m.Evictions, m.BufferedBytes, m.BufferFull, m.ConcurrencyLimit, m.ConcurrencyQueued, m.ConcurrencyWait, m.ConcurrencyShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

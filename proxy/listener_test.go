@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
@@ -37,15 +38,18 @@ func TestConnectionsPastReduceMemoryAboveAreServedLean(t *testing.T) {
 			if full.ReduceMemoryUsage || lean == nil || !lean.ReduceMemoryUsage {
 				t.Fatal("no lean twin beside a full-speed server")
 			}
+			// Served where, and counted so: sturdy_lean_client_connections.
 			served := func(want [2]int32) {
 				t.Helper()
 				for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 					got := [2]int32{full.GetOpenConnectionsCount(), lean.GetOpenConnectionsCount()}
-					if got == want {
+					if got == want && testutil.ToFloat64(p.m.LeanClientConnections) == float64(want[1]) &&
+						testutil.ToFloat64(p.m.ClientConnections) == float64(want[0]+want[1]) {
 						return
 					}
 					if time.Now().After(end) {
-						t.Fatalf("open connections (full speed, lean): %v, want %v", got, want)
+						t.Fatalf("open connections (full speed, lean): %v, want %v; gauges: %v lean of %v", got, want,
+							testutil.ToFloat64(p.m.LeanClientConnections), testutil.ToFloat64(p.m.ClientConnections))
 					}
 				}
 			}
@@ -71,6 +75,24 @@ func TestConnectionsPastReduceMemoryAboveAreServedLean(t *testing.T) {
 				t.Fatalf("the lean idle connection is still open after Shutdown: %d %v", n, err)
 			}
 		})
+	}
+}
+
+// TestWithReduceMemoryEveryConnectionIsLean: server.reduce_memory makes
+// the server itself lean (no twin), and every connection counts in
+// sturdy_lean_client_connections.
+func TestWithReduceMemoryEveryConnectionIsLean(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	h := startProxy(t, up.URL, func(o *Options) { o.Server.ReduceMemory = true })
+	if !h.p.Server().ReduceMemoryUsage || h.p.leanServer() != nil {
+		t.Fatal("server.reduce_memory: the server is not lean, or has a twin")
+	}
+	addr := strings.TrimPrefix(h.url, "http://")
+	keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) })
+	keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) })
+	if n := testutil.ToFloat64(h.p.m.LeanClientConnections); n != 2 {
+		t.Fatalf("sturdy_lean_client_connections %v, want 2", n)
 	}
 }
 
