@@ -645,6 +645,16 @@ func TestServerReduceMemoryReachesTheListener(t *testing.T) {
 	}
 }
 
+// TestServerReduceMemoryAboveReachesTheProxy: server.reduce_memory_above
+// in the file is the proxy's threshold for lean connections.
+func TestServerReduceMemoryAboveReachesTheProxy(t *testing.T) {
+	t.Parallel()
+	o := optionsOf(t, "server: {reduce_memory_above: 7}\nupstreams: [{name: a, url: 'http://127.0.0.1:1'}]\nroutes: [{name: r, upstream: a}]\n")
+	if n := o.Server.ReduceMemoryAbove; n != 7 {
+		t.Fatalf("server.reduce_memory_above: 7 reached the proxy as %d", n)
+	}
+}
+
 // optionsOf is the proxy's options from a config file holding yaml, read
 // as the binary reads it.
 func optionsOf(t *testing.T, yaml string) proxy.Options {

@@ -118,6 +118,12 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.failing = false
+		select {
+		case <-l.p.stopping: // Shutdown began (before this Serve, maybe): nothing new is served
+			_ = c.Close()
+			return nil, net.ErrClosed
+		default:
+		}
 		open := l.open.Add(1)
 		if open > l.max {
 			l.open.Add(-1)
@@ -177,8 +183,9 @@ func (h *handoff) Accept() (net.Conn, error) {
 }
 
 // put hands c to the lean server, waiting while its accept loop is
-// behind; false once the handoff is closed or shutdown has begun (c is
-// the guard's to serve).
+// behind (the guard's accept loop waits with it: the lean one only
+// hands each connection to a worker); false once the handoff is closed
+// or shutdown has begun (c is the guard's to serve).
 func (h *handoff) put(c net.Conn) bool {
 	select {
 	case <-h.done:

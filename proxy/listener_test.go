@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -70,9 +71,18 @@ func TestConnectionsPastReduceMemoryAboveAreServedLean(t *testing.T) {
 			if err := p.Shutdown(ctx); err != nil {
 				t.Fatalf("Shutdown with a lean idle connection: %v", err)
 			}
-			_ = c5.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			if n, err := c5.c.Read(make([]byte, 1)); n != 0 || err == nil {
-				t.Fatalf("the lean idle connection is still open after Shutdown: %d %v", n, err)
+			if n, err := c5.c.Read(make([]byte, 1)); n != 0 || errors.Is(err, os.ErrDeadlineExceeded) || err == nil {
+				t.Fatalf("the lean idle connection was not closed by Shutdown: %d %v", n, err)
+			}
+			// A connection is closed just after its server counts it out.
+			for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				lean, all := testutil.ToFloat64(p.m.LeanClientConnections), testutil.ToFloat64(p.m.ClientConnections)
+				if lean == 0 && all == 0 {
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("after Shutdown the gauges count %v lean of %v open connections", lean, all)
+				}
 			}
 		})
 	}
@@ -93,6 +103,43 @@ func TestWithReduceMemoryEveryConnectionIsLean(t *testing.T) {
 	keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) })
 	if n := testutil.ToFloat64(h.p.m.LeanClientConnections); n != 2 {
 		t.Fatalf("sturdy_lean_client_connections %v, want 2", n)
+	}
+}
+
+// TestServeAfterShutdownServesNothing: a Serve that begins once Shutdown
+// has (an embedder's race) closes the connection it accepts and returns,
+// instead of serving on with no one to stop it.
+func TestServeAfterShutdownServesNothing(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ln) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+	if n, err := c.Read(make([]byte, 64)); n != 0 || errors.Is(err, os.ErrDeadlineExceeded) || err == nil {
+		t.Fatalf("a connection to a Serve begun after Shutdown was served: %d %v", n, err)
+	}
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Serve begun after Shutdown did not return")
 	}
 }
 

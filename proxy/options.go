@@ -85,8 +85,8 @@ type ServerLimits struct {
 	// ReduceMemoryAbove is how many client connections may be open before
 	// the next one opened is served as with ReduceMemory (each keeps that
 	// way for its life): a few connections are served at full speed, a
-	// crowd of idle ones costs half the memory. Default 1,000; at
-	// MaxConnections or above, never.
+	// crowd of idle ones costs half the memory. Counted per listener, as
+	// MaxConnections is. Default 1,000; at MaxConnections or above, never.
 	ReduceMemoryAbove int
 }
 

@@ -25,8 +25,9 @@ import (
 )
 
 // Proxy is the resilient reverse proxy. Create it with New and serve
-// Handle (or Server()); Reload swaps its configuration live; Shutdown
-// stops it.
+// clients with Serve or ServeTLS (the listener guard and the lean server
+// come with them; Handle alone serves requests without either); Reload
+// swaps its configuration live; Shutdown stops it.
 type Proxy struct {
 	tbl atomic.Pointer[table]
 	// fleet is the connection to the fleet's shared state (nil: none).
@@ -163,9 +164,10 @@ const mapClients = "clients" // the others are the upstream side's (upstream.Env
 // call), set up for proxying: bodies up to the largest route's max_body,
 // no headers of its own invented, no write timeout (it would cut long
 // streams), parse errors answered in the OpenAI error shape, its own
-// logging through zerolog. Connections opened while
-// server.reduce_memory_above are open go to its lean twin instead
-// (leanServer).
+// logging through zerolog. Through Serve and ServeTLS, connections
+// opened while server.reduce_memory_above are open go to its lean twin
+// instead (leanServer), and Proxy.Shutdown stops both: a server served
+// or stopped by hand has no twin.
 func (p *Proxy) Server() *fasthttp.Server {
 	p.serverOnce.Do(func() {
 		p.server = p.newServer(p.limits.ReduceMemory)
