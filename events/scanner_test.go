@@ -183,6 +183,28 @@ func BenchmarkScannerChat(b *testing.B) {
 	}
 }
 
+// TestHasTypeKey: hasTypeKey is bytes.Contains(v, `"type"`).
+func TestHasTypeKey(t *testing.T) {
+	for _, v := range []string{"", "y", `"type"`, `type"`, `"typ`, `{"type":"x"}`, `{"a":"yyy","type":1}`, `"ttype"`, `"types"`,
+		`yy"type"yy`, `{"content":"Sturdy"}`, `"type`, `ype"`, `x"type"`} {
+		if got, want := hasTypeKey([]byte(v)), bytes.Contains([]byte(v), []byte(`"type"`)); got != want {
+			t.Errorf("hasTypeKey(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+// FuzzHasTypeKey: hasTypeKey agrees with bytes.Contains on any input.
+func FuzzHasTypeKey(f *testing.F) {
+	for _, v := range []string{`{"type":"response.completed"}`, `"ty"type"pe"`, "yyyy"} {
+		f.Add([]byte(v))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) {
+		if hasTypeKey(v) != bytes.Contains(v, []byte(`"type"`)) {
+			t.Fatalf("hasTypeKey(%q) disagrees with bytes.Contains", v)
+		}
+	})
+}
+
 // TestLineEnd: the first '\r' or '\n', whichever comes first, as
 // bytes.IndexAny(p, "\r\n") finds it.
 func TestLineEnd(t *testing.T) {
