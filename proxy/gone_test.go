@@ -2,15 +2,11 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -253,12 +249,6 @@ func TestKeepAliveClientIsNotTakenForGone(t *testing.T) {
 func TestClientThatLeavesOverTLS(t *testing.T) {
 	t.Parallel()
 	up := startCloseRecorder(t, 0, "")
-	certPEM, keyPEM := upstreamtest.SelfSigned(t)
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
-		t.Fatal("writing the key pair")
-	}
 	logs := &upstreamtest.LogBuffer{}
 	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.url)}, Routes: []Route{testRoute("up")}}
 	o.Upstreams[0].Timeouts.FirstByte = 10 * time.Second
@@ -267,13 +257,8 @@ func TestClientThatLeavesOverTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := upstreamtest.ServeWith(t, func(ln net.Listener) error { return p.ServeTLS(ln, certFile, keyFile) },
-		func() { _ = p.Shutdown(context.Background()) })
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
-	dial := func() (net.Conn, error) {
-		return tls.Dial("tcp", strings.TrimPrefix(url, "http://"), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
-	}
+	addr, tlsConfig := serveTLS(t, p)
+	dial := func() (net.Conn, error) { return tls.Dial("tcp", addr, tlsConfig) }
 	left := leaveAfter(t, dial, slowChat, 200*time.Millisecond)
 	if took := waitClosed(t, up, left); took > 300*time.Millisecond {
 		t.Fatalf("over TLS, the upstream connection closed %v after the client left", took)

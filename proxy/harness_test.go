@@ -3,12 +3,15 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +78,25 @@ func serve(t testing.TB, p *Proxy) string {
 		defer cancel()
 		_ = p.Shutdown(ctx)
 	})
+}
+
+// serveTLS runs p over TLS, with a throwaway certificate for 127.0.0.1,
+// on a fresh port until the test ends, through its listener guard as in
+// production; it returns the address and a client TLS config that
+// trusts the certificate.
+func serveTLS(t testing.TB, p *Proxy) (addr string, client *tls.Config) {
+	t.Helper()
+	certPEM, keyPEM := upstreamtest.SelfSigned(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
+		t.Fatal("writing the key pair")
+	}
+	url := upstreamtest.ServeWith(t, func(ln net.Listener) error { return p.ServeTLS(ln, certFile, keyFile) },
+		func() { _ = p.Shutdown(context.Background()) })
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	return strings.TrimPrefix(url, "http://"), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
 }
 
 var testClient = &http.Client{

@@ -4,14 +4,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -183,20 +181,9 @@ func leanProxy(t *testing.T, overTLS bool) (p *Proxy, dial func() *keptConn) {
 		addr := strings.TrimPrefix(upstreamtest.ServeWith(t, p.Serve, stop), "http://")
 		return p, func() *keptConn { return keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) }) }
 	}
-	certPEM, keyPEM := upstreamtest.SelfSigned(t)
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
-		t.Fatal("writing the key pair")
-	}
-	addr := strings.TrimPrefix(upstreamtest.ServeWith(t, func(ln net.Listener) error { return p.ServeTLS(ln, certFile, keyFile) }, stop),
-		"http://")
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
+	addr, tlsConfig := serveTLS(t, p)
 	return p, func() *keptConn {
-		return keep(t, func() (net.Conn, error) {
-			return tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
-		})
+		return keep(t, func() (net.Conn, error) { return tls.Dial("tcp", addr, tlsConfig) })
 	}
 }
 

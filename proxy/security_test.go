@@ -1,11 +1,8 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -92,28 +89,19 @@ func TestUpstreamTLSVerification(t *testing.T) {
 func TestRefusalOverTLSIsAnHTTPAnswer(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-	certPEM, keyPEM := upstreamtest.SelfSigned(t)
-	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if os.WriteFile(certFile, certPEM, 0o600) != nil || os.WriteFile(keyFile, keyPEM, 0o600) != nil {
-		t.Fatal("writing the key pair")
-	}
 	o := Options{Upstreams: []upstream.Options{testUpstream("up", up.URL)}, Routes: []Route{testRoute("up")},
 		Server: ServerLimits{MaxConnections: 1}, Log: zerolog.Nop()}
 	p, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := upstreamtest.ServeWith(t, func(ln net.Listener) error { return p.ServeTLS(ln, certFile, keyFile) },
-		func() { _ = p.Shutdown(context.Background()) })
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(certPEM)
+	hostPort, tlsConfig := serveTLS(t, p)
 	client := func() *http.Client {
-		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}
+		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
 	}
-	addr := "https" + strings.TrimPrefix(url, "http")
+	addr := "https://" + hostPort
 	// A client holds the one place: connected, handshaken, silent.
-	held, err := tls.Dial("tcp", strings.TrimPrefix(url, "http://"), &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	held, err := tls.Dial("tcp", hostPort, tlsConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
