@@ -212,8 +212,8 @@ func mayEnd(v []byte) bool {
 
 // hasTypeKey is bytes.Contains(v, `"type"`), found from its 'y': a chat
 // chunk's keys have none, where a '"' (bytes.Index's anchor) starts each
-// of them — a vectorized byte search and a check per 'y' (a chat chunk:
-// 40 → 9 ns).
+// of them — a vectorized byte search and a check per 'y'
+// (BenchmarkScannerChat's chunk: 39 → 5.5 ns).
 func hasTypeKey(v []byte) bool {
 	for i := 0; ; i++ {
 		j := bytes.IndexByte(v[i:], 'y')

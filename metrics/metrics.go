@@ -124,7 +124,7 @@ type Metrics struct {
 	ClientConnections prometheus.Gauge
 	// LeanClientConnections is the number of those served lean (fasthttp's
 	// ReduceMemoryUsage): opened past server.reduce_memory_above, or every
-	// one with server.reduce_memory.
+	// one with server.reduce_memory. Set on scrape.
 	LeanClientConnections prometheus.Gauge
 	// ClientGone counts requests whose client left before their response
 	// ended, by the phase they were in (queue, cooldown, pacing,

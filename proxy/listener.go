@@ -140,18 +140,10 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.p.m.ClientConnections.Inc()
-		cc := &clientConn{Conn: c, l: l, lean: l.p.limits.ReduceMemory}
+		cc := &clientConn{Conn: c, l: l}
 		watch(cc)
-		if l.lean != nil && open > l.leanAbove {
-			cc.lean = true // before the lean server has it: it may close it at once
-			l.p.m.LeanClientConnections.Inc()
-			if l.lean.put(cc) {
-				continue
-			}
-			cc.lean = false
-			l.p.m.LeanClientConnections.Dec()
-		} else if cc.lean {
-			l.p.m.LeanClientConnections.Inc()
+		if l.lean != nil && open > l.leanAbove && l.lean.put(cc) {
+			continue
 		}
 		return cc, nil
 	}
@@ -268,7 +260,6 @@ type clientConn struct {
 	net.Conn
 	l      *guardedListener
 	closed atomic.Bool
-	lean   bool // served lean (sturdy_lean_client_connections), set before it is served
 	// fd and watched: its place in the watcher's set (set once, at accept).
 	fd      int32
 	watched bool
@@ -302,9 +293,6 @@ func (c *clientConn) Close() error {
 		unwatch(c)
 		c.l.open.Add(-1)
 		c.l.p.m.ClientConnections.Dec()
-		if c.lean {
-			c.l.p.m.LeanClientConnections.Dec()
-		}
 	}
 	return c.Conn.Close()
 }

@@ -37,10 +37,12 @@ func TestConnectionsPastReduceMemoryAboveAreServedLean(t *testing.T) {
 			if full.ReduceMemoryUsage || lean == nil || !lean.ReduceMemoryUsage {
 				t.Fatal("no lean twin beside a full-speed server")
 			}
-			// Served where, and counted so: sturdy_lean_client_connections.
+			// Served where, and counted so: sturdy_lean_client_connections
+			// (set on scrape).
 			served := func(want [2]int32) {
 				t.Helper()
 				for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					p.RefreshBreakerGauges()
 					got := [2]int32{full.GetOpenConnectionsCount(), lean.GetOpenConnectionsCount()}
 					if got == want && testutil.ToFloat64(p.m.LeanClientConnections) == float64(want[1]) &&
 						testutil.ToFloat64(p.m.ClientConnections) == float64(want[0]+want[1]) {
@@ -74,6 +76,7 @@ func TestConnectionsPastReduceMemoryAboveAreServedLean(t *testing.T) {
 			}
 			// A connection is closed just after its server counts it out.
 			for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				p.RefreshBreakerGauges()
 				lean, all := testutil.ToFloat64(p.m.LeanClientConnections), testutil.ToFloat64(p.m.ClientConnections)
 				if lean == 0 && all == 0 {
 					break
@@ -99,6 +102,7 @@ func TestWithReduceMemoryEveryConnectionIsLean(t *testing.T) {
 	addr := strings.TrimPrefix(h.url, "http://")
 	keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) })
 	keep(t, func() (net.Conn, error) { return net.Dial("tcp", addr) })
+	h.p.RefreshBreakerGauges()
 	if n := testutil.ToFloat64(h.p.m.LeanClientConnections); n != 2 {
 		t.Fatalf("sturdy_lean_client_connections %v, want 2", n)
 	}

@@ -300,9 +300,13 @@ func (p *Proxy) Ready() (ok bool, notReady []string) {
 }
 
 // RefreshBreakerGauges brings the gauges read on scrape up to date: the
-// bytes held for clients, and every upstream's per-endpoint gauges.
+// bytes held for clients, the client connections served lean (the lean
+// server's, or every one when the server itself is lean), and every
+// upstream's per-endpoint gauges.
 func (p *Proxy) RefreshBreakerGauges() {
 	p.m.BufferedBytes.Set(float64(p.held.used.Load()))
+	lean := cmp.Or(p.leanServer(), p.server)
+	p.m.LeanClientConnections.Set(float64(max(0, lean.GetOpenConnectionsCount()))) // -1 before a Serve
 	p.tbl.Load().refreshGauges()
 }
 
