@@ -11,8 +11,11 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
+# --build-arg TAGS=sturdy_notracing leaves the OTLP exporters out: a quarter
+# less memory, no tracing (README, Traces).
+ARG TAGS=""
 # The same flags .ci/run checks: static, reproducible, version stamped.
-RUN CGO_ENABLED=0 go build -trimpath \
+RUN CGO_ENABLED=0 go build -trimpath -tags "${TAGS}" \
       -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
       -o /out/sturdy .
 

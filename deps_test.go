@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,29 @@ func TestDependencyDirection(t *testing.T) {
 				if strings.HasPrefix(dep, b) {
 					t.Errorf("%s depends on %s", pkg, dep)
 				}
+			}
+		}
+	}
+}
+
+// TestTheBuildWithoutTracingLinksNoExporter keeps what -tags
+// sturdy_notracing is for (README, Traces): the OTLP exporters, and the
+// gRPC stack only they link, stay out of that build — an import of either
+// from anywhere else would put a quarter of the process's memory back.
+func TestTheBuildWithoutTracingLinksNoExporter(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		tags string
+		want bool
+	}{{"", true}, {"sturdy_notracing", false}} {
+		out, err := exec.Command("go", "list", "-tags", c.tags, "-deps", ".").Output()
+		if err != nil {
+			t.Fatalf("go list -tags %q: %v", c.tags, err)
+		}
+		for _, pkg := range []string{"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp",
+			"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc", "google.golang.org/grpc"} {
+			if got := slices.Contains(strings.Fields(string(out)), pkg); got != c.want {
+				t.Errorf("-tags %q: %s linked %v, want %v", c.tags, pkg, got, c.want)
 			}
 		}
 	}

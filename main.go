@@ -123,7 +123,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return probeHealth(adminAddr(servingSettings(c, "/proc")), stderr)
 	}
 	if c.version {
-		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s)\n", version, commitID(), runtime.Version())
+		build := ""
+		if !tracing.Exporters {
+			build = ", without tracing" // built with -tags sturdy_notracing
+		}
+		fmt.Fprintf(stdout, "sturdy %s (commit %s, %s%s)\n", version, commitID(), runtime.Version(), build)
 		return 0
 	}
 	if s.demo {

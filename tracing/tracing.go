@@ -3,6 +3,14 @@
 // variables filling what the file leaves unset — and the tracer provider
 // that samples spans and exports them over OTLP (HTTP/protobuf or gRPC).
 // What goes in the spans is the proxy's business.
+//
+//   - tracing.go: the settings (Resolve), the tracer provider (New), the
+//     SDK's errors routed to the log.
+//   - exporter.go: the OTLP exporters spans leave through (Exporters is
+//     true), the OpenTelemetry project's, over HTTP/protobuf or gRPC.
+//   - noexporter.go: in a build with -tags sturdy_notracing, none: the
+//     exporters and the gRPC stack they link are left out (a quarter of the
+//     process's memory), and Resolve refuses settings that turn tracing on.
 package tracing
 
 import (
@@ -17,8 +25,6 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -67,7 +73,9 @@ type Settings struct {
 // variable; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (a full URL) or
 // OTEL_EXPORTER_OTLP_ENDPOINT (a base URL) alone turns tracing on;
 // OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turns it off
-// whatever the file says. An error names the variable that is wrong.
+// whatever the file says. An error names the variable that is wrong. In
+// a build without the exporters, settings that turn tracing on are an
+// error too (ErrNoExporters).
 func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error) {
 	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") || strings.EqualFold(getenv("OTEL_TRACES_EXPORTER"), "none") {
 		return Settings{}, false, nil
@@ -108,8 +116,19 @@ func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error
 			s.ServiceName = DefaultServiceName
 		}
 	}
+	if !Exporters {
+		if name == "" {
+			name = "endpoint"
+		}
+		return Settings{}, false, fmt.Errorf("%s: %w", name, ErrNoExporters)
+	}
 	return s, true, nil
 }
+
+// ErrNoExporters is why a build without the OTLP exporters (-tags
+// sturdy_notracing) refuses settings that turn tracing on.
+var ErrNoExporters = errors.New("this Sturdy was built without the OTLP exporters (-tags sturdy_notracing): " +
+	"build it without the tag to trace, or set OTEL_SDK_DISABLED=true to run without tracing")
 
 // CheckEndpoint reports what is wrong with a collector URL, if anything.
 // It never quotes the URL: one from the environment may carry a token.
@@ -206,24 +225,7 @@ type Tracer struct {
 // dropped, in the background.
 func New(s Settings, version string) (*Tracer, error) {
 	ctx := context.Background()
-	var exp sdktrace.SpanExporter
-	var err error
-	switch s.Protocol {
-	case ProtocolGRPC:
-		g := []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(s.URL)}
-		if s.Headers != nil {
-			g = append(g, otlptracegrpc.WithHeaders(s.Headers))
-		}
-		exp, err = otlptracegrpc.New(ctx, g...)
-	case ProtocolHTTP, "":
-		h := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(s.URL)}
-		if s.Headers != nil {
-			h = append(h, otlptracehttp.WithHeaders(s.Headers))
-		}
-		exp, err = otlptracehttp.New(ctx, h...)
-	default:
-		return nil, fmt.Errorf("tracing: unknown protocol %q", s.Protocol)
-	}
+	exp, err := newExporter(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}

@@ -66,6 +66,14 @@ func TestResolve(t *testing.T) {
 				}
 				return
 			}
+			if c.on && !Exporters {
+				// A build without the exporters (-tags sturdy_notracing)
+				// refuses what would turn tracing on, naming it.
+				if !errors.Is(err, ErrNoExporters) || on || !strings.Contains(strings.ToLower(err.Error()), "endpoint") {
+					t.Fatalf("on %v err %v, want ErrNoExporters naming the endpoint", on, err)
+				}
+				return
+			}
 			if err != nil || on != c.on {
 				t.Fatalf("on %v err %v", on, err)
 			}
