@@ -527,6 +527,11 @@ func loadConfig(s settings) (*config.Config, error) {
 		return nil, &config.Error{File: name, Problems: ps}
 	}
 	if _, _, err := tracing.Resolve(tracing.File(cfg.Tracing), os.Getenv); err != nil {
+		if k := "tracing.endpoint"; errors.Is(err, tracing.ErrNoExporters) && cfg.Tracing.Endpoint != "" {
+			// The file asks for spans this build cannot send: its key and line.
+			return nil, &config.Error{File: name, Problems: []config.Problem{{Key: k, Line: cfg.Line(k),
+				Msg: err.Error()}}}
+		}
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
 	return cfg, nil

@@ -528,3 +528,19 @@ func TestAWarningNamesARouteNoTargetServes(t *testing.T) {
 		t.Fatalf("warnings %+v", ws)
 	}
 }
+
+// TestLineIsWhereTheFileSetsAKey: Line gives a key's line for a problem
+// found past Validate (a build without tracing refusing tracing.endpoint),
+// 0 for a key left to its default.
+func TestLineIsWhereTheFileSetsAKey(t *testing.T) {
+	t.Parallel()
+	c, err := Parse("t.yaml", []byte("upstreams: [{name: a, url: 'http://h'}]\n\ntracing:\n  endpoint: http://c:4318\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]int{"tracing.endpoint": 4, "tracing": 3, "upstreams": 1, "tracing.protocol": 0} {
+		if got := c.Line(key); got != want {
+			t.Errorf("Line(%q) = %d, want %d", key, got, want)
+		}
+	}
+}

@@ -209,6 +209,11 @@ func (c *Config) Written(key string) bool {
 	return c.isWritten(key)
 }
 
+// Line returns the line the file sets key on (a dotted path), 0 when it
+// does not: for a problem found outside Validate, where the environment
+// takes part (tracing).
+func (c *Config) Line(key string) int { return c.written[key] }
+
 // adminAlias makes admin.listen the admin listener's address (its alias
 // admin_listen holds it from here on); both written is a problem.
 func (c *Config) adminAlias() []Problem {

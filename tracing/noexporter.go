@@ -9,7 +9,7 @@ import (
 )
 
 // Exporters is false in a build with -tags sturdy_notracing: the OTLP
-// exporters, and the gRPC stack only they link, are left out — about 8
+// exporters, and the gRPC stack only they link, are left out — about 7
 // MiB of the process's peak memory and half the binary (bench/README.md,
 // "Peak RSS, looked at again"). Resolve refuses settings that turn
 // tracing on, so a config that asks for spans fails -check and startup

@@ -118,17 +118,17 @@ func Resolve(f File, getenv func(string) string) (s Settings, on bool, err error
 	}
 	if !Exporters {
 		if name == "" {
-			name = "endpoint"
+			return Settings{}, false, fmt.Errorf("%w: remove tracing.endpoint to run without tracing", ErrNoExporters)
 		}
-		return Settings{}, false, fmt.Errorf("%s: %w", name, ErrNoExporters)
+		return Settings{}, false, fmt.Errorf("%s: %w: unset it or set OTEL_SDK_DISABLED=true to run without tracing", name, ErrNoExporters)
 	}
 	return s, true, nil
 }
 
 // ErrNoExporters is why a build without the OTLP exporters (-tags
 // sturdy_notracing) refuses settings that turn tracing on.
-var ErrNoExporters = errors.New("this Sturdy was built without the OTLP exporters (-tags sturdy_notracing): " +
-	"build it without the tag to trace, or set OTEL_SDK_DISABLED=true to run without tracing")
+var ErrNoExporters = errors.New("this Sturdy was built without the OTLP exporters (-tags sturdy_notracing) " +
+	"and cannot trace; a build without the tag can")
 
 // CheckEndpoint reports what is wrong with a collector URL, if anything.
 // It never quotes the URL: one from the environment may carry a token.

@@ -69,8 +69,16 @@ func TestResolve(t *testing.T) {
 			if c.on && !Exporters {
 				// A build without the exporters (-tags sturdy_notracing)
 				// refuses what would turn tracing on, naming it.
-				if !errors.Is(err, ErrNoExporters) || on || !strings.Contains(strings.ToLower(err.Error()), "endpoint") {
-					t.Fatalf("on %v err %v, want ErrNoExporters naming the endpoint", on, err)
+				from := "remove tracing.endpoint"
+				switch {
+				case c.file.Endpoint != "":
+				case c.env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != "":
+					from = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "
+				default:
+					from = "OTEL_EXPORTER_OTLP_ENDPOINT: "
+				}
+				if !errors.Is(err, ErrNoExporters) || on || !strings.Contains(err.Error(), from) {
+					t.Fatalf("on %v err %v, want ErrNoExporters naming %s", on, err, from)
 				}
 				return
 			}
