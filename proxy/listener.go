@@ -61,7 +61,7 @@ func (p *Proxy) serve(g *guardedListener, wrap func(net.Listener) net.Listener) 
 	if lean := p.leanServer(); lean != nil {
 		h := &handoff{addr: g.Addr(), conns: make(chan net.Conn), done: make(chan struct{}), stopping: p.stopping}
 		defer h.Close()
-		g.lean, g.leanAbove = h, int64(p.limits.ReduceMemoryAbove)
+		g.lean = h
 		go func() { _ = lean.Serve(wrap(h)) }()
 	}
 	return p.Server().Serve(wrap(g))
@@ -78,15 +78,15 @@ func (p *Proxy) guard(ln net.Listener, tlsConfig *tls.Config) *guardedListener {
 // a new one is answered 503 too_many_connections and closed; and every
 // connection bounds each single write by writeTimeout, so a client that
 // stops reading frees its upstream connection instead of pinning it. A
-// connection opened while leanAbove others are open is handed to lean,
-// the lean server's listener, instead of returned (when lean is set).
+// connection opened while server.reduce_memory_above others are open is
+// handed to lean, the lean server's listener, instead of returned (when
+// lean is set).
 type guardedListener struct {
 	net.Listener
 	p            *Proxy
 	max          int64
 	open         atomic.Int64
 	lean         *handoff
-	leanAbove    int64
 	writeTimeout time.Duration
 	tls          *tls.Config   // the listener's, to answer refusals over TLS; nil: plain
 	refusing     chan struct{} // a place per refusal being written
@@ -142,7 +142,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 		l.p.m.ClientConnections.Inc()
 		cc := &clientConn{Conn: c, l: l}
 		watch(cc)
-		if l.lean != nil && open > l.leanAbove && l.lean.put(cc) {
+		if l.lean != nil && open > int64(l.p.limits.ReduceMemoryAbove) && l.lean.put(cc) {
 			continue
 		}
 		return cc, nil
