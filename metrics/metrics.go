@@ -142,6 +142,9 @@ type Metrics struct {
 	// had no room, by use (hold, rescue, http10).
 	BufferedBytes prometheus.Gauge
 	BufferFull    *prometheus.CounterVec
+	// Panics counts panics recovered, by where (request, stream, fleet):
+	// each is a bug, logged with its stack, and the process serves on.
+	Panics *prometheus.CounterVec
 }
 
 // latencyBuckets span a fast proxied call to a long generation.
@@ -250,6 +253,9 @@ func New() *Metrics {
 			[]string{"map"}),
 		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sturdy_buffered_bytes",
 			Help: "Bytes held on behalf of clients now (held stream heads, rescue text, HTTP/1.0 bodies), of server.max_buffered_bytes."}),
+		Panics: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_panics_total",
+			Help: "Panics recovered, by where (request, stream, fleet): each a bug, logged with its stack; the process served on."},
+			[]string{"where"}),
 		BufferFull: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_buffer_full_total",
 			Help: "Times server.max_buffered_bytes had no room, by use (hold: released early, rescue: unrescuable, http10: 502)."},
 			[]string{"use"}),
@@ -259,7 +265,7 @@ func New() *Metrics {
 		m.Failovers, m.Cooldowns, m.BudgetExhausted, m.TargetSkips, m.RateLimited, m.Tokens, m.Spend, m.AcceptErrors,
 		m.ConnectionsRefused, m.ClientConnections, m.LeanClientConnections, m.StreamsUnterminated, m.ClientGone, m.ModelBreakerTransitions,
 		m.EndpointInFlight, m.EndpointUp, m.HealthChecks, m.RideThroughs, m.StreamRescues, m.SharedStateErrors, m.ModelBreakerState,
-		m.Evictions, m.BufferedBytes, m.BufferFull, m.ConcurrencyLimit, m.ConcurrencyQueued, m.ConcurrencyWait, m.ConcurrencyShed,
+		m.Evictions, m.BufferedBytes, m.BufferFull, m.Panics, m.ConcurrencyLimit, m.ConcurrencyQueued, m.ConcurrencyWait, m.ConcurrencyShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

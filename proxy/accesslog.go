@@ -56,6 +56,7 @@ const (
 	outcomeClientGone        = "client_gone"              // the client left mid-response
 	outcomeShuttingDown      = "shutting_down"            // a wait ended by shutdown, no reply at hand
 	outcomeSharedState       = "shared_state_unavailable" // Redis did not answer, on_failure: refuse
+	outcomeInternalError     = "internal_error"           // a panic while serving it, recovered (survive)
 )
 
 // retryList logs the retries of a request as

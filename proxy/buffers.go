@@ -84,7 +84,7 @@ func (s *share) headRoom(b *heldBytes, head []byte, limit int) ([]byte, bool) {
 		}
 		s.head += need
 	}
-	return slices.Grow(head, want-len(head)), true
+	return clip(slices.Grow(head, want-len(head)), want), true
 }
 
 // giveHead gives back the part of s covering a reply head's capacity
@@ -96,16 +96,27 @@ func (s *share) giveHead(b *heldBytes) {
 	s.head = 0
 }
 
-// grow makes room in buf for at least one more byte (doubling it, to at
-// most limit bytes in all), once this request's share of the budget b
-// agrees; errBuffersFull when it does not.
+// grow makes room in buf for at least one more byte, to at most limit
+// bytes, once the budget b agrees. It doubles buf's capacity; past the
+// limit it returns errAtLimit, past the budget errBuffersFull.
 func (s *share) grow(b *heldBytes, buf []byte, limit int, use string) ([]byte, error) {
 	if len(buf) < cap(buf) {
 		return buf, nil
 	}
 	more := min(max(cap(buf), headSize), limit-len(buf))
+	if more <= 0 {
+		return buf, errAtLimit
+	}
 	if !s.hold(b, more, use) {
 		return buf, errBuffersFull
 	}
-	return slices.Grow(buf, more), nil
+	return clip(slices.Grow(buf, more), len(buf)+more), nil
 }
+
+// errAtLimit is why grow made no room: the buffer holds its limit.
+var errAtLimit = errors.New("the buffer holds its limit")
+
+// clip caps buf's capacity at n bytes. slices.Grow rounds a capacity up
+// to the allocator's size class; what the budget reserved, and the limit,
+// end at n.
+func clip(buf []byte, n int) []byte { return buf[:len(buf):min(n, cap(buf))] }

@@ -111,6 +111,7 @@
 //	paths.go       path_prefix confinement (dot-segments)
 //	listener.go    the client listener: accept errors, max_connections, write deadlines; past
 //	               server.reduce_memory_above open connections, a new one handed off to the lean server
+//	recover.go     a panic while serving one request or stream: recovered, logged, counted (survive)
 //	gone.go        phases, and the client's presence: a client's leaving acted on (presence.left)
 //	watch_linux.go, watch_other.go   the watcher that sees clients leave (epoll on Linux)
 //	fdlimit_unix.go, fdlimit_other.go   the file descriptor limit behind max_connections' default

@@ -42,6 +42,7 @@ const (
 	CodeResponseTooLarge    = "response_too_large"
 	CodeLoopDetected        = "loop_detected"
 	CodeSharedState         = "shared_state_unavailable"
+	CodeInternalError       = "internal_error"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.
@@ -127,6 +128,9 @@ var errorTable = []errorSpec{
 	{code: CodeResponseTooLarge, anthropic: "api_error", status: 502,
 		message: "upstream %q sent a reply of unknown length larger than Sturdy holds for an HTTP/1.0 client (%s); ask over HTTP/1.1, which gets it streamed",
 		when:    "an HTTP/1.0 client's reply of unknown length, read whole first, passed 64 MiB, or `server.max_buffered_bytes` (for all clients together) was in use"},
+	{code: CodeInternalError, anthropic: "api_error", status: 500,
+		message: "Sturdy failed while serving this request (a bug, logged with request id and stack); retry the request",
+		when:    "a panic while serving the request, recovered: the process serves on, the panic is logged and counted (`sturdy_panics_total`)"},
 	{code: CodeStreamInterrupted, anthropic: "api_error", status: 0,
 		message: "%s from upstream %q; the output so far is incomplete: retry the request",
 		when:    "sent *inside* a stream that failed after it started (see below)"},

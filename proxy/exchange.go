@@ -210,6 +210,9 @@ type response struct {
 	// first output).
 	ttfb, ttft time.Duration
 	bytesOut   int64
+	// ended says finish began: a panic past it does not run it again
+	// (survive).
+	ended bool
 }
 
 // notes are what the access line lists: each retry and each target,
@@ -263,6 +266,7 @@ var exchangePool = sync.Pool{New: func() any {
 // finish logs and measures the request and returns the exchange to the
 // pool.
 func (ex *exchange) finish() {
+	ex.out.ended = true
 	if cc := ex.client.cc; cc != nil {
 		cc.serving(nil)
 	}

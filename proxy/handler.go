@@ -21,6 +21,7 @@ import (
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex := exchangePool.Get().(*exchange)
 	ex.p, ex.ctx, ex.tbl = p, ctx, p.tbl.Load()
+	defer survive(ex)
 	ex.req.start = time.Now()
 	p.m.InFlight.Inc()
 	ex.req.id = ex.requestID(ex.req.id[:0])

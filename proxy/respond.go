@@ -179,11 +179,7 @@ func (ex *exchange) whole() {
 	var err error
 	for err == nil {
 		if body, err = ex.held.grow(&ex.p.held, body, maxWholeBody+1, heldForHTTP10); err != nil {
-			break
-		}
-		if len(body) > maxWholeBody {
-			err = errWholeTooLarge
-			break
+			break // past maxWholeBody (a body of exactly that size ends in EOF first) or the budget
 		}
 		var n int
 		n, err = ex.st.Read(body[len(body):cap(body)])
@@ -195,7 +191,7 @@ func (ex *exchange) whole() {
 	}
 	ex.st.rp.close()
 	switch {
-	case errors.Is(err, errWholeTooLarge):
+	case errors.Is(err, errAtLimit):
 		ex.out.outcome = outcomeUpstreamError
 		ex.fail(newError(CodeResponseTooLarge, ex.target().up.Name(), sizeText(maxWholeBody)+" per response"))
 		return
@@ -214,10 +210,6 @@ func (ex *exchange) whole() {
 	ex.st.tail = body
 	ex.serveBody(len(body))
 }
-
-// errWholeTooLarge is why a body read whole for an HTTP/1.0 client was
-// given up: it passed maxWholeBody.
-var errWholeTooLarge = errors.New("the body is over 64 MiB")
 
 // setAttemptsHeader sets x-sturdy-attempts on the client's response: n.
 func (ex *exchange) setAttemptsHeader(n int) {

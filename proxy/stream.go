@@ -67,7 +67,8 @@ func (st *stream) streamed() bool { return st.chunked || st.kind != 0 }
 // mid-body, an SSE stream ends with an error event, an NDJSON stream with
 // an error line, and anything else by aborting the connection: a failed
 // stream never ends as if it had succeeded.
-func (st *stream) Read(p []byte) (int, error) {
+func (st *stream) Read(p []byte) (n int, err error) {
+	defer st.readSafely(&n, &err)
 	rp := st.rp
 	if st.tail != nil {
 		if len(st.tail) == 0 {
@@ -109,7 +110,7 @@ func (st *stream) Read(p []byte) (int, error) {
 		st.pending = nil
 		return st.upstreamEnded(err, p)
 	}
-	n, err := rp.body.Read(p)
+	n, err = rp.body.Read(p)
 	if n > 0 {
 		// fasthttp ignores an error returned with data; keep it for the
 		// next call.
@@ -266,6 +267,7 @@ func (st *stream) interruptionTail() []byte {
 // closes the connection, so the model server stops generating), logs the
 // request and releases the exchange.
 func (st *stream) CloseWithError(err error) error {
+	defer st.closeSafely()
 	ex := st.ex
 	ex.p.streams.track(st, false)
 	// A client that leaves once the stream's terminator went to it has its
