@@ -3,7 +3,6 @@ package policy
 import (
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -222,32 +221,14 @@ var requestText = map[API][]string{
 // max_completion_tokens, max_output_tokens, Ollama's options.num_predict;
 // 0: none given).
 func RequestTokens(api API, body []byte) (textChars int, maxTokens int64) {
+	doc := inPlace(body)
 	for _, path := range requestText[api] {
-		textChars += textOf(gjson.GetBytes(body, path))
+		textChars += TextChars(doc.Get(path).Raw)
 	}
 	for _, key := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens", "options.num_predict"} {
-		if v := gjson.GetBytes(body, key); v.Type == gjson.Number && v.Int() > 0 {
+		if v := doc.Get(key); v.Type == gjson.Number && v.Int() > 0 {
 			return textChars, v.Int()
 		}
 	}
 	return textChars, 0
-}
-
-// textOf counts the characters of the text in v: a string, the strings
-// and parts of an array, a part's text or content.
-func textOf(v gjson.Result) int {
-	switch {
-	case v.Type == gjson.String:
-		return utf8.RuneCountInString(v.Str)
-	case v.IsArray():
-		n := 0
-		v.ForEach(func(_, e gjson.Result) bool {
-			n += textOf(e)
-			return true
-		})
-		return n
-	case v.IsObject():
-		return textOf(v.Get("text")) + textOf(v.Get("content"))
-	}
-	return 0
 }
