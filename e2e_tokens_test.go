@@ -21,7 +21,7 @@ func TestOpenAIClientStreamsUnderATokenBudget(t *testing.T) {
 	chunks := []string{
 		`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"}}],"usage":null}` + "\n\n",
 		`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" world"},"finish_reason":"stop"}],"usage":null}` + "\n\n",
-		`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":11,"total_tokens":18}}` + "\n\n",
+		`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":20,"total_tokens":40}}` + "\n\n",
 		"data: [DONE]\n\n",
 	}
 	up := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: chunks})
@@ -44,7 +44,7 @@ func TestOpenAIClientStreamsUnderATokenBudget(t *testing.T) {
 		t.Fatalf("upstream got %s", up.Requests()[0].Body)
 	}
 	params := chatParams
-	params.MaxTokens = openai.Int(40) // 18 spent + 41 estimated > 50
+	params.MaxTokens = openai.Int(40) // 40 spent + 13 reserved (1 + a quarter of the budget) > 50
 	_, err := client.Chat.Completions.New(ctx, params)
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 429 || apiErr.Code != "rate_limited" {

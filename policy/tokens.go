@@ -187,15 +187,34 @@ func (w *TokenWindow) Idle(now time.Time) bool {
 const DefaultOutputEstimate = 1024
 
 // EstimateTokens is what a request reserves of a budget of limit tokens
-// a minute: its input as its messages' text characters ÷ 4 (rounded up),
-// plus maxOutput when the request sets one (> 0; at most 2⁴⁰), else
-// min(DefaultOutputEstimate, limit ÷ 4).
+// a minute (0: no limit). Its input is its text characters ÷ 4, rounded
+// up. Its output is maxOutput when set (> 0), else DefaultOutputEstimate;
+// under a limit, at most a quarter of it.
+// A reply that uses more is charged in full when it settles: a client's
+// max_tokens cannot make one request hold a window others need.
 func EstimateTokens(textChars int, maxOutput, limit int64) int64 {
 	in := (int64(max(textChars, 0)) + 3) / 4
-	if maxOutput > 0 {
-		return in + min(maxOutput, maxTokens)
+	out := min(maxOutput, maxTokens)
+	if maxOutput <= 0 {
+		out = DefaultOutputEstimate
+		if limit <= 0 {
+			out = 0
+		}
 	}
-	return in + min(DefaultOutputEstimate, max(limit, 0)/4)
+	if limit > 0 {
+		out = min(out, limit/4)
+	}
+	return in + out
+}
+
+// Reservation bounds what one request reserves of a window of limit
+// tokens (0: no limit) to half of it. The rest of what it uses is charged
+// when it settles.
+func Reservation(n, limit int64) int64 {
+	if limit <= 0 {
+		return n
+	}
+	return min(n, max(limit/2, 1))
 }
 
 // maxTokens bounds every count a budget keeps (2⁴⁰, a trillion tokens):

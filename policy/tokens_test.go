@@ -141,10 +141,24 @@ func TestEstimateTokens(t *testing.T) {
 		{400, 50, 100_000, 150, "max_tokens when given"},
 		{400, 0, 100, 100 + 25, "no max_tokens, a small budget: a quarter of it"},
 		{0, 0, 0, 0, "nothing"},
-		{4, 1<<63 - 1, 100, 1 + 1<<40, "a max_tokens near 2⁶³: bounded, never wrapping to a free reservation"},
+		{4, 1<<63 - 1, 0, 1 + 1<<40, "a max_tokens near 2⁶³, no limit: bounded, never wrapping to a free reservation"},
+		{4, 1<<63 - 1, 100, 1 + 25, "a max_tokens near 2⁶³ under a limit: a quarter of it"},
+		{400, 1e12, 10_000, 100 + 2_500, "a max_tokens past a quarter of the limit: a quarter of it"},
+		{400, 2_000, 10_000, 100 + 2_000, "a max_tokens within a quarter of the limit: itself"},
 	} {
 		if got := EstimateTokens(tt.chars, tt.max, tt.limit); got != tt.want {
 			t.Errorf("%s: EstimateTokens(%d, %d, %d) = %d, want %d", tt.description, tt.chars, tt.max, tt.limit, got, tt.want)
+		}
+	}
+}
+
+func TestReservation(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ n, limit, want int64 }{
+		{10, 0, 10}, {10, 100, 10}, {50, 100, 50}, {51, 100, 50}, {1 << 40, 100, 50}, {5, 1, 1},
+	} {
+		if got := Reservation(tt.n, tt.limit); got != tt.want {
+			t.Errorf("Reservation(%d, %d) = %d, want %d", tt.n, tt.limit, got, tt.want)
 		}
 	}
 }

@@ -7,7 +7,7 @@
 //
 //	handler.go  admit, route, prepare   Handle → admit → prepare
 //	loop.go     targets, gates          run → onTarget → visit.run (one visit per target: useTarget, then
-//	                                    attemptOn: gate, choose, send; then decide)
+//	                                    attemptOn: gate, choose, reserveTokens, send; then decide)
 //	gates.go    obstacles and waits     visit.clear → policy.Clear → block (the loop's obstruction); visit.wait,
 //	                                    interrupted, carry: what loop.go and pool.go both go through
 //	pool.go     pick and lease          choose → upstream.Pick | rideThrough → takeConnection (Lease) → Allow

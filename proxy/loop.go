@@ -242,9 +242,9 @@ func (v *visit) aim(ep *upstream.Endpoint) {
 }
 
 // gate clears the way for one attempt on v's target: a cooldown learned
-// from a 429 for this request's credential, then pacing, then its
-// tokens_per_minute (reserveTokens, tokens.go). It waits where
+// from a 429 for this request's credential, then pacing. It waits where
 // policy says to; otherwise it returns the failover or stop policy chose.
+// Its tokens_per_minute is reserved after the queue (attemptOn).
 func (v *visit) gate() policy.Action {
 	ex := v.ex
 	up, now := v.t.up, time.Now()
@@ -263,9 +263,6 @@ func (v *visit) gate() policy.Action {
 		if a := v.pace(now); a != policy.ActionAttempt {
 			return a
 		}
-	}
-	if up.HasTokenLimits() {
-		return v.reserveTokens()
 	}
 	return policy.ActionAttempt
 }
@@ -309,15 +306,16 @@ func (v *visit) pace(now time.Time) policy.Action {
 }
 
 // reserveTokens reserves the request's estimate of its target's
-// tokens_per_minute for the model as sent, once a visit: a window that
-// cannot take it is waited for as pacing is (up to rate_limit.max_wait;
-// a second when reservations in flight hold it), at most three times,
-// else the target is passed over (a fallback) or the request refused 429.
-func (v *visit) reserveTokens() policy.Action {
+// tokens_per_minute for the model as sent, once a visit. A patient one
+// waits for a window that cannot take it, as pacing does (up to
+// rate_limit.max_wait; a second when reservations in flight hold it), at
+// most three times, else the target is passed over (a fallback) or the
+// request refused 429. An impatient one says full instead of waiting.
+func (v *visit) reserveTokens(patient bool) (act policy.Action, full bool) {
 	ex := v.ex
 	mt := v.t.up.Tokens(v.model)
 	if mt == nil || v.tokensHeld || !ex.req.call.Charged() {
-		return policy.ActionAttempt
+		return policy.ActionAttempt, false
 	}
 	q, f, name := &ex.req, ex.p.fleet.Load(), ""
 	n := q.estimate(ex.ctx.Request.Body()).of(tokensTotal, mt.Limit)
@@ -328,22 +326,25 @@ func (v *visit) reserveTokens() policy.Action {
 		ok, wait, _, refused := q.reserveBudget(&ex.p.fleet, f, name, mt.Window, tokensTotal, mt.Limit, n, true, time.Now())
 		if refused != "" {
 			v.in.sharedRefused = refused
-			return policy.ActionStop
+			return policy.ActionStop, false
 		}
 		if ok {
 			v.tokensHeld = true
-			return policy.ActionAttempt
+			return policy.ActionAttempt, false
+		}
+		if !patient {
+			return policy.ActionAttempt, true
 		}
 		d := v.clear(policy.ObstaclePacing, max(wait, time.Second), v.t.up.TokenWait(), "tokens_per_minute")
 		if d.Action != policy.ActionAttempt {
-			return v.carry(d)
+			return v.carry(d), false
 		}
 		ex.client.enter(phasePacing)
 		if !v.wait(d.Wait, sourceRateLimit) {
-			return policy.ActionStop
+			return policy.ActionStop, false
 		}
 	}
-	return v.carry(v.clear(policy.ObstaclePacing, time.Second, 0, "tokens_per_minute"))
+	return v.carry(v.clear(policy.ObstaclePacing, time.Second, 0, "tokens_per_minute")), false
 }
 
 // attemptOn clears the gates of v's target (gate), chooses an endpoint
@@ -356,8 +357,24 @@ func (v *visit) attemptOn(a *attempt) policy.Action {
 		return act
 	}
 	next := attempt{why: a.why, refused: a.refused, rp: a.rp} // until it is sent (roundTrip), the last one's; its reply to take over
-	if act := v.choose(&next); act != policy.ActionAttempt {
-		return act
+	for {
+		if act := v.choose(&next); act != policy.ActionAttempt {
+			return act
+		}
+		// Tokens are reserved once the queue is behind: a request waiting
+		// for a place holds none of a window others could use.
+		act, full := v.reserveTokens(false)
+		if !full && act == policy.ActionAttempt {
+			break
+		}
+		next.lease.Release(upstream.Sample{}) // unused: it counts nothing
+		next.tk.Report(breaker.Excluded, breaker.Excluded, "")
+		if !full {
+			return act
+		}
+		if act, _ = v.reserveTokens(true); act != policy.ActionAttempt { // the window is waited for without a place held
+			return act
+		}
 	}
 	*a = next
 	v.send(a)

@@ -171,15 +171,19 @@ type tokenEstimate struct {
 	maxOutput int64
 }
 
-// of is the estimate for a budget of kind k and limit.
+// of is what a request reserves of a budget of kind k and limit: its
+// estimate, at most half the window (policy.Reservation).
 func (e tokenEstimate) of(k tokenKind, limit int64) int64 {
+	var n int64
 	switch k {
 	case tokensInput:
-		return policy.EstimateTokens(e.chars, 0, 0)
+		n = policy.EstimateTokens(e.chars, 0, 0)
 	case tokensOutput:
-		return policy.EstimateTokens(0, e.maxOutput, limit)
+		n = policy.EstimateTokens(0, e.maxOutput, limit)
+	default:
+		n = policy.EstimateTokens(e.chars, e.maxOutput, limit)
 	}
-	return policy.EstimateTokens(e.chars, e.maxOutput, limit)
+	return policy.Reservation(n, limit)
 }
 
 // clientTokens is the clients: token budgets as a hook: a request

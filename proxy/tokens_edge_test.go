@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,5 +197,107 @@ func TestADeeplyNestedBodyIsEstimatedInLinearTime(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second): // the linear walk takes a millisecond; the quadratic one took 14 s
 		t.Fatal("the estimate of a deeply nested body did not end within 5 s")
+	}
+}
+
+// upstreamWindow is the tokens_per_minute window of h's first upstream.
+func upstreamWindow(t *testing.T, h *harness) upstream.TokenWindowStatus {
+	t.Helper()
+	st := h.p.Upstreams()[0].TokensPerMinute
+	if len(st) == 0 {
+		t.Fatal("no tokens_per_minute window")
+	}
+	return st[0]
+}
+
+// TestOneRequestsMaxTokensDoesNotHoldASharedWindow: a request asking
+// max_tokens 10¹² of an upstream paced at 1,000 tokens a minute reserves
+// at most a quarter of the window, so the other clients' requests go on
+// while its reply runs. Before, it reserved 10¹² + 1 tokens and every
+// other request waited, then got 429, for as long as it streamed.
+func TestOneRequestsMaxTokensDoesNotHoldASharedWindow(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, release := heldUpstream(t, &held)
+	h := startProxy(t, slow, func(o *Options) {
+		o.Upstreams[0].TokensPerMinute = map[string]int64{"*": 1000}
+		o.Upstreams[0].RateLimit.MaxWait = 100 * time.Millisecond
+	})
+	greedy := make(chan int, 1)
+	go func() {
+		resp, err := testClient.Post(h.url+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","max_tokens":1000000000000,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			greedy <- 0
+			return
+		}
+		resp.Body.Close()
+		greedy <- resp.StatusCode
+	}()
+	waitFor(t, 2*time.Second, "the greedy request at the upstream", func() bool { return held.Load() == 1 })
+	if w := upstreamWindow(t, h); w.Reserved > 1+250 { // its text, and a quarter of the window
+		t.Fatalf("the greedy request holds %d of the window's 1,000 tokens", w.Reserved)
+	}
+	others := make(chan int, 3)
+	for range 3 {
+		go func() {
+			resp, err := testClient.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(asking(20, false)))
+			if err != nil {
+				others <- 0
+				return
+			}
+			resp.Body.Close()
+			others <- resp.StatusCode
+		}()
+	}
+	waitFor(t, 2*time.Second, "the other requests at the upstream", func() bool { return held.Load() == 4 })
+	close(release)
+	for range 3 {
+		if s := <-others; s != 200 {
+			t.Errorf("another client's request: %d", s)
+		}
+	}
+	if s := <-greedy; s != 200 {
+		t.Errorf("the greedy request: %d", s)
+	}
+}
+
+// TestARequestInTheQueueHoldsNoTokens: a request waiting in a
+// concurrency queue holds none of its upstream's tokens_per_minute; it
+// reserves once it has its place. Before, the reservation was taken
+// before the queue and held for its whole wait.
+func TestARequestInTheQueueHoldsNoTokens(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, release := heldUpstream(t, &held)
+	h := startProxy(t, slow, func(o *Options) {
+		o.Upstreams[0].TokensPerMinute = map[string]int64{"*": 1000}
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1, Queue: upstream.Queue{Max: 4}}
+		o.Upstreams[0].QueueTimeout = 5 * time.Second
+	})
+	done := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := testClient.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(asking(20, false)))
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+	}
+	waitFor(t, 2*time.Second, "one at the upstream, one queued", func() bool {
+		st := endpointConcurrency(t, h)
+		return held.Load() == 1 && st.Queued[0] == 1
+	})
+	if w := upstreamWindow(t, h); w.Reserved != 21 { // one estimate: 1 + 20
+		t.Fatalf("the window holds %d tokens, want 21: the queued request reserved before its place", w.Reserved)
+	}
+	close(release)
+	for range 2 {
+		if s := <-done; s != 200 {
+			t.Errorf("status %d", s)
+		}
 	}
 }
