@@ -311,7 +311,7 @@ func start(s settings, cfg *config.Config, logger zerolog.Logger) (*instance, er
 		in.served <- p.Serve(in.ln)
 	}()
 	if in.adminLn != nil {
-		go func() { in.served <- in.adminSrv.Serve(admin.Limit(in.adminLn)) }()
+		go func() { in.served <- admin.Serve(in.adminSrv, in.adminLn) }()
 	}
 	signal.Notify(in.hup, syscall.SIGHUP)
 	var ctx context.Context

@@ -4,11 +4,14 @@
 // JSON and as a live status page), and — opt-in — Go's pprof.
 // It is bounded like the client listener: a few connections at most
 // (MaxConnections, counted in the proxy's file-descriptor budget), read,
-// write and idle timeouts, a profile of at most a minute. With a token
-// set, everything but the probes needs it.
+// write and idle timeouts, a profile of at most a minute. The probes are
+// answered whatever holds the other connections. With a token set,
+// everything but the probes needs it.
 //
-// admin.go holds the mux (Handler), its bounds (Server, Limit) and the
-// settings that hot-reload (Settings); status.html is the status page,
+// admin.go holds the mux (Handler), its bounds (Server) and the settings
+// that hot-reload (Settings); listener.go bounds its connections (Serve,
+// Listener: idle ones make room, a reserve for the probes); status.html
+// is the status page,
 // embedded (no external assets), which reads /debug/upstreams and
 // /debug/failures and renders them.
 package admin
@@ -20,7 +23,6 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"log"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
@@ -29,7 +31,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"sturdy/proxy"
 )
@@ -46,32 +47,32 @@ type Settings struct {
 
 // The admin listener's bounds.
 const (
-	// MaxConnections caps the admin listener's open connections; more
-	// wait in the kernel's backlog, holding no descriptor of Sturdy's.
+	// MaxConnections caps the admin listener's open connections,
+	// ProbeReserve of them for the probes (see Listener); past it a new
+	// connection takes an idle one's place, or is closed.
 	MaxConnections = proxy.AdminConnections
 	// ReadTimeout bounds reading a request, headers and body.
 	ReadTimeout = 10 * time.Second
+	// ReadHeaderTimeout bounds reading a request's line and headers.
+	ReadHeaderTimeout = 5 * time.Second
 	// WriteTimeout bounds writing a response (a profile's or trace's:
 	// its seconds, plus this).
 	WriteTimeout = 30 * time.Second
 	// IdleTimeout bounds a keep-alive connection between requests.
-	IdleTimeout = 60 * time.Second
+	IdleTimeout = 5 * time.Second
 	// MaxProfileSeconds caps a CPU profile's or an execution trace's
 	// seconds, so no request holds the profiler for long.
 	MaxProfileSeconds = 60
 )
 
 // Server returns the admin server for h (from Handler), with its
-// timeouts; serve it on Limit(ln).
+// timeouts; serve it with Serve.
 func Server(h http.Handler, errorLog *log.Logger) *http.Server {
 	// No WriteTimeout on the server: each response sets its own write
 	// deadline (see bounded), so a profile may run longer than 30 s.
-	return &http.Server{Handler: h, ReadHeaderTimeout: ReadTimeout, ReadTimeout: ReadTimeout, IdleTimeout: IdleTimeout,
+	return &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout, IdleTimeout: IdleTimeout,
 		MaxHeaderBytes: 64 << 10, ErrorLog: errorLog}
 }
-
-// Limit bounds ln to MaxConnections open connections at once.
-func Limit(ln net.Listener) net.Listener { return netutil.LimitListener(ln, MaxConnections) }
 
 // Handler returns the admin mux:
 //
@@ -135,7 +136,7 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 		}
 		prof.ServeHTTP(w, r)
 	}))
-	return bounded(guarded(mux, settings))
+	return bounded(guarded(reserved(mux), settings))
 }
 
 // jsonOf serves {"name": value()} as indented JSON.

@@ -59,7 +59,7 @@ func startWith(t *testing.T, s Settings, openFor time.Duration, steps ...upstrea
 		t.Fatal(err)
 	}
 	srv := Server(Handler(p, m.Registry, func() Settings { return s }), nil)
-	go func() { _ = srv.Serve(Limit(ln)) }()
+	go func() { _ = Serve(srv, ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return &stack{p: p, url: upstreamtest.ServeWith(t, p.Serve, func() { _ = p.Shutdown(context.Background()) }), adminURL: "http://" + ln.Addr().String(),
 		upstreams: []*upstreamtest.Server{up}}
@@ -287,17 +287,43 @@ func (nopWriter) Header() http.Header         { return http.Header{} }
 func (nopWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (nopWriter) WriteHeader(int)             {}
 
-// TestTheAdminListenerHoldsAtMost64Connections: past MaxConnections a
-// connection is not served until one closes (it waits in the backlog,
-// costing Sturdy no descriptor); the server's timeouts are set. Before,
-// 1,011 idle admin connections made the proxy unreachable.
-func TestTheAdminListenerHoldsAtMost64Connections(t *testing.T) {
+// TestTheAdminServersTimeouts: idle connections go quickly.
+func TestTheAdminServersTimeouts(t *testing.T) {
 	t.Parallel()
-	if srv := Server(http.NotFoundHandler(), nil); srv.ReadTimeout != 10*time.Second || srv.IdleTimeout != 60*time.Second ||
-		srv.ReadHeaderTimeout != 10*time.Second {
+	if srv := Server(http.NotFoundHandler(), nil); srv.ReadTimeout != 10*time.Second || srv.IdleTimeout != 5*time.Second ||
+		srv.ReadHeaderTimeout != 5*time.Second {
 		t.Fatalf("admin server timeouts: %+v", srv)
 	}
-	s := startWith(t, Settings{}, time.Minute, upstreamtest.Step{Body: "{}"})
+}
+
+// probe sends one GET for path on a new connection to addr and returns
+// its status (0: no answer within 2 s).
+func probe(addr, path string) int {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return 0
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return 0
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestIdleAdminConnectionsDoNotLockOutTheProbes: with MaxConnections
+// admin connections open and idle (nothing sent, or a request trickled
+// in part), each probe takes the oldest one's place and is answered.
+// Before, they waited in the backlog: 35 of 35 liveness probes failed
+// over 70 s, and the chart's probe would restart a healthy process.
+func TestIdleAdminConnectionsDoNotLockOutTheProbes(t *testing.T) {
+	t.Parallel()
+	s := startWith(t, Settings{Token: "secret"}, time.Minute, upstreamtest.Step{Body: "{}"})
 	addr := strings.TrimPrefix(s.adminURL, "http://")
 	var conns []net.Conn
 	defer func() {
@@ -305,28 +331,68 @@ func TestTheAdminListenerHoldsAtMost64Connections(t *testing.T) {
 			c.Close()
 		}
 	}()
-	for i := 0; i < MaxConnections; i++ {
+	for i := 0; i < MaxConnections+16; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			_, _ = io.WriteString(c, "GET /metrics HTTP/1.1\r\n") // a request begun, never ended
+		}
+		conns = append(conns, c)
+	}
+	for i := 0; i < 10; i++ {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			if code := probe(addr, path); code != 200 {
+				t.Fatalf("probe %d of %s: %d with %d idle admin connections", i, path, code, len(conns))
+			}
+		}
+	}
+}
+
+// TestBusyAdminConnectionsLeaveTheProbesAReserve: with every other place
+// busy serving a request, a probe is answered from the reserve, where
+// anything else gets 503 and a connection past the reserve is closed at
+// once rather than left waiting.
+func TestBusyAdminConnectionsLeaveTheProbesAReserve(t *testing.T) {
+	t.Parallel()
+	s := start(t, time.Minute, upstreamtest.Step{Body: "{}"})
+	addr := strings.TrimPrefix(s.adminURL, "http://")
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < MaxConnections-ProbeReserve; i++ { // each busy for 3 s
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, "GET /debug/pprof/heap?seconds=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+		conns = append(conns, c)
+	}
+	time.Sleep(200 * time.Millisecond) // all reading their requests
+	if code := probe(addr, "/healthz"); code != 200 {
+		t.Fatalf("/healthz with every other place busy: %d", code)
+	}
+	if code := probe(addr, "/debug/upstreams"); code != 503 {
+		t.Fatalf("/debug/upstreams from the reserve: %d, want 503", code)
+	}
+	for i := 0; i < ProbeReserve; i++ { // the reserve, taken by clients that send nothing
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
 	}
-	time.Sleep(100 * time.Millisecond) // all accepted
-	extra, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	if code := probe(addr, "/healthz"); code != 0 || time.Since(start) > time.Second {
+		t.Fatalf("past every place: %d after %v, want the connection closed at once", code, time.Since(start))
 	}
-	defer extra.Close()
-	_, _ = io.WriteString(extra, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-	_ = extra.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if _, err := extra.Read(make([]byte, 1)); err == nil {
-		t.Fatal("a connection past the cap was served while 64 were open")
-	}
-	conns[0].Close()
-	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(extra), nil)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("once one closed: %v %v", resp, err)
+	time.Sleep(ProbeDeadline) // the reserve's holders are cut
+	if code := probe(addr, "/healthz"); code != 200 {
+		t.Fatalf("/healthz once the reserve's holders were cut: %d", code)
 	}
 }
