@@ -13,7 +13,9 @@
 //
 // The files: fleet.go the State (New, Close, reachability, cooldowns
 // published and shortened, breaker hints), follow.go the events and the
-// cooldowns loaded on (re)connect, limit.go the GCRA reservation,
+// cooldowns loaded on (re)connect (a reply of a shape go-redis cannot
+// read: a new subscription; a panic in a fleet goroutine: recovered),
+// limit.go the GCRA reservation,
 // lease.go the leases of it (taken, spent, renewed, lapsed) and the map
 // both kinds of lease are kept in (leaseMap),
 // tokens.go the token budgets' sliding minute and the membership
@@ -129,6 +131,8 @@ type Hooks struct {
 	Up func(bool)
 	// Error counts a failed Redis call, by operation.
 	Error func(op string)
+	// Panicked counts a panic recovered in one of the fleet's goroutines.
+	Panicked func()
 }
 
 // State is a connection to the fleet's Redis.
@@ -147,7 +151,7 @@ type State struct {
 	done    sync.WaitGroup
 	// ps is the events subscription; closing it ends a Receive in
 	// progress (which no context interrupts).
-	ps *redis.PubSub
+	ps atomic.Pointer[redis.PubSub]
 	// refusedAt is when a dial was last refused (UnixNano): go-redis
 	// retries a dial with pauses, so a call to a Redis that is not there
 	// ends at its timeout, and only this tells it was refused.
@@ -214,8 +218,8 @@ func New(cfg Config, log zerolog.Logger, hooks Hooks) (*State, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s.rdb, s.stop = rdb, stop
-	s.up.Store(true)          // until a call says otherwise
-	s.ps = rdb.Subscribe(ctx) // no channel yet: nothing is sent, nothing waited for (follow subscribes)
+	s.up.Store(true)               // until a call says otherwise
+	s.ps.Store(rdb.Subscribe(ctx)) // no channel yet: nothing is sent, nothing waited for (follow subscribes)
 	s.done.Add(2)
 	go s.follow(ctx)
 	go s.beat(ctx)
@@ -233,7 +237,7 @@ func (s *State) Close() {
 	_ = s.rdb.ZRem(ctx, s.cfg.Prefix+"replicas", s.id).Err() // the others stop counting it now, not in replicaTTL
 	cancel()
 	s.stop()
-	_ = s.ps.Close()
+	_ = s.ps.Load().Close()
 	s.done.Wait()
 	_ = s.rdb.Close()
 }
@@ -410,6 +414,7 @@ func (s *State) AnnounceBreaker(upstream, endpoint string, until time.Time) {
 // background runs a call no request waits for, within the timeout.
 func (s *State) background(op string, call func(context.Context) error) {
 	go func() { // not waited for by Close: the timeout bounds it
+		defer s.recovered(op)
 		ctx, cancel := context.WithTimeout(context.Background(), max(s.cfg.Timeout, time.Second))
 		defer cancel()
 		s.result(op, call(ctx))

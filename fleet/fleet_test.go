@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,5 +311,99 @@ func TestAHostileRedisCostsNothing(t *testing.T) {
 	runtime.ReadMemStats(&m)
 	if m.HeapInuse > 256<<20 {
 		t.Fatalf("heap %d MiB after a hostile Redis", m.HeapInuse>>20)
+	}
+}
+
+// shapelessRedis accepts connections and answers every command but
+// HELLO with reply, counting the SUBSCRIBE commands it got.
+func shapelessRedis(t *testing.T, reply string, subscribes *atomic.Int32) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					answer, cmd := reply, strings.ToLower(string(buf[:n]))
+					switch {
+					case strings.Contains(cmd, "hello"): // as Redis 5 answers: go-redis goes on without it
+						answer = "-ERR unknown command 'HELLO'\r\n"
+					case strings.Contains(cmd, "subscribe"):
+						subscribes.Add(1)
+					}
+					if _, err := c.Write([]byte(answer)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "redis://" + ln.Addr().String() + "/0"
+}
+
+// TestAPubSubReplyOfABadShapeIsAFailedCall: a Redis answering the
+// subscription with an empty array, a message without its payload, or
+// numbers where the kind goes is a failed call: counted, the
+// subscription opened anew, the process serving on. Before, go-redis
+// indexed the reply unchecked and the panic ended the process within 2 s.
+func TestAPubSubReplyOfABadShapeIsAFailedCall(t *testing.T) {
+	t.Parallel()
+	for _, reply := range []string{"*0\r\n", "*2\r\n$7\r\nmessage\r\n$1\r\nx\r\n", "*2\r\n:1\r\n:9223372036854775807\r\n",
+		"*3\r\n$7\r\nmessage\r\n:1\r\n$1\r\nx\r\n", "*3\r\n$9\r\nsubscribe\r\n$1\r\nx\r\n$1\r\nx\r\n"} {
+		t.Run(strconv.Quote(reply), func(t *testing.T) {
+			t.Parallel()
+			var subscribes atomic.Int32
+			var errs sync.Map
+			s, err := New(Config{URL: shapelessRedis(t, reply, &subscribes), Prefix: "t:", Timeout: 200 * time.Millisecond},
+				zerolog.Nop(), Hooks{Error: func(op string) { errs.Store(op, true) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			for end := time.Now().Add(5 * time.Second); subscribes.Load() < 2; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatalf("subscribed %d times in 5 s: a bad reply did not open the subscription anew", subscribes.Load())
+				}
+			}
+			if _, ok := errs.Load("subscribe"); !ok {
+				t.Fatal("the bad reply was not counted as a failed subscribe")
+			}
+		})
+	}
+}
+
+// TestAPanicInAFleetGoroutineIsRecovered: a panic in a call the fleet
+// makes in the background is logged, counted (Hooks.Panicked) and a
+// failed call, and the process goes on.
+func TestAPanicInAFleetGoroutineIsRecovered(t *testing.T) {
+	t.Parallel()
+	panicked := make(chan struct{}, 1)
+	var errs sync.Map
+	s, err := New(Config{URL: "redis://127.0.0.1:1/0", Prefix: "t:", Timeout: 100 * time.Millisecond}, zerolog.Nop(),
+		Hooks{Panicked: func() { panicked <- struct{}{} }, Error: func(op string) { errs.Store(op, true) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.background("publish_cooldown", func(context.Context) error { panic("a test's panic") })
+	select {
+	case <-panicked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the panic was not counted")
+	}
+	if _, ok := errs.Load("publish_cooldown"); !ok {
+		t.Fatal("the panic was not a failed call")
 	}
 }

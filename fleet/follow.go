@@ -3,6 +3,9 @@ package fleet
 import (
 	"context"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -16,32 +19,41 @@ import (
 // cooldowns in force.
 func (s *State) follow(ctx context.Context) {
 	defer s.done.Done()
-	ps := s.ps
+	defer s.recovered("subscribe")
 	backoff := 100 * time.Millisecond
+	pause := func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	ps := s.ps.Load()
 	for ctx.Err() == nil {
 		if err := ps.Subscribe(ctx, s.channel()); err != nil { // at start, and until it first works
 			s.result("subscribe", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
+			pause()
 			continue
 		}
 		break
 	}
 	for ctx.Err() == nil {
-		msg, err := ps.Receive(ctx)
+		msg, err := receive(ctx, ps)
 		if ctx.Err() != nil {
 			return // closed
 		}
+		if errors.Is(err, errBadReply) { // the connection's replies cannot be trusted: a new one
+			s.log.Warn().Msg("shared state: Redis sent a pub/sub reply of a shape Sturdy does not read; subscribing anew")
+			s.result("subscribe", err)
+			pause()
+			if ps = s.resubscribe(ctx, ps); ps == nil {
+				return
+			}
+			continue
+		}
 		if err != nil {
 			s.result("subscribe", err)
-			select { // go-redis reconnects on the next Receive
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
+			pause() // go-redis reconnects on the next Receive
 			continue
 		}
 		backoff = 100 * time.Millisecond
@@ -55,6 +67,64 @@ func (s *State) follow(ctx context.Context) {
 			s.result("subscribe", nil) // Redis answers
 			s.event(m.Payload)
 		}
+	}
+}
+
+// errBadReply is a pub/sub reply go-redis could not read: an empty
+// array, a message without its payload, a number where its kind goes. It
+// is a failed call, and the subscription opens anew.
+var errBadReply = errors.New("redis: a pub/sub reply of a shape Sturdy does not read")
+
+// receive is ps.Receive, with the panic go-redis raises on a reply of a
+// shape it does not check (its size the guard bounds) turned into
+// errBadReply. go-redis reads the reply whole, and releases its lock,
+// before it panics.
+func receive(ctx context.Context, ps *redis.PubSub) (msg any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			msg, err = nil, errBadReply
+		}
+	}()
+	return ps.Receive(ctx)
+}
+
+// resubscribe closes old and subscribes anew on a new connection, until
+// that works or ctx ends (nil then). Close closes whichever is current.
+func (s *State) resubscribe(ctx context.Context, old *redis.PubSub) *redis.PubSub {
+	ps := s.rdb.Subscribe(ctx)
+	s.ps.Store(ps)
+	_ = old.Close()
+	if ctx.Err() != nil { // Close may have closed old, not ps
+		_ = ps.Close()
+		return nil
+	}
+	for backoff := 100 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 5*time.Second) {
+		err := ps.Subscribe(ctx, s.channel())
+		if err == nil {
+			return ps
+		}
+		s.result("subscribe", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+	}
+	return nil
+}
+
+// recovered ends a panic in one of the fleet's goroutines as a failed
+// call of op: logged with its stack and counted (Hooks.Panicked). The
+// goroutine ends; the process serves on.
+func (s *State) recovered(op string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	s.log.Error().Str("component", "fleet").Str("op", op).Str("panic", fmt.Sprint(r)).Bytes("stack", debug.Stack()).
+		Msg("recovered a panic; the process serves on")
+	s.result(op, errBadReply)
+	if s.hooks.Panicked != nil {
+		s.hooks.Panicked()
 	}
 }
 

@@ -319,6 +319,7 @@ func lapsed(l *lease) bool { return mono() >= l.until.Load() && !l.renewing.Load
 // slot will do); it reports whether they were taken.
 func (s *State) renew(name string, l *lease, rate float64, burst int, most, own int64) bool {
 	defer l.end()
+	defer s.recovered("lease")
 	now := mono()
 	since := l.since.Swap(now)
 	share := float64(l.taken.Swap(0)) / max(time.Duration(now-since).Seconds(), 0.1)

@@ -367,6 +367,7 @@ func (l *tokenLease) resize(now int64) int64 {
 // renewBackground tops up what l holds free, off any request; it gives
 // way to a request's own call in flight.
 func (l *tokenLease) renewBackground() {
+	defer l.st.recovered("tokens")
 	if !l.call.TryLock() {
 		l.mu.Lock()
 		l.renewing = false

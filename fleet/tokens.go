@@ -188,6 +188,7 @@ const (
 // beat runs the heartbeat until ctx ends, keeping Replicas current.
 func (s *State) beat(ctx context.Context) {
 	defer s.done.Done()
+	defer s.recovered("heartbeat")
 	t := time.NewTicker(replicaBeat)
 	defer t.Stop()
 	for {

@@ -62,7 +62,8 @@ func (p *Proxy) startShared(o *SharedState) error {
 			Cooldown:      func(c fleet.Cooldown) time.Time { return p.tbl.Load().adoptCooldown(c) },
 			BreakerOpened: func(name, endpoint string, until time.Time) { p.tbl.Load().hint(name, endpoint, until) },
 			Up:            func(up bool) { p.m.SharedStateUp.Set(boolGauge(up)) },
-			Error:         func(op string) { p.m.SharedStateErrors.WithLabelValues(op).Inc() }})
+			Error:         func(op string) { p.m.SharedStateErrors.WithLabelValues(op).Inc() },
+			Panicked:      func() { p.m.Panics.WithLabelValues("fleet").Inc() }})
 		if err != nil {
 			return err
 		}
