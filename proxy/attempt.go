@@ -192,7 +192,7 @@ func (v *visit) roundTrip(a *attempt) {
 		f := policy.FaultClientGone
 		switch {
 		case ex.client.isGone.Load():
-		case !upstream.IsTimeout(err) && upstream.Stale(resp):
+		case upstream.Unsent(err), !upstream.IsTimeout(err) && upstream.Stale(resp):
 			f = policy.FaultStale
 		default:
 			f = faultOf(err)

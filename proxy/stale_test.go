@@ -1,11 +1,17 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/valyala/fasthttp"
 
 	"sturdy/breaker"
 	"sturdy/internal/otlptest"
@@ -152,5 +158,70 @@ func TestAStaleReplayIsMarkedInItsSpan(t *testing.T) {
 	_, attempts := serverSpan(t, rcv, "0af7651916cd43dd8448eb211c80319c", 2)
 	if len(attempts) != 2 || attempts[0].Attrs["sturdy.stale_replay"] != nil || attempts[1].Attrs["sturdy.stale_replay"] != true {
 		t.Fatalf("the attempts' stale_replay: %v, %v", attempts[0].Attrs["sturdy.stale_replay"], attempts[1].Attrs["sturdy.stale_replay"])
+	}
+}
+
+// TestAClientLeavingAtTheTerminatorBreaksNoLaterRequest: a client that
+// closes its connection as soon as it has read a stream's data: [DONE]
+// (httpx's stream context, many agent loops) leaves no closed connection
+// in the pool: 1,000 rounds, each followed by a request with one attempt,
+// and none fails. Before, the client's leaving closed the connection,
+// the body's close then pooled it, and the next request failed at once
+// as a reset, never sent (5–15 of 200 follow-ups).
+func TestAClientLeavingAtTheTerminatorBreaksNoLaterRequest(t *testing.T) {
+	t.Parallel()
+	stream := upstreamtest.SSE(upstreamtest.Words(3, "tok ")...)
+	url := upstreamtest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if bytes.Contains(ctx.Request.Body(), []byte(`"stream":true`)) {
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				for _, ev := range stream {
+					_, _ = w.WriteString(ev)
+					_ = w.Flush()
+				}
+			})
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(upstreamtest.ChatCompletion("ok"))
+	}})
+	h := startProxy(t, url, func(o *Options) { o.Routes[0].Retry.MaxAttempts = 1 })
+	addr := strings.TrimPrefix(h.url, "http://")
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(streamBody)) + "\r\n\r\n" + streamBody
+	failed := 0
+	for round := 0; round < 1000; round++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		buf := make([]byte, 4096)
+		for !bytes.Contains(got, []byte("data: [DONE]")) {
+			if len(got) >= 12 && !bytes.HasPrefix(got, []byte("HTTP/1.1 200")) {
+				break // the stream itself failed: counted below
+			}
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("round %d: %v after %q", round, err, got)
+			}
+			got = append(got, buf[:n]...)
+		}
+		c.Close() // at once, as the terminator arrives
+		if !bytes.HasPrefix(got, []byte("HTTP/1.1 200")) {
+			failed++
+			t.Logf("round %d: the stream got %.60q", round, got)
+		}
+		if resp, body := h.chat(""); resp.StatusCode != 200 {
+			failed++
+			t.Logf("round %d: the follow-up got %d %s", round, resp.StatusCode, body)
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of 1,000 rounds failed", failed)
 	}
 }

@@ -104,3 +104,60 @@ func testEnv() *Env {
 		Evicted: func(string) func() { return func() {} }, ModelLabel: func(string) string { return "other" },
 		Announcer: func() func(string, string, time.Time) { return nil }}
 }
+
+// TestAConnectionSeveredAsItsStreamEndsIsNotPooled: a client that leaves
+// as its stream ends closes the connection (Hold.Sever) before the
+// request lets go of it (Drop) and closes the body: that connection is
+// not pooled, and the next send on the endpoint reaches the upstream.
+// Before, the body's close pooled it (read to its end, no error) and the
+// next request failed at once, as a reset, without being sent.
+func TestAConnectionSeveredAsItsStreamEndsIsNotPooled(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: strings.Repeat("x", HeadSize+1)})
+	ep := startUpstream(t, up.URL).Endpoints()[0]
+	for i := range 3 {
+		hold, req, resp := new(Hold), new(fasthttp.Request), new(fasthttp.Response)
+		req.SetRequestURI(up.URL + "/v1/models")
+		if err := ep.Send(hold, req, resp, 5*time.Second); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		if _, err := io.Copy(io.Discard, resp.BodyStream()); err != nil {
+			t.Fatal(err)
+		}
+		hold.Sever() // the client left as the stream ended
+		hold.Drop()
+		_ = resp.CloseBodyStream()
+		if n := ep.client.ConnsCount(); n != 0 {
+			t.Fatalf("send %d: %d connections pooled, want the severed one closed", i, n)
+		}
+	}
+	if got := up.Count(); got != 3 {
+		t.Fatalf("the upstream saw %d requests, want 3", got)
+	}
+}
+
+// TestAClosedPooledConnectionIsUnsent: a send on a pooled connection that
+// was closed fails before a byte is written, and says so (Unsent), so
+// the request path resends it as a stale one, never as a reset.
+func TestAClosedPooledConnectionIsUnsent(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
+	ep := startUpstream(t, up.URL).Endpoints()[0]
+	hold, req, resp := new(Hold), new(fasthttp.Request), new(fasthttp.Response)
+	req.SetRequestURI(up.URL + "/v1/models")
+	if err := ep.Send(hold, req, resp, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var pooled *upstreamConn
+	if a, ok := resp.LocalAddr().(*connAddr); ok {
+		pooled = a.conn
+	}
+	_ = pooled.Conn.Close() // closed under the pool, as a severed one was
+	err := ep.Send(new(Hold), req, new(fasthttp.Response), 5*time.Second)
+	if err == nil || !Unsent(err) {
+		t.Fatalf("a send on a closed pooled connection: %v, want an unsent failure", err)
+	}
+	if got := up.Count(); got != 1 {
+		t.Fatalf("the upstream saw %d requests", got)
+	}
+}

@@ -79,7 +79,7 @@ func (upstreamTransport) RoundTrip(hc *fasthttp.HostClient, req *fasthttp.Reques
 // fasthttp's ErrTimeout) and sets the same deadline for the response.
 func writeRequest(hc *fasthttp.HostClient, conn net.Conn, req *fasthttp.Request, deadline time.Time) error {
 	if err := conn.SetWriteDeadline(deadline); err != nil {
-		return err
+		return &unsent{err}
 	}
 	bw := hc.AcquireWriter(conn)
 	err := req.Write(bw)
@@ -115,7 +115,7 @@ func readBody(hc *fasthttp.HostClient, cc any, conn net.Conn, br *bufio.Reader, 
 			return err
 		}
 	default:
-		body := &streamedBody{br: br, conn: conn, hc: hc, cc: cc, resp: resp, left: int64(cl), keep: keep && cl != -2}
+		body := &streamedBody{br: br, conn: conn, uc: connOf(resp), hc: hc, cc: cc, resp: resp, left: int64(cl), keep: keep && cl != -2}
 		if cl == -1 {
 			body.chunks = httputil.NewChunkedReader(br)
 		}
@@ -126,7 +126,7 @@ func readBody(hc *fasthttp.HostClient, cc any, conn net.Conn, br *bufio.Reader, 
 	// Done with before the attempt returns: the Hold of the connection
 	// lets go of it first, or a client leaving meanwhile would close it
 	// under the request it serves next; one closed already is not pooled.
-	if a, ok := resp.LocalAddr().(*connAddr); ok && a.conn.detach() {
+	if !connOf(resp).reusable() {
 		keep = false
 	}
 	if keep {
@@ -227,6 +227,7 @@ func skipsBody(resp *fasthttp.Response) bool {
 type streamedBody struct {
 	br     *bufio.Reader
 	conn   net.Conn
+	uc     *upstreamConn // conn, or what it wraps (TLS); nil when not Sturdy's
 	hc     *fasthttp.HostClient
 	cc     any // fasthttp's *clientConn, whose type is not exported
 	resp   *fasthttp.Response
@@ -304,7 +305,8 @@ func (b *streamedBody) read(p []byte) (int, error) {
 }
 
 // CloseWithError ends the body's use: the connection goes back to the
-// pool only when the body was read to its end without error.
+// pool only when the body was read to its end without error, and the
+// connection is still open.
 func (b *streamedBody) CloseWithError(err error) error {
 	b.closeOnce.Do(func() {
 		b.closed.Store(true)
@@ -315,7 +317,11 @@ func (b *streamedBody) CloseWithError(err error) error {
 		}
 		defer b.readMu.Unlock()
 		b.hc.ReleaseReader(b.br)
-		if locked && err == nil && b.ended && !b.failed && b.keep && !b.resp.ConnectionClose() {
+		// A client that left as the body ended may have closed the
+		// connection (Hold.Sever) before its request let go of it: that
+		// one is not pooled either (reusable).
+		reusable := b.uc.reusable()
+		if locked && err == nil && b.ended && !b.failed && b.keep && !b.resp.ConnectionClose() && reusable {
 			releaseConn(b.hc, b.cc)
 		} else {
 			closeConn(b.hc, b.cc)

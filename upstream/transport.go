@@ -121,6 +121,35 @@ type upstreamConn struct {
 	dialed atomic.Bool
 	// user is the Hold the connection was last given to (using).
 	user atomic.Pointer[Hold]
+	// closed is set by Close: such a connection never goes back to the
+	// pool (reusable).
+	closed atomic.Bool
+}
+
+// Close closes the connection; it is never pooled after.
+func (c *upstreamConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// reusable reports whether c may go back to the pool as a request
+// finishes with it: not closed, by a client leaving (Hold.Sever) or
+// anything else. It lets go of c's Hold either way (detach). A nil c
+// (not Sturdy's connection) is.
+func (c *upstreamConn) reusable() bool {
+	if c == nil {
+		return true
+	}
+	severed := c.detach()
+	return !severed && !c.closed.Load()
+}
+
+// connOf is the connection resp arrived on; nil when it is not Sturdy's.
+func connOf(resp *fasthttp.Response) *upstreamConn {
+	if a, ok := resp.LocalAddr().(*connAddr); ok {
+		return a.conn
+	}
+	return nil
 }
 
 // detach makes the Hold the connection was given to let go of it, when
@@ -287,6 +316,23 @@ func (h *Hold) letGo(c *upstreamConn) (closed bool) {
 	}
 	h.conn = nil
 	return h.severed.Load()
+}
+
+// unsent marks a failure on a connection before any byte of the request
+// went out (its write deadline could not be set: it was closed). Like a
+// stale connection's, the request may be sent again (Unsent).
+type unsent struct{ err error }
+
+func (e *unsent) Error() string {
+	return "upstream connection failed before the request was written: " + e.err.Error()
+}
+func (e *unsent) Unwrap() error { return e.err }
+
+// Unsent reports whether err failed an attempt before any byte of its
+// request was written: a stale connection's failure, never a reset.
+func Unsent(err error) bool {
+	var u *unsent
+	return errors.As(err, &u)
 }
 
 // DialError marks a failure to open a connection: the request provably
