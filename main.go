@@ -543,7 +543,8 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		Server: proxy.ServerLimits{ReadTimeout: cfg.Server.ReadTimeout.Std(), IdleTimeout: cfg.Server.IdleTimeout.Std(),
 			MaxHeaderBytes: int(cfg.Server.MaxHeaderBytes), MaxConnections: cfg.Server.MaxConnections,
 			WriteTimeout: cfg.Server.WriteTimeout.Std(), MaxBufferedBytes: int64(cfg.Server.MaxBufferedBytes),
-			ReduceMemory: cfg.Server.ReduceMemory, ReduceMemoryAbove: cfg.Server.ReduceMemoryAbove}, SharedState: sharedOptions(cfg.SharedState),
+			MaxRequestBytes: int64(cfg.Server.MaxRequestBytes),
+			ReduceMemory:    cfg.Server.ReduceMemory, ReduceMemoryAbove: cfg.Server.ReduceMemoryAbove}, SharedState: sharedOptions(cfg.SharedState),
 		Tracing: tracingOptions(cfg.Tracing)}
 	o.Upstreams = cfg.Upstreams // one shape: the file decodes into upstream.Options
 	for _, s := range cfg.Server.TrustedProxies {

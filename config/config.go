@@ -188,6 +188,12 @@ type Server struct {
 	// an HTTP/1.0 reply is 502 response_too_large. Default 256MiB.
 	// Hot-reloads.
 	MaxBufferedBytes Size `yaml:"max_buffered_bytes"`
+	// MaxRequestBytes bounds the request bodies held, all requests in
+	// flight together (a body is held until its request ends: retries
+	// and fallbacks resend it). A request that would pass it gets 503
+	// server_busy, before its body is read when it has a Content-Length.
+	// Default 512MiB. Hot-reloads.
+	MaxRequestBytes Size `yaml:"max_request_bytes"`
 	// ReduceMemory releases an idle keep-alive connection's request
 	// context and buffers between requests (fasthttp's
 	// ReduceMemoryUsage): about half the memory per idle connection, for
@@ -219,7 +225,7 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 func (s Server) RestartOnly() Server {
 	s.TrustedProxies = nil
 	s.ShutdownGrace, s.ShutdownDelay = 0, 0
-	s.MaxBufferedBytes = 0
+	s.MaxBufferedBytes, s.MaxRequestBytes = 0, 0
 	return s
 }
 

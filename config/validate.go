@@ -175,6 +175,7 @@ func (c *Config) validateServer(p *problems) {
 	atLeast1(p, "server.max_connections", c.Server.MaxConnections)
 	atLeast1(p, "server.reduce_memory_above", c.Server.ReduceMemoryAbove)
 	atLeast1(p, "server.max_buffered_bytes", c.Server.MaxBufferedBytes)
+	atLeast1(p, "server.max_request_bytes", c.Server.MaxRequestBytes)
 	if h := c.Server.MaxHeaderBytes; h < 0 || (c.isWritten("server.max_header_bytes") && h < 1024) {
 		p.bad("server.max_header_bytes", "must be at least 1KiB")
 	}

@@ -257,7 +257,7 @@ func New() *Metrics {
 			Help: "Panics recovered, by where (request, stream, fleet): each a bug, logged with its stack; the process served on."},
 			[]string{"where"}),
 		BufferFull: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sturdy_buffer_full_total",
-			Help: "Times server.max_buffered_bytes had no room, by use (hold: released early, rescue: unrescuable, http10: 502)."},
+			Help: "Times a buffer budget had no room, by use (hold: released early, rescue: unrescuable, http10: 502; request: server.max_request_bytes, 503)."},
 			[]string{"use"}),
 	}
 	m.Registry.MustRegister(m.Requests, m.Attempts, m.Retries, m.RetryWait, m.GiveUps, m.BreakerState,

@@ -536,3 +536,69 @@ func TestAnHTTP10BodyHoldsItsBudgetUntilWritten(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "the budget given back", func() bool { return h.p.held.used.Load() == 0 })
 }
+
+// TestRequestBodiesHeldAreBounded: the bodies of requests in flight,
+// queued ones included, stay within server.max_request_bytes. One more
+// gets 503 server_busy with Retry-After: before its body is read when it
+// has a Content-Length (the test sends none of it), at admission when
+// chunked. Once the held requests end, their bytes are free again.
+// Before, nothing bounded them: 60 queued 30 MiB bodies held 1.99 GB.
+func TestRequestBodiesHeldAreBounded(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, release := heldUpstream(t, &held)
+	h := startProxy(t, slow, func(o *Options) { o.Server.MaxRequestBytes = 1 << 20 })
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a", 400<<10) + `"}]}`
+	done := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := testClient.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+	}
+	waitFor(t, 5*time.Second, "two requests at the upstream", func() bool { return held.Load() == 2 })
+	if n := h.p.bodies.used.Load(); n != 2*int64(len(body)) {
+		t.Fatalf("%d bytes held, want the two bodies' %d", n, 2*len(body))
+	}
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer before the body was sent: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 503 || !strings.Contains(string(b), CodeServerBusy) || resp.Header.Get("Retry-After") != "1" ||
+		resp.Header.Get("X-Should-Retry") == "false" {
+		t.Fatalf("past the budget, before the body: %d %v %s", resp.StatusCode, resp.Header, b)
+	}
+	chunked, err := http.NewRequest("POST", h.url+"/v1/chat/completions", io.MultiReader(strings.NewReader(body))) // no length: chunked
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunked.Header.Set("Content-Type", "application/json")
+	if resp, err := testClient.Do(chunked); err != nil || resp.StatusCode != 503 {
+		t.Fatalf("past the budget, chunked: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	close(release)
+	for range 2 {
+		if s := <-done; s != 200 {
+			t.Errorf("a held request: %d", s)
+		}
+	}
+	waitFor(t, 5*time.Second, "the budget free again", func() bool { return h.p.bodies.used.Load() == 0 })
+	if resp, b := h.chat(body); resp.StatusCode != 200 {
+		t.Fatalf("once the held ones ended: %d %s", resp.StatusCode, b)
+	}
+}

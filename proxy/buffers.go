@@ -4,6 +4,9 @@ import (
 	"errors"
 	"slices"
 	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -46,7 +49,50 @@ const (
 	heldForHold   = "hold"
 	heldForRescue = "rescue"
 	heldForHTTP10 = "http10"
+	heldForBody   = "request"
 )
+
+// bodyRoom refuses, before its body is read, a request whose
+// Content-Length the request bodies' budget b (server.max_request_bytes)
+// has no room for now: fasthttp then fails its read as too large, and
+// handleParseError answers 503 server_busy. Admission reserves the body
+// (holdBody); this only spares reading one that would be refused. It is
+// the server's HeaderReceived hook.
+func bodyRoom(b *heldBytes, h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if n := h.ContentLength(); n > 1 && b.used.Load()+int64(n) > b.max.Load() {
+		b.full.WithLabelValues(heldForBody).Inc()
+		return fasthttp.RequestConfig{MaxRequestBodySize: 1}
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// refusedForBodies reports whether a body fasthttp found too large was
+// refused by bodyRoom: its Content-Length is within the server's own
+// limit (maxBody).
+func refusedForBodies(ctx *fasthttp.RequestCtx, maxBody int) bool {
+	n := ctx.Request.Header.ContentLength()
+	return n > 1 && n <= maxBody
+}
+
+// holdBody reserves a body of n bytes of the bodies' budget b for its
+// request's life: held, or 503 server_busy when b has no room.
+func holdBody(b *heldBytes, n int) (held int, e *apiError) {
+	if n == 0 {
+		return 0, nil
+	}
+	if !b.take(n) {
+		b.full.WithLabelValues(heldForBody).Inc()
+		return 0, bodiesFull(b)
+	}
+	return n, nil
+}
+
+// bodiesFull is the answer when the bodies' budget b has no room.
+func bodiesFull(b *heldBytes) *apiError {
+	e := newError(CodeServerBusy, sizeText(int(b.max.Load())))
+	e.retryAfter = time.Second
+	return e
+}
 
 // errBuffersFull is why a read that would have grown a held buffer was
 // not made: server.max_buffered_bytes is in use.

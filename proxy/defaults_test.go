@@ -40,7 +40,8 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 	}
 	if p.limits != (ServerLimits{ReadTimeout: DefaultReadTimeout, IdleTimeout: DefaultServerIdle, MaxHeaderBytes: DefaultMaxHeaderBytes,
 		MaxConnections: defaultMaxConnections(openFileLimit()), WriteTimeout: DefaultWriteTimeout,
-		MaxBufferedBytes: DefaultMaxBufferedBytes, ReduceMemoryAbove: DefaultReduceMemoryAbove}) || p.held.max.Load() != DefaultMaxBufferedBytes {
+		MaxBufferedBytes: DefaultMaxBufferedBytes, MaxRequestBytes: DefaultMaxRequestBytes, ReduceMemoryAbove: DefaultReduceMemoryAbove}) ||
+		p.held.max.Load() != DefaultMaxBufferedBytes || p.bodies.max.Load() != DefaultMaxRequestBytes {
 		t.Errorf("server limits: %+v", p.limits)
 	}
 	h := &harness{t: t, p: p, url: serve(t, p), logs: &upstreamtest.LogBuffer{}}

@@ -88,7 +88,8 @@
 //	spend.go       spend budgets (clients: spend, at prices:): a client's spend a period, refused past it
 //	meter.go       the usage a reply tells as it is relayed (meter), for a budget or a trace
 //	clientkeys.go  single keys' settings (client_keys_file): by SHA-256, a key's own limit and class (classOf)
-//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it
+//	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it;
+//	               the request bodies' budget (server.max_request_bytes: bodyRoom, holdBody)
 //	shared.go      the fleet (package fleet) as the proxy uses it: the running link (shared; nil: no fleet),
 //	               its limits and token budgets (reserve, reserveTokens, their names), and what a table does
 //	               with its news (adoptCooldown, hint)

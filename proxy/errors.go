@@ -43,6 +43,7 @@ const (
 	CodeLoopDetected        = "loop_detected"
 	CodeSharedState         = "shared_state_unavailable"
 	CodeInternalError       = "internal_error"
+	CodeServerBusy          = "server_busy"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.
@@ -122,6 +123,9 @@ var errorTable = []errorSpec{
 	{code: CodeTooManyConnections, anthropic: "overloaded_error", status: 503,
 		message: "Sturdy is serving as many client connections as it allows (%d, server.max_connections); retry after the Retry-After delay",
 		when:    "a new client connection would pass `server.max_connections`: answered at once and closed"},
+	{code: CodeServerBusy, anthropic: "overloaded_error", status: 503,
+		message: "Sturdy holds as many request bodies as it allows (%s, server.max_request_bytes, all requests together); retry after the Retry-After delay",
+		when:    "the request bodies held by requests in flight would pass `server.max_request_bytes`: refused before the body is read when it has a `Content-Length` (`Retry-After: 1`)", sdkRetries: true},
 	{code: CodeSharedState, anthropic: "api_error", status: 503,
 		message: "the fleet's shared state (Redis) %s, and shared_state.on_failure is refuse; retry after the Retry-After delay",
 		when:    "with `shared_state.on_failure: refuse`, Redis did not answer a shared limit in time (or is down)", sdkRetries: true},

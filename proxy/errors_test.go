@@ -88,6 +88,8 @@ func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
 		{"rescue text", sizeText(DefaultMaxRescueBytes)},
 		{"a body read whole for an HTTP/1.0 client", sizeText(maxWholeBody)},
 		{"held stream heads, rescue text and HTTP/1.0 bodies", sizeText(DefaultMaxBufferedBytes)},
+		{"request bodies held", sizeText(DefaultMaxRequestBytes)},
+		{"how deep a request's text is followed", fmt.Sprintf("%d levels", policy.MaxTextDepth)},
 		{"upstream response headers", sizeText(upstream.ReadBuffer) + "; " + fmt.Sprint(upstream.MaxInterimResponses) + "; " + sizeText(upstream.MaxTrailerBytes)},
 		{"a model name as kept and shown", fmt.Sprintf("%d bytes", policy.MaxModelBytes)},
 		{"reply breakers per endpoint", fmt.Sprint(upstream.MaxListedModelBreakers)},

@@ -107,6 +107,8 @@ type outbound struct {
 	wantsUsage bool
 	// spenders are the spend budgets it was admitted under (spend.go).
 	spenders []spender
+	// bodyHeld is what its body holds of server.max_request_bytes.
+	bodyHeld int
 	// est is what it reserves of a token budget, once estimated.
 	est       tokenEstimate
 	estimated bool
@@ -281,6 +283,7 @@ func (ex *exchange) finish() {
 	ex.tr.release()
 	ex.st.rp.release() // the reply it streamed, if it was committed to go as it comes
 	ex.p.held.give(ex.held.n)
+	ex.p.bodies.give(ex.req.bodyHeld)
 	ex.req.msg.Reset()
 	gone := ex.client.goneCh
 	if ex.client.isGone.Load() {

@@ -105,6 +105,10 @@ func (ex *exchange) admit() *apiError {
 	if n := len(ctx.Request.Body()); n > r.maxBody {
 		return newError(CodeRequestTooLarge, fmt.Sprintf("route %q", r.name), r.maxBody)
 	}
+	var e *apiError
+	if ex.req.bodyHeld, e = holdBody(&ex.p.bodies, len(ctx.Request.Body())); e != nil {
+		return e
+	}
 	pr, fromHeader, e := priorityOf(r, &ctx.Request.Header)
 	if e != nil {
 		return e

@@ -26,6 +26,8 @@ const (
 	DefaultMaxHeaderBytes   = 32 << 10
 	DefaultWriteTimeout     = 60 * time.Second
 	DefaultMaxBufferedBytes = 256 << 20
+	// DefaultMaxRequestBytes is ServerLimits.MaxRequestBytes's default.
+	DefaultMaxRequestBytes = 512 << 20
 	// DefaultReduceMemoryAbove is ServerLimits.ReduceMemoryAbove's
 	// default: the first thousand connections are served at full speed.
 	DefaultReduceMemoryAbove = 1000
@@ -78,6 +80,11 @@ type ServerLimits struct {
 	// point, rescue text, bodies read whole for HTTP/1.0 clients. Default
 	// 256 MiB; unlike the other limits it hot-reloads (Reload).
 	MaxBufferedBytes int64
+	// MaxRequestBytes bounds the request bodies held, all requests in
+	// flight together: past it a request gets 503 server_busy, before
+	// its body is read when it has a Content-Length. Default 512 MiB;
+	// hot-reloads (Reload).
+	MaxRequestBytes int64
 	// ReduceMemory releases an idle keep-alive connection's context and
 	// buffers between requests (fasthttp's ReduceMemoryUsage): less
 	// memory per idle connection, more CPU per request. Default off.
@@ -97,6 +104,7 @@ func (s ServerLimits) withDefaults() ServerLimits {
 	upstream.OrDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
 	upstream.OrDefault(&s.WriteTimeout, DefaultWriteTimeout)
 	upstream.OrDefault(&s.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	upstream.OrDefault(&s.MaxRequestBytes, DefaultMaxRequestBytes)
 	upstream.OrDefault(&s.ReduceMemoryAbove, DefaultReduceMemoryAbove)
 	return s
 }

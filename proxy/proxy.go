@@ -44,7 +44,10 @@ type Proxy struct {
 	limits  ServerLimits
 	// held is the budget of bytes held on behalf of clients
 	// (server.max_buffered_bytes).
-	held     heldBytes
+	held heldBytes
+	// bodies is the budget of request bodies held, all requests in
+	// flight together (server.max_request_bytes).
+	bodies   heldBytes
 	idPrefix string
 	idSeq    atomic.Uint64
 	// via is this process's Via entry ("1.1 sturdy-<random>", and
@@ -89,7 +92,7 @@ func New(o Options) (*Proxy, error) {
 	if p.m == nil {
 		p.m = metrics.New()
 	}
-	p.held.full = p.m.BufferFull
+	p.held.full, p.bodies.full = p.m.BufferFull, p.m.BufferFull
 	p.env = &upstream.Env{Log: p.log, Metrics: p.m, Lookup: o.LookupHost, IsSelf: o.IsSelf, Stopping: p.stopping,
 		Evicted: func(name string) func() { return evictions(p.m, name) }, Announcer: func() func(upstream, endpoint string, until time.Time) { return p.fleet.Load().breakerAnnouncer() },
 		ModelLabel: func(model string) string { return p.tbl.Load().modelLabel(model) }}
@@ -112,6 +115,7 @@ func New(o Options) (*Proxy, error) {
 	}
 	p.maxBody = t.maxBody
 	p.held.max.Store(p.limits.MaxBufferedBytes)
+	p.bodies.max.Store(p.limits.MaxRequestBytes)
 	// The table first: the fleet, once started, hands over the cooldowns
 	// other replicas learned (sharedCooldown looks their upstreams up).
 	p.tbl.Store(t)
@@ -152,6 +156,7 @@ func (p *Proxy) Reload(o Options) (warnings []string, err error) {
 		return nil, err
 	}
 	p.held.max.Store(o.Server.withDefaults().MaxBufferedBytes)
+	p.bodies.max.Store(o.Server.withDefaults().MaxRequestBytes)
 	p.tbl.Store(t)
 	p.startUpstreams(t, dropped)
 	return warnings, nil
@@ -190,6 +195,7 @@ func (p *Proxy) leanServer() *fasthttp.Server {
 func (p *Proxy) newServer(reduce bool) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                      p.Handle,
+		HeaderReceived:               func(h *fasthttp.RequestHeader) fasthttp.RequestConfig { return bodyRoom(&p.bodies, h) },
 		ErrorHandler:                 p.handleParseError,
 		Logger:                       fasthttpLogger{p.log},
 		MaxRequestBodySize:           p.maxBody,
@@ -399,6 +405,8 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case upstream.IsTimeout(err):
 		e = newError(CodeRequestTimeout, p.limits.ReadTimeout)
+	case errors.Is(err, fasthttp.ErrBodyTooLarge) && refusedForBodies(ctx, p.maxBody):
+		e = bodiesFull(&p.bodies)
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		e = newError(CodeRequestTooLarge, "Sturdy", p.maxBody)
 	case errors.As(err, &small):
