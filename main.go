@@ -537,6 +537,16 @@ func loadConfig(s settings) (*config.Config, error) {
 	return cfg, nil
 }
 
+// allowedHosts is server.allowed_hosts as policy.LocalHost compares
+// them: lower case, no final dot.
+func allowedHosts(cfg *config.Config) []string {
+	var out []string
+	for _, h := range cfg.Server.AllowedHosts {
+		out = append(out, strings.ToLower(strings.TrimSuffix(h, ".")))
+	}
+	return out
+}
+
 // proxyOptions translates the config into the proxy's settings.
 func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics) proxy.Options {
 	o := proxy.Options{Log: logger, Metrics: m, AuthKeys: cfg.Auth.Keys, IsSelf: isListener(cfg.Listen),
@@ -551,6 +561,8 @@ func proxyOptions(cfg *config.Config, logger zerolog.Logger, m *metrics.Metrics)
 		pfx, _ := config.ParsePrefix(s) // validated by config
 		o.TrustedProxies = append(o.TrustedProxies, pfx)
 	}
+	o.AllowedHosts = allowedHosts(cfg)
+	o.CORSOrigins = cfg.Server.CORSOrigins
 	o.Clients, o.ClientKeys, o.Prices = cfg.Clients, cfg.ClientKeys, cfg.Prices
 	o.Routes = cfg.Routes // one shape: the file decodes into proxy.Route
 	return o

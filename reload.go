@@ -125,8 +125,8 @@ func (r *reloader) reload(reason string) bool {
 
 // adminSettings is what the admin endpoints allow now (they hot-reload).
 func (r *reloader) adminSettings() admin.Settings {
-	a := r.current.Load().Admin
-	return admin.Settings{Pprof: a.Pprof, Token: a.Token}
+	cfg := r.current.Load()
+	return admin.Settings{Pprof: cfg.Admin.Pprof, Token: cfg.Admin.Token, AllowedHosts: allowedHosts(cfg)}
 }
 
 // restartOnly lists the changed settings a reload cannot apply.

@@ -23,6 +23,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"log"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
@@ -32,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"sturdy/policy"
 	"sturdy/proxy"
 )
 
@@ -43,6 +45,10 @@ type Settings struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" by
 	// /debug/* and /metrics; /healthz and /readyz stay open for probes.
 	Token string
+	// AllowedHosts are server.allowed_hosts, lower case: names beyond
+	// localhost a request on a loopback address may carry as its Host
+	// or Origin (policy.LocalHost, LocalOrigin).
+	AllowedHosts []string
 }
 
 // The admin listener's bounds.
@@ -136,7 +142,7 @@ func Handler(p *proxy.Proxy, reg *prometheus.Registry, settings func() Settings)
 		}
 		prof.ServeHTTP(w, r)
 	}))
-	return bounded(guarded(reserved(mux), settings))
+	return bounded(local(guarded(reserved(mux), settings), settings))
 }
 
 // jsonOf serves {"name": value()} as indented JSON.
@@ -182,6 +188,26 @@ func guarded(h http.Handler, settings func() Settings) http.Handler {
 			if !ok || subtle.ConstantTimeCompare(want[:], have[:]) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sturdy admin"`)
 				http.Error(w, "this admin endpoint needs \"Authorization: Bearer <admin.token>\"", http.StatusUnauthorized)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// local refuses, on a loopback address, a request whose Host or Origin
+// is not a local name (policy.LocalHost, LocalOrigin): a web page that
+// rebinds its name to 127.0.0.1 would read the admin JSON otherwise.
+// The admin listener grants no cross-origin calls.
+func local(h http.Handler, settings func() Settings) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+			allowed := settings().AllowedHosts
+			origin := r.Header.Get("Origin")
+			if !policy.LocalHost(r.Host, allowed) || origin != "" && !policy.LocalOrigin(origin, r.Host, allowed) {
+				http.Error(w, "the admin listener is on a loopback address, and this request's Host or Origin is not a local name "+
+					"(a web page rebinding its name?); if the name is yours, add it to server.allowed_hosts", http.StatusForbidden)
 				return
 			}
 		}

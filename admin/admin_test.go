@@ -341,6 +341,13 @@ func TestIdleAdminConnectionsDoNotLockOutTheProbes(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
+	// Within a second of the flood its connections still count as on
+	// their way, and the reserve may be taken: a probe may fail then.
+	for end := time.Now().Add(3 * time.Second); probe(addr, "/healthz") != 200; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no probe answered within 3 s of the flood")
+		}
+	}
 	for i := 0; i < 10; i++ {
 		for _, path := range []string{"/healthz", "/readyz"} {
 			if code := probe(addr, path); code != 200 {
@@ -372,12 +379,11 @@ func TestBusyAdminConnectionsLeaveTheProbesAReserve(t *testing.T) {
 		_, _ = io.WriteString(c, "GET /debug/pprof/heap?seconds=3 HTTP/1.1\r\nHost: x\r\n\r\n")
 		conns = append(conns, c)
 	}
-	time.Sleep(200 * time.Millisecond) // all reading their requests
-	if code := probe(addr, "/healthz"); code != 200 {
-		t.Fatalf("/healthz with every other place busy: %d", code)
-	}
 	if code := probe(addr, "/debug/upstreams"); code != 503 {
 		t.Fatalf("/debug/upstreams from the reserve: %d, want 503", code)
+	}
+	if code := probe(addr, "/healthz"); code != 200 {
+		t.Fatalf("/healthz with every other place busy: %d", code)
 	}
 	for i := 0; i < ProbeReserve; i++ { // the reserve, taken by clients that send nothing
 		c, err := net.Dial("tcp", addr)
@@ -394,5 +400,38 @@ func TestBusyAdminConnectionsLeaveTheProbesAReserve(t *testing.T) {
 	time.Sleep(ProbeDeadline) // the reserve's holders are cut
 	if code := probe(addr, "/healthz"); code != 200 {
 		t.Fatalf("/healthz once the reserve's holders were cut: %d", code)
+	}
+}
+
+// TestTheAdminListenerRefusesForeignHostsAndOrigins: on a loopback
+// address the admin JSON answers only local names and pages (and
+// server.allowed_hosts). Before, /debug/failures answered a foreign
+// Host: a web page rebinding its name could read it.
+func TestTheAdminListenerRefusesForeignHostsAndOrigins(t *testing.T) {
+	t.Parallel()
+	s := startWith(t, Settings{AllowedHosts: []string{"box.lan"}}, time.Minute, upstreamtest.Step{Body: "{}"})
+	for _, tt := range []struct {
+		host, origin string
+		want         int
+	}{
+		{"rebind.attacker.example", "", 403},
+		{"127.0.0.1", "https://attacker.example", 403},
+		{"127.0.0.1", "", 200},
+		{"localhost:9090", "http://localhost:9090", 200},
+		{"box.lan", "", 200},
+	} {
+		req, _ := http.NewRequest("GET", s.adminURL+"/debug/failures", nil)
+		req.Host = tt.host
+		if tt.origin != "" {
+			req.Header.Set("Origin", tt.origin)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tt.want {
+			t.Errorf("Host %q, Origin %q: %d, want %d", tt.host, tt.origin, resp.StatusCode, tt.want)
+		}
 	}
 }

@@ -12,9 +12,10 @@ import (
 // and keeps the probes answerable whatever holds the rest.
 //
 // At the cap, a new connection takes the place of the oldest idle one: a
-// connection between requests, or one that has sent nothing yet. With
-// none idle it takes one of ProbeReserve places, which answer /healthz
-// and /readyz only, within ProbeDeadline. Past those it is closed at once.
+// connection between requests, or one that sent no whole request within
+// newGrace. With none idle it takes one of ProbeReserve places, which
+// answer /healthz and /readyz only, within ProbeDeadline. Past those it
+// is closed at once.
 // Before, 64 idle connections left every probe waiting in the backlog,
 // and a liveness probe restarted a healthy process.
 type Listener struct {
@@ -73,8 +74,9 @@ func (l *Listener) place(c *conn) bool {
 	l.mu.Lock()
 	var idle *conn
 	if len(l.open)-l.probes >= MaxConnections-ProbeReserve {
+		now := time.Now()
 		for o := range l.open {
-			if (o.state == http.StateIdle || o.state == http.StateNew) && !o.probe && (idle == nil || o.since.Before(idle.since)) {
+			if o.idle(now) && (idle == nil || o.since.Before(idle.since)) {
 				idle = o
 			}
 		}
@@ -93,6 +95,18 @@ func (l *Listener) place(c *conn) bool {
 		_ = idle.Close()
 	}
 	return true
+}
+
+// newGrace is how long a new connection may take to send its first
+// request before it counts as idle: a client whose request is on its way
+// keeps its place.
+const newGrace = time.Second
+
+// idle reports whether c may give its place to a new connection at now:
+// between requests, or new and silent past newGrace. A reserve
+// connection never does: ProbeDeadline ends it.
+func (c *conn) idle(now time.Time) bool {
+	return !c.probe && (c.state == http.StateIdle || c.state == http.StateNew && now.Sub(c.since) > newGrace)
 }
 
 // Close closes the connection and gives its place back, once.

@@ -172,6 +172,17 @@ type Server struct {
 	// X-Forwarded-For); from anyone else they are replaced by what Sturdy
 	// saw. Default none. Hot-reloads, unlike the other server keys.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// AllowedHosts are names, beyond localhost and *.localhost, that a
+	// request reaching Sturdy on a loopback address may carry as its Host
+	// or Origin (a name of one label, or an address, always may): a web
+	// page that rebinds its own name to 127.0.0.1 is refused. Default
+	// none. Hot-reloads.
+	AllowedHosts []string `yaml:"allowed_hosts"`
+	// CORSOrigins are the browser origins ("http://localhost:3000", or
+	// "*") Sturdy grants cross-origin calls: it answers their preflights
+	// and marks their answers. Other preflights are refused, never
+	// forwarded. Default none. Hot-reloads.
+	CORSOrigins []string `yaml:"cors_origins"`
 	// ShutdownGrace is how long, after SIGTERM/SIGINT, requests and
 	// streams in flight may take to finish; past it, open streams end with
 	// a stream_interrupted event. A second signal ends it at once.
@@ -223,7 +234,7 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 // RestartOnly returns s without the keys that hot-reload, for telling
 // whether a reload changed one that needs a restart.
 func (s Server) RestartOnly() Server {
-	s.TrustedProxies = nil
+	s.TrustedProxies, s.AllowedHosts, s.CORSOrigins = nil, nil, nil
 	s.ShutdownGrace, s.ShutdownDelay = 0, 0
 	s.MaxBufferedBytes, s.MaxRequestBytes = 0, 0
 	return s

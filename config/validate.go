@@ -172,6 +172,20 @@ func (c *Config) validateServer(p *problems) {
 			p.bad(fmt.Sprintf("server.trusted_proxies[%d]", i), "%v", err)
 		}
 	}
+	for i, h := range c.Server.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, "/: *") {
+			p.bad(fmt.Sprintf("server.allowed_hosts[%d]", i), "%q is not a host name (no scheme, port or wildcard)", h)
+		}
+	}
+	for i, o := range c.Server.CORSOrigins {
+		rest, ok := strings.CutPrefix(o, "http://")
+		if !ok {
+			rest, ok = strings.CutPrefix(o, "https://")
+		}
+		if o != "*" && (!ok || rest == "" || strings.ContainsAny(rest, "/ ")) {
+			p.bad(fmt.Sprintf("server.cors_origins[%d]", i), "%q is not an origin (http://host[:port], https://host[:port] or \"*\")", o)
+		}
+	}
 	atLeast1(p, "server.max_connections", c.Server.MaxConnections)
 	atLeast1(p, "server.reduce_memory_above", c.Server.ReduceMemoryAbove)
 	atLeast1(p, "server.max_buffered_bytes", c.Server.MaxBufferedBytes)

@@ -23,6 +23,7 @@
 //	budget.go      Budget: the retry budget per upstream
 //	tokens.go      TokenWindow: a token budget a minute (reserve, settle, refund; debt, never forgiven);
 //	               what a request reserves: RequestTokens (its text and max output, per API), EstimateTokens
+//	origin.go      LocalHost, LocalOrigin: what may reach a loopback address; CORSAllowed
 //	text.go        TextChars: the characters of a request's text, in one pass (MaxTextDepth bounds how deep)
 //	usage.go       ReadUsage: the tokens a reply says it used, by its API's rules (Anthropic's cached input counted)
 //	commit.go      Judge: a stream event before the commit point; EventFailure

@@ -110,6 +110,8 @@
 //	failures.go    the last failed requests (a fixed ring, from the summary) for the status page
 //	headers.go     hop-by-hop headers and the names Sturdy reads or writes
 //	paths.go       path_prefix confinement (dot-segments)
+//	origin.go      web pages: a loopback address's Host and Origin checks, CORS preflights answered here
+//	               (crossOrigin), upstreams' CORS headers replaced by Sturdy's (markCORS)
 //	listener.go    the client listener: accept errors, max_connections, write deadlines; past
 //	               server.reduce_memory_above open connections, a new one handed off to the lean server
 //	recover.go     a panic while serving one request or stream: recovered, logged, counted (survive)

@@ -44,6 +44,7 @@ const (
 	CodeSharedState         = "shared_state_unavailable"
 	CodeInternalError       = "internal_error"
 	CodeServerBusy          = "server_busy"
+	CodeOriginNotAllowed    = "origin_not_allowed"
 )
 
 // ErrorType is error.type of every error Sturdy writes itself.
@@ -84,6 +85,9 @@ var errorTable = []errorSpec{
 	{code: CodeLoopDetected, anthropic: "api_error", status: 508,
 		message: "the request came back to the Sturdy that sent it (its Via header names this process): an upstream's url or DNS name points at Sturdy itself; fix the upstream",
 		when:    "the request's `Via` names this Sturdy process: an upstream (or a DNS-discovered endpoint) is Sturdy's own listener"},
+	{code: CodeOriginNotAllowed, anthropic: "permission_error", status: 403,
+		message: "%s",
+		when:    "on a loopback address, a `Host` or `Origin` that is not a local name nor in `server.allowed_hosts` (DNS rebinding, a cross-site form); a CORS preflight from an origin `server.cors_origins` does not list"},
 	{code: CodeRouteNotFound, anthropic: "not_found_error", status: 404,
 		message: "no route serves path %q (and this body's model); configure a route whose path_prefix (and model) matches it",
 		when:    "no route's `path_prefix` (and `model`) matches the request"},

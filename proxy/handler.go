@@ -31,7 +31,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		ex.client.cc.serving(ex)
 	}
 	if err := ex.admit(); err != nil {
-		ex.fail(err)
+		if err != answeredHere {
+			ex.fail(err)
+		}
 		ex.finish()
 		return
 	}
@@ -77,6 +79,13 @@ func (ex *exchange) admit() *apiError {
 	if ex.looped() {
 		return newError(CodeLoopDetected)
 	}
+	if e, answered := crossOrigin(ctx, ex.tbl); e != nil {
+		return e
+	} else if answered {
+		ex.out.status = fasthttp.StatusNoContent
+		ex.out.outcome = outcomeOK
+		return answeredHere
+	}
 	if !ex.knowKey() {
 		ex.out.outcome = outcomeUnauthorized
 		return newError(CodeInvalidAPIKey)
@@ -120,6 +129,10 @@ func (ex *exchange) admit() *apiError {
 	ex.out.outcome = ""
 	return nil
 }
+
+// answeredHere is admit's word that it answered the request itself (a
+// CORS preflight): nothing more is sent.
+var answeredHere = &apiError{}
 
 // malformed refuses a request of a shape no origin-form request has
 // (CONNECT, an absolute URI, a fragment), or that has both framings.

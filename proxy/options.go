@@ -386,6 +386,14 @@ type Options struct {
 	// peer; from any other peer they are replaced by what Sturdy saw.
 	// Empty: nobody is trusted.
 	TrustedProxies []netip.Prefix
+	// AllowedHosts are names, beyond localhost and *.localhost, a request
+	// on a loopback address may carry as its Host or Origin
+	// (policy.LocalHost, LocalOrigin). Lower case.
+	AllowedHosts []string
+	// CORSOrigins are the browser origins granted cross-origin calls
+	// (policy.CORSAllowed): their preflights are answered, their answers
+	// marked. Empty: none; every preflight is refused.
+	CORSOrigins []string
 	// Log receives access lines and breaker transitions.
 	Log zerolog.Logger
 	// Rand returns a uniform value in [0, n) for backoff jitter; nil means

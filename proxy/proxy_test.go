@@ -630,7 +630,7 @@ func TestClientGoneMidStreamClosesUpstreamAndLogs499(t *testing.T) {
 func TestPathQueryAndHeadersForwarded(t *testing.T) {
 	t.Parallel()
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok", Header: [][2]string{{"Connection", "X-Hop-Resp"}, {"X-Hop-Resp", "1"}}})
-	h := startProxy(t, up.URL+"/prefix/", nil)
+	h := startProxy(t, up.URL+"/prefix/", func(o *Options) { o.AllowedHosts = []string{"client.example"} }) // a loopback listener
 	resp, _ := h.raw("GET /v1/a%2Fb//c?x=%20y&z=1+2 HTTP/1.1\r\nHost: client.example\r\nConnection: X-Hop\r\nX-Hop: secret\r\n" +
 		"Keep-Alive: timeout=5\r\nProxy-Authorization: Basic abc\r\nTe: trailers\r\nUpgrade: h2c\r\nAuthorization: Bearer client-key\r\nX-Keep: yes\r\n\r\n")
 	if resp.Header.Get("X-Hop-Resp") != "" {
@@ -860,7 +860,7 @@ func TestForwardedHeadersAreKeptOnlyFromTrustedProxies(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			up := upstreamtest.Start(t, upstreamtest.Step{Body: "ok"})
-			h := startProxy(t, up.URL, func(o *Options) { o.TrustedProxies = tt.trusted })
+			h := startProxy(t, up.URL, func(o *Options) { o.TrustedProxies, o.AllowedHosts = tt.trusted, []string{"client.example"} })
 			h.raw(posed)
 			raw := up.Requests()[0].Raw
 			if n := strings.Count(raw, "X-Forwarded-For:"); n != 1 {

@@ -59,6 +59,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	ex.loop.ti, ex.loop.ep = a.ti, a.ep
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
+	markCORS(rh, &ctx.Request.Header, ex.tbl.corsOrigins)
 	passThrough := ex.out.outcome == outcomePassThrough
 	if !passThrough {
 		rh.SetBytesKV(hdrRequestID, ex.req.id)
@@ -225,6 +226,7 @@ func (ex *exchange) fail(e *apiError) {
 	}
 	e.details.LastStatus = ex.loop.lastStatus
 	e.write(ex.ctx, ex.req.id, ex.req.call.API)
+	markCORS(&ex.ctx.Response.Header, &ex.ctx.Request.Header, ex.tbl.corsOrigins)
 	ex.out.status, ex.out.errCode = e.spec.status, e.spec.code
 	ex.out.bytesOut = int64(len(ex.ctx.Response.Body()))
 	if ex.loop.attempts > 0 {

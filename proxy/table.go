@@ -34,6 +34,9 @@ type table struct {
 	maxBody  int
 	// trusted are the peers whose X-Forwarded-* headers are kept.
 	trusted []netip.Prefix
+	// allowedHosts and corsOrigins are server.allowed_hosts and
+	// server.cors_origins (origin.go).
+	allowedHosts, corsOrigins []string
 	// models are the model names and globs the config mentions: the only
 	// values the model metric label takes.
 	models []string
@@ -149,6 +152,7 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 	}
 	sort.SliceStable(t.routes, func(i, j int) bool { return len(t.routes[i].prefix) > len(t.routes[j].prefix) })
 	t.trusted = o.TrustedProxies
+	t.allowedHosts, t.corsOrigins = o.AllowedHosts, o.CORSOrigins
 	for _, k := range o.AuthKeys {
 		t.authKeys = append(t.authKeys, sha256.Sum256([]byte(k)))
 	}
