@@ -22,13 +22,16 @@ import (
 // ConfigMap update makes into one reload.
 const reloadDebounce = 200 * time.Millisecond
 
-// settleEvery is how far apart two reads of a changed config file must
-// agree before it is loaded; settleReads bounds the reads (a file still
-// changing after them is loaded as it stands: an invalid one is
-// rejected, and the running config keeps serving).
+// settleEvery is how long a changed config file must go unchanged, read
+// the same at both ends, before it is loaded. A file written in place
+// (written to, not renamed over) must go inPlaceQuiet without a write: a
+// writer that pauses between parts is not caught half-way. settleMax
+// bounds the wait: a file still changing then is loaded as it stands (an
+// invalid one is rejected; the running config keeps serving).
 const (
-	settleEvery = time.Second
-	settleReads = 10
+	settleEvery  = time.Second
+	inPlaceQuiet = 5 * time.Second
+	settleMax    = time.Minute
 )
 
 // reloader applies a changed config to the running proxy: on SIGHUP and
@@ -175,33 +178,61 @@ func (r *reloader) start(ctx context.Context, hup <-chan os.Signal) (done <-chan
 	return ch
 }
 
-// settled waits until the config file reads the same twice settleEvery
-// apart, so a file written in place in parts is not loaded half-written
-// (write it atomically — to a temporary file, renamed over it — and this
-// costs one second). The file's events meanwhile are this change's: they
-// are taken from events and dropped. false: ctx ended.
-func (r *reloader) settled(ctx context.Context, events <-chan fsnotify.Event) bool {
-	last := r.readFiles()
-	for range settleReads {
-		t := time.NewTimer(settleEvery)
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return false
-			case <-events:
-			case <-t.C:
-				break wait
+// settled waits until the files go quiet — no event of theirs for
+// settleEvery, or inPlaceQuiet once one was written in place — and read
+// the same at both ends of the quiet, so a file written in parts is not
+// loaded half-written. Write it atomically (a temporary file renamed over
+// it) and this costs a second. inPlace says the change so far wrote a
+// file in place. false: ctx ended.
+func (r *reloader) settled(ctx context.Context, events <-chan fsnotify.Event, inPlace bool) bool {
+	warned := false
+	for end := time.Now().Add(settleMax); time.Now().Before(end); {
+		d := settleEvery
+		if inPlace {
+			d = inPlaceQuiet
+			if !warned {
+				warned = true
+				r.log.Warn().Dur("quiet", inPlaceQuiet).Msg("the config file is being written in place: it is loaded once no write " +
+					"came for the quiet period (write it atomically, to a temporary file renamed over it, to reload at once)")
 			}
 		}
-		now := r.readFiles()
-		if bytes.Equal(now, last) {
+		before := r.readFiles()
+		passed, ok := r.quiet(ctx, events, d, &inPlace)
+		switch {
+		case !ok:
+			return false
+		case passed && bytes.Equal(r.readFiles(), before):
 			return true
 		}
-		last = now
 	}
 	return true
+}
+
+// quiet waits d for no event of the files: passed when none came (an
+// event that came marks inPlace when it wrote a file in place); ok is
+// false when ctx ended.
+func (r *reloader) quiet(ctx context.Context, events <-chan fsnotify.Event, d time.Duration, inPlace *bool) (passed, ok bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false, false
+		case ev := <-events:
+			if r.changes(ev) {
+				*inPlace = *inPlace || r.writtenInPlace(ev)
+				return false, true
+			}
+		case <-t.C:
+			return true, true
+		}
+	}
+}
+
+// writtenInPlace reports whether ev wrote one of the files itself (not a
+// rename over it, nor Kubernetes' ..data swap).
+func (r *reloader) writtenInPlace(ev fsnotify.Event) bool {
+	return ev.Has(fsnotify.Write) && filepath.Base(ev.Name) != "..data"
 }
 
 func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.Watcher) {
@@ -214,6 +245,7 @@ func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.W
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	defer debounce.Stop()
+	inPlace := false // the change so far wrote a file in place
 	for {
 		select {
 		case <-ctx.Done():
@@ -222,12 +254,15 @@ func (r *reloader) loop(ctx context.Context, hup <-chan os.Signal, w *fsnotify.W
 			r.reload("SIGHUP")
 		case ev := <-events:
 			if r.changes(ev) {
+				inPlace = inPlace || r.writtenInPlace(ev)
 				debounce.Reset(reloadDebounce)
 			}
 		case err := <-errs:
 			r.log.Warn().Err(err).Msg("config watch error")
 		case <-debounce.C:
-			if r.settled(ctx, events) {
+			settled := r.settled(ctx, events, inPlace)
+			inPlace = false
+			if settled {
 				r.reload("config file changed")
 			}
 		}

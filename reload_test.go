@@ -246,9 +246,11 @@ func TestRestartOnlyServerKeysAreTold(t *testing.T) {
 }
 
 // TestAFileWrittenInPartsIsNotLoadedHalfWritten: a config written in
-// place in two parts 300 ms apart, whose first part alone is a valid
-// config of its own, is loaded only once whole. Before, the first part
-// was applied (for 1.5 s here).
+// place in two parts 1.5 s apart, whose first part alone is a valid
+// config of its own, is loaded only once whole: a file written in place
+// waits inPlaceQuiet without a write. Before, the rule was two reads a
+// second apart that agree, which a writer pausing longer passed: its
+// first part was applied.
 func TestAFileWrittenInPartsIsNotLoadedHalfWritten(t *testing.T) {
 	t.Parallel()
 	a := upstreamtest.Start(t, upstreamtest.Step{Body: "from A"})
@@ -264,12 +266,12 @@ func TestAFileWrittenInPartsIsNotLoadedHalfWritten(t *testing.T) {
 	if _, err := f.WriteString(first); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	if _, err := f.WriteString(rest); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
-	for deadline := time.Now().Add(6 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(inPlaceQuiet + 5*time.Second); ; time.Sleep(50 * time.Millisecond) {
 		_, body := getBody(t, s.url+"/v1/models")
 		if body == "from B" {
 			t.Fatal("the half-written config was applied")

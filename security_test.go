@@ -78,9 +78,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 		}
 	}
 	// A rejected reload logs the config problem, not the file's secrets.
-	if err := os.WriteFile(cfgFile, []byte(cfg+"bogus: "+clientKey+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, cfgFile, cfg+"bogus: "+clientKey+"\n") // atomically, as the README says to
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logs.String(), "config rejected") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)

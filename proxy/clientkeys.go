@@ -28,7 +28,10 @@ type clientKeys map[[sha256.Size]byte]*clientKey
 // MaxClientKeys), and a limiter whose settings prev had too is kept, so
 // a reload keeps the buckets. A key that does not parse was refused by
 // validation; here it is an error.
-func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict func()) (clientKeys, error) {
+//
+// Its time is linear in the keys and the budgets prev holds; stop
+// closing (Shutdown) ends it with errShutDown.
+func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict func(), stop <-chan struct{}) (clientKeys, error) {
 	if len(ks) == 0 {
 		return nil, nil
 	}
@@ -42,7 +45,13 @@ func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict 
 		}
 	}
 	out := make(clientKeys, len(ks))
+	// moved are the keys whose limiter changed: by their old limiter, the
+	// new one by the key's id (a budget's, keyBudget.id).
+	moved := map[*clientLimiter]map[string]*clientLimiter{}
 	for i, k := range ks {
+		if i%4096 == 0 && stopped(stop) {
+			return nil, errShutDown
+		}
 		sum, err := k.hash()
 		if err != nil {
 			return nil, fmt.Errorf("client_keys_file: keys[%d]: %v", i, err)
@@ -66,12 +75,69 @@ func buildClientKeys(ks []ClientKey, base ClientLimit, prev clientKeys, onEvict 
 				limiters[lo] = ck.limit
 			}
 			if pk := prev[sum]; pk != nil && pk.limit != nil && pk.limit != ck.limit {
-				ck.limit.keepBudgets(pk.limit) // a changed budget keeps what the key spent
+				if moved[pk.limit] == nil {
+					moved[pk.limit] = map[string]*clientLimiter{}
+				}
+				moved[pk.limit][hex.EncodeToString(sum[:6])] = ck.limit
 			}
 		}
 		out[sum] = ck
 	}
+	for from, to := range moved {
+		if !moveBudgets(from, to, stop) {
+			return nil, errShutDown
+		}
+	}
 	return out, nil
+}
+
+// moveBudgets gives each budget of from whose key to names (by its id)
+// to that key's new limiter: a changed limit keeps what the key spent
+// and owes. Each budget is looked at once; from's lock is taken a chunk
+// at a time, so requests under it wait a chunk at most. false: stop
+// closed.
+func moveBudgets(from *clientLimiter, to map[string]*clientLimiter, stop <-chan struct{}) bool {
+	if from.budgets == nil {
+		return true
+	}
+	from.mu.Lock()
+	hs := from.budgets.Keys() // the oldest first: the order stays
+	from.mu.Unlock()
+	const chunk = 1024
+	for start := 0; start < len(hs); start += chunk {
+		if stopped(stop) {
+			return false
+		}
+		from.mu.Lock()
+		type move struct {
+			h  uint64
+			b  *keyBudget
+			to *clientLimiter
+		}
+		var moves []move
+		for _, h := range hs[start:min(start+chunk, len(hs))] {
+			if b, ok := from.budgets.Peek(h); ok {
+				if l := to[b.id]; l != nil && l.budgets != nil {
+					moves = append(moves, move{h, b, l})
+				}
+			}
+		}
+		from.mu.Unlock()
+		for _, m := range moves {
+			m.to.adopt(m.h, m.b)
+		}
+	}
+	return true
+}
+
+// stopped reports whether stop is closed (nil: never).
+func stopped(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // hash is the key's SHA-256: its sha256 decoded, or its key's.

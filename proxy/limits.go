@@ -147,9 +147,17 @@ func (l *clientLimiter) keepBudgets(prev *clientLimiter) {
 	defer prev.mu.Unlock()
 	for _, h := range prev.budgets.Keys() { // the oldest first: the order stays
 		b, _ := prev.budgets.Peek(h)
-		for k := range tokenKinds {
-			b.w[k].SetLimit(l.opts.limit(k))
-		}
-		l.budgets.Add(h, b)
+		l.adopt(h, b)
 	}
+}
+
+// adopt makes b, a budget another limiter held for the client hashed h,
+// l's, under l's limits.
+func (l *clientLimiter) adopt(h uint64, b *keyBudget) {
+	for k := range tokenKinds {
+		b.w[k].SetLimit(l.opts.limit(k))
+	}
+	l.mu.Lock()
+	l.budgets.Add(h, b)
+	l.mu.Unlock()
 }

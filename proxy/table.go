@@ -162,7 +162,7 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 			t.models = append(t.models, p.glob) // a priced model is a label of its own
 		}
 	}
-	if err := buildClients(t, o, prev, m); err != nil {
+	if err := buildClients(t, o, prev, m, env.Stopping); err != nil {
 		return nil, nil, err
 	}
 	var dropped []*upstream.Upstream
@@ -179,7 +179,7 @@ func buildTable(o Options, prev *table, env *upstream.Env, m *metrics.Metrics) (
 // buildClients adds o's client limits to t (clients:, client_keys_file)
 // and their hooks, keeping the buckets and budgets of prev's whose
 // settings did not change.
-func buildClients(t *table, o Options, prev *table, m *metrics.Metrics) error {
+func buildClients(t *table, o Options, prev *table, m *metrics.Metrics, stop <-chan struct{}) error {
 	var prevClients []*clientLimiter
 	if prev != nil {
 		prevClients = prev.clients
@@ -208,7 +208,7 @@ func buildClients(t *table, o Options, prev *table, m *metrics.Metrics) error {
 		}
 	}
 	var err error
-	if t.keys, err = buildClientKeys(o.ClientKeys, base, prevKeys, evictions(m, mapClients)); err != nil {
+	if t.keys, err = buildClientKeys(o.ClientKeys, base, prevKeys, evictions(m, mapClients), stop); err != nil {
 		return err
 	}
 	if len(t.clients) > 0 || t.keys.limited() {
