@@ -16,8 +16,12 @@ import (
 )
 
 // MaxClientKeysFileBytes bounds client_keys_file's size (16 MiB, room
-// for proxy.MaxClientKeys keys with names).
+// for proxy.MaxClientKeys keys with names), and auth.keys_file's.
 const MaxClientKeysFileBytes = 16 << 20
+
+// MaxSecretFileBytes bounds a file holding one secret: api_key_file,
+// admin.token_file, shared_state.password_file.
+const MaxSecretFileBytes = 64 << 10
 
 // ClientKey is one client key's settings: its one shape is package
 // proxy's ClientKey.
@@ -47,8 +51,15 @@ func (c *Config) readClientKeys(idx *keyIndex) []Problem {
 	return ps
 }
 
-// readBounded reads the file at path, refusing one over limit bytes.
+// readBounded reads the regular file at path, refusing one over limit
+// bytes. A FIFO, a device (/dev/zero) or a directory is refused before
+// it is opened: reading one could hang or never end.
 func readBounded(path string, limit int64) ([]byte, error) {
+	if st, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("cannot read %q: %v", path, errors.Unwrap(err))
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%q is not a regular file but %s", path, fileKind(st.Mode()))
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %q: %v", path, errors.Unwrap(err))
@@ -59,9 +70,32 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	case err != nil:
 		return nil, fmt.Errorf("cannot read %q: %v", path, err)
 	case int64(len(data)) > limit:
-		return nil, fmt.Errorf("%q is over %d MiB", path, limit>>20)
+		return nil, fmt.Errorf("%q is over %s", path, sizeText(limit))
 	}
 	return data, nil
+}
+
+// fileKind names what a file that is not regular is.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a plain file"
+}
+
+// sizeText says a limit as its unit does: 64 KiB, 16 MiB.
+func sizeText(n int64) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
 }
 
 // ParseClientKeys decodes and validates a client_keys_file document:

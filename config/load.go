@@ -251,9 +251,9 @@ func (c *Config) readSecretFiles(idx *keyIndex) []Problem {
 		readSecret(bad, "shared_state.password_file", "password", s.PasswordFile, &s.Password, true)
 	}
 	if f := c.Auth.KeysFile; f != "" {
-		b, err := os.ReadFile(f)
+		b, err := readBounded(f, MaxClientKeysFileBytes)
 		if err != nil {
-			bad("auth.keys_file", "cannot read %q: %v", f, errors.Unwrap(err))
+			bad("auth.keys_file", "%v", err)
 		}
 		for _, line := range strings.Split(string(b), "\n") {
 			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
@@ -275,9 +275,9 @@ func readSecret(bad func(key, format string, args ...any), key, inline, file str
 		bad(key, "set %s or %s, not both", inline, key[strings.LastIndexByte(key, '.')+1:])
 		return
 	}
-	b, err := os.ReadFile(file)
+	b, err := readBounded(file, MaxSecretFileBytes)
 	if err != nil {
-		bad(key, "cannot read %q: %v", file, errors.Unwrap(err))
+		bad(key, "%v", err)
 		return
 	}
 	if *value = strings.TrimSpace(string(b)); *value == "" && !mayBeEmpty {
