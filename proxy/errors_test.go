@@ -92,7 +92,7 @@ func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
 		{"how deep a request's text is followed", fmt.Sprintf("%d levels", policy.MaxTextDepth)},
 		{"upstream response headers", sizeText(upstream.ReadBuffer) + "; " + fmt.Sprint(upstream.MaxInterimResponses) + "; " + sizeText(upstream.MaxTrailerBytes)},
 		{"a model name as kept and shown", fmt.Sprintf("%d bytes", policy.MaxModelBytes)},
-		{"reply breakers per endpoint", fmt.Sprint(upstream.MaxListedModelBreakers)},
+		{"reply breakers per endpoint", fmt.Sprintf("; %d |", upstream.MaxListedModelBreakers)},
 		{"cooldowns per upstream", fmt.Sprintf("%d,%03d", upstream.MaxTrackedKeys/1000, upstream.MaxTrackedKeys%1000)},
 		{"retries / targets listed", fmt.Sprintf("%d / %d; %d", maxLoggedRetries, maxLoggedTargets, maxTriedEndpoints)},
 		{"a span's value copied from a request", sizeText(maxSpanText)},

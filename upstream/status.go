@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,9 +21,11 @@ type Status struct {
 	// endpoint is out, else the best of the endpoints' connection
 	// breakers (connect refused, resets, TLS). ModelBreakers are the
 	// reply breakers per model (5xx, timeouts) of every endpoint, at most
-	// 256 per endpoint (the most recently used).
-	Breaker       string              `json:"breaker"`
-	ModelBreakers []ModelBreakerState `json:"model_breakers"`
+	// MaxListedModelBreakers in all, the worst first; ModelBreakersNotListed
+	// counts the rest.
+	Breaker                string              `json:"breaker"`
+	ModelBreakers          []ModelBreakerState `json:"model_breakers"`
+	ModelBreakersNotListed int                 `json:"model_breakers_not_listed"`
 	// ProbeInMS is the time until an endpoint lets a probe through, when
 	// every one is out.
 	ProbeInMS int64 `json:"probe_in_ms"`
@@ -128,8 +132,9 @@ type LimiterStatus struct {
 }
 
 // MaxListedModelBreakers bounds the model breakers /debug/upstreams lists
-// per endpoint (the most recently used; each model shown is at most
-// policy.MaxModelBytes).
+// per upstream, all its endpoints together: the worst first (open, then
+// half-open, then by failures). Each model shown is at most
+// policy.MaxModelBytes.
 const MaxListedModelBreakers = 256
 
 // Status reports the upstream's state as of now.
@@ -151,6 +156,7 @@ func (up *Upstream) Status(now time.Time) Status {
 			Remaining: st.Remaining, Reserved: st.Reserved, ResetMS: st.Reset.Milliseconds()})
 	}
 	probe := time.Duration(-1)
+	var models []listedModel
 	for _, ep := range up.Endpoints() {
 		es := endpointStatus(ep, now, up.slowStart)
 		s.Endpoints = append(s.Endpoints, es)
@@ -158,11 +164,8 @@ func (up *Upstream) Status(now time.Time) Status {
 		if in, _ := ep.probeIn(now, "", up); state == breaker.StateOpen && (probe < 0 || in < probe) {
 			probe = in
 		}
-		for _, m := range ep.models.Members(MaxListedModelBreakers) {
-			st := m.State()
-			s.ModelBreakers = append(s.ModelBreakers, ModelBreakerState{Endpoint: ep.addr, Model: m.Key,
-				State: st.String(), ProbeInMS: m.ProbeIn(now).Milliseconds(), Failures: m.Counts().TotalFailures,
-				TrippedOn: trippedOn(m.Breaker, st), Cause: m.Cause()})
+		for _, m := range ep.models.Members(0) {
+			models = append(models, listedModel{ep: ep, m: m, state: m.State(), failures: m.Counts().TotalFailures})
 		}
 		c := ep.breaker.Counts()
 		s.Counts.Requests += c.Requests
@@ -175,7 +178,42 @@ func (up *Upstream) Status(now time.Time) Status {
 		s.Endpoints = append(s.Endpoints, endpointStatus(ep, now, up.slowStart))
 	}
 	s.ProbeInMS = max(probe, 0).Milliseconds()
+	s.ModelBreakers, s.ModelBreakersNotListed = worstModels(models, now)
 	return s
+}
+
+// listedModel is a reply breaker as Status ranks it.
+type listedModel struct {
+	ep       *Endpoint
+	m        *breaker.Member
+	state    breaker.State
+	failures uint32
+}
+
+// worstModels are the MaxListedModelBreakers worst of ms — open, then
+// half-open, then closed; by failures within each — and how many are
+// left out. Only those listed are described in full.
+func worstModels(ms []listedModel, now time.Time) (out []ModelBreakerState, rest int) {
+	rank := func(s breaker.State) int {
+		switch s {
+		case breaker.StateOpen:
+			return 0
+		case breaker.StateHalfOpen:
+			return 1
+		}
+		return 2
+	}
+	slices.SortStableFunc(ms, func(a, b listedModel) int {
+		return cmp.Or(cmp.Compare(rank(a.state), rank(b.state)), cmp.Compare(b.failures, a.failures))
+	})
+	rest = max(len(ms)-MaxListedModelBreakers, 0)
+	out = make([]ModelBreakerState, 0, min(len(ms), MaxListedModelBreakers))
+	for _, l := range ms[:len(ms)-rest] {
+		out = append(out, ModelBreakerState{Endpoint: l.ep.addr, Model: l.m.Key, State: l.state.String(),
+			ProbeInMS: l.m.ProbeIn(now).Milliseconds(), Failures: l.failures, TrippedOn: trippedOn(l.m.Breaker, l.state),
+			Cause: l.m.Cause()})
+	}
+	return out, rest
 }
 
 // endpointStatus is what /debug/upstreams shows of ep (a formatter of

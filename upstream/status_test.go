@@ -9,19 +9,34 @@ import (
 	"sturdy/internal/upstreamtest"
 )
 
-// TestDebugUpstreamsListsAtMost256ModelBreakers: an endpoint's reply
-// breakers shown are bounded whatever the group holds.
+// TestDebugUpstreamsListsAtMost256ModelBreakers: the reply breakers an
+// upstream shows are bounded in all, whatever its endpoints hold, the
+// worst first, with a count of the rest. Before, each endpoint listed
+// 256: a 64-endpoint pool answered 6.9 MB a call.
 func TestDebugUpstreamsListsAtMost256ModelBreakers(t *testing.T) {
 	t.Parallel()
-	srv := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
-	up := startUpstream(t, srv.URL)
-	ep := up.Endpoints()[0]
-	ep.models = breaker.NewGroup("up", breaker.GroupSettings{Max: 1000})
-	for i := 0; i < 600; i++ {
-		ep.models.Get(fmt.Sprint("model-", i), time.Now())
+	a, b := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"}), upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	o := Options{Name: "up", Endpoints: []string{a.URL, b.URL}, MaxConnections: 8}
+	up, err := New(testEnv(), o.WithDefaults(), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := len(up.Status(time.Now()).ModelBreakers); n != MaxListedModelBreakers {
-		t.Fatalf("%d model breakers listed, want %d", n, MaxListedModelBreakers)
+	t.Cleanup(up.Close)
+	for e, ep := range up.Endpoints() {
+		ep.models = breaker.NewGroup("up", breaker.GroupSettings{Max: 1000,
+			Breaker: breaker.Settings{ConsecutiveFailures: 1, OpenFor: time.Minute}})
+		for i := 0; i < 300; i++ {
+			ep.models.Get(fmt.Sprint("model-", e, "-", i), time.Now())
+		}
+	}
+	tk, _ := up.Endpoints()[1].models.Get("model-1-3", time.Now()).Allow()
+	tk.DoneWith(breaker.Failure, "500")
+	s := up.Status(time.Now())
+	if n := len(s.ModelBreakers); n != MaxListedModelBreakers || s.ModelBreakersNotListed != 600-MaxListedModelBreakers {
+		t.Fatalf("%d model breakers listed and %d not, want %d and %d", n, s.ModelBreakersNotListed, MaxListedModelBreakers, 600-MaxListedModelBreakers)
+	}
+	if first := s.ModelBreakers[0]; first.Model != "model-1-3" || first.State != "open" {
+		t.Fatalf("the first listed is %+v, want the open one", first)
 	}
 }
 
