@@ -1,8 +1,8 @@
 package policy
 
 import (
+	"math/bits"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -18,14 +18,22 @@ const MaxTextDepth = 64
 //
 // It reads raw once, left to right, in time linear in its length and
 // without recursion; malformed JSON counts what it can and never fails.
-// An escape sequence counts as one character, as its text does.
+// An escape sequence counts as one character, as its text does; so does
+// a UTF-8 sequence (runes).
 func TextChars(raw string) int {
+	n, _ := textValue(raw, 0)
+	return n
+}
+
+// textValue is TextChars of the value that starts at raw[i] (or after
+// the spaces there), and the index just past it.
+func textValue(raw string, i int) (n, end int) {
 	// frame is one open array or object: whether its values count, and
 	// for an object whether a key comes next and whether the current
 	// key's value counts ("text", "content").
 	type frame struct{ obj, counts, key, val bool }
 	var stack [MaxTextDepth]frame
-	depth, n := 0, 0
+	depth := 0
 	// counting says the value starting at i counts.
 	counting := func() bool {
 		if depth == 0 {
@@ -34,80 +42,166 @@ func TextChars(raw string) int {
 		f := &stack[depth-1]
 		return f.counts && (!f.obj || f.val)
 	}
-	for i := 0; i < len(raw); {
+	for i < len(raw) {
 		switch c := raw[i]; c {
 		case '"':
 			end, chars := stringEnd(raw, i)
 			if depth > 0 && stack[depth-1].obj && stack[depth-1].key {
 				f := &stack[depth-1]
-				k := raw[i+1 : max(end-1, i+1)]
-				if strings.IndexByte(k, '\\') >= 0 { // an escaped key: as a parser reads it
-					k = gjson.Parse(raw[i:end]).Str
-				}
-				f.key, f.val = false, k == "text" || k == "content"
+				f.key, f.val = false, isTextKey(raw, i, end)
 			} else if counting() {
 				n += chars
 			}
-			i = end
+			if i = end; depth == 0 {
+				return n, i
+			}
 		case '[', '{':
-			if depth == MaxTextDepth {
+			if depth == MaxTextDepth { // too deep to follow: its bytes count
 				end := valueEnd(raw, i)
-				if counting() {
-					n += end - i
-				}
-				i = end
+				n, i = n+(end-i)*b2i(counting()), end
 				continue
 			}
 			stack[depth] = frame{obj: c == '{', counts: counting(), key: c == '{'}
-			depth++
-			i++
+			depth, i = depth+1, i+1
 		case ']', '}':
-			if depth > 0 {
-				depth--
-			}
 			i++
+			if depth > 0 {
+				if depth--; depth == 0 {
+					return n, i
+				}
+			}
 		case ',':
 			if depth > 0 && stack[depth-1].obj {
 				stack[depth-1].key, stack[depth-1].val = true, false
 			}
 			i++
-		default: // whitespace, ':', a number, true, false, null
+		case ' ', '\t', '\n', '\r', ':':
+			i++
+		default: // a number, true, false, null
+			if depth == 0 {
+				return n, valueEnd(raw, i)
+			}
 			i++
 		}
 	}
-	return n
+	return n, i
+}
+
+// b2i is 1 for true, 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// isTextKey reports whether the key raw[i:end] (a JSON string) names
+// text: "text" or "content", read as a parser reads an escaped key.
+func isTextKey(raw string, i, end int) bool {
+	k := raw[i+1 : max(end-1, i+1)]
+	if strings.IndexByte(k, '\\') >= 0 {
+		k = gjson.Parse(raw[i:end]).Str
+	}
+	return k == "text" || k == "content"
+}
+
+// Fields calls f with each key of the JSON object raw and the index its
+// value starts at; f returns the index just past the value (valueEnd,
+// or its own reading of it). One pass over the keys, in order; malformed
+// JSON ends it early, never in error. A key is as its bytes are
+// (escapes unread).
+func Fields(raw string, f func(key string, i int) int) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '{' {
+		return
+	}
+	for i = skipSpace(raw, i+1); i < len(raw) && raw[i] == '"'; {
+		end, _ := stringEnd(raw, i)
+		key := raw[i+1 : max(end-1, i+1)]
+		if i = skipSpace(raw, end); i >= len(raw) || raw[i] != ':' {
+			return
+		}
+		if i = skipSpace(raw, i+1); i >= len(raw) {
+			return
+		}
+		if i = skipSpace(raw, max(f(key, i), i+1)); i >= len(raw) || raw[i] != ',' {
+			return
+		}
+		i = skipSpace(raw, i+1)
+	}
+}
+
+// skipSpace returns the index of the first byte at or after i that is
+// not JSON whitespace.
+func skipSpace(raw string, i int) int {
+	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // stringEnd returns the index just past the JSON string that starts at
 // raw[i] (a '"'), or len(raw) when it does not end, and its characters:
-// a rune, an invalid byte and an escape sequence count one each.
+// a UTF-8 sequence and an escape sequence count one each (runes). It
+// finds quotes and backslashes with vectorized searches.
 func stringEnd(raw string, i int) (end, chars int) {
 	for j := i + 1; j < len(raw); {
-		switch c := raw[j]; {
-		case c == '"':
-			return j + 1, chars
-		case c == '\\':
-			if j+1 < len(raw) && raw[j+1] == 'u' {
-				j += 6
-			} else {
-				j += 2
-			}
-			chars++
-		case c < utf8.RuneSelf:
-			chars++
-			j++
-		default: // a rune, or an invalid byte, counts one (as utf8.RuneCount does)
-			_, size := utf8.DecodeRuneInString(raw[j:])
-			chars++
-			j += size
+		rest := raw[j:]
+		q := strings.IndexByte(rest, '"')
+		if q < 0 {
+			q = len(rest)
+		}
+		bs := strings.IndexByte(rest[:q], '\\')
+		if bs < 0 {
+			chars += runes(rest[:q])
+			return min(j+q+1, len(raw)), chars
+		}
+		chars += runes(rest[:bs]) + 1 // the text before it, and the escape
+		if bs+1 < len(rest) && rest[bs+1] == 'u' {
+			j += bs + 6
+		} else {
+			j += bs + 2
 		}
 	}
 	return len(raw), chars
 }
 
-// valueEnd returns the index just past the array or object that starts
-// at raw[i], or len(raw) when it does not end, counting brackets only.
+// runes counts the characters of s: its bytes but UTF-8 continuation
+// bytes (10xxxxxx), eight at a time. For valid UTF-8 it is
+// utf8.RuneCountInString, three times as fast; a stray continuation byte
+// counts nothing.
+func runes(s string) int {
+	const hi, lo = 0x8080808080808080, 0x4040404040404040
+	n, cont := len(s), 0
+	for ; len(s) >= 8; s = s[8:] {
+		w := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+		cont += bits.OnesCount64(w & hi &^ ((w & lo) << 1))
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i]&0xC0 == 0x80 {
+			cont++
+		}
+	}
+	return n - cont
+}
+
+// valueEnd returns the index just past the JSON value that starts at
+// raw[i], or len(raw) when it does not end: an array or object by its
+// brackets, a string by its quote, anything else at the next delimiter.
 func valueEnd(raw string, i int) int {
+	switch raw[i] {
+	case '"':
+		end, _ := stringEnd(raw, i)
+		return end
+	case '[', '{':
+	default:
+		for i < len(raw) && raw[i] != ',' && raw[i] != '}' && raw[i] != ']' && raw[i] != ' ' && raw[i] != '\n' &&
+			raw[i] != '\r' && raw[i] != '\t' {
+			i++
+		}
+		return i
+	}
 	depth := 0
 	for j := i; j < len(raw); {
 		switch raw[j] {

@@ -21,6 +21,8 @@ func TestTextChars(t *testing.T) {
 	}{
 		{"a string", `"héllo"`, 5},
 		{"escapes count one each", `"a\nb\u00e9\"c"`, 6},
+		{"a UTF-8 sequence counts one", `"héllo 日本"`, 8},
+		{"a value ends the walk", `"ab" "cd"`, 2},
 		{"strings of an array", `["ab","cd"]`, 4},
 		{"an object's text and content only", `{"role":"user","content":"hi","name":"xyz","text":"abc"}`, 5},
 		{"parts", `[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"x"}}]`, 3},
@@ -46,7 +48,7 @@ func TestTextChars(t *testing.T) {
 func textOfByGjson(v gjson.Result) int {
 	switch {
 	case v.Type == gjson.String:
-		return utf8.RuneCountInString(v.Str)
+		return runes(v.Str)
 	case v.IsArray():
 		n := 0
 		v.ForEach(func(_, e gjson.Result) bool { n += textOfByGjson(e); return true })
@@ -60,6 +62,7 @@ func textOfByGjson(v gjson.Result) int {
 // FuzzTextChars: on valid JSON within the depth limit TextChars counts at
 // least what the recursive walk counts (more only for duplicate keys and
 // surrogate pairs, whose escapes it counts one each), and it never panics.
+// Both count characters as runes does.
 func FuzzTextChars(f *testing.F) {
 	for _, s := range []string{`"héllo"`, `["ab",{"text":"cd","content":[{"text":"e"}]}]`, `{"te\u0078t":"abc"}`, `[[["a"]]]`, `{"a":1}`} {
 		f.Add(s)
@@ -91,4 +94,51 @@ func BenchmarkRequestTokens(b *testing.B) {
 	for b.Loop() {
 		RequestTokens(APIChat, body)
 	}
+}
+
+func TestRunesIsRuneCountOnValidUTF8(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "a", "héllo", "日本語のテキスト", strings.Repeat("añ日😀", 37), "abcdefgh", "abcdefghé"} {
+		if got, want := runes(s), utf8.RuneCountInString(s); got != want {
+			t.Errorf("runes(%q) = %d, want %d", s, got, want)
+		}
+	}
+}
+
+func TestFields(t *testing.T) {
+	t.Parallel()
+	var got []string
+	Fields(` { "a" : 1 , "b":{"x":[1,"}"]}, "c":"d\"e" ,"e":null}`, func(key string, i int) int {
+		got = append(got, key)
+		return valueEnd(` { "a" : 1 , "b":{"x":[1,"}"]}, "c":"d\"e" ,"e":null}`, i)
+	})
+	if strings.Join(got, ",") != "a,b,c,e" {
+		t.Fatalf("keys %v", got)
+	}
+	for _, bad := range []string{``, `[]`, `{`, `{"a"`, `{"a":`, `{"a":1,`, `{"a" 1}`, `{1:2}`} {
+		Fields(bad, func(string, int) int { return 0 }) // ends, never panics
+	}
+}
+
+// FuzzRequestTokens: any body is read without a panic, and a valid one's
+// max output is gjson's reading of the first key set.
+func FuzzRequestTokens(f *testing.F) {
+	f.Add(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	f.Add(`{"max_completion_tokens":7,"max_tokens":9,"options":{"num_predict":3}}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		_, got := RequestTokens(APIChat, []byte(body))
+		if !gjson.Valid(body) || !gjson.Parse(body).IsObject() {
+			return
+		}
+		want := int64(0)
+		for _, key := range []string{"max_completion_tokens", "max_tokens", "max_output_tokens", "options.num_predict"} {
+			if v := gjson.Get(body, key); v.Type == gjson.Number && v.Int() > 0 {
+				want = v.Int()
+				break
+			}
+		}
+		if got != want && !strings.Contains(body, `\`) && strings.Count(body, "max") <= 1 && strings.Count(body, "options") <= 1 {
+			t.Fatalf("RequestTokens(%q) max %d, gjson reads %d", body, got, want)
+		}
+	})
 }

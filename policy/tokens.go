@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -240,14 +242,40 @@ var requestText = map[API][]string{
 // max_completion_tokens, max_output_tokens, Ollama's options.num_predict;
 // 0: none given).
 func RequestTokens(api API, body []byte) (textChars int, maxTokens int64) {
-	doc := inPlace(body)
-	for _, path := range requestText[api] {
-		textChars += TextChars(doc.Get(path).Raw)
-	}
-	for _, key := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens", "options.num_predict"} {
-		if v := doc.Get(key); v.Type == gjson.Number && v.Int() > 0 {
-			return textChars, v.Int()
+	// One pass over the top-level keys, the text read as it is skipped:
+	// a gjson Get (or ForEach) would skip it byte by byte for each key.
+	texts := requestText[api]
+	var outs [len(maxOutputKeys)]int64
+	raw := unsafe.String(unsafe.SliceData(body), len(body))
+	Fields(raw, func(key string, i int) int {
+		if slices.Contains(texts, key) {
+			n, end := textValue(raw, i)
+			textChars += n
+			return end
+		}
+		end := valueEnd(raw, i)
+		for k, name := range maxOutputKeys {
+			if key != name {
+				continue
+			}
+			v := gjson.Parse(raw[i:end])
+			if name == "options" { // Ollama's options.num_predict
+				v = v.Get("num_predict")
+			}
+			if v.Type == gjson.Number && v.Int() > 0 && outs[k] == 0 {
+				outs[k] = v.Int()
+			}
+		}
+		return end
+	})
+	for _, n := range outs { // the first key listed that is set wins
+		if n > 0 {
+			return textChars, n
 		}
 	}
 	return textChars, 0
 }
+
+// maxOutputKeys are where a request says the output tokens it asks at most,
+// the first that is set winning; the last is Ollama's options.num_predict.
+var maxOutputKeys = [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens", "options"}

@@ -71,6 +71,36 @@ func BenchmarkProxiedStream(b *testing.B) {
 	benchProxiedFrom(b, benchStreamUpstream(b), benchStreamedChat, nil)
 }
 
+// BenchmarkProxiedAgentRequest is BenchmarkProxiedRequest with a 200 KB
+// agent body (a system prompt, then tool calls and their results), as
+// sent (plain) and under a token budget (budgeted: its text estimated);
+// a walk of the whole body shows here, not with the small one.
+func BenchmarkProxiedAgentRequest(b *testing.B) {
+	body := agentBody(200 << 10)
+	b.Run("plain", func(b *testing.B) {
+		benchProxiedFrom(b, benchUpstream(b), body, func(o *Options) { o.Routes[0].MaxBody = 1 << 20 })
+	})
+	b.Run("budgeted", func(b *testing.B) {
+		benchProxiedFrom(b, benchUpstream(b), body, func(o *Options) {
+			o.Routes[0].MaxBody = 1 << 20
+			o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 1 << 40}}}
+		})
+	})
+}
+
+// agentBody is a chat request of about n bytes: a system prompt, then
+// tool calls and their results, as an agent's later turns carry.
+func agentBody(n int) []byte {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","max_tokens":512,"messages":[{"role":"system","content":"` + strings.Repeat("You are helpful. ", 200) + `"}`)
+	for sb.Len() < n {
+		sb.WriteString(`,{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read","arguments":"{\"path\":\"a.go\"}"}}]}`)
+		sb.WriteString(`,{"role":"tool","tool_call_id":"c1","content":"` + strings.Repeat("package main; func x() {} ", 40) + `"}`)
+	}
+	sb.WriteString(`]}`)
+	return []byte(sb.String())
+}
+
 // The benchmarks' request bodies.
 var (
 	benchChat         = []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
