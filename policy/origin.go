@@ -13,10 +13,22 @@ import (
 func LocalHost(host string, allowed []string) bool {
 	name := hostName(host)
 	switch {
-	case name == "", !strings.Contains(name, "."), isIP(name):
+	case name == "", dotted(name), !strings.Contains(name, "."), isIP(name):
 		return true
 	}
 	return localName(name, allowed)
+}
+
+// dotted reports whether name is digits and dots only: an IPv4 address,
+// or no name a page could be served from (no top-level domain is
+// numeric). It spares parsing the usual Host.
+func dotted(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c != '.' && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // LocalOrigin reports whether a browser's Origin may call a listener on
@@ -51,22 +63,22 @@ func CORSAllowed(origin string, origins []string) bool {
 	return false
 }
 
-// localName reports whether name (lower-case, no port) is localhost, a
-// name under .localhost, or one allowed lists.
+// localName reports whether name (no port) is localhost, a name under
+// .localhost, or one allowed lists (lower case), whatever its case.
 func localName(name string, allowed []string) bool {
-	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+	const suffix = ".localhost"
+	if strings.EqualFold(name, "localhost") || len(name) > len(suffix) && strings.EqualFold(name[len(name)-len(suffix):], suffix) {
 		return true
 	}
 	for _, a := range allowed {
-		if name == a {
+		if strings.EqualFold(name, a) {
 			return true
 		}
 	}
 	return false
 }
 
-// hostName is host without its port, brackets and final dot, in lower
-// case.
+// hostName is host without its port, brackets and final dot.
 func hostName(host string) string {
 	if strings.HasPrefix(host, "[") {
 		if end := strings.IndexByte(host, ']'); end > 0 {
@@ -74,10 +86,10 @@ func hostName(host string) string {
 		}
 		return host
 	}
-	if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.Count(host, ":") == 1 {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.IndexByte(host[:i], ':') < 0 {
 		host = host[:i]
 	}
-	return strings.ToLower(strings.TrimSuffix(host, "."))
+	return strings.TrimSuffix(host, ".")
 }
 
 // isIP reports whether name is an IP address.

@@ -73,20 +73,21 @@ func notLocal(what string, v []byte) *apiError {
 		"server.allowed_hosts (a page's origin to server.cors_origins)", what, v[:policy.RuneCut(v, 256)]))
 }
 
-// markCORS makes an answer rh to a request with header h from a granted
-// origin readable by its page, and drops the upstream's own CORS
-// permission from every answer: Sturdy decides who may read
-// (server.cors_origins, in origins).
+// markCORS decides what a browser's page may read of an answer rh to a
+// request with header h: Sturdy's permission for a granted origin
+// (server.cors_origins, in origins), never the upstream's own, which it
+// drops. A request without an Origin is no browser's: nothing to do.
 func markCORS(rh *fasthttp.ResponseHeader, h *fasthttp.RequestHeader, origins []string) {
+	origin := h.PeekCanonical(hdrOrigin)
+	if len(origin) == 0 {
+		return
+	}
 	if len(rh.PeekBytes(hdrACAllowOrigin)) > 0 {
 		for _, k := range [...][]byte{hdrACAllowOrigin, hdrACAllowCreds, hdrACAllowMethods, hdrACAllowHeaders, hdrACExposeHeaders, hdrACMaxAge} {
 			rh.DelBytes(k)
 		}
 	}
-	if len(origins) == 0 {
-		return
-	}
-	if origin := h.PeekCanonical(hdrOrigin); len(origin) > 0 && policy.CORSAllowed(text(origin), origins) {
+	if policy.CORSAllowed(text(origin), origins) {
 		grant(rh, origin)
 	}
 }
