@@ -158,7 +158,7 @@ func TestAReloadMovesEachKeysOwnBudget(t *testing.T) {
 	now := time.Now()
 	for _, k := range keys {
 		shared.mu.Lock()
-		b := shared.budgetOf(credHash([]byte("Bearer "+k)), []byte(k), now)
+		b := shared.budgetOf(credHash([]byte(k)), []byte(k), now)
 		shared.mu.Unlock()
 		b.w[tokensTotal].Settle(0, 400, now) // spent, to be kept
 	}
@@ -180,7 +180,7 @@ func TestAReloadMovesEachKeysOwnBudget(t *testing.T) {
 	}
 	a := next[sha256.Sum256([]byte("sk-a"))].limit
 	a.mu.Lock()
-	b, _ := a.budgets.Peek(credHash([]byte("Bearer sk-a")))
+	b, _ := a.budgets.Peek(credHash([]byte("sk-a")))
 	a.mu.Unlock()
 	if st := b.w[tokensTotal].State(now); st.Limit != 2000 || st.Remaining != 1600 {
 		t.Fatalf("sk-a's moved budget: %+v, want its spend under the new limit", st)
@@ -214,7 +214,7 @@ func BenchmarkReloadClientKeys(b *testing.B) {
 	shared := prev[sha256.Sum256([]byte("sk-0"))].limit
 	now := time.Now()
 	for i := range held {
-		shared.budgetOf(credHash([]byte("Bearer sk-"+strconv.Itoa(i))), []byte("sk-"+strconv.Itoa(i)), now)
+		shared.budgetOf(credHash([]byte("sk-"+strconv.Itoa(i))), []byte("sk-"+strconv.Itoa(i)), now)
 	}
 	for i := range ks {
 		ks[i].TokensPerMinute = int64(2000 + i)

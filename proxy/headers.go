@@ -134,20 +134,19 @@ var anthropicLimits = [][2][]byte{
 }
 
 // credential is a request's credential, by the one rule of the whole
-// proxy (README, "Credentials"): its Authorization, else its x-api-key
-// (Claude Code and the Anthropic SDKs send only that). value is the
-// header's value that carries it — what the clients: limits with the
-// default key_header and the cooldowns key on (a Bearer client's as
-// before x-api-key was read, so a fleet being upgraded shares them) —
-// and key the key itself (Authorization's after "Bearer "), what
-// auth.keys checks; nil when there is none.
-func credential(h *fasthttp.RequestHeader) (value, key []byte) {
-	if a := h.PeekCanonical(hdrAuthorization); len(a) > 0 {
-		if k, ok := bytes.CutPrefix(a, []byte("Bearer ")); ok {
-			return a, k
-		}
-		return a, h.PeekCanonical(hdrXAPIKey)
+// proxy (README, "Credentials"): key is the key itself — Authorization's
+// after "Bearer ", else x-api-key (Claude Code and the Anthropic SDKs send
+// only that) — what auth.keys checks; nil when there is none. id is the
+// client it names, whichever header carries it: the key, or an
+// Authorization of another scheme whole. The clients: limits with the
+// default key_header, the token budgets and the cooldowns key on id.
+func credential(h *fasthttp.RequestHeader) (id, key []byte) {
+	a := h.PeekCanonical(hdrAuthorization)
+	if k, ok := bytes.CutPrefix(a, []byte("Bearer ")); ok && len(k) > 0 {
+		return k, k
 	}
-	k := h.PeekCanonical(hdrXAPIKey)
-	return k, k
+	if k := h.PeekCanonical(hdrXAPIKey); len(k) > 0 {
+		return k, k
+	}
+	return a, nil
 }

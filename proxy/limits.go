@@ -47,8 +47,8 @@ type clientLimiter struct {
 // keyOf is the value that tells a request's client apart.
 func (l *clientLimiter) keyOf(h *fasthttp.RequestHeader) []byte {
 	if l.byCredential {
-		value, _ := credential(h)
-		return value
+		id, _ := credential(h)
+		return id
 	}
 	return h.PeekBytes(l.header)
 }

@@ -382,7 +382,7 @@ func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	year := 365 * 24 * time.Hour
-	key := fleet.Digest("", []byte("Bearer sk-old"), []byte("m"))
+	key := fleet.Digest("", []byte("sk-old"), []byte("m"))
 	name := "t:cooldown:up:" + hex.EncodeToString(key[:])
 	until := time.Now().Add(year)
 	if err := rdb.Set(ctx, name, fmt.Sprintf("%d:0", until.UnixMilli()), year).Err(); err != nil {
@@ -408,7 +408,7 @@ func TestCooldownsFromTheFleetAreCapped(t *testing.T) {
 	if resp, _ := h.chat("", "Authorization", "Bearer sk-new"); resp.StatusCode != 429 || served.Load() != 1 {
 		t.Fatalf("the upstream's year-long 429: %d (served %d)", resp.StatusCode, served.Load())
 	}
-	learned := fleet.Digest("", []byte("Bearer sk-new"), []byte("m"))
+	learned := fleet.Digest("", []byte("sk-new"), []byte("m"))
 	for deadline = time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		ttl, err := rdb.PTTL(ctx, "t:cooldown:up:"+hex.EncodeToString(learned[:])).Result()
 		if err == nil && ttl > 0 {

@@ -242,13 +242,8 @@ func (q *outbound) asksUsage(t *target) bool { return q.wantsUsage && t.up.Optio
 // take reserves est of every budget cl sets for ex's client, or none of
 // them: the refusal names the budget that did not allow it (who: whose).
 func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now time.Time, who string) *apiError {
-	key := cl.keyOf(&ex.ctx.Request.Header)
+	key := cl.keyOf(&ex.ctx.Request.Header) // by credential: the key itself, as client_keys_file names it by its SHA-256
 	h, id := credHash(key), key
-	if cl.byCredential {
-		if _, k := credential(&ex.ctx.Request.Header); len(k) > 0 {
-			id = k // the key itself, as client_keys_file names it by its SHA-256
-		}
-	}
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	b := cl.budgetOf(h, id, now)

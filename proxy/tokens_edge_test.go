@@ -301,3 +301,33 @@ func TestARequestInTheQueueHoldsNoTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestOneCredentialIsOneClientWhicheverHeaderCarriesIt: the same key sent
+// as x-api-key and as Authorization: Bearer is one client — one rate
+// limit, one token budget, one line of /debug/clients. Before, each
+// header was a client of its own: 8 of 8 through a burst of 4 by
+// alternating them.
+func TestOneCredentialIsOneClientWhicheverHeaderCarriesIt(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, chatUsage(1, 1))
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.AuthKeys = []string{"sk-team"}
+		o.Clients = []ClientLimit{{RequestsPerSecond: 0.001, Burst: 4, TokenLimits: TokenLimits{TokensPerMinute: 1_000_000}}}
+	})
+	admitted := 0
+	for i := range 8 {
+		header := []string{"Authorization", "Bearer sk-team"}
+		if i%2 == 1 {
+			header = []string{"X-Api-Key", "sk-team"}
+		}
+		if resp, _ := h.chat("", header...); resp.StatusCode == 200 {
+			admitted++
+		}
+	}
+	if admitted != 4 {
+		t.Fatalf("%d of 8 admitted through a burst of 4", admitted)
+	}
+	if page := h.p.Clients(1, 10); page.Total != 1 {
+		t.Fatalf("/debug/clients lists %d clients, want the one key once", page.Total)
+	}
+}
