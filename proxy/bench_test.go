@@ -391,7 +391,7 @@ func BenchmarkTokenBudgetReserveSettle(b *testing.B) {
 	for b.Loop() {
 		now := time.Now()
 		cl.mu.Lock()
-		bud := cl.budgetOf(h, key, now)
+		bud, _ := cl.budgetOf(h, key, 0, now)
 		cl.mu.Unlock()
 		w := &bud.w[tokensTotal]
 		if ok, _ := w.Reserve(300, now); ok {

@@ -158,7 +158,7 @@ func TestAReloadMovesEachKeysOwnBudget(t *testing.T) {
 	now := time.Now()
 	for _, k := range keys {
 		shared.mu.Lock()
-		b := shared.budgetOf(credHash([]byte(k)), []byte(k), now)
+		b, _ := shared.budgetOf(credHash([]byte(k)), []byte(k), 0, now)
 		shared.mu.Unlock()
 		b.w[tokensTotal].Settle(0, 400, now) // spent, to be kept
 	}
@@ -214,7 +214,7 @@ func BenchmarkReloadClientKeys(b *testing.B) {
 	shared := prev[sha256.Sum256([]byte("sk-0"))].limit
 	now := time.Now()
 	for i := range held {
-		shared.budgetOf(credHash([]byte("sk-"+strconv.Itoa(i))), []byte("sk-"+strconv.Itoa(i)), now)
+		shared.budgetOf(credHash([]byte("sk-"+strconv.Itoa(i))), []byte("sk-"+strconv.Itoa(i)), 0, now)
 	}
 	for i := range ks {
 		ks[i].TokensPerMinute = int64(2000 + i)

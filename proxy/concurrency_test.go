@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -377,5 +378,68 @@ func TestAnErrorEventBeforeContentIsNoSample(t *testing.T) {
 	if st := endpointConcurrency(t, h); st.Samples[0] != 1 || len(up.Requests()) != 2 || st.Limit != 3 {
 		t.Fatalf("%d samples of %d attempts, limit %d; want 1 of 2, and the overload told in band backing 4 off to 3",
 			st.Samples[0], len(up.Requests()), st.Limit)
+	}
+}
+
+// clientFrom is an HTTP client whose connections come from the loopback
+// address ip (127.0.0.0/8 is all loopback), so a test can play several
+// sources.
+func clientFrom(ip string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+}
+
+// postFrom posts a chat request as c, with credential key; 0 when it
+// failed to get an answer.
+func postFrom(c *http.Client, url, key string) int {
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestInventedCredentialsAreOneTenant: without auth.keys a credential
+// costs nothing to invent, so a queue's tenants are sources: a flood
+// with a new credential per request from one address is one tenant, and
+// a client from another address still gets a place in the full queue.
+// Before, each invented credential was a tenant with one waiter, and
+// the real client was shed at once (40 of 40 503 upstream_busy).
+func TestInventedCredentialsAreOneTenant(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, release := heldUpstream(t, &held)
+	h := startProxy(t, slow, func(o *Options) {
+		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1, Queue: upstream.Queue{Max: 4}}
+		o.Upstreams[0].QueueTimeout = 5 * time.Second
+	})
+	flood, real := clientFrom("127.0.0.2"), clientFrom("127.0.0.3")
+	done := make(chan int, 8)
+	for i := range 6 { // one at the upstream, four queued, one shed
+		go func() { done <- postFrom(flood, h.url, fmt.Sprint("sk-invented-", i)) }()
+	}
+	waitFor(t, 5*time.Second, "the queue full", func() bool {
+		st := endpointConcurrency(t, h)
+		return st.InFlight == 1 && st.Queued[0] == 4
+	})
+	realDone := make(chan int, 1)
+	go func() { realDone <- postFrom(real, h.url, "sk-real") }()
+	waitFor(t, 5*time.Second, "a flood request shed for the real client", func() bool {
+		return testutil.ToFloat64(h.p.m.ConcurrencyShed.WithLabelValues("up", "interactive")) >= 2
+	})
+	close(release)
+	if s := <-realDone; s != 200 {
+		t.Fatalf("the real client from another address: %d, want its answer", s)
+	}
+	statuses := map[int]int{}
+	for range 6 {
+		statuses[<-done]++
+	}
+	if statuses[200] != 4 || statuses[503] != 2 {
+		t.Fatalf("the flood's statuses %v, want 4 answered and 2 shed", statuses)
 	}
 }

@@ -87,6 +87,8 @@
 //	               hook), settled to the reply's usage, a keyBudget per client never dropped in debt
 //	spend.go       spend budgets (clients: spend, at prices:): a client's spend a period, refused past it
 //	meter.go       the usage a reply tells as it is relayed (meter), for a budget or a trace
+//	source.go      who a request is when its credential costs nothing to invent: its source address
+//	               (sourceOf), its queue tenant (tenantOf); whether it is authenticated
 //	clientkeys.go  single keys' settings (client_keys_file): by SHA-256, a key's own limit and class (classOf)
 //	buffers.go     the budget of bytes held for clients (server.max_buffered_bytes) and a request's share of it;
 //	               the request bodies' budget (server.max_request_bytes: bodyRoom, holdBody)

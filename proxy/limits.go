@@ -37,8 +37,10 @@ type clientLimiter struct {
 	mu           sync.Mutex
 	buckets      *simplelru.LRU[uint64, *rate.Limiter]
 	// budgets are the clients' token budgets (nil: the entry sets none),
-	// under mu like the buckets.
-	budgets *simplelru.LRU[uint64, *keyBudget]
+	// under mu like the buckets; bySource counts those of clients not
+	// authenticated, by their source (MaxBudgetsPerSource).
+	budgets  *simplelru.LRU[uint64, *keyBudget]
+	bySource map[uint64]int
 	// fleetName starts its clients' limit names in the fleet (its
 	// settings: clientLimitName), built once.
 	fleetName string
@@ -59,7 +61,8 @@ func newClientLimiter(o ClientLimit, onEvict func()) *clientLimiter {
 		onEvict: onEvict, buckets: buckets,
 		fleetName: fmt.Sprintf("client:%s:%g:%d:", o.KeyHeader, o.RequestsPerSecond, o.Burst)}
 	if o.TokenLimits.any() || o.Spend.USD > 0 {
-		l.budgets, _ = simplelru.NewLRU[uint64, *keyBudget](upstream.MaxTrackedKeys, nil) // cannot fail: the size is > 0
+		l.bySource = map[uint64]int{}
+		l.budgets, _ = simplelru.NewLRU(upstream.MaxTrackedKeys, func(_ uint64, b *keyBudget) { l.forget(b) }) // cannot fail: the size is > 0
 	}
 	return l
 }
@@ -158,6 +161,26 @@ func (l *clientLimiter) adopt(h uint64, b *keyBudget) {
 		b.w[k].SetLimit(l.opts.limit(k))
 	}
 	l.mu.Lock()
+	if _, had := l.budgets.Peek(h); !had && b.src != 0 {
+		l.bySource[b.src]++
+	}
 	l.budgets.Add(h, b)
 	l.mu.Unlock()
 }
+
+// forget uncounts b from its source as it leaves budgets (the map's
+// eviction hook, under mu).
+func (l *clientLimiter) forget(b *keyBudget) {
+	if b.src == 0 {
+		return
+	}
+	if l.bySource[b.src]--; l.bySource[b.src] <= 0 {
+		delete(l.bySource, b.src)
+	}
+}
+
+// MaxBudgetsPerSource bounds the token budgets one source address (an
+// IPv6 /64) holds for clients that are not authenticated: a credential
+// costs nothing to invent without auth.keys, and one source must not
+// fill the table every other client needs (upstream.MaxTrackedKeys).
+const MaxBudgetsPerSource = 1000

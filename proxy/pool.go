@@ -211,8 +211,7 @@ func (v *visit) takeConnection(ep *upstream.Endpoint) (upstream.Lease, policy.Ac
 	lr := v.leaseRequest()
 	source := sourceConnections
 	if ep.Concurrent() {
-		cred, _ := credential(&ex.ctx.Request.Header) // its tenant: the hash the clients: buckets key by
-		lr.Priority, lr.Tenant, source = ex.req.priority, credHash(cred), sourceConcurrency
+		lr.Priority, lr.Tenant, source = ex.req.priority, tenantOf(ex.ctx, ex.tbl, ex.req.key), sourceConcurrency
 	}
 	lease, r := ep.Lease(lr)
 	v.queuedAt = time.Time{} // a retry's wait for a place is its own

@@ -41,6 +41,9 @@ type keyBudget struct {
 	w     [tokenKinds]policy.TokenWindow
 	spent spent
 	id    string
+	// src is the source of a client not authenticated (sourceOf), which
+	// counts it against MaxBudgetsPerSource; 0 for one authenticated.
+	src uint64
 }
 
 func newKeyBudget(t TokenLimits, key []byte) *keyBudget {
@@ -75,9 +78,13 @@ const evictScan = 16
 // key /debug/clients names it by), added when
 // new; nil when the map is full of budgets none of which (among the
 // evictScan oldest) is idle. Under l.mu.
-func (l *clientLimiter) budgetOf(h uint64, id []byte, now time.Time) *keyBudget {
+func (l *clientLimiter) budgetOf(h uint64, id []byte, src uint64, now time.Time) (b *keyBudget, full string) {
 	if b, ok := l.budgets.Get(h); ok {
-		return b
+		return b, ""
+	}
+	if src != 0 && l.bySource[src] >= MaxBudgetsPerSource {
+		return nil, fmt.Sprintf("Sturdy tracks token budgets for as many clients from one address as it may (%d) for "+
+			"clients it does not authenticate (auth.keys)", MaxBudgetsPerSource)
 	}
 	if l.budgets.Len() >= upstream.MaxTrackedKeys {
 		for range evictScan {
@@ -92,12 +99,15 @@ func (l *clientLimiter) budgetOf(h uint64, id []byte, now time.Time) *keyBudget 
 			l.budgets.Get(k) // owes or holds tokens: kept, to the front
 		}
 		if l.budgets.Len() >= upstream.MaxTrackedKeys {
-			return nil
+			return nil, fmt.Sprintf("Sturdy tracks token budgets for as many clients as it holds (%d), each in use", upstream.MaxTrackedKeys)
 		}
 	}
-	b := newKeyBudget(l.opts.TokenLimits, id)
+	b = newKeyBudget(l.opts.TokenLimits, id)
+	if b.src = src; src != 0 {
+		l.bySource[src]++
+	}
 	l.budgets.Add(h, b)
-	return b
+	return b, ""
 }
 
 // tokenHold is one reservation a request holds until it settles: of a
@@ -244,12 +254,15 @@ func (q *outbound) asksUsage(t *target) bool { return q.wantsUsage && t.up.Optio
 func (clientTokens) take(ex *exchange, cl *clientLimiter, est tokenEstimate, now time.Time, who string) *apiError {
 	key := cl.keyOf(&ex.ctx.Request.Header) // by credential: the key itself, as client_keys_file names it by its SHA-256
 	h, id := credHash(key), key
+	var src uint64
+	if !authenticated(ex.tbl, ex.req.key) {
+		src = sourceOf(ex.ctx, ex.tbl)
+	}
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	b := cl.budgetOf(h, id, now)
+	b, full := cl.budgetOf(h, id, src, now)
 	if b == nil {
-		e := newError(CodeRateLimited, fmt.Sprintf("Sturdy tracks token budgets for as many clients as it holds (%d), each in use",
-			upstream.MaxTrackedKeys))
+		e := newError(CodeRateLimited, full)
 		e.retryAfter = time.Second
 		return e
 	}

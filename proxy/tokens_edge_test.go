@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -329,5 +330,71 @@ func TestOneCredentialIsOneClientWhicheverHeaderCarriesIt(t *testing.T) {
 	}
 	if page := h.p.Clients(1, 10); page.Total != 1 {
 		t.Fatalf("/debug/clients lists %d clients, want the one key once", page.Total)
+	}
+}
+
+// TestInventedCredentialsDoNotLockOthersOutOfBudgets: budgets of clients
+// not authenticated are bounded per source address, so credentials
+// invented from one address fill no more than MaxBudgetsPerSource places
+// and a new client from elsewhere — or an authenticated one — still
+// gets its budget. Before, 100,010 invented credentials filled the
+// 100,000 places and every new client got 429 for about a minute.
+func TestInventedCredentialsDoNotLockOthersOutOfBudgets(t *testing.T) {
+	t.Parallel()
+	cl := newClientLimiter(ClientLimit{KeyHeader: DefaultKeyHeader, TokenLimits: TokenLimits{TokensPerMinute: 1000}}.withDefaults(), nil)
+	now := time.Now()
+	const flood, other = 11, 22
+	for i := range MaxBudgetsPerSource {
+		key := []byte(fmt.Sprint("sk-invented-", i))
+		b, _ := cl.budgetOf(credHash(key), key, flood, now)
+		if b == nil {
+			t.Fatalf("budget %d refused", i)
+		}
+		b.w[tokensTotal].Reserve(10, now) // in use: never idle
+	}
+	if b, why := cl.budgetOf(credHash([]byte("sk-one-more")), []byte("sk-one-more"), flood, now); b != nil || !strings.Contains(why, "one address") {
+		t.Fatalf("past the source's bound: %v %q", b, why)
+	}
+	for _, src := range []uint64{other, 0} {
+		if b, why := cl.budgetOf(credHash([]byte(fmt.Sprint("sk-real-", src))), []byte("sk-real"), src, now); b == nil {
+			t.Fatalf("a client from source %d was refused: %s", src, why)
+		}
+	}
+	cl.budgets.Remove(credHash([]byte("sk-invented-0"))) // a place of the flood's freed
+	if b, _ := cl.budgetOf(credHash([]byte("sk-one-more")), []byte("sk-one-more"), flood, now); b == nil {
+		t.Fatal("a freed place was not counted back")
+	}
+}
+
+// TestInventedCredentialsFromOneAddressAreBounded is the bound over
+// loopback: the invented credentials of 127.0.0.2 past the bound get 429,
+// a client from 127.0.0.3 its answer.
+func TestInventedCredentialsFromOneAddressAreBounded(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, release := heldUpstream(t, &held)
+	h := startProxy(t, slow, func(o *Options) {
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 1_000_000}}}
+		o.Upstreams[0].MaxConnections = 2 * MaxBudgetsPerSource
+	})
+	flood := clientFrom("127.0.0.2")
+	flood.Transport.(*http.Transport).MaxConnsPerHost = 0
+	results := make(chan int, MaxBudgetsPerSource+1)
+	for i := range MaxBudgetsPerSource { // each held at the upstream: its budget in use
+		go func() { results <- postFrom(flood, h.url, fmt.Sprint("sk-invented-", i)) }()
+	}
+	waitFor(t, 20*time.Second, "the flood at the upstream", func() bool { return held.Load() == MaxBudgetsPerSource })
+	if s := postFrom(flood, h.url, "sk-invented-more"); s != 429 {
+		t.Fatalf("one more invented credential from the same address: %d, want 429", s)
+	}
+	realDone := make(chan int, 1)
+	go func() { realDone <- postFrom(clientFrom("127.0.0.3"), h.url, "sk-real") }()
+	waitFor(t, 5*time.Second, "the real client at the upstream", func() bool { return held.Load() == MaxBudgetsPerSource+1 })
+	close(release)
+	if s := <-realDone; s != 200 {
+		t.Fatalf("a client from another address: %d", s)
+	}
+	for range MaxBudgetsPerSource {
+		<-results
 	}
 }
