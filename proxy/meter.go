@@ -31,9 +31,13 @@ type meter struct {
 	// meterHold, dropped how much of it went.
 	over    bool
 	dropped int
-	usage   policy.Usage
-	model   string
-	chars   int
+	// long reads the usage of the event (or the body of no framing) that
+	// outgrew meterHold, from its first byte: by its place, as whole
+	// events' is read (policy.UsageReader), not from its kept end.
+	long  policy.UsageReader
+	usage policy.Usage
+	model string
+	chars int
 	// prior is the output of the attempts a continuation took over from.
 	prior int64
 }
@@ -112,6 +116,10 @@ func (m *meter) feed(b []byte) {
 	m.pending = m.pending[:copy(m.pending, m.pending[off:])]
 	if over := len(m.pending) - meterHold; over > 0 { // an event past the bound: its end is kept
 		drop := over + meterHold/2
+		if m.dropped == 0 {
+			m.long.Start(m.api)
+		}
+		m.long.Feed(m.pending[:drop])
 		m.pending = m.pending[:copy(m.pending, m.pending[drop:])]
 		m.over, m.dropped = m.kind != 0, m.dropped+drop
 	}
@@ -138,13 +146,10 @@ func overEnd(kind events.Kind, b []byte) int {
 // longEvent meters the end of an event that outgrew meterHold: the usage
 // it tells, else its bytes as characters of text (a long delta).
 func (m *meter) longEvent(tail []byte) {
-	known := m.usage.Known
-	m.usage.Known = false
-	m.read(tail)
-	if !m.usage.Known {
+	m.long.Feed(tail)
+	if !m.tell(m.long.Usage()) {
 		m.chars += m.dropped + len(tail)
 	}
-	m.usage.Known = m.usage.Known || known
 	m.over, m.dropped = false, 0
 }
 
@@ -157,8 +162,9 @@ func (m *meter) end() {
 	case m.over:
 		m.longEvent(rest)
 		return
-	case m.kind == 0 && len(rest) > 0 && rest[0] != '{': // the end of a long body: its usage, no text
-		m.read(rest)
+	case m.kind == 0 && m.dropped > 0: // the end of a long body: its usage, no text
+		m.long.Feed(rest)
+		m.tell(m.long.Usage())
 		return
 	}
 	m.event(bytes.TrimSpace(bytes.TrimPrefix(rest, []byte("data:"))))
@@ -189,13 +195,19 @@ func (m *meter) event(data []byte) {
 // read meters the usage b tells, if any, and reports whether it told one.
 func (m *meter) read(b []byte) bool {
 	if bytes.Contains(b, []byte(`"usage":`)) || m.api == policy.APIOllama && bytes.Contains(b, []byte(`eval_count"`)) {
-		if u := policy.ReadUsage(m.api, b); u.Known {
-			// Within one reply the counts only grow (Anthropic's message_delta is cumulative).
-			m.usage = policy.Usage{Input: max(m.usage.Input, u.Input), Output: max(m.usage.Output, u.Output), Known: true}
-			return true
-		}
+		return m.tell(policy.ReadUsage(m.api, b))
 	}
 	return false
+}
+
+// tell takes usage u, when it was told, and reports whether it was.
+// Within one reply the counts only grow (Anthropic's message_delta is
+// cumulative).
+func (m *meter) tell(u policy.Usage) bool {
+	if u.Known {
+		m.usage = policy.Usage{Input: max(m.usage.Input, u.Input), Output: max(m.usage.Output, u.Output), Known: true}
+	}
+	return u.Known
 }
 
 // replyText is where each API's reply carries its text: a stream's

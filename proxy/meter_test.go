@@ -3,8 +3,10 @@ package proxy
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"sturdy/events"
+	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
 )
 
@@ -81,5 +83,44 @@ func TestAContinuationIsMeteredApart(t *testing.T) {
 	m.event([]byte(`{"choices":[],"usage":{"prompt_tokens":30,"completion_tokens":5}}`))
 	if got, want := m.result(), (usage{"", policy.Usage{Input: 30, Output: 7, Known: true}, 3}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+// TestAClientsEchoedUsageIsNotTheUsage: a Responses reply whose
+// metadata (the client's own, echoed back after usage) holds a "usage"
+// is charged its real usage — whole, and as a stream whose
+// response.completed outgrew what a meter keeps of an event. Before, the
+// last "usage" key was taken: 50,000 tokens were charged as 145.
+func TestAClientsEchoedUsageIsNotTheUsage(t *testing.T) {
+	t.Parallel()
+	text := strings.Repeat("word ", 4*meterHold/5) // the completed event is longer than meterHold
+	response := `{"id":"r","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"` + text + `"}]}],` +
+		`"usage":{"input_tokens":40000,"output_tokens":10000,"total_tokens":50000},"metadata":{"usage":"x"}}`
+	stream := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\"}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"word \"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":" + response + "}\n\n"
+	for _, tt := range []struct {
+		name string
+		step upstreamtest.Step
+		body string
+	}{
+		{"whole", upstreamtest.Step{Header: [][2]string{{"Content-Type", "application/json"}}, Body: response},
+			`{"model":"m","input":"hi","metadata":{"usage":"x"}}`},
+		{"streamed", upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: []string{stream[:len(stream)/2], stream[len(stream)/2:]}},
+			`{"model":"m","input":"hi","stream":true,"metadata":{"usage":"x"}}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			up := upstreamtest.Start(t, tt.step)
+			h := budgeted(t, up.URL, TokenLimits{TokensPerMinute: 1_000_000})
+			resp, b := h.do("POST", "/v1/responses", tt.body, "Content-Type", "application/json", "Authorization", "Bearer k")
+			if resp.StatusCode != 200 || !strings.Contains(string(b), "10000") {
+				t.Fatalf("%d %.200s", resp.StatusCode, b)
+			}
+			waitFor(t, 2*time.Second, "the usage settled", func() bool { return remaining(t, h, 1_000_000, "k") != 1_000_000-2 })
+			if got := remaining(t, h, 1_000_000, "k"); got != 1_000_000-50_000 {
+				t.Fatalf("remaining %d, want %d: charged %d", got, 1_000_000-50_000, 1_000_000-got)
+			}
+		})
 	}
 }
