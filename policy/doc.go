@@ -22,9 +22,9 @@
 //	               APIOf, Replayable: which requests may be sent twice
 //	budget.go      Budget: the retry budget per upstream
 //	tokens.go      TokenWindow: a token budget a minute (reserve, settle, refund; debt, never forgiven);
-//	               what a request reserves: RequestTokens (its text and max output, per API), EstimateTokens
+//	               what a request reserves: RequestTokens (its text, tools and max output, per API), EstimateTokens
 //	origin.go      LocalHost, LocalOrigin: what may reach a loopback address; CORSAllowed
-//	text.go        TextChars: the characters of a request's text, in one pass (MaxTextDepth bounds how deep)
+//	text.go        TextBytes: the bytes of a request's text, in one pass (MaxTextDepth bounds how deep); Fields
 //	usage.go       ReadUsage: the tokens a reply says it used, by its API's rules (Anthropic's cached input counted)
 //	commit.go      Judge: a stream event before the commit point; EventFailure
 //	rescue.go      Continuable, FollowChunk (chat), ContinuableMessages, FollowMessage (the Messages

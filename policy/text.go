@@ -1,31 +1,30 @@
 package policy
 
 import (
-	"math/bits"
 	"strings"
 
 	"github.com/tidwall/gjson"
 )
 
-// MaxTextDepth bounds how deep TextChars follows nested arrays and
-// objects. A value nested deeper counts all its bytes as characters: the
+// MaxTextDepth bounds how deep TextBytes follows nested arrays and
+// objects. A value nested deeper counts all its bytes as text: the
 // estimate stays an upper bound and the walk linear, with a fixed stack.
 const MaxTextDepth = 64
 
-// TextChars counts the characters of the text in raw, one JSON value: a
-// string's, an array's elements', an object's "text" and "content"
-// values', at any depth up to MaxTextDepth.
+// TextBytes counts the bytes, in UTF-8, of the text in raw, one JSON
+// value: a string's, an array's elements', an object's "text" and
+// "content" values', at any depth up to MaxTextDepth. Bytes, not
+// characters, because a token is about four bytes of any script: an
+// English word's letters, a CJK character's three bytes.
 //
 // It reads raw once, left to right, in time linear in its length and
 // without recursion; malformed JSON counts what it can and never fails.
-// An escape sequence counts as one character, as its text does; so does
-// a UTF-8 sequence (runes).
-func TextChars(raw string) int {
+func TextBytes(raw string) int {
 	n, _ := textValue(raw, 0)
 	return n
 }
 
-// textValue is TextChars of the value that starts at raw[i] (or after
+// textValue is TextBytes of the value that starts at raw[i] (or after
 // the spaces there), and the index just past it.
 func textValue(raw string, i int) (n, end int) {
 	// frame is one open array or object: whether its values count, and
@@ -45,12 +44,12 @@ func textValue(raw string, i int) (n, end int) {
 	for i < len(raw) {
 		switch c := raw[i]; c {
 		case '"':
-			end, chars := stringEnd(raw, i)
+			end, size := stringEnd(raw, i)
 			if depth > 0 && stack[depth-1].obj && stack[depth-1].key {
 				f := &stack[depth-1]
 				f.key, f.val = false, isTextKey(raw, i, end)
 			} else if counting() {
-				n += chars
+				n += size
 			}
 			if i = end; depth == 0 {
 				return n, i
@@ -141,10 +140,10 @@ func skipSpace(raw string, i int) int {
 }
 
 // stringEnd returns the index just past the JSON string that starts at
-// raw[i] (a '"'), or len(raw) when it does not end, and its characters:
-// a UTF-8 sequence and an escape sequence count one each (runes). It
+// raw[i] (a '"'), or len(raw) when it does not end, and its text's bytes
+// in UTF-8: an escape counts what it stands for at most (\u, three). It
 // finds quotes and backslashes with vectorized searches.
-func stringEnd(raw string, i int) (end, chars int) {
+func stringEnd(raw string, i int) (end, size int) {
 	for j := i + 1; j < len(raw); {
 		rest := raw[j:]
 		q := strings.IndexByte(rest, '"')
@@ -153,37 +152,16 @@ func stringEnd(raw string, i int) (end, chars int) {
 		}
 		bs := strings.IndexByte(rest[:q], '\\')
 		if bs < 0 {
-			chars += runes(rest[:q])
-			return min(j+q+1, len(raw)), chars
+			return min(j+q+1, len(raw)), size + q
 		}
-		chars += runes(rest[:bs]) + 1 // the text before it, and the escape
+		size += bs // the text before it
 		if bs+1 < len(rest) && rest[bs+1] == 'u' {
-			j += bs + 6
+			j, size = j+bs+6, size+3
 		} else {
-			j += bs + 2
+			j, size = j+bs+2, size+1
 		}
 	}
-	return len(raw), chars
-}
-
-// runes counts the characters of s: its bytes but UTF-8 continuation
-// bytes (10xxxxxx), eight at a time. For valid UTF-8 it is
-// utf8.RuneCountInString, three times as fast; a stray continuation byte
-// counts nothing.
-func runes(s string) int {
-	const hi, lo = 0x8080808080808080, 0x4040404040404040
-	n, cont := len(s), 0
-	for ; len(s) >= 8; s = s[8:] {
-		w := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-		cont += bits.OnesCount64(w & hi &^ ((w & lo) << 1))
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i]&0xC0 == 0x80 {
-			cont++
-		}
-	}
-	return n - cont
+	return len(raw), size
 }
 
 // valueEnd returns the index just past the JSON value that starts at

@@ -3,12 +3,11 @@ package policy
 import (
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
 
-func TestTextChars(t *testing.T) {
+func TestTextBytes(t *testing.T) {
 	t.Parallel()
 	deep := strings.Repeat("[", 100_000) + `"abc"` + strings.Repeat("]", 100_000)
 	deepObj := strings.Repeat(`{"content":`, 50_000) + `"abc"` + strings.Repeat("}", 50_000)
@@ -19,9 +18,9 @@ func TestTextChars(t *testing.T) {
 		raw  string
 		want int
 	}{
-		{"a string", `"héllo"`, 5},
-		{"escapes count one each", `"a\nb\u00e9\"c"`, 6},
-		{"a UTF-8 sequence counts one", `"héllo 日本"`, 8},
+		{"a string: its bytes", `"héllo"`, 6},
+		{"escapes: what they stand for, \\u three", `"a\nb\u00e9\"c"`, 8},
+		{"a CJK character: three bytes", `"héllo 日本"`, 13},
 		{"a value ends the walk", `"ab" "cd"`, 2},
 		{"strings of an array", `["ab","cd"]`, 4},
 		{"an object's text and content only", `{"role":"user","content":"hi","name":"xyz","text":"abc"}`, 5},
@@ -37,18 +36,18 @@ func TestTextChars(t *testing.T) {
 		{"100,000 nested arrays: linear, its bytes", deep, len(deep) - 2*MaxTextDepth},
 		{"50,000 nested objects: linear, its bytes", deepObj, len(deepObj) - (len(`{"content":`)+1)*MaxTextDepth},
 	} {
-		if got := TextChars(tt.raw); got != tt.want {
-			t.Errorf("%s: %d characters, want %d", tt.name, got, tt.want)
+		if got := TextBytes(tt.raw); got != tt.want {
+			t.Errorf("%s: %d bytes, want %d", tt.name, got, tt.want)
 		}
 	}
 }
 
-// textOfByGjson is the recursive count TextChars replaced, kept as the
+// textOfByGjson is the recursive count TextBytes replaced, kept as the
 // reference its fuzz test compares against: right, but O(depth²).
 func textOfByGjson(v gjson.Result) int {
 	switch {
 	case v.Type == gjson.String:
-		return runes(v.Str)
+		return len(v.Str)
 	case v.IsArray():
 		n := 0
 		v.ForEach(func(_, e gjson.Result) bool { n += textOfByGjson(e); return true })
@@ -59,21 +58,21 @@ func textOfByGjson(v gjson.Result) int {
 	return 0
 }
 
-// FuzzTextChars: on valid JSON within the depth limit TextChars counts at
+// FuzzTextBytes: on valid JSON within the depth limit TextBytes counts at
 // least what the recursive walk counts (more only for duplicate keys and
 // surrogate pairs, whose escapes it counts one each), and it never panics.
-// Both count characters as runes does.
-func FuzzTextChars(f *testing.F) {
+// Both count a string's text in UTF-8 bytes.
+func FuzzTextBytes(f *testing.F) {
 	for _, s := range []string{`"héllo"`, `["ab",{"text":"cd","content":[{"text":"e"}]}]`, `{"te\u0078t":"abc"}`, `[[["a"]]]`, `{"a":1}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
-		got := TextChars(raw)
+		got := TextBytes(raw)
 		if !gjson.Valid(raw) || strings.Count(raw, "[")+strings.Count(raw, "{") > MaxTextDepth {
 			return
 		}
 		if ref := textOfByGjson(gjson.Parse(raw)); got < ref {
-			t.Fatalf("TextChars(%q) = %d, the recursive walk counts %d", raw, got, ref)
+			t.Fatalf("TextBytes(%q) = %d, the recursive walk counts %d", raw, got, ref)
 		}
 	})
 }
@@ -93,15 +92,6 @@ func BenchmarkRequestTokens(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		RequestTokens(APIChat, body)
-	}
-}
-
-func TestRunesIsRuneCountOnValidUTF8(t *testing.T) {
-	t.Parallel()
-	for _, s := range []string{"", "a", "héllo", "日本語のテキスト", strings.Repeat("añ日😀", 37), "abcdefgh", "abcdefghé"} {
-		if got, want := runes(s), utf8.RuneCountInString(s); got != want {
-			t.Errorf("runes(%q) = %d, want %d", s, got, want)
-		}
 	}
 }
 

@@ -29,10 +29,12 @@ const (
 // #18730).
 //
 // The balance — the limit less what the window holds and what is
-// reserved — may go negative when a reply used more than its estimate:
-// the debt is paid back (it ages out of the window) before the next
-// admission; nothing is forgiven. A reservation larger than the whole
-// limit is admitted when the balance is full (a small budget stays
+// reserved — may go negative when replies used more than their
+// estimates: a debt. It is carried until paid, a limit a minute: as
+// spend leaves the window, what the window held past the limit stays in
+// it (advance), so what a minute overspent blocks the minutes after it,
+// not only its own. Nothing is forgiven. A reservation larger than the
+// whole limit is admitted when the balance is full (a small budget stays
 // usable), and then is a debt like any other.
 //
 // TokenWindow keeps state but does no I/O and reads no clock: callers
@@ -43,6 +45,40 @@ type TokenWindow struct {
 	limit    int64
 	reserved int64
 	slots    [tokenSlots]tokenSpend
+	// seen is the last slot advance brought the window to.
+	seen int64
+}
+
+// advance brings the window to slot now: each slot that left the window
+// since seen leaves only what the window then held within the limit; the
+// rest, a debt, is carried into the slot that takes its place in the
+// ring, as if spent then. A long quiet pays a limit a window at once.
+// Under mu.
+func (w *TokenWindow) advance(now int64) {
+	switch {
+	case now <= w.seen:
+		return // the same slot, or a clock stepped back
+	case w.seen == 0 || w.limit <= 0:
+		w.seen = now
+		return
+	case now-w.seen > 2*tokenSlots:
+		owed := w.spentAt(w.seen) - w.limit
+		owed -= (now-w.seen)/tokenSlots*w.limit - w.limit // the first window frees the limit's worth as ever
+		w.slots, w.seen = [tokenSlots]tokenSpend{}, now
+		if owed > 0 {
+			w.slots[at(now)] = tokenSpend{slot: now, spent: owed}
+		}
+		return
+	}
+	for s := w.seen + 1; s <= now; s++ {
+		e := &w.slots[at(s)] // the slot leaving the window at s, whose place s takes
+		if e.slot != s-tokenSlots || e.spent == 0 {
+			continue
+		}
+		carry := min(e.spent, w.spentAt(s-1)-w.limit)
+		*e = tokenSpend{slot: s, spent: max(carry, 0)}
+	}
+	w.seen = now
 }
 
 // slotOf is the slot now falls in, and at is where slot s is kept in the
@@ -98,6 +134,7 @@ func (w *TokenWindow) Reserve(n int64, now time.Time) (ok bool, wait time.Durati
 		return true, 0
 	}
 	slot := slotOf(now)
+	w.advance(slot)
 	spent := w.spentAt(slot)
 	// held is what must leave the window before n fits: for a reservation
 	// larger than the limit, everything.
@@ -137,6 +174,7 @@ func (w *TokenWindow) Settle(reserved, used int64, now time.Time) {
 	slot := slotOf(now)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.advance(slot)
 	w.reserved = max(w.reserved-max(reserved, 0), 0)
 	s := &w.slots[at(slot)]
 	if s.slot < slot {
@@ -166,6 +204,7 @@ func (w *TokenWindow) State(now time.Time) TokenState {
 	slot := slotOf(now)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.advance(slot)
 	spent := w.spentAt(slot)
 	st := TokenState{Limit: w.limit, Remaining: w.limit - spent - w.reserved, Reserved: w.reserved}
 	if spent > 0 {
@@ -180,6 +219,7 @@ func (w *TokenWindow) State(now time.Time) TokenState {
 func (w *TokenWindow) Idle(now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.advance(slotOf(now))
 	return w.reserved == 0 && w.spentAt(slotOf(now)) == 0
 }
 
@@ -189,13 +229,13 @@ func (w *TokenWindow) Idle(now time.Time) bool {
 const DefaultOutputEstimate = 1024
 
 // EstimateTokens is what a request reserves of a budget of limit tokens
-// a minute (0: no limit). Its input is its text characters ÷ 4, rounded
-// up. Its output is maxOutput when set (> 0), else DefaultOutputEstimate;
+// a minute (0: no limit). Its input is its text's bytes ÷ 4, rounded up
+// (TextBytes). Its output is maxOutput when set (> 0), else DefaultOutputEstimate;
 // under a limit, at most a quarter of it.
 // A reply that uses more is charged in full when it settles: a client's
 // max_tokens cannot make one request hold a window others need.
-func EstimateTokens(textChars int, maxOutput, limit int64) int64 {
-	in := (int64(max(textChars, 0)) + 3) / 4
+func EstimateTokens(textBytes int, maxOutput, limit int64) int64 {
+	in := (int64(max(textBytes, 0)) + 3) / 4
 	out := min(maxOutput, maxTokens)
 	if maxOutput <= 0 {
 		out = DefaultOutputEstimate
@@ -235,13 +275,17 @@ var requestText = map[API][]string{
 	APIOther:       {"input"}, // embeddings
 }
 
+// requestTools are the keys whose whole value a model reads as prompt:
+// tool and function definitions, counted by their JSON's bytes.
+var requestTools = []string{"tools", "functions"}
+
 // RequestTokens reads what a request body reserves by (EstimateTokens):
-// its text's characters — the messages' contents (strings, or the text of
+// its text's bytes — the messages' contents (strings, or the text of
 // their parts), a prompt, an input, a system prompt, as the API (api)
-// carries them — and the output tokens it asks at most (max_tokens,
-// max_completion_tokens, max_output_tokens, Ollama's options.num_predict;
-// 0: none given).
-func RequestTokens(api API, body []byte) (textChars int, maxTokens int64) {
+// carries them, and its tool definitions whole — and the output tokens it
+// asks at most (max_tokens, max_completion_tokens, max_output_tokens,
+// Ollama's options.num_predict; 0: none given).
+func RequestTokens(api API, body []byte) (textBytes int, maxTokens int64) {
 	// One pass over the top-level keys, the text read as it is skipped:
 	// a gjson Get (or ForEach) would skip it byte by byte for each key.
 	texts := requestText[api]
@@ -250,10 +294,14 @@ func RequestTokens(api API, body []byte) (textChars int, maxTokens int64) {
 	Fields(raw, func(key string, i int) int {
 		if slices.Contains(texts, key) {
 			n, end := textValue(raw, i)
-			textChars += n
+			textBytes += n
 			return end
 		}
 		end := valueEnd(raw, i)
+		if slices.Contains(requestTools, key) {
+			textBytes += end - i
+			return end
+		}
 		for k, name := range maxOutputKeys {
 			if key != name {
 				continue
@@ -270,10 +318,10 @@ func RequestTokens(api API, body []byte) (textChars int, maxTokens int64) {
 	})
 	for _, n := range outs { // the first key listed that is set wins
 		if n > 0 {
-			return textChars, n
+			return textBytes, n
 		}
 	}
-	return textChars, 0
+	return textBytes, 0
 }
 
 // maxOutputKeys are where a request says the output tokens it asks at most,

@@ -44,13 +44,21 @@ func TestTheTokenWindowsArithmetic(t *testing.T) {
 			{op: "refund", n: 100, remains: 100, hasState: true},
 			{op: "reserve", n: 100, ok: true},
 		}},
-		{"a debt is paid before the next admission, not forgiven", 100, []tokenStep{
+		{"a debt is carried until paid, a limit a minute: nothing is forgiven", 100, []tokenStep{
 			{op: "reserve", n: 50, ok: true},
 			{at: s, op: "settle", n: 50, used: 250, remains: -150, hasState: true},
-			// Spent in the slot from 0 s: it leaves the window at 65 s.
+			// Spent in the slot from 0 s: it leaves the window at 65 s, but
+			// for the 150 past the limit, which stay another window.
 			{at: 30 * s, op: "reserve", n: 1, ok: false, wait: 35 * s},
 			{at: 64 * s, op: "reserve", n: 1, ok: false, wait: s},
-			{at: 65 * s, op: "reserve", n: 1, ok: true, remains: 99, hasState: true},
+			{at: 65 * s, op: "reserve", n: 1, ok: false, wait: 65 * s, remains: -50, hasState: true},
+			{at: 130 * s, op: "reserve", n: 1, ok: true, remains: 49, hasState: true},
+		}},
+		{"a long quiet pays a limit a window", 100, []tokenStep{
+			{op: "settle", used: 1000},
+			// Four windows on: 900 past the limit, less three limits paid.
+			{at: 300 * s, op: "reserve", n: 1, ok: false, wait: 65 * s, remains: -500, hasState: true},
+			{at: 1000 * s, op: "reserve", n: 1, ok: true},
 		}},
 		{"spend leaves the window no sooner than 60 s after it", 100, []tokenStep{
 			{at: 4 * s, op: "reserve", n: 100, ok: true},
@@ -68,7 +76,9 @@ func TestTheTokenWindowsArithmetic(t *testing.T) {
 			{op: "reserve", n: 500, ok: true, remains: -400, hasState: true},
 			{at: s, op: "settle", n: 500, used: 450},
 			{at: 10 * s, op: "reserve", n: 500, ok: false, wait: 55 * s},
-			{at: 65 * s, op: "reserve", n: 500, ok: true},
+			{at: 65 * s, op: "reserve", n: 500, ok: false, wait: 65 * s}, // 350 past the limit carried
+			{at: 260 * s, op: "reserve", n: 500, ok: false, wait: 65 * s},
+			{at: 325 * s, op: "reserve", n: 500, ok: true}, // 450 paid at 100 a minute
 		}},
 		{"more than the whole budget: not while anything is held", 100, []tokenStep{
 			{op: "reserve", n: 10, ok: true},
@@ -116,14 +126,18 @@ func TestATokenBudgetInDebtIsNeverIdle(t *testing.T) {
 		t.Fatal("idle with a reservation in flight")
 	}
 	w.Settle(10, 300, t0)
-	if w.Idle(t0.Add(30*time.Second)) || !w.Idle(t0.Add(65*time.Second)) {
-		t.Fatal("idle in debt, or not once its spend left the window")
-	}
 	if st := w.State(t0.Add(time.Second)); st.Reset != 64*time.Second || st.Remaining != -200 {
 		t.Fatalf("state %+v: want a reset in 64 s and 200 in debt", st)
 	}
-	w.SetLimit(1000) // a reload keeps the spend
-	if st := w.State(t0.Add(time.Second)); st.Remaining != 700 {
+	// 200 past the limit are carried: paid at 100 a window, by 195 s.
+	if w.Idle(t0.Add(30*time.Second)) || w.Idle(t0.Add(65*time.Second)) || w.Idle(t0.Add(130*time.Second)) || !w.Idle(t0.Add(195*time.Second)) {
+		t.Fatal("idle in debt, or not once the debt was paid")
+	}
+	var v TokenWindow
+	v.SetLimit(100)
+	v.Settle(0, 300, t0)
+	v.SetLimit(1000) // a reload keeps the spend
+	if st := v.State(t0.Add(time.Second)); st.Remaining != 700 {
 		t.Fatalf("after a new limit %d remaining, want 700", st.Remaining)
 	}
 }
@@ -238,7 +252,10 @@ func TestRequestTokens(t *testing.T) {
 		chars int
 		max   int64
 	}{
-		{"chat, string contents", APIChat, `{"model":"m","messages":[{"role":"system","content":"abcd"},{"role":"user","content":"héllo"}],"max_tokens":50}`, 9, 50},
+		{"chat, string contents: their bytes", APIChat, `{"model":"m","messages":[{"role":"system","content":"abcd"},{"role":"user","content":"héllo"}],"max_tokens":50}`, 10, 50},
+		{"chat, tools: their JSON's bytes", APIChat, `{"messages":[{"role":"user","content":"ab"}],"tools":[{"type":"function"}]}`, 2 + len(`[{"type":"function"}]`), 0},
+		{"anthropic, tools", APIAnthropic, `{"tools":[{"name":"x"}],"messages":[]}`, len(`[{"name":"x"}]`), 0},
+		{"a CJK prompt: three bytes a character", APICompletions, `{"prompt":"日本語"}`, 9, 0},
 		{"chat, parts; max_completion_tokens first", APIChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"x"}}]}],"max_tokens":9,"max_completion_tokens":70}`, 3, 70},
 		{"completions, a prompt list", APICompletions, `{"prompt":["ab","cd"]}`, 4, 0},
 		{"responses, instructions and input items", APIResponses, `{"instructions":"be","input":[{"role":"user","content":[{"type":"input_text","text":"abc"}]}],"max_output_tokens":30}`, 5, 30},
@@ -250,7 +267,7 @@ func TestRequestTokens(t *testing.T) {
 		{"a negative max_tokens is none", APIChat, `{"messages":[],"max_tokens":-5}`, 0, 0},
 	} {
 		if chars, max := RequestTokens(tt.api, []byte(tt.body)); chars != tt.chars || max != tt.max {
-			t.Errorf("%s: %d characters, max %d; want %d, %d", tt.name, chars, max, tt.chars, tt.max)
+			t.Errorf("%s: %d bytes, max %d; want %d, %d", tt.name, chars, max, tt.chars, tt.max)
 		}
 	}
 }
@@ -282,5 +299,44 @@ func TestATokenWindowTakesAnyTime(t *testing.T) {
 	}
 	if st := v.State(t0.Add(200 * time.Second)); st.Remaining >= 0 {
 		t.Fatalf("%d remaining after a huge reservation, want a debt (it must not wrap)", st.Remaining)
+	}
+}
+
+// TestOverspendIsPaidBack: clients that reserve 1,024 tokens (no
+// max_tokens) and use 4,000, as many at once as a 10,000-token budget
+// admits, spend over ten minutes about what ten minutes allow: the debt
+// a burst leaves blocks the minutes after it. Before, it aged out with
+// its own window: 36,900 settled in one minute (3.7×), 2.0× sustained.
+func TestOverspendIsPaidBack(t *testing.T) {
+	t.Parallel()
+	const limit, reserve, used = 10_000, 1_024, 4_000
+	var w TokenWindow
+	w.SetLimit(limit)
+	t0 := time.Unix(1_800_000_000, 0)
+	type hold struct{ end time.Time }
+	var inFlight []hold
+	settled := int64(0)
+	for now := t0; now.Before(t0.Add(10 * time.Minute)); now = now.Add(100 * time.Millisecond) {
+		kept := inFlight[:0]
+		for _, h := range inFlight {
+			if now.Before(h.end) {
+				kept = append(kept, h)
+				continue
+			}
+			w.Settle(reserve, used, now)
+			settled += used
+		}
+		inFlight = kept
+		for len(inFlight) < 16 { // agents sending as fast as they are admitted
+			if ok, _ := w.Reserve(reserve, now); !ok {
+				break
+			}
+			inFlight = append(inFlight, hold{end: now.Add(10 * time.Second)})
+		}
+	}
+	if ratio := float64(settled) / (10 * limit); ratio > 1.1 {
+		t.Fatalf("settled %d in 10 minutes against %d a minute: %.2f× the budget", settled, limit, ratio)
+	} else {
+		t.Logf("settled %.2f× the budget over 10 minutes", ratio)
 	}
 }

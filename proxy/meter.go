@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -12,8 +11,9 @@ import (
 
 // meter reads what a reply used as it goes to the client: the usage its
 // events tell (policy.ReadUsage of each event that tells one), the model
-// it names (first, and as its usage is told), and the characters of text it carried — what a stream cut
-// before its usage is settled by (÷ 4). It runs only for a request whose
+// it names (first, and as its usage is told), and the bytes of text it
+// carried — what a stream cut before its usage is settled by (÷ 4, as a
+// request's text is estimated: policy.EstimateTokens). It runs only for a request whose
 // usage something needs (outbound.metered: a budget, a tokens_per_minute,
 // a trace).
 //
@@ -37,7 +37,7 @@ type meter struct {
 	long  policy.UsageReader
 	usage policy.Usage
 	model string
-	chars int
+	text  int // bytes of text carried
 	// prior is the output of the attempts a continuation took over from.
 	prior int64
 }
@@ -148,7 +148,7 @@ func overEnd(kind events.Kind, b []byte) int {
 func (m *meter) longEvent(tail []byte) {
 	m.long.Feed(tail)
 	if !m.tell(m.long.Usage()) {
-		m.chars += m.dropped + len(tail)
+		m.text += m.dropped + len(tail)
 	}
 	m.over, m.dropped = false, 0
 }
@@ -178,7 +178,7 @@ func (m *meter) event(data []byte) {
 	told := m.read(data)
 	for _, path := range replyText[m.api] {
 		if v := gjson.GetBytes(data, path); v.Type == gjson.String {
-			m.chars += utf8.RuneCountInString(v.Str)
+			m.text += len(v.Str)
 			break // an event carries one kind of text
 		}
 	}
@@ -225,12 +225,12 @@ var replyText = [...][]string{
 // cutOver: a continuation takes over from the attempt metered so far,
 // whose output is what it told, or what it streamed ÷ 4.
 func (m *meter) cutOver() {
-	m.prior += max(m.usage.Output, charTokens(m.chars))
-	m.usage, m.chars, m.pending, m.over, m.dropped = policy.Usage{}, 0, m.pending[:0], false, 0
+	m.prior += max(m.usage.Output, textTokens(m.text))
+	m.usage, m.text, m.pending, m.over, m.dropped = policy.Usage{}, 0, m.pending[:0], false, 0
 }
 
-// charTokens is a count of characters as tokens: ÷ 4, rounded up.
-func charTokens(chars int) int64 { return (int64(chars) + 3) / 4 }
+// textTokens is a count of characters as tokens: ÷ 4, rounded up.
+func textTokens(size int) int64 { return (int64(size) + 3) / 4 }
 
 // result is the reply's usage as metered: what the last attempt told,
 // with the output of those it took over from; streamed is the output
@@ -239,6 +239,6 @@ func (m *meter) result() (u usage) {
 	u.model = m.model
 	u.Usage = m.usage
 	u.Output += m.prior
-	u.streamed = m.prior + charTokens(m.chars)
+	u.streamed = m.prior + textTokens(m.text)
 	return u
 }

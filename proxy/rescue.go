@@ -535,17 +535,17 @@ type messageSeam struct {
 	// at the seam: what the prefill's end stripped (prefillMessages).
 	ws int
 	// prior is the output tokens of the attempts cut before the relayed
-	// one; tokens what the relayed one last reported, chars the bytes of
-	// text it streamed (an estimate, ÷ 4, where it reported less).
+	// one; tokens what the relayed one last reported, streamed the bytes
+	// of text it streamed (an estimate, ÷ 4, where it reported less).
 	prior, tokens int64
-	chars         int
+	streamed      int
 }
 
 // cutOver prepares the seam for a continuation taking over: the cut
 // attempt's output counted, ws the whitespace its prefill stripped.
 func (m *messageSeam) cutOver(ws int) {
-	m.prior += max(m.tokens, int64(m.chars+3)/4)
-	m.tokens, m.chars, m.mapped, m.shift, m.ws = 0, 0, false, 0, ws
+	m.prior += max(m.tokens, textTokens(m.streamed))
+	m.tokens, m.streamed, m.mapped, m.shift, m.ws = 0, 0, false, 0, ws
 }
 
 // relay appends to dst what the client gets of one event (raw, read as
@@ -558,7 +558,7 @@ func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte
 	}
 	if !cont {
 		m.track(ev, ev.Index)
-		m.chars += utf8.RuneCountInString(ev.Text)
+		m.streamed += len(ev.Text)
 		return append(dst, raw...), ev.Text
 	}
 	idx := ev.Index + m.shift
@@ -606,7 +606,7 @@ func (m *messageSeam) relay(dst []byte, ev policy.MessageEvent, raw, data []byte
 // with no text is dropped.
 func (m *messageSeam) edit(dst []byte, ev policy.MessageEvent, raw, data []byte, idx int64, path string) ([]byte, string) {
 	text := m.trimmed(ev.Text)
-	m.chars += utf8.RuneCountInString(text)
+	m.streamed += len(text)
 	switch {
 	case text == "" && ev.Text != "" && ev.Type == "content_block_delta":
 		return dst, ""
@@ -624,7 +624,7 @@ func (m *messageSeam) edit(dst []byte, ev policy.MessageEvent, raw, data []byte,
 // client's block, less the seam's whitespace (nothing when none is left).
 func (m *messageSeam) joined(dst []byte, text string) ([]byte, string) {
 	text = m.trimmed(text)
-	m.chars += utf8.RuneCountInString(text)
+	m.streamed += len(text)
 	if text == "" {
 		return dst, ""
 	}

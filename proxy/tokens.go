@@ -177,7 +177,7 @@ func (q *outbound) reserveBudget(link *atomic.Pointer[shared], f *shared, name s
 // tokenEstimate is what a request reserves: its input, and its output
 // (maxOutput: what it asks at most, 0: unsaid).
 type tokenEstimate struct {
-	chars     int
+	textBytes int
 	maxOutput int64
 }
 
@@ -187,11 +187,11 @@ func (e tokenEstimate) of(k tokenKind, limit int64) int64 {
 	var n int64
 	switch k {
 	case tokensInput:
-		n = policy.EstimateTokens(e.chars, 0, 0)
+		n = policy.EstimateTokens(e.textBytes, 0, 0)
 	case tokensOutput:
 		n = policy.EstimateTokens(0, e.maxOutput, limit)
 	default:
-		n = policy.EstimateTokens(e.chars, e.maxOutput, limit)
+		n = policy.EstimateTokens(e.textBytes, e.maxOutput, limit)
 	}
 	return policy.Reservation(n, limit)
 }
@@ -332,7 +332,7 @@ func (q *outbound) refundUpstream() {
 // asks at most, read from its body once.
 func (q *outbound) estimate(body []byte) tokenEstimate {
 	if !q.estimated {
-		q.est.chars, q.est.maxOutput = policy.RequestTokens(q.call.API, body)
+		q.est.textBytes, q.est.maxOutput = policy.RequestTokens(q.call.API, body)
 		q.estimated = true
 	}
 	return q.est

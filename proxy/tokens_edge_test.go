@@ -100,7 +100,7 @@ func TestTheMeterEndsALongEventOfCRLFLines(t *testing.T) {
 		b = b[n:]
 	}
 	m.end()
-	want := charTokens(len(long) + 200)
+	want := textTokens(len(long) + 200)
 	if got := m.result().streamed; got > want+50 {
 		t.Errorf("streamed %d tokens, want about %d", got, want)
 	}
