@@ -114,6 +114,8 @@ func (l *clientLimiter) budgetOf(h uint64, id []byte, src uint64, now time.Time)
 // local window (w), or of the fleet's budget (fleet, fh) when
 // shared_state is set.
 type tokenHold struct {
+	// w is the local window: the hold's, or for a fleet's hold the one
+	// that keeps this replica's spend for when Redis is down.
 	w        *policy.TokenWindow
 	fleet    *atomic.Pointer[shared]
 	fh       fleet.TokenHold
@@ -132,6 +134,9 @@ func (th tokenHold) settle(used int64, now time.Time) {
 	case th.fleet != nil:
 		if f := th.fleet.Load(); f != nil {
 			f.st.SettleTokens(th.fh, used)
+		}
+		if th.w != nil && !now.IsZero() { // this replica's spend, the last known window when Redis goes
+			th.w.Settle(0, used, now)
 		}
 	case now.IsZero():
 		th.w.Refund(th.reserved)
@@ -159,7 +164,7 @@ func (q *outbound) reserveBudget(link *atomic.Pointer[shared], f *shared, name s
 		case r.refused:
 			return false, 0, st, r.why
 		case !r.local && r.taken:
-			q.holds = append(q.holds, tokenHold{fleet: link, fh: r.hold, kind: k, reserved: n, upstream: upstream})
+			q.holds = append(q.holds, tokenHold{w: w, fleet: link, fh: r.hold, kind: k, reserved: n, upstream: upstream})
 			return true, 0, st, ""
 		case !r.local:
 			return false, r.wait, policy.TokenState{Limit: limit, Remaining: r.remaining, Reserved: r.reserved, Reset: r.wait}, ""

@@ -219,3 +219,24 @@ func TestTwoReplicasHoldOneSpendBudget(t *testing.T) {
 		t.Fatalf("the other replica: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestARedisOutageKeepsTheSpendItSaw: a replica keeps its own spend of
+// a fleet's budget in its local window, so when Redis goes (on_failure
+// local) the minute goes on from what was spent, not from zero. Before,
+// each budget restarted empty: 1.9× the budget in the outage's minute.
+func TestARedisOutageKeepsTheSpendItSaw(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	up := upstreamtest.Start(t, chatUsage(10, 80))
+	hs := fleetOf(t, 1, up.URL, r.URL, func(o *Options) {
+		o.Clients = []ClientLimit{{TokenLimits: TokenLimits{TokensPerMinute: 100}}}
+	})
+	if resp, body := hs[0].chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 200 { // 90 spent
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	spentInRedis(t, r.URL, 90)
+	r.Kill()
+	if resp, _ := hs[0].chat(asking(20, false), "Authorization", "Bearer k"); resp.StatusCode != 429 { // 21 on 90 of 100 spent: refused
+		t.Fatalf("with Redis down the next request got %d: its budget started from zero", resp.StatusCode)
+	}
+}
