@@ -276,6 +276,18 @@ func (g *gradient) backoff() {
 	g.limit = math.Max(float64(g.o.Min), g.limit*0.8)
 }
 
+// probe raises a limit that back-offs took below the initial one by a
+// step a round (1/limit a reply), when a reply that is no stream — which
+// gives no sample — ended well with the limit full (inFlight at it):
+// without it, an endpoint serving only whole replies stayed at the floor
+// its 503s left it, however idle its server. Streams move the limit by
+// their samples instead.
+func (g *gradient) probe(inFlight int) {
+	if initial := float64(g.o.Initial); g.limit < initial && float64(inFlight) >= math.Floor(g.limit) {
+		g.limit = math.Min(initial, g.limit+1/g.limit)
+	}
+}
+
 // concurrency is one endpoint's limit and the queue in front of it.
 type concurrency struct {
 	opts Concurrency
@@ -565,9 +577,13 @@ func (c *concurrency) release(pr Priority, s Sample, taken, now time.Time) {
 		}
 	}
 	c.lastFree = now
-	if c.opts.Mode == ConcurrencyAdaptive && s.Overload && taken.After(c.backedOff) {
+	switch {
+	case c.opts.Mode != ConcurrencyAdaptive:
+	case s.Overload && taken.After(c.backedOff):
 		c.g.backoff()
 		c.backedOff = now
+	case !s.Overload && s.Counts && !s.Streamed:
+		c.g.probe(c.inFlight)
 	}
 	c.put(pr)
 }

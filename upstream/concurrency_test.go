@@ -495,3 +495,42 @@ func TestAGrownLimitLetsAWaiterIn(t *testing.T) {
 		t.Fatalf("the limit grew to %.2f and the waiter still waits", c.g.limit)
 	}
 }
+
+// TestAnAdaptiveLimitRecoversOnWholeReplies: an endpoint serving only
+// replies that are no streams (no samples) is backed off by a burst of
+// 503s, then climbs back to its initial limit as replies end well with
+// the limit full. Before, it stayed at its floor for good: throughput
+// 39/s → 4/s, the server's slots idle.
+func TestAnAdaptiveLimitRecoversOnWholeReplies(t *testing.T) {
+	t.Parallel()
+	c := newConcurrency(Concurrency{Mode: ConcurrencyAdaptive, Max: 64, Adaptive: Adaptive{Initial: 4, Min: 1, Tolerance: 2, Smoothing: 0.2, MinSamples: 10}})
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 20 { // a 503 burst: a back-off a round trip
+		now = now.Add(time.Second)
+		c.mu.Lock()
+		c.take(PriorityInteractive)
+		c.mu.Unlock()
+		c.release(PriorityInteractive, Sample{Overload: true}, now.Add(-time.Millisecond), now)
+		_ = i
+	}
+	if l := c.limit(); l != 1 {
+		t.Fatalf("after the burst the limit is %d, want the floor 1", l)
+	}
+	for range 40 { // whole replies, each with the limit full
+		c.mu.Lock()
+		for c.inFlight < c.limit() {
+			c.take(PriorityInteractive)
+		}
+		c.mu.Unlock()
+		now = now.Add(100 * time.Millisecond)
+		c.release(PriorityInteractive, Sample{Counts: true, TTFT: 50 * time.Millisecond}, now.Add(-50*time.Millisecond), now)
+		c.mu.Lock()
+		for c.inFlight > 0 {
+			c.put(PriorityInteractive)
+		}
+		c.mu.Unlock()
+	}
+	if l := c.limit(); l != 4 {
+		t.Fatalf("after 40 whole replies with the limit full it is %d, want the initial 4", l)
+	}
+}
