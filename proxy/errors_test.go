@@ -1,16 +1,20 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"sturdy/internal/upstreamtest"
 	"sturdy/policy"
 	"sturdy/upstream"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
 )
 
 // TestREADMEErrorTableIsTheVocabulary checks the README's table of error
@@ -148,6 +152,85 @@ func TestEveryAPIHasAnErrorShape(t *testing.T) {
 	for _, s := range errorTable {
 		if s.anthropic == "" {
 			t.Errorf("%s has no Anthropic error type", s.code)
+		}
+	}
+}
+
+// TestEveryErrorOnTheMessagesAPIIsAnthropicShaped: Sturdy's own errors
+// on /v1/messages — those written before routing too — are in Anthropic's
+// shape, with the table's error type and the request id. Before, 401,
+// 400, 408 and 431 came back OpenAI-shaped (sturdy_error, no request_id).
+func TestEveryErrorOnTheMessagesAPIIsAnthropicShaped(t *testing.T) {
+	t.Parallel()
+	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}"})
+	h := startProxy(t, up.URL, func(o *Options) {
+		o.AuthKeys = []string{"sk-sturdy-0123456789"}
+		o.Server.ReadTimeout = 300 * time.Millisecond
+	})
+	body := `{"model":"m","max_tokens":5,"messages":[]}`
+	cl := "Content-Length: " + strconv.Itoa(len(body)) + "\r\n"
+	for _, tt := range []struct {
+		name, raw, code string
+	}{
+		{"401", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: wrong\r\n" + cl + "\r\n" + body, CodeInvalidAPIKey},
+		{"400 a fragment", "POST /v1/messages#x HTTP/1.1\r\nHost: x\r\n" + cl + "\r\n" + body, CodeBadRequest},
+		{"400 both framings", "POST /v1/messages HTTP/1.1\r\nHost: x\r\n" + cl + "Transfer-Encoding: chunked\r\n\r\n" + body, CodeBadRequest},
+		{"408", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 999\r\n\r\n{", CodeRequestTimeout},
+		{"431", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 64<<10) + "\r\n\r\n", CodeHeadersTooLarge},
+		{"404", "POST /v1/messages/nothing HTTP/1.1\r\nHost: x\r\nx-api-key: sk-sturdy-0123456789\r\n" + cl + "\r\n" + body, ""},
+	} {
+		resp, b := h.raw(tt.raw)
+		var got struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type string `json:"type"`
+			} `json:"error"`
+			RequestID string `json:"request_id"`
+			Sturdy    struct {
+				Code string `json:"code"`
+			} `json:"sturdy"`
+		}
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("%s: %d %q", tt.name, resp.StatusCode, b)
+		}
+		if tt.code == "" { // the upstream's answer, passed through
+			continue
+		}
+		if got.Type != "error" || got.Error.Type != specOf(tt.code).anthropic || got.RequestID == "" || got.Sturdy.Code != tt.code {
+			t.Errorf("%s: %d %s, want Anthropic's shape with %s", tt.name, resp.StatusCode, b, specOf(tt.code).anthropic)
+		}
+	}
+}
+
+// TestEveryErrorRowRendersInEveryAPIsShape: each row of errorTable, in
+// each API's shape — Anthropic's on the Messages API, OpenAI's elsewhere
+// — with the row's code and status, its Anthropic type, the request id
+// and x-should-retry as the row says.
+func TestEveryErrorRowRendersInEveryAPIsShape(t *testing.T) {
+	t.Parallel()
+	for _, spec := range errorTable {
+		if spec.status == 0 {
+			continue // sent inside a stream (TestStreamErrorEvents)
+		}
+		for api := policy.APIOther; api <= policy.APIAnthropic; api++ {
+			e := &apiError{spec: spec, msg: "m"}
+			var r fasthttp.Response
+			e.writeTo(&r, []byte("req-1"), api)
+			b := r.Body()
+			if r.StatusCode() != spec.status || string(r.Header.Peek("X-Request-Id")) != "req-1" ||
+				(string(r.Header.Peek("X-Should-Retry")) == "false") == spec.sdkRetries {
+				t.Errorf("%s, api %d: %d %v", spec.code, api, r.StatusCode(), r.Header.String())
+			}
+			if api == policy.APIAnthropic {
+				if gjson.GetBytes(b, "type").Str != "error" || gjson.GetBytes(b, "error.type").Str != spec.anthropic ||
+					gjson.GetBytes(b, "request_id").Str != "req-1" || gjson.GetBytes(b, "sturdy.code").Str != spec.code {
+					t.Errorf("%s on the Messages API: %s", spec.code, b)
+				}
+				continue
+			}
+			if gjson.GetBytes(b, "error.type").Str != ErrorType || gjson.GetBytes(b, "error.code").Str != spec.code {
+				t.Errorf("%s, api %d: %s", spec.code, api, b)
+			}
 		}
 	}
 }

@@ -101,3 +101,12 @@ func (c *clientConn) left() {
 	}
 	c.mu.Unlock()
 }
+
+// notedPath is the path of the last request that began on c's connection
+// (nil: none noted, or a connection Sturdy does not wrap).
+func notedPath(c net.Conn) []byte {
+	if cc := clientConnOf(c); cc != nil {
+		return cc.path[:cc.pathLen]
+	}
+	return nil
+}

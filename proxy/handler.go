@@ -73,6 +73,7 @@ func (ex *exchange) admit() *apiError {
 	ctx := ex.ctx
 	uri := ctx.Request.Header.RequestURI()
 	ex.out.outcome = outcomeRejected
+	ex.req.call = policy.CallOf(rawPath(uri)) // first: every answer, a refusal too, is in its API's shape
 	if e := malformed(ctx, uri); e != nil {
 		return e
 	}
@@ -91,7 +92,6 @@ func (ex *exchange) admit() *apiError {
 		return newError(CodeInvalidAPIKey)
 	}
 	model, stream := bodyFields(ctx.Request.Body())
-	ex.req.call = policy.CallOf(rawPath(uri))
 	ex.req.model = policy.ModelKey(model.Str) // the body's own bytes, unless too long to keep
 	r := ex.tbl.match(rawPath(uri), model)
 	if r == nil {

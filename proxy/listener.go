@@ -270,6 +270,32 @@ type clientConn struct {
 	// deadline is the write deadline last set (UnixNano), written only by
 	// the connection's writes (one at a time).
 	deadline int64
+	// path is the path of the last request whose first bytes a read
+	// brought (pathLen of it): a request fasthttp cannot read is answered
+	// in its path's API's shape (handleParseError). Read and used on the
+	// connection's goroutine only.
+	path    [maxNotedPath]byte
+	pathLen int
+}
+
+// maxNotedPath bounds the path a clientConn notes: the API paths are
+// short; a longer one is no API's.
+const maxNotedPath = 64
+
+// Read notes the path of a request whose first bytes it read: a method,
+// a space, a path.
+func (c *clientConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 8 {
+		if sp := bytes.IndexByte(b[:8], ' '); sp >= 3 && b[sp+1] == '/' {
+			p := b[sp+1 : n]
+			if end := bytes.IndexAny(p, " ?#\r\n"); end >= 0 {
+				p = p[:end]
+			}
+			c.pathLen = copy(c.path[:], p)
+		}
+	}
+	return n, err
 }
 
 // Write bounds each write by write_timeout. The deadline is moved on

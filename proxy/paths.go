@@ -127,9 +127,10 @@ func isDot(seg []byte, n int) bool {
 	return len(seg) == 0
 }
 
-// rawPath is the request URI up to the query, as received.
+// rawPath is the request URI up to the query (or a fragment), as
+// received.
 func rawPath(uri []byte) []byte {
-	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+	if i := bytes.IndexAny(uri, "?#"); i >= 0 { // a fragment is refused (malformed), in its path's API's shape
 		return uri[:i]
 	}
 	return uri

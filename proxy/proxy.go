@@ -413,7 +413,10 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 		e = newError(CodeHeadersTooLarge, sizeText(p.limits.MaxHeaderBytes))
 	}
 	id := p.appendRequestID(nil)
-	e.write(ctx, id, policy.CallOf(rawPath(ctx.Request.Header.RequestURI())).API)
+	// fasthttp resets the header of a request it could not read: its path
+	// is the one its first bytes named (over TLS, unknown: OpenAI's shape).
+	api := policy.CallOf(notedPath(ctx.Conn())).API
+	e.write(ctx, id, api)
 	ctx.SetConnectionClose()
 	p.log.Info().Bytes(fieldID, id).Str(fieldOutcome, outcomeRejected).Int(fieldStatus, e.spec.status).
 		Str(fieldError, e.spec.code).Msg("request")
