@@ -41,9 +41,9 @@ func FuzzClientTimeout(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		d, ok := ClientTimeout([]byte(v))
+		d, ok := parseSeconds([]byte(v))
 		if ok != (d > 0) || d > maxServerWait {
-			t.Fatalf("ClientTimeout(%q) = %v, %v", v, d, ok)
+			t.Fatalf("parseSeconds(%q) = %v, %v", v, d, ok)
 		}
 	})
 }

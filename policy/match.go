@@ -55,17 +55,47 @@ func GlobSpecificity(pattern string) int {
 	return n
 }
 
-// ClientTimeout returns the time budget a client announced for its
-// request, in seconds (decimals allowed), from the first valid header of:
-// X-Stainless-Timeout (OpenAI's Go and Node SDKs), X-Stainless-Read-Timeout
-// (Python SDK), Request-Timeout, X-Request-Timeout.
-func ClientTimeout(headers ...[]byte) (time.Duration, bool) {
-	for _, h := range headers {
-		if d, ok := parseSeconds(h); ok {
-			return d, true
+// ClientTimeouts are the times a client said it gives a request: head,
+// until its response head (then it reads on without a bound of its
+// own); total, until its last byte. Zero: none said.
+type ClientTimeouts struct{ Head, Total time.Duration }
+
+// ClientTimeout reads what a client said it gives a request, in seconds
+// (decimals allowed), as each SDK means it (read in their sources):
+//   - X-Stainless-Timeout: a total from OpenAI's Go SDK (lang "go": its
+//     timeout spans the body); from the Node SDKs, openai's and
+//     Anthropic's, until the response head (their timer is cleared as
+//     fetch resolves);
+//   - X-Stainless-Read-Timeout (the Python SDKs): httpx's read timeout, a
+//     bound on each gap between bytes: until the head, as Sturdy holds a
+//     reply until its commit;
+//   - Request-Timeout, X-Request-Timeout: a total.
+func ClientTimeout(stainless, lang, read, request, xRequest []byte) ClientTimeouts {
+	var t ClientTimeouts
+	if d, ok := parseSeconds(stainless); ok {
+		if bytes.Equal(bytes.TrimSpace(lang), []byte("go")) {
+			t.Total = d
+		} else {
+			t.Head = d
 		}
 	}
-	return 0, false
+	if d, ok := parseSeconds(read); ok && (t.Head == 0 || d < t.Head) {
+		t.Head = d
+	}
+	for _, h := range [...][]byte{request, xRequest} {
+		if d, ok := parseSeconds(h); ok && (t.Total == 0 || d < t.Total) {
+			t.Total = d
+		}
+	}
+	return t
+}
+
+// Margin is how long before a client's timeout Sturdy answers it
+// 504 deadline_exceeded (x-should-retry: false): a tenth of it, at least
+// 100 ms and at most 2 s — sooner than the client gives up and retries
+// what Sturdy is still trying.
+func Margin(d time.Duration) time.Duration {
+	return min(max(d/10, 100*time.Millisecond), 2*time.Second)
 }
 
 func parseSeconds(b []byte) (time.Duration, bool) {

@@ -599,17 +599,24 @@ func TestGlobMatch(t *testing.T) {
 }
 
 func TestClientTimeoutAndRateLimitHeaders(t *testing.T) {
-	if d, ok := ClientTimeout([]byte("600"), nil); !ok || d != 10*time.Minute {
-		t.Errorf("X-Stainless-Timeout 600 = %v %v", d, ok)
+	b := func(s string) []byte { return []byte(s) }
+	for _, tc := range []struct {
+		name                             string
+		stainless, lang, read, req, xreq []byte
+		want                             ClientTimeouts
+	}{
+		{"Node SDKs: until the head", b("600"), b("js"), nil, nil, nil, ClientTimeouts{Head: 10 * time.Minute}},
+		{"Go SDK: in all", b("600"), b("go"), nil, nil, nil, ClientTimeouts{Total: 10 * time.Minute}},
+		{"Python SDK: a read timeout, until the head; decimals", nil, b("python"), b("2.5"), nil, nil, ClientTimeouts{Head: 2500 * time.Millisecond}},
+		{"Request-Timeout: in all, the least", nil, nil, nil, b("30"), b("20"), ClientTimeouts{Total: 20 * time.Second}},
+		{"not numbers, zero, negative: none", b("nope"), b("js"), b("0"), b("-1"), nil, ClientTimeouts{}},
+	} {
+		if got := ClientTimeout(tc.stainless, tc.lang, tc.read, tc.req, tc.xreq); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
 	}
-	if d, ok := ClientTimeout(nil, []byte("2.5")); !ok || d != 2500*time.Millisecond {
-		t.Errorf("decimal seconds = %v %v", d, ok)
-	}
-	if d, ok := ClientTimeout([]byte("nope"), []byte("-1"), []byte("3")); !ok || d != 3*time.Second {
-		t.Errorf("first valid header = %v %v", d, ok)
-	}
-	if _, ok := ClientTimeout(nil, []byte("0")); ok {
-		t.Error("zero timeout accepted")
+	if Margin(3*time.Second) != 300*time.Millisecond || Margin(time.Second) != 100*time.Millisecond || Margin(time.Hour) != 2*time.Second {
+		t.Error("Margin")
 	}
 	for _, tc := range []struct {
 		remaining, reset string

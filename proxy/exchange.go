@@ -70,10 +70,14 @@ type exchange struct {
 // outbound is the request as Sturdy sends it upstream, and what is fixed
 // about it from admission on.
 type outbound struct {
-	route      *route
-	start      time.Time
-	deadline   time.Time
-	replayable bool
+	route *route
+	start time.Time
+	// deadline ends the wait for a response head (the route's deadline, a
+	// client's timeout less policy.Margin); until ends the request, a
+	// rescue included (the route's, a client's total), and is the
+	// deadline from the commit on.
+	deadline, until time.Time
+	replayable      bool
 	// call is what the request's path calls: its API (the commit point,
 	// the error shape), whether it is inference, its operation's name.
 	call policy.Call

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -543,6 +544,34 @@ func TestBodyFields(t *testing.T) {
 		model, stream := bodyFields([]byte(tt.body))
 		if model.Str != tt.model || stream.Raw != tt.stream {
 			t.Errorf("%s: model %q stream %q, want %q %q", tt.body, model.Str, stream.Raw, tt.model, tt.stream)
+		}
+	}
+}
+
+// TestAClientsTimeoutIsMetBeforeIt: with a client's timeout known, an
+// upstream slower than it gets 504 deadline_exceeded, not to be retried,
+// a margin (policy.Margin) before the client gives up, and its request
+// is dropped. Before, Sturdy and the client gave up at the same instant
+// (499), and the SDK retried the timeout: three abandoned upstream
+// requests for one call.
+func TestAClientsTimeoutIsMetBeforeIt(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	slow, _ := heldUpstream(t, &held)
+	h := startProxy(t, slow, nil)
+	for _, tt := range []struct{ header []string }{
+		{[]string{"X-Stainless-Timeout", "2", "X-Stainless-Lang", "js"}},
+		{[]string{"X-Stainless-Timeout", "2", "X-Stainless-Lang", "go"}},
+		{[]string{"X-Stainless-Read-Timeout", "2"}},
+	} {
+		start := time.Now()
+		resp, body := h.chat("", tt.header...)
+		took := time.Since(start)
+		if resp.StatusCode != 504 || resp.Header.Get("X-Should-Retry") != "false" || !strings.Contains(string(body), CodeDeadlineExceeded) {
+			t.Fatalf("%v: %d %v %s", tt.header, resp.StatusCode, resp.Header, body)
+		}
+		if took >= 2*time.Second-50*time.Millisecond || took < 2*time.Second-policy.Margin(2*time.Second)-50*time.Millisecond {
+			t.Fatalf("%v: answered after %v, want at %v, before the client's 2 s", tt.header, took, 2*time.Second-policy.Margin(2*time.Second))
 		}
 	}
 }

@@ -214,10 +214,17 @@ func (ex *exchange) looped() bool {
 func (ex *exchange) prepare() {
 	ctx, r, q := ex.ctx, ex.req.route, &ex.req
 	rh := &ctx.Request.Header
-	q.deadline = q.start.Add(r.deadline)
-	if d, ok := policy.ClientTimeout(rh.PeekCanonical(hdrStainlessTimeout), rh.PeekCanonical(hdrStainlessReadTimeout),
-		rh.PeekCanonical(hdrRequestTimeout), rh.PeekCanonical(hdrXRequestTimeout)); ok && d < r.deadline {
-		q.deadline = q.start.Add(d)
+	// A client's timeout is met a margin before it: 504 deadline_exceeded,
+	// not to be retried, rather than a client that gives up and retries.
+	q.until = q.start.Add(r.deadline)
+	ct := policy.ClientTimeout(rh.PeekCanonical(hdrStainlessTimeout), rh.PeekCanonical(hdrStainlessLang),
+		rh.PeekCanonical(hdrStainlessReadTimeout), rh.PeekCanonical(hdrRequestTimeout), rh.PeekCanonical(hdrXRequestTimeout))
+	if ct.Total > 0 {
+		q.until = earliest(q.until, q.start.Add(ct.Total-policy.Margin(ct.Total)))
+	}
+	q.deadline = q.until
+	if ct.Head > 0 {
+		q.deadline = earliest(q.deadline, q.start.Add(ct.Head-policy.Margin(ct.Head)))
 	}
 	q.replayable = q.call.Replayable(ctx.Method(), len(rh.PeekCanonical(hdrIdempotencyKey)) > 0)
 	if r.tokenPaced && q.call.Charged() {
@@ -246,6 +253,14 @@ func (ex *exchange) prepare() {
 	}
 	h.AddBytesKV(hdrVia, via) // RFC 9110 §7.6.3: this hop, after the client's
 	ex.forwarded(h)
+}
+
+// earliest is the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // forwarded sets X-Forwarded-For, -Host and -Proto. From a trusted proxy

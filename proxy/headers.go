@@ -42,6 +42,7 @@ var (
 
 	hdrStainlessTimeout     = []byte("X-Stainless-Timeout")
 	hdrStainlessReadTimeout = []byte("X-Stainless-Read-Timeout")
+	hdrStainlessLang        = []byte("X-Stainless-Lang")
 	hdrRequestTimeout       = []byte("Request-Timeout")
 	hdrXRequestTimeout      = []byte("X-Request-Timeout")
 	hdrStainlessRetryCount  = []byte("X-Stainless-Retry-Count")

@@ -354,3 +354,23 @@ func TestAContinuationNotSentGivesItsRetryBack(t *testing.T) {
 		t.Fatalf("fallback saw %d; access lines %v", fallback.Count(), lines)
 	}
 }
+
+// TestAReadTimeoutIsNoTotal: the Python SDK's X-Stainless-Read-Timeout
+// bounds the gaps between bytes — for Sturdy, the wait for a response
+// head — not the request: a stream cut after it passed is still
+// continued. Before, it was the request's whole budget, and the rescue
+// was refused (stream_interrupted).
+func TestAReadTimeoutIsNoTotal(t *testing.T) {
+	t.Parallel()
+	first := cutAfter(upstreamtest.Cut, "Hel", "lo")
+	first.ChunkDelay = 1200 * time.Millisecond // cut 1.2 s in: past the client's 1 s
+	primary := upstreamtest.Start(t, first)
+	cont := continuationOf(" wor", "ld")
+	fallback := upstreamtest.Start(t, cont)
+	h := startRescue(t, primary, fallback, upstream.ContinuePrefill, func(o *Options) { o.Upstreams[0].Timeouts.Idle = 2 * time.Second })
+	resp, body := h.chat(streamChat, "X-Stainless-Read-Timeout", "1", "X-Stainless-Lang", "python")
+	want := strings.Join(upstreamtest.SSE("Hel", "lo")[:2], "") + relabelled(cont)
+	if resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("%d:\n%s\nwant\n%s", resp.StatusCode, body, want)
+	}
+}

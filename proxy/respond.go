@@ -57,6 +57,7 @@ func (ex *exchange) commit(a *attempt, final bool) {
 	// The reply may be an earlier target's, when later ones were skipped:
 	// the request went where it came from.
 	ex.loop.ti, ex.loop.ep = a.ti, a.ep
+	ex.req.deadline = ex.req.until // the head is answered: a client's head timeout bounds nothing more (a rescue)
 	ex.out.status = src.StatusCode()
 	copyResponseHeaders(rh, &src.Header)
 	markCORS(rh, &ctx.Request.Header, ex.tbl.corsOrigins)
