@@ -112,6 +112,9 @@ func (r *reloader) reload(reason string) bool {
 			for _, w := range append(warnings, r.restartOnly(cfg)...) {
 				r.log.Warn().Str("reason", reason).Msg("config reloaded, but " + w)
 			}
+			for _, w := range cfg.Warnings() {
+				r.log.Warn().Str("reason", reason).Msg(describeProblem(r.s, w))
+			}
 			r.running = cfg
 			r.current.Store(cfg)
 			r.watchKeys()

@@ -84,6 +84,9 @@ type Config struct {
 	// written holds the keys the file set (dotted paths → line), so a
 	// written zero is told from a key left out.
 	written map[string]int
+	// unsetVars are the keys whose ${VAR} was unset or empty as the file
+	// was read (Warnings).
+	unsetVars []Problem
 }
 
 // Admin is the admin listener: where, whether pprof is served, and the

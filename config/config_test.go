@@ -584,3 +584,27 @@ func TestSecretFilesAreBoundedAndRegular(t *testing.T) {
 		}
 	}
 }
+
+// TestAnUnsetVariableIsWarnedOf: a ${VAR} unset or empty is a warning
+// naming its key, line and what the empty value does — never a value.
+// Before, api_key: ${OPENAI_API_KEY} unset was accepted silently, and
+// the provider answered each client's dummy key 401.
+func TestAnUnsetVariableIsWarnedOf(t *testing.T) {
+	t.Setenv("STURDY_TEST_EMPTY", "")
+	t.Setenv("STURDY_TEST_SET", "sk-a-value-never-shown")
+	doc := "upstreams:\n  - name: a\n    url: 'http://h'\n    api_key: ${STURDY_TEST_UNSET_XYZ}\n" +
+		"  - name: b\n    url: 'http://h2'\n    api_key: ${STURDY_TEST_SET}\nadmin: {token: '${STURDY_TEST_EMPTY}'}\nroutes: [{name: r, upstream: a}]\n"
+	c, err := Parse("t.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range c.Warnings() {
+		got = append(got, fmt.Sprintf("%d %s: %s", w.Line, w.Key, w.Msg))
+	}
+	all := strings.Join(got, "\n")
+	if !strings.Contains(all, "4 upstreams[0].api_key: ${STURDY_TEST_UNSET_XYZ} is unset") || !strings.Contains(all, "client's own credential goes upstream") ||
+		!strings.Contains(all, "admin.token: ${STURDY_TEST_EMPTY} is empty") || strings.Contains(all, "STURDY_TEST_SET") || strings.Contains(all, "never-shown") {
+		t.Fatalf("warnings:\n%s", all)
+	}
+}

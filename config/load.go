@@ -292,29 +292,70 @@ var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 // tracing's endpoint and header values with the environment's value
 // (empty when unset).
 func (c *Config) expandEnv() {
-	c.Listen = expand(c.Listen)
-	c.AdminListen = expand(c.AdminListen)
-	c.Admin.Token = expand(c.Admin.Token)
+	x := func(key, v string) string { return c.expand(key, v) }
+	c.Listen = x("listen", c.Listen)
+	c.AdminListen = x("admin.listen", c.AdminListen)
+	c.Admin.Token = x("admin.token", c.Admin.Token)
 	for i := range c.Auth.Keys {
-		c.Auth.Keys[i] = expand(c.Auth.Keys[i])
+		c.Auth.Keys[i] = x(fmt.Sprintf("auth.keys[%d]", i), c.Auth.Keys[i])
 	}
 	if s := c.SharedState; s != nil {
-		s.RedisURL, s.Password, s.HashKey = expand(s.RedisURL), expand(s.Password), expand(s.HashKey)
+		s.RedisURL = x("shared_state.redis_url", s.RedisURL)
+		s.Password, s.HashKey = x("shared_state.password", s.Password), x("shared_state.hash_key", s.HashKey)
 	}
-	c.Tracing.Endpoint = expand(c.Tracing.Endpoint)
+	c.Tracing.Endpoint = x("tracing.endpoint", c.Tracing.Endpoint)
 	for k, v := range c.Tracing.Headers {
-		c.Tracing.Headers[k] = expand(v)
+		c.Tracing.Headers[k] = x("tracing.headers."+k, v)
 	}
 	for i := range c.Upstreams {
-		c.Upstreams[i].URL = expand(c.Upstreams[i].URL)
-		for j, e := range c.Upstreams[i].Endpoints {
-			c.Upstreams[i].Endpoints[j] = expand(e)
+		u := &c.Upstreams[i]
+		k := fmt.Sprintf("upstreams[%d].", i)
+		u.URL = x(k+"url", u.URL)
+		for j, e := range u.Endpoints {
+			u.Endpoints[j] = x(fmt.Sprintf("%sendpoints[%d]", k, j), e)
 		}
-		c.Upstreams[i].APIKey = expand(c.Upstreams[i].APIKey)
+		u.APIKey = x(k+"api_key", u.APIKey)
 	}
 }
 
-// expand replaces each ${VAR} in s with the variable's value.
+// expand replaces each ${VAR} in s, the value of key, with the
+// variable's value, noting a variable unset or empty (unsetVars): never
+// its value, only its name and what the key's emptiness will do.
+func (c *Config) expand(key, s string) string {
+	return envRef.ReplaceAllStringFunc(s, func(m string) string {
+		name := m[2 : len(m)-1]
+		v, set := os.LookupEnv(name)
+		if v == "" {
+			state := "unset"
+			if set {
+				state = "empty"
+			}
+			c.unsetVars = append(c.unsetVars, Problem{Key: key, Line: c.written[key],
+				Msg: fmt.Sprintf("${%s} is %s, so this is empty: %s", name, state, emptyMeans(key))})
+		}
+		return v
+	})
+}
+
+// emptyMeans says what an empty key leads to.
+func emptyMeans(key string) string {
+	switch {
+	case strings.HasSuffix(key, ".api_key"):
+		return "Sturdy sends no key of its own, and each client's own credential goes upstream (a provider answers 401 to a dummy one)"
+	case key == "admin.token":
+		return "the admin endpoints need no token"
+	case strings.HasPrefix(key, "auth.keys"):
+		return "that client key is empty"
+	case key == "shared_state.password":
+		return "Redis is asked without a password"
+	case key == "shared_state.hash_key":
+		return "credentials are keyed by SHA-256, not HMAC"
+	}
+	return "the setting takes its empty value"
+}
+
+// expand replaces each ${VAR} in s with the variable's value (unset:
+// empty), for what is read without a Config.
 func expand(s string) string {
 	return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
 }

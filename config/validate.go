@@ -445,12 +445,12 @@ func (c *Config) validateRoute(p *problems, i int, names, routeNames map[string]
 }
 
 // Warnings lists what is valid but most likely not meant, each with its
-// key and line (0 for a value from a flag or the environment): an
-// upstream URL ending in /v1 — how OpenAI SDKs spell a base URL — gets
+// key and line (0 for a value from a flag or the environment): a ${VAR}
+// unset or empty; an upstream URL ending in /v1 — how OpenAI SDKs spell a base URL — gets
 // the request path appended, so /v1/chat/completions would go to
 // …/v1/v1/chat/completions.
 func (c *Config) Warnings() []Problem {
-	var ps []Problem
+	ps := append([]Problem(nil), c.unsetVars...)
 	check := func(key, u string) {
 		if trimmed := strings.TrimSuffix(u, "/"); strings.HasSuffix(trimmed, "/v1") {
 			ps = append(ps, Problem{Key: key, Line: c.written[key], Msg: fmt.Sprintf(
