@@ -369,8 +369,10 @@ func TestTraceNamesPacingAndQueueWaits(t *testing.T) {
 	rcv := otlptest.Start(t)
 	up := upstreamtest.Start(t, upstreamtest.Step{Body: "{}", Delay: 150 * time.Millisecond})
 	h := startProxy(t, up.URL, func(o *Options) {
-		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 2, Burst: 1, MaxWait: 2 * time.Second}
-		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 2*time.Second
+		// A turn every 2 s: the second request waits for it however slow a
+		// loaded machine makes the first.
+		o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 0.5, Burst: 1, MaxWait: 5 * time.Second}
+		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 1, 5*time.Second
 		withTracing(t, o, rcv, 1)
 	})
 	done := make(chan struct{})
