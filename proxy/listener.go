@@ -286,9 +286,9 @@ const maxNotedPath = 64
 // a space, a path.
 func (c *clientConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	if n > 8 {
+	if n > 8 && b[0] >= 'A' && b[0] <= 'Z' { // a method's first letter: a request may begin
 		if sp := bytes.IndexByte(b[:8], ' '); sp >= 3 && b[sp+1] == '/' {
-			p := b[sp+1 : n]
+			p := b[sp+1 : min(n, sp+1+maxNotedPath)]
 			if end := bytes.IndexAny(p, " ?#\r\n"); end >= 0 {
 				p = p[:end]
 			}
