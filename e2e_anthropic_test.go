@@ -166,34 +166,6 @@ func TestAnthropicClientGetsARescuedStreamWhole(t *testing.T) {
 	}
 }
 
-// TestAnthropicNodeClientThroughSturdy: the npm SDK creates and streams
-// through Sturdy to the fake server, gets a 529 storm absorbed, and
-// raises a stream cut after its content (never a clean end) and Sturdy's
-// own error with its Anthropic type.
-func TestAnthropicNodeClientThroughSturdy(t *testing.T) {
-	t.Parallel()
-	fake, err := fakellm.Start("127.0.0.1:0", fakellm.Profile{Tokens: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fake.Close)
-	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, fake.URL), "both"); out != "CREATED Sturdy keeps\nSTREAMED Sturdy keeps\n" {
-		t.Fatalf("through the fake server:\n%s", out)
-	}
-	storm := upstreamtest.Start(t, overloaded, overloaded, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: anthropicEvents})
-	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, storm.URL), "stream"); out != "STREAMED Hello\n" || storm.Count() != 3 {
-		t.Fatalf("a 529 storm, %d attempts:\n%s", storm.Count(), out)
-	}
-	cut := upstreamtest.Start(t, upstreamtest.Step{Header: [][2]string{upstreamtest.SSEHeader}, Chunks: anthropicEvents[:3], Fault: upstreamtest.Cut})
-	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, cut.URL), "stream"); !strings.HasPrefix(out, "ERROR - api_error ") || !strings.Contains(out, "incomplete") {
-		t.Fatalf("a cut stream:\n%s", out)
-	}
-	gone := upstreamtest.Start(t, upstreamtest.Step{Fault: upstreamtest.Reset})
-	if out := runNode(t, "@anthropic-ai/sdk", "messages.mjs", startSturdy(t, e2eConfig, gone.URL), "create"); !strings.HasPrefix(out, "ERROR 502 api_error ") || gone.Count() != 4 {
-		t.Fatalf("no answer, %d attempts (want 4: Sturdy's, none of the SDK's):\n%s", gone.Count(), out)
-	}
-}
-
 // TestAPIsFromTheConfig: `apis` in YAML reaches the proxy — an
 // Anthropic-only upstream is not sent a chat completion.
 func TestAPIsFromTheConfig(t *testing.T) {

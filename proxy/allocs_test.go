@@ -2,50 +2,36 @@
 
 package proxy
 
-import (
-	"testing"
-	"time"
+import "testing"
 
-	"sturdy/fleet"
-	"sturdy/internal/redistest"
-	"sturdy/upstream"
-)
+// allocCase is one request shape whose allocations a test holds: at
+// most most, with the options edit makes (t given: a Redis to start).
+type allocCase struct {
+	name   string
+	most   int64
+	edit   func(t *testing.T) func(*Options)
+	stream bool
+}
 
 // TestAProxiedRequestAllocatesAtMostTwice holds BenchmarkProxiedRequest's
 // figure (client and upstream included): a change that moves per-request
 // state to the heap — a value passed by pointer through an interface, a
-// closure — fails here instead of only showing in a benchmark. It holds
-// with a fleet-wide pace spent from a lease too (its name was once
-// concatenated per request: 3); a leased client limit adds its name, the
-// credential's hash in hex (it was formatted: 8). A streamed reply
-// (BenchmarkProxiedStream) adds its upstream body's reader and chunk
-// decoder; its drain after the terminator took a 4 KiB buffer (5, 4376 B).
+// closure — fails here instead of only showing in a benchmark. A
+// streamed reply (BenchmarkProxiedStream) adds its upstream body's
+// reader and chunk decoder; its drain after the terminator took a 4 KiB
+// buffer (5, 4376 B). With a fleet: allocs_external_test.go.
 // Without -race only (the race detector makes sync.Pool drop items at
 // random); .ci/run runs it so.
 func TestAProxiedRequestAllocatesAtMostTwice(t *testing.T) {
-	for _, tt := range []struct {
-		name   string
-		most   int64
-		edit   func(t *testing.T) func(*Options)
-		stream bool
-	}{
+	holdAllocs(t, []allocCase{
 		{"defaults", 2, func(*testing.T) func(*Options) { return nil }, false},
-		{"a leased fleet pace", 2, func(t *testing.T) func(*Options) {
-			r := redistest.Start(t)
-			return func(o *Options) {
-				o.SharedState = &SharedState{Config: fleet.Config{URL: r.URL, Prefix: "t:", Timeout: 500 * time.Millisecond}}
-				o.Upstreams[0].RateLimit = upstream.RateLimit{RequestsPerSecond: 1e6, Burst: 1e5, MaxWait: time.Second}
-			}
-		}, false},
-		{"a leased client limit", 3, func(t *testing.T) func(*Options) {
-			r := redistest.Start(t)
-			return func(o *Options) {
-				o.SharedState = &SharedState{Config: fleet.Config{URL: r.URL, Prefix: "t:", Timeout: 500 * time.Millisecond}}
-				o.Clients = []ClientLimit{{KeyHeader: "Authorization", RequestsPerSecond: 1e6, Burst: 1e5}}
-			}
-		}, false},
 		{"a streamed reply", 4, func(*testing.T) func(*Options) { return nil }, true},
-	} {
+	})
+}
+
+// holdAllocs fails t when a case's request allocates more than it may.
+func holdAllocs(t *testing.T, cases []allocCase) {
+	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			edit := tt.edit(t)
 			r := testing.Benchmark(func(b *testing.B) {

@@ -1,7 +1,7 @@
 // Package redistest runs a real redis-server for tests: on 127.0.0.1, a
-// free port, no persistence, stopped when the test ends. Without
-// redis-server installed a test that needs it fails when CI is set and
-// skips otherwise, naming the install command (package testdeps; .ci/run
+// free port, no persistence, stopped when the test ends. Only tests
+// built with the external tag use it; without redis-server installed such
+// a test fails, naming the install command (package testdeps; .ci/run
 // installs it).
 package redistest
 

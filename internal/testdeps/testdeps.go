@@ -1,8 +1,9 @@
 // Package testdeps is the one rule for what a test needs from outside
 // Go's module cache (redis-server, node and the npm packages of e2e/node,
-// later a browser or helm): .ci/run installs it, a test never does. When
-// it is missing, a test fails when CI is set (CI must have it) and
-// otherwise skips, naming the command that installs it.
+// helm, chromium): only tests built with the external tag use it
+// (go test -tags external), .ci/run installs what they need, and a test
+// never does. When it is missing, the test fails, naming the command
+// that installs it: nothing is skipped where nobody would see it.
 package testdeps
 
 import (
@@ -11,18 +12,14 @@ import (
 	"testing"
 )
 
-// Missing fails or skips t, by the rule above, for what is missing and
-// the command that installs it.
+// Missing fails t for what is missing, naming the command that installs
+// it.
 func Missing(t testing.TB, what, install string) {
 	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is missing (CI is set, so it must be there): %s", what, install)
-	}
-	t.Skipf("%s is missing; install it with: %s", what, install)
+	t.Fatalf("%s is missing (a test built with -tags external needs it): %s", what, install)
 }
 
-// Binary returns the path of the program name, or fails or skips t by
-// the rule above.
+// Binary returns the path of the program name, or fails t (Missing).
 func Binary(t testing.TB, name, install string) string {
 	t.Helper()
 	path, err := exec.LookPath(name)
@@ -32,8 +29,8 @@ func Binary(t testing.TB, name, install string) string {
 	return path
 }
 
-// File makes sure path exists (an installed package, say), or fails or
-// skips t by the rule above.
+// File makes sure path exists (an installed package, say), or fails t
+// (Missing).
 func File(t testing.TB, path, what, install string) {
 	t.Helper()
 	if _, err := os.Stat(path); err != nil {
