@@ -27,7 +27,30 @@ type stack struct {
 	p         *proxy.Proxy
 	url       string
 	adminURL  string
+	admin     *Listener
 	upstreams []*upstreamtest.Server
+}
+
+// waitConns waits, at most 10 s, until n of the admin listener's open
+// connections match.
+func (s *stack) waitConns(t *testing.T, n int, what string, match func(c *conn, now time.Time) bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.admin.mu.Lock()
+		got, now := 0, time.Now()
+		for c := range s.admin.open {
+			if match(c, now) {
+				got++
+			}
+		}
+		s.admin.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d admin connections %s after 10 s, want %d", got, what, n)
+		}
+	}
 }
 
 func start(t *testing.T, openFor time.Duration, steps ...upstreamtest.Step) *stack {
@@ -59,10 +82,11 @@ func startWith(t *testing.T, s Settings, openFor time.Duration, steps ...upstrea
 		t.Fatal(err)
 	}
 	srv := Server(Handler(p, m.Registry, func() Settings { return s }), nil)
-	go func() { _ = Serve(srv, ln) }()
+	l := newListener(ln)
+	go func() { _ = serve(srv, l) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return &stack{p: p, url: upstreamtest.ServeWith(t, p.Serve, func() { _ = p.Shutdown(context.Background()) }), adminURL: "http://" + ln.Addr().String(),
-		upstreams: []*upstreamtest.Server{up}}
+		admin: l, upstreams: []*upstreamtest.Server{up}}
 }
 
 var get = upstreamtest.Get
@@ -341,13 +365,9 @@ func TestIdleAdminConnectionsDoNotLockOutTheProbes(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
-	// Within a second of the flood its connections still count as on
-	// their way, and the reserve may be taken: a probe may fail then.
-	for end := time.Now().Add(3 * time.Second); probe(addr, "/healthz") != 200; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("no probe answered within 3 s of the flood")
-		}
-	}
+	// Within newGrace of its accept a silent connection counts as on its
+	// way, and keeps its place: wait until every one may give it up.
+	s.waitConns(t, MaxConnections-ProbeReserve, "idle", (*conn).idle)
 	for i := 0; i < 10; i++ {
 		for _, path := range []string{"/healthz", "/readyz"} {
 			if code := probe(addr, path); code != 200 {
@@ -371,33 +391,40 @@ func TestBusyAdminConnectionsLeaveTheProbesAReserve(t *testing.T) {
 			c.Close()
 		}
 	}()
-	for i := 0; i < MaxConnections-ProbeReserve; i++ { // each busy for 3 s
+	for i := 0; i < MaxConnections-ProbeReserve; i++ { // each busy for 30 s, or until closed
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = io.WriteString(c, "GET /debug/pprof/heap?seconds=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+		_, _ = io.WriteString(c, "GET /debug/pprof/heap?seconds=30 HTTP/1.1\r\nHost: x\r\n\r\n")
 		conns = append(conns, c)
 	}
+	// A connection whose request the server has not read yet counts as
+	// new, and past newGrace as idle: wait until every one is busy.
+	s.waitConns(t, MaxConnections-ProbeReserve, "serving a request", func(c *conn, _ time.Time) bool { return c.state == http.StateActive })
 	if code := probe(addr, "/debug/upstreams"); code != 503 {
 		t.Fatalf("/debug/upstreams from the reserve: %d, want 503", code)
 	}
 	if code := probe(addr, "/healthz"); code != 200 {
 		t.Fatalf("/healthz with every other place busy: %d", code)
 	}
-	for i := 0; i < ProbeReserve; i++ { // the reserve, taken by clients that send nothing
+	inReserve := func(c *conn, _ time.Time) bool { return c.probe }
+	s.waitConns(t, 0, "in the reserve", inReserve) // the probes' own, closed
+	// The reserve, taken by clients that send nothing.
+	for i := 0; i < ProbeReserve; i++ {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
 	}
-	time.Sleep(200 * time.Millisecond)
+	s.waitConns(t, ProbeReserve, "in the reserve", inReserve)
 	start := time.Now()
 	if code := probe(addr, "/healthz"); code != 0 || time.Since(start) > time.Second {
 		t.Fatalf("past every place: %d after %v, want the connection closed at once", code, time.Since(start))
 	}
-	time.Sleep(ProbeDeadline) // the reserve's holders are cut
+	time.Sleep(ProbeDeadline)
+	s.waitConns(t, 0, "in the reserve", inReserve) // its holders are cut
 	if code := probe(addr, "/healthz"); code != 200 {
 		t.Fatalf("/healthz once the reserve's holders were cut: %d", code)
 	}

@@ -34,7 +34,16 @@ const ProbeDeadline = 2 * time.Second
 
 // Serve serves srv (from Server) on ln, bounded (see Listener).
 func Serve(srv *http.Server, ln net.Listener) error {
-	l := &Listener{Listener: ln, open: make(map[*conn]struct{}, MaxConnections)}
+	return serve(srv, newListener(ln))
+}
+
+// newListener bounds ln (see Listener).
+func newListener(ln net.Listener) *Listener {
+	return &Listener{Listener: ln, open: make(map[*conn]struct{}, MaxConnections)}
+}
+
+// serve serves srv on l, which it tells of each connection's state.
+func serve(srv *http.Server, l *Listener) error {
 	srv.ConnState, srv.ConnContext = l.track, l.context
 	return srv.Serve(l)
 }
@@ -146,11 +155,12 @@ func (l *Listener) track(nc net.Conn, state http.ConnState) {
 		return
 	}
 	l.mu.Lock()
-	if !c.probe { // a reserve connection's since is its accept, which bounds it
-		c.state, c.since = state, time.Now()
-	} else {
-		c.state = state
+	// A new connection's since stays its accept: the server may start
+	// serving it late. A reserve connection's since bounds it.
+	if !c.probe && state != http.StateNew {
+		c.since = time.Now()
 	}
+	c.state = state
 	l.mu.Unlock()
 }
 
