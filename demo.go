@@ -29,6 +29,10 @@ func startDemoUpstream() (*fakellm.Server, error) {
 // demoFaults says, in the startup log, what the demo's fake server does.
 var demoFaults = "8% 503, 4% 429 (retry-after-ms 300), 3% 500, 3% resets; down from 60s to 75s after start (the breaker opens, then recovers)"
 
+// demoListen is the demo's address unless -listen, STURDY_LISTEN or an
+// image's STURDY_DEFAULT_LISTEN says otherwise: loopback, as a toy's should be.
+const demoListen = "127.0.0.1:8080"
+
 // demoConfig makes the breaker quick to show: it opens after 5 failures
 // in a row and probes again after 5 s.
 func demoConfig(cfg *config.Config) {

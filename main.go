@@ -8,7 +8,7 @@
 //	main.go    flags → load and validate the config (-check) → build the proxy, the admin listener and the
 //	           logger → serve → graceful shutdown; the config's translation into proxy.Options
 //	reload.go  hot reload: SIGHUP and file changes (settled before they are read), what only a restart applies
-//	demo.go    -demo: a fake model server with passing faults behind an embedded config
+//	demo.go    -demo: a fake model server with passing faults behind an embedded config, on loopback
 package main
 
 import (
@@ -513,6 +513,8 @@ func loadConfig(s settings) (*config.Config, error) {
 		cfg.Listen = s.listen
 	} else if d := os.Getenv("STURDY_DEFAULT_LISTEN"); d != "" && !cfg.Written("listen") {
 		cfg.Listen = d // a container's default: the file's listen wins over it
+	} else if s.demo {
+		cfg.Listen = demoListen
 	}
 	file := ""
 	if cfg.Written("admin_listen") || cfg.Written("admin.listen") {

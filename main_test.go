@@ -497,6 +497,26 @@ func TestContainerDefaultsYieldToTheFile(t *testing.T) {
 	}
 }
 
+// TestTheDemoListensOnLoopback: -demo binds 127.0.0.1:8080 unless told
+// otherwise (-listen, STURDY_LISTEN, an image's STURDY_DEFAULT_LISTEN).
+// Before, it listened on every interface, a toy open to the network.
+func TestTheDemoListensOnLoopback(t *testing.T) {
+	demo := settings{demo: true, upstream: "http://127.0.0.1:1"}
+	cfg, err := loadConfig(demo)
+	if err != nil || cfg.Listen != "127.0.0.1:8080" {
+		t.Fatalf("-demo: %v, listen %q, want 127.0.0.1:8080", err, cfg.Listen)
+	}
+	told := demo
+	told.listen = ":8081"
+	if cfg, err = loadConfig(told); err != nil || cfg.Listen != ":8081" {
+		t.Fatalf("-demo -listen :8081: %v, listen %q", err, cfg.Listen)
+	}
+	t.Setenv("STURDY_DEFAULT_LISTEN", ":8080") // the image's
+	if cfg, err = loadConfig(demo); err != nil || cfg.Listen != ":8080" {
+		t.Fatalf("-demo in the image: %v, listen %q, want :8080", err, cfg.Listen)
+	}
+}
+
 // TestTheDemoShowsAClientMistakePassingThrough: the demo's fake server
 // refuses what a real one would, and Sturdy hands that back untouched.
 func TestTheDemoShowsAClientMistakePassingThrough(t *testing.T) {
