@@ -8,9 +8,75 @@ import (
 	"strings"
 	"sturdy/config"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
+
+// k8sPod is what the deploy tests read of deploy/kubernetes.yaml's Deployment.
+type k8sPod struct {
+	TerminationGracePeriodSeconds int           `yaml:"terminationGracePeriodSeconds"`
+	InitContainers                []k8sManifest `yaml:"initContainers"`
+	Containers                    []k8sManifest `yaml:"containers"`
+}
+
+type k8sManifest struct {
+	Name          string `yaml:"name"`
+	RestartPolicy string `yaml:"restartPolicy"`
+	Env           []struct {
+		Name  string `yaml:"name"`
+		Value string `yaml:"value"`
+	} `yaml:"env"`
+	StartupProbe *struct {
+		HTTPGet struct {
+			Path string `yaml:"path"`
+			Port string `yaml:"port"`
+		} `yaml:"httpGet"`
+	} `yaml:"startupProbe"`
+	SecurityContext struct {
+		RunAsNonRoot bool   `yaml:"runAsNonRoot"`
+		RunAsUser    string `yaml:"runAsUser"`
+		RunAsGroup   string `yaml:"runAsGroup"`
+	} `yaml:"securityContext"`
+}
+
+// kubernetesExample is deploy/kubernetes.yaml's Deployment pod and its ConfigMap's config.
+func kubernetesExample(t *testing.T) (k8sPod, *config.Config) {
+	t.Helper()
+	b, err := os.ReadFile("deploy/kubernetes.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod *k8sPod
+	var cfg *config.Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var doc struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+			Spec struct {
+				Template struct {
+					Spec k8sPod `yaml:"spec"`
+				} `yaml:"template"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); err != nil {
+			break
+		}
+		switch doc.Kind {
+		case "Deployment":
+			pod = &doc.Spec.Template.Spec
+		case "ConfigMap":
+			if cfg, err = config.Parse("kubernetes.yaml ConfigMap", []byte(doc.Data["sturdy.yaml"])); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if pod == nil || cfg == nil {
+		t.Fatal("deploy/kubernetes.yaml has no Deployment or no ConfigMap")
+	}
+	return *pod, cfg
+}
 
 // TestTheImageAndTheManifestAgreeOnTheUser: the kubelet verifies
 // runAsNonRoot only against a numeric user, so the image's USER is a
@@ -18,46 +84,53 @@ import (
 func TestTheImageAndTheManifestAgreeOnTheUser(t *testing.T) {
 	t.Parallel()
 	user, group := imageUser(t)
-	k8s, err := os.ReadFile("deploy/kubernetes.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := yaml.NewDecoder(strings.NewReader(string(k8s)))
+	pod, _ := kubernetesExample(t)
 	checked := 0
-	for {
-		var doc struct {
-			Kind string `yaml:"kind"`
-			Spec struct {
-				Template struct {
-					Spec struct {
-						Containers []struct {
-							Name            string `yaml:"name"`
-							SecurityContext struct {
-								RunAsNonRoot bool   `yaml:"runAsNonRoot"`
-								RunAsUser    string `yaml:"runAsUser"`
-								RunAsGroup   string `yaml:"runAsGroup"`
-							} `yaml:"securityContext"`
-						} `yaml:"containers"`
-					} `yaml:"spec"`
-				} `yaml:"template"`
-			} `yaml:"spec"`
+	for _, c := range append(pod.InitContainers, pod.Containers...) {
+		if c.Name != "sturdy" {
+			continue
 		}
-		if err := dec.Decode(&doc); err != nil {
-			break
-		}
-		for _, c := range doc.Spec.Template.Spec.Containers {
-			if c.Name != "sturdy" {
-				continue
-			}
-			checked++
-			sc := c.SecurityContext
-			if !sc.RunAsNonRoot || sc.RunAsUser != user || sc.RunAsGroup != group {
-				t.Errorf("%s: securityContext runAsNonRoot %v, runAsUser %q, runAsGroup %q; the image runs as %s:%s", doc.Kind, sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, user, group)
-			}
+		checked++
+		sc := c.SecurityContext
+		if !sc.RunAsNonRoot || sc.RunAsUser != user || sc.RunAsGroup != group {
+			t.Errorf("securityContext runAsNonRoot %v, runAsUser %q, runAsGroup %q; the image runs as %s:%s", sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, user, group)
 		}
 	}
 	if checked == 0 {
 		t.Fatal("no sturdy container in deploy/kubernetes.yaml")
+	}
+}
+
+// TestTheKubernetesSidecarStartsFirstAndStopsLast: in the example Sturdy is a
+// native sidecar (an init container that keeps running) started once it
+// serves, never held back by /readyz; the agent finds it with a placeholder
+// key; and the kubelet waits for the agent's drain and Sturdy's grace.
+func TestTheKubernetesSidecarStartsFirstAndStopsLast(t *testing.T) {
+	t.Parallel()
+	pod, cfg := kubernetesExample(t)
+	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Name != "sturdy" || pod.InitContainers[0].RestartPolicy != "Always" {
+		t.Fatalf("Sturdy is not a native sidecar: init containers %+v", pod.InitContainers)
+	}
+	if p := pod.InitContainers[0].StartupProbe; p == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port != "admin" {
+		t.Errorf("the startup probe is not /healthz on the admin port: %+v", p)
+	}
+	env := map[string]string{}
+	for _, c := range pod.Containers {
+		if c.Name == "agent" {
+			for _, e := range c.Env {
+				env[e.Name] = e.Value
+			}
+		}
+	}
+	_, port, _ := strings.Cut(cfg.Listen, ":")
+	if env["OPENAI_BASE_URL"] != "http://localhost:"+port+"/v1" || env["ANTHROPIC_BASE_URL"] != "http://localhost:"+port ||
+		env["OPENAI_API_KEY"] == "" || env["ANTHROPIC_API_KEY"] == "" {
+		t.Errorf("the agent does not call Sturdy on localhost with a placeholder key: %v", env)
+	}
+	const agentDrain = 30 * time.Second // the example's comment
+	grace := time.Duration(cfg.Server.ShutdownGrace)
+	if got := time.Duration(pod.TerminationGracePeriodSeconds) * time.Second; got <= agentDrain+grace {
+		t.Errorf("terminationGracePeriodSeconds %v is not past the agent's drain %v + shutdown_grace %v", got, agentDrain, grace)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -54,8 +55,10 @@ type k8sObject struct {
 		} `yaml:"endpoints"`
 		Template struct {
 			Spec struct {
-				Containers []k8sContainer `yaml:"containers"`
-				Volumes    []struct {
+				TerminationGracePeriodSeconds int            `yaml:"terminationGracePeriodSeconds"`
+				InitContainers                []k8sContainer `yaml:"initContainers"`
+				Containers                    []k8sContainer `yaml:"containers"`
+				Volumes                       []struct {
 					Name      string `yaml:"name"`
 					ConfigMap struct {
 						Name string `yaml:"name"`
@@ -84,6 +87,8 @@ type k8sContainer struct {
 		Name          string `yaml:"name"`
 		ContainerPort int    `yaml:"containerPort"`
 	} `yaml:"ports"`
+	RestartPolicy   string    `yaml:"restartPolicy"`
+	Startup         *k8sProbe `yaml:"startupProbe"`
 	Liveness        *k8sProbe `yaml:"livenessProbe"`
 	Readiness       *k8sProbe `yaml:"readinessProbe"`
 	SecurityContext struct {
@@ -96,6 +101,15 @@ type k8sContainer struct {
 		MountPath string `yaml:"mountPath"`
 		SubPath   string `yaml:"subPath"`
 	} `yaml:"volumeMounts"`
+}
+
+func (c k8sContainer) env(name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
 }
 
 func (c k8sContainer) port(name string) int {
@@ -112,7 +126,10 @@ func (c k8sContainer) port(name string) int {
 // manifests as a cluster would meet them: the ConfigMap's config passes
 // -check, the probes and the Service reach the ports the config binds, the
 // config is mounted as a directory (so a changed ConfigMap reaches the
-// file and Sturdy reloads it), and the container runs as the image's user.
+// file and Sturdy reloads it), the container runs as the image's user, and
+// Sturdy starts before and stops after an agent beside it: a native sidecar
+// from Kubernetes 1.29 on, an ordinary container that keeps serving through
+// the agent's drain below.
 func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 	t.Parallel()
 	if out, err := helm(t, "lint", "--strict", chart); err != nil {
@@ -128,18 +145,24 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
+		kube    string
 		set     string
 		sidecar bool
 		monitor bool
 	}{
-		{"standalone", "", false, false},
-		{"sidecar", "mode=sidecar,agent.image=agent:1", true, false},
-		{"other ports, a ServiceMonitor", "ports.proxy=8181,ports.admin=9191,serviceMonitor.enabled=true", false, true},
+		{"standalone", "1.30.0", "", false, false},
+		{"standalone, Kubernetes 1.28", "1.28.0", "", false, false},
+		{"sidecar", "1.30.0", "mode=sidecar,agent.image=agent:1", true, false},
+		{"sidecar, Kubernetes 1.29", "1.29.0", "mode=sidecar,agent.image=agent:1", true, false},
+		{"sidecar, Kubernetes 1.28", "1.28.0", "mode=sidecar,agent.image=agent:1", true, false},
+		{"sidecar, a longer drain", "1.28.0", "mode=sidecar,agent.image=agent:1,agent.drainSeconds=90,shutdown.graceSeconds=20", true, false},
+		{"other ports, a ServiceMonitor", "1.30.0", "ports.proxy=8181,ports.admin=9191,serviceMonitor.enabled=true", false, true},
 		// Helm replaces a list a values file sets: upstreams alone must
 		// still make a config that runs.
-		{"a values file's own upstream", "values:" + ownUpstream, false, false},
+		{"a values file's own upstream", "1.30.0", "values:" + ownUpstream, false, false},
 	} {
-		args := []string{"template", "r", chart}
+		native := tc.sidecar && tc.kube >= "1.29"
+		args := []string{"template", "r", chart, "--kube-version", tc.kube}
 		if file, ok := strings.CutPrefix(tc.set, "values:"); ok {
 			args = append(args, "-f", file)
 		} else if tc.set != "" {
@@ -174,8 +197,41 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 				agent = &dep.Containers[i]
 			}
 		}
-		if sturdy == nil {
-			t.Fatalf("%s: no sturdy container", tc.name)
+		if native {
+			// A native sidecar: an init container that keeps running.
+			if sturdy != nil || len(dep.InitContainers) != 1 || dep.InitContainers[0].Name != "sturdy" || dep.InitContainers[0].RestartPolicy != "Always" {
+				t.Fatalf("%s: Sturdy is not a native sidecar: init containers %+v", tc.name, dep.InitContainers)
+			}
+			sturdy = &dep.InitContainers[0]
+		} else if len(dep.InitContainers) != 0 || sturdy == nil || sturdy.RestartPolicy != "" {
+			// An API server before 1.29 drops restartPolicy, and the pod never starts.
+			t.Fatalf("%s: Sturdy is not an ordinary container: init containers %+v, sturdy %+v", tc.name, dep.InitContainers, sturdy)
+		}
+		// Started (what a native sidecar's agent waits for) once it serves, whether
+		// or not its upstreams are up.
+		if p := sturdy.Startup; p == nil || p.HTTPGet.Port != "admin" || p.HTTPGet.Path != "/healthz" {
+			t.Errorf("%s: the startup probe is not /healthz on the admin port: %+v", tc.name, p)
+		}
+		// Sturdy serves until the agent is done, and the kubelet waits for its grace.
+		drain := 30 * time.Second
+		if tc.name == "sidecar, a longer drain" {
+			drain = 90 * time.Second
+		}
+		delay, grace := time.Duration(cfg.Server.ShutdownDelay), time.Duration(cfg.Server.ShutdownGrace)
+		switch {
+		case native && delay != 0:
+			t.Errorf("%s: a native sidecar is signalled after the agent exits; shutdown_delay %v", tc.name, delay)
+		case tc.sidecar && !native && delay < drain:
+			t.Errorf("%s: shutdown_delay %v is shorter than the agent's drain %v", tc.name, delay, drain)
+		case !tc.sidecar && delay == 0:
+			t.Errorf("%s: no shutdown_delay while the Service drops the pod", tc.name)
+		}
+		before := delay
+		if tc.sidecar {
+			before = drain
+		}
+		if got := time.Duration(dep.TerminationGracePeriodSeconds) * time.Second; got <= before+grace {
+			t.Errorf("%s: terminationGracePeriodSeconds %v is not past %v (drain or delay) + %v (grace)", tc.name, got, before, grace)
 		}
 		_, adminPort, _ := net.SplitHostPort(cfg.AdminListen)
 		_, proxyPort, _ := net.SplitHostPort(cfg.Listen)
@@ -195,8 +251,11 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 			t.Errorf("%s: the config is not read from the ConfigMap mounted as a directory: args %v, mounts %+v", tc.name, sturdy.Args, sturdy.VolumeMounts)
 		}
 		if tc.sidecar {
-			if agent == nil || len(agent.Env) == 0 || agent.Env[0].Value != "http://localhost:"+proxyPort+"/v1" {
-				t.Errorf("sidecar: the agent does not call Sturdy on localhost: %+v", agent)
+			// The SDKs find Sturdy, and start: they refuse to without a key.
+			if agent == nil || agent.env("OPENAI_BASE_URL") != "http://localhost:"+proxyPort+"/v1" ||
+				agent.env("ANTHROPIC_BASE_URL") != "http://localhost:"+proxyPort ||
+				agent.env("OPENAI_API_KEY") == "" || agent.env("ANTHROPIC_API_KEY") == "" {
+				t.Errorf("%s: the agent does not call Sturdy on localhost with a placeholder key: %+v", tc.name, agent)
 			}
 		} else if agent != nil {
 			t.Errorf("%s: an agent container in standalone mode", tc.name)
@@ -214,10 +273,11 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 	}
 	// What would not run is refused at render time, with the reason.
 	for set, want := range map[string]string{
-		"mode=sidecar":           "needs agent.image",
-		"mode=both":              "neither standalone nor sidecar",
-		"config.listen=:1":       "leave listen and admin_listen out",
-		"config.admin.listen=:1": "leave it out",
+		"mode=sidecar":                    "needs agent.image",
+		"mode=both":                       "neither standalone nor sidecar",
+		"config.listen=:1":                "leave listen and admin_listen out",
+		"config.admin.listen=:1":          "leave it out",
+		"config.server.shutdown_delay=1s": "the chart sets them",
 	} {
 		if out, err := helm(t, "template", "r", chart, "--set", set); err == nil || !strings.Contains(out, want) {
 			t.Errorf("--set %s: err %v, output %q; want a failure saying %q", set, err, out, want)
