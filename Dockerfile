@@ -4,7 +4,10 @@
 #   docker run -p 127.0.0.1:8080:8080 --add-host=host.docker.internal:host-gateway \
 #     -e STURDY_UPSTREAM=http://host.docker.internal:11434 sturdy
 
-FROM golang:1.26 AS build
+# The build stage runs on the builder's own platform and cross-compiles for the target's
+# (docker buildx --platform linux/amd64,linux/arm64: no emulation; tools/release.sh).
+FROM --platform=$BUILDPLATFORM golang:1.26 AS build
+ARG TARGETOS TARGETARCH
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
@@ -15,7 +18,7 @@ ARG COMMIT=unknown
 # less memory, no tracing (README, Traces).
 ARG TAGS=""
 # The same flags .ci/run checks: static, reproducible, version stamped.
-RUN CGO_ENABLED=0 go build -trimpath -tags "${TAGS}" \
+RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -tags "${TAGS}" \
       -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
       -o /out/sturdy .
 
