@@ -15,7 +15,7 @@ COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
 # --build-arg TAGS=sturdy_notracing leaves the OTLP exporters out: a quarter
-# less memory, no tracing (README, Traces).
+# less memory, no tracing (docs/observability.md, Traces).
 ARG TAGS=""
 # The same flags .ci/run checks: static, reproducible, version stamped.
 RUN CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -tags "${TAGS}" \

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestDependencyDirection keeps the layering (README, Layout) one way: policy and
+// TestDependencyDirection keeps the layering (docs/design.md, Layout) one way: policy and
 // breaker import nothing of ours, nothing but main imports config, and the
 // upstream side does not know the request path. Config decodes an upstream and
 // a route straight into the types that compile them (upstream.Options,
@@ -44,7 +44,7 @@ func TestDependencyDirection(t *testing.T) {
 }
 
 // TestTheBuildWithoutTracingLinksNoExporter keeps what -tags
-// sturdy_notracing is for (README, Traces): the OTLP exporters, and the
+// sturdy_notracing is for (docs/observability.md, Traces): the OTLP exporters, and the
 // gRPC stack only they link, stay out of that build — an import of either
 // from anywhere else would put a quarter of the process's memory back.
 func TestTheBuildWithoutTracingLinksNoExporter(t *testing.T) {

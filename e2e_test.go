@@ -277,7 +277,7 @@ routes:
 }
 
 // TestAPoolOfFakeReplicasIsHealthChecked: the fake server answers the
-// health path the README recommends (it used to 404, taking a whole pool
+// health path docs/pools.md recommends (it used to 404, taking a whole pool
 // of fake replicas out), and in its outage fails it, so the health checks
 // take that replica out and every request goes to the other.
 func TestAPoolOfFakeReplicasIsHealthChecked(t *testing.T) {

@@ -284,3 +284,28 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestTheREADMEsHelmCommandsRender renders the chart with the arguments of
+// each helm install in the README (the local chart for the released one).
+func TestTheREADMEsHelmCommandsRender(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, cmd := range shellCommands(string(b)) {
+		w := words(cmd)
+		if len(w) < 4 || w[0] != "helm" || w[1] != "install" {
+			continue
+		}
+		n++
+		args := append([]string{"template", w[2], chart}, w[4:]...)
+		if out, err := helm(t, args...); err != nil {
+			t.Errorf("%s: helm %v: %v\n%s", cmd, args, err, out)
+		}
+	}
+	if n == 0 {
+		t.Fatal("the README has no helm install")
+	}
+}

@@ -78,7 +78,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 		}
 	}
 	// A rejected reload logs the config problem, not the file's secrets.
-	writeFile(t, cfgFile, cfg+"bogus: "+clientKey+"\n") // atomically, as the README says to
+	writeFile(t, cfgFile, cfg+"bogus: "+clientKey+"\n") // atomically, as docs/operations.md says to
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logs.String(), "config rejected") && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)

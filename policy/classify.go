@@ -210,7 +210,7 @@ func (v Verdict) ReplyHealth(o Outcome, adaptive bool) Health {
 }
 
 // Classify maps an attempt's outcome to what Sturdy does with it. It is the
-// classification table of the README, in code.
+// classification table of docs/failures-and-retries.md, in code.
 func Classify(o Outcome) Verdict {
 	switch o.Fault {
 	case FaultConnect:

@@ -17,17 +17,18 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// TestREADMEErrorTableIsTheVocabulary checks the README's table of error
-// codes row for row against errorTable: same codes, statuses and words.
-func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
+// TestTheErrorTableIsTheVocabulary checks the docs' table of error codes
+// (docs/failures-and-retries.md) row for row against errorTable: same
+// codes, statuses and words.
+func TestTheErrorTableIsTheVocabulary(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/failures-and-retries.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, table, ok := strings.Cut(string(readme), "| code | status | Anthropic `error.type` | SDK may retry | when |\n|---|---|---|---|---|\n")
+	_, table, ok := strings.Cut(string(doc), "| code | status | Anthropic `error.type` | SDK may retry | when |\n|---|---|---|---|---|\n")
 	if !ok {
-		t.Fatal("README has no error-code table")
+		t.Fatal("docs/failures-and-retries.md has no error-code table")
 	}
 	table, _, _ = strings.Cut(table, "\n\n")
 	var want []string
@@ -47,7 +48,7 @@ func TestREADMEErrorTableIsTheVocabulary(t *testing.T) {
 	}
 	got := strings.Split(strings.TrimSpace(table), "\n")
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("README's error table:\n%s\n\nerrorTable says:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		t.Fatalf("docs/failures-and-retries.md's error table:\n%s\n\nerrorTable says:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
@@ -69,18 +70,18 @@ func TestEveryErrorCodeHasOneRow(t *testing.T) {
 	}
 }
 
-// TestREADMELimitsTableNamesTheBounds: the Limits table says each bound
-// as the code has it.
-func TestREADMELimitsTableNamesTheBounds(t *testing.T) {
+// TestTheLimitsTableNamesTheBounds: the Limits table (docs/limits.md)
+// says each bound as the code has it.
+func TestTheLimitsTableNamesTheBounds(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/limits.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, limits, ok := strings.Cut(string(readme), "\n## Limits\n")
+	_, limits, ok := strings.Cut(string(doc), "# Limits\n")
 	limits, _, _ = strings.Cut(limits, "\n## ")
 	if !ok {
-		t.Fatal("README has no Limits section")
+		t.Fatal("docs/limits.md has no Limits title")
 	}
 	for _, row := range []struct{ limit, says string }{
 		{"request line + headers", sizeText(DefaultMaxHeaderBytes)},

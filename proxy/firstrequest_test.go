@@ -16,7 +16,7 @@ import (
 )
 
 // These tests hold the first request after something broke to the
-// invariant the README promises under "Giving up": when a target of the
+// invariant docs/failures-and-retries.md promises under "Giving up": when a target of the
 // route can answer within the deadline, the client gets that answer.
 
 // maxJitter draws the full-jitter backoff at its bound, so a backoff

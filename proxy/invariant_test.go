@@ -32,7 +32,7 @@ const (
 	chaosWorkers  = 4   // at once
 )
 
-// TestNoRequestFailsWhileATargetCanAnswer is the invariant the README
+// TestNoRequestFailsWhileATargetCanAnswer is the invariant docs/failures-and-retries.md
 // promises under "Giving up", held under a seeded random schedule.
 func TestNoRequestFailsWhileATargetCanAnswer(t *testing.T) {
 	t.Parallel()

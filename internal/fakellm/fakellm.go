@@ -97,7 +97,7 @@ type Profile struct {
 	// Outage takes the server down for a window.
 	Outage Outage `yaml:"outage"`
 	// Models are the names GET /v1/models lists (default "demo", the
-	// name the README's examples use).
+	// name the docs' examples use).
 	Models []string `yaml:"models"`
 }
 
