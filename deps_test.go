@@ -7,12 +7,12 @@ import (
 	"testing"
 )
 
-// TestDependencyDirection keeps the layering (docs/design.md, Layout) one way: policy and
-// breaker import nothing of ours, nothing but main imports config, and the
-// upstream side does not know the request path. Config decodes an upstream and
-// a route straight into the types that compile them (upstream.Options,
-// proxy.Route: one shape each), so it imports those packages, never the
-// other way round.
+// TestDependencyDirection keeps the layering (docs/design.md, Layout) one
+// way: policy and breaker import nothing of ours, nothing but commands (main,
+// tools/configref) imports config, and the upstream side does not know the
+// request path. Config decodes an upstream and a route straight into the
+// types that compile them (upstream.Options, proxy.Route: one shape each),
+// so it imports those packages, never the other way round.
 func TestDependencyDirection(t *testing.T) {
 	t.Parallel()
 	forbidden := map[string][]string{

@@ -55,17 +55,19 @@ type Settings struct {
 	// ConsecutiveFailures opens the breaker on the Nth failure in a row.
 	// Default 5.
 	ConsecutiveFailures uint32 `yaml:"consecutive_failures"`
-	// FailureRatio opens the breaker when, within Window, at least
-	// MinRequests attempts completed and failures ÷ completed ≥ the ratio.
-	// Default 0.5.
+	// FailureRatio opens the breaker when, within window, at least
+	// min_requests attempts completed and failures ÷ completed ≥ the
+	// ratio. Default 0.5.
 	FailureRatio float64 `yaml:"failure_ratio"`
-	// MinRequests is the number of completed attempts within Window before
-	// FailureRatio applies. Default 20.
+	// MinRequests is the number of completed attempts within window
+	// before failure_ratio applies. Default 20.
 	MinRequests uint32 `yaml:"min_requests"`
-	// Window is the rolling window the counts cover. Default 30 s.
+	// Window is the rolling window the counts cover. Default 30s.
 	Window time.Duration `yaml:"window"`
-	// OpenFor is how long the breaker stays open before letting probes
-	// through. Default 15 s.
+	// OpenFor is how long the breaker stays open (failing fast with 503
+	// circuit_open) before letting probes through. Opened on failed
+	// connects, it stays open 1 s first, doubling per failed probe up to
+	// this. Default 15s.
 	OpenFor time.Duration `yaml:"open_for"`
 	// HalfOpenRequests is the number of probes let through when half-open;
 	// that many successes in a row close it, one failure opens it again.

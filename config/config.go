@@ -36,49 +36,63 @@ import (
 // Config is the whole configuration file. The defaults its comments name
 // are filled in by the package that uses each value (proxy, policy,
 // breaker); a key left out of the file stays zero here.
+//
+// Each key's field comment is its reference (tools/configref generates
+// docs/configuration.md from it): what the key means, then "Default X."
+// or "Required.", and "Needs a restart." where a reload does not apply it.
 type Config struct {
-	// Listen is the client-facing address. Default ":8080".
+	// Listen is the client-facing address. STURDY_LISTEN and -listen
+	// override it. Default `:8080`. Needs a restart.
 	Listen string `yaml:"listen"`
-	// AdminListen is the address of the admin listener (metrics, health,
-	// pprof). Default "127.0.0.1:9090": loopback, never the public port.
-	// admin.listen says the same (the one Sturdy uses once loaded).
+	// AdminListen is the admin listener's address, the alias of
+	// admin.listen (set one). Default `127.0.0.1:9090`. Needs a restart.
 	AdminListen string `yaml:"admin_listen"`
-	// Admin configures the admin listener.
+	// Admin is the admin listener: metrics, health, upstream state and
+	// opt-in pprof.
 	Admin Admin `yaml:"admin"`
-	// Log configures Sturdy's log output.
+	// Log is Sturdy's log output. Needs a restart.
 	Log Log `yaml:"log"`
-	// Upstreams are the model servers Sturdy forwards to.
+	// Upstreams are the model servers Sturdy forwards to. At least one.
+	// Required.
 	Upstreams []Upstream `yaml:"upstreams"`
-	// Routes map request paths to upstreams. With none and exactly one
-	// upstream, one route "default" sends every path to it.
+	// Routes send requests to upstreams by path and model. Needed with
+	// several upstreams. Default: with one upstream, one route "default"
+	// sending every path to it.
 	Routes []Route `yaml:"routes"`
-	// Clients are per-client rate limits, each keyed by a header's value
+	// Clients are per-client limits, each keyed by a header's value
 	// (hashed, never stored); every request must pass all of them.
+	// Default none.
 	Clients []ClientLimit `yaml:"clients"`
-	// ClientKeysFile names a YAML file of single client keys' settings
-	// (keys: [{sha256 or key: ${VAR}, name, priority, requests_per_second,
-	// burst}]), at most MaxClientKeysFileBytes and proxy.MaxClientKeys
-	// keys; read with the config, and a change to it reloads like one to
-	// the config. A relative path is the working directory's.
+	// ClientKeysFile names a YAML file of single client keys' settings,
+	// read with the config; a change to it reloads like one to the
+	// config. The file is keys: [{sha256 or key: ${VAR}, name, priority,
+	// requests_per_second, burst, token budgets, spend}], at most 16 MiB
+	// and 100,000 keys. A relative path is the working directory's.
+	// Default none.
 	ClientKeysFile string `yaml:"client_keys_file"`
 	// ClientKeys are the keys ClientKeysFile lists, once read.
 	ClientKeys []ClientKey `yaml:"-"`
 	// Prices are what models cost, USD per million tokens, by model glob
-	// (at most MaxPrices): what a spend budget counts.
+	// (the model as sent; the most literal glob wins): what spend budgets
+	// and sturdy_spend_usd_total count. A model no glob prices costs 0.
+	// At most 256 globs. Default none.
 	Prices map[string]Price `yaml:"prices"`
-	// Server bounds how clients may use the listener.
+	// Server bounds how clients may use the listener. Its keys need a
+	// restart, except those marked hot-reloading.
 	Server Server `yaml:"server"`
-	// TLS, when cert_file and key_file are set, serves the listener over
-	// HTTPS.
+	// TLS serves the listener over HTTPS when cert_file and key_file are
+	// set (both or neither). Default off. Needs a restart.
 	TLS ListenerTLS `yaml:"tls"`
 	// Auth, when it has keys, requires every client to present one as
-	// "Authorization: Bearer <key>".
+	// "Authorization: Bearer <key>"; missing or wrong gets 401. With auth
+	// on, the client's Authorization never goes upstream. Default off.
 	Auth Auth `yaml:"auth"`
-	// SharedState, when set, shares cooldowns, limits and breaker hints
-	// with the other replicas of a fleet through Redis.
+	// SharedState shares cooldowns, limits, token budgets and breaker
+	// hints with the other replicas of a fleet through Redis; without it
+	// each replica learns and paces alone. Default none.
 	SharedState *SharedState `yaml:"shared_state"`
 	// Tracing exports OpenTelemetry traces of every request over OTLP;
-	// the standard OTEL_* variables fill what it leaves unset.
+	// the standard OTEL_* variables fill each key left out. Default off.
 	Tracing Tracing `yaml:"tracing"`
 
 	// written holds the keys the file set (dotted paths → line), so a
@@ -93,60 +107,84 @@ type Config struct {
 // token its endpoints (all but /healthz and /readyz) need.
 type Admin struct {
 	// Listen is the admin listener's address; the top-level admin_listen
-	// is its alias (set one). Default "127.0.0.1:9090". Takes effect after
-	// a restart.
+	// is its alias (set one). Loopback by default, never the public port;
+	// STURDY_DEFAULT_ADMIN_LISTEN changes the default (the image's is
+	// :9090). STURDY_ADMIN_LISTEN and -admin-listen override it. Default
+	// `127.0.0.1:9090`. Needs a restart.
 	Listen string `yaml:"listen"`
 	// Pprof serves Go's profiler under /debug/pprof/ (a profile's
 	// seconds at most 60). Default false. Hot-reloads.
 	Pprof bool `yaml:"pprof"`
-	// Token, when set (${VAR} expanded; at least 16 characters), is
-	// required as "Authorization: Bearer <token>" by /debug/* and
-	// /metrics. Hot-reloads.
+	// Token is the bearer token /metrics and /debug/* require, as
+	// "Authorization: Bearer <token>"; /healthz, /readyz and the status
+	// page stay open. At least 16 characters; ${VAR} is expanded. Default
+	// none. Hot-reloads.
 	Token string `yaml:"token"`
-	// TokenFile reads the token from a file instead (not both).
+	// TokenFile names a file holding the token, in place of token (not
+	// both). Default none. Hot-reloads.
 	TokenFile string `yaml:"token_file"`
 }
 
 // SharedState is how a fleet of Sturdys shares state through Redis.
 type SharedState struct {
-	// RedisURL is redis:// or rediss:// with the database. Required.
-	// ${VAR} is expanded.
+	// RedisURL is the Redis server: redis:// or rediss://, with the
+	// database. ${VAR} is expanded. Required.
 	RedisURL string `yaml:"redis_url"`
-	// MasterName and SentinelAddresses find the master through Sentinel.
-	MasterName        string   `yaml:"master_name"`
+	// MasterName is the Sentinel master's name; with
+	// sentinel_addresses, the master is found through Sentinel. Default
+	// none.
+	MasterName string `yaml:"master_name"`
+	// SentinelAddresses are the Sentinels (host:port) asked for
+	// master_name's address. Default none.
 	SentinelAddresses []string `yaml:"sentinel_addresses"`
-	// Password (${VAR} expanded) or PasswordFile overrides the URL's.
-	Password     string `yaml:"password"`
+	// Password overrides the URL's password. ${VAR} is expanded. Default
+	// none: the URL's.
+	Password string `yaml:"password"`
+	// PasswordFile names a file holding the password, in place of
+	// password. Default none.
 	PasswordFile string `yaml:"password_file"`
-	// KeyPrefix starts every key. Default "sturdy:".
+	// KeyPrefix starts every Redis key and the events channel. Default
+	// `sturdy:`.
 	KeyPrefix string `yaml:"key_prefix"`
-	// HashKey, when set (${VAR} expanded), keys credentials by
-	// HMAC-SHA-256 with it, else SHA-256.
+	// HashKey, when set, keys credentials in Redis by HMAC-SHA-256 with
+	// it, else by SHA-256; Redis holds hashes only either way. ${VAR} is
+	// expanded. Default none.
 	HashKey string `yaml:"hash_key"`
 	// Timeout is the longest a request waits on Redis. Default 50ms.
 	Timeout Duration `yaml:"timeout"`
-	// OnFailure is local (default: carry on with this replica's state)
-	// or refuse (503 shared_state_unavailable).
+	// OnFailure is what a request does when Redis is slow or down: local
+	// carries on with this replica's own state, refuse answers 503
+	// shared_state_unavailable. Default local.
 	OnFailure string `yaml:"on_failure"`
-	// ShareBreakers announces an endpoint's breaker opening to the fleet.
+	// ShareBreakers announces an endpoint's breaker opening to the
+	// fleet: the others leave the endpoint out until this replica's
+	// probe. Default false.
 	ShareBreakers bool `yaml:"share_breakers"`
 }
 
 // Tracing is where and how Sturdy exports traces. Every key left out is
 // filled from the OTEL_* environment (the file's keys win over it).
 type Tracing struct {
-	// Endpoint is the collector's base URL (http/protobuf: /v1/traces is
-	// appended; grpc: usually :4317). Empty: OTEL_EXPORTER_OTLP_ENDPOINT,
-	// else tracing off.
+	// Endpoint is the OTLP collector's base URL; setting it turns
+	// tracing on. For http/protobuf /v1/traces is appended; grpc is
+	// usually :4317. ${VAR} is expanded. Default:
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT,
+	// else off.
 	Endpoint string `yaml:"endpoint"`
-	// Protocol is http/protobuf (default) or grpc.
+	// Protocol is the export protocol: http/protobuf or grpc. Default:
+	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL,
+	// else `http/protobuf`.
 	Protocol string `yaml:"protocol"`
 	// SampleRatio is the share of traces started here that are sampled; a
-	// sampled incoming traceparent is always followed. Default 1.
+	// sampled incoming traceparent is always followed. Default:
+	// OTEL_TRACES_SAMPLER, else `1`.
 	SampleRatio *float64 `yaml:"sample_ratio"`
-	// ServiceName is service.name. Default "sturdy".
+	// ServiceName is the traces' service.name. Default:
+	// OTEL_SERVICE_NAME, else `sturdy`.
 	ServiceName string `yaml:"service_name"`
-	// Headers go with every export (${VAR} expanded in the values).
+	// Headers are sent with every export; their values are secrets, never
+	// logged. ${VAR} is expanded in the values. Default:
+	// OTEL_EXPORTER_OTLP_HEADERS, else none.
 	Headers map[string]string `yaml:"headers"`
 }
 
@@ -154,26 +192,29 @@ type Tracing struct {
 type Server struct {
 	// ReadTimeout bounds reading a whole request (headers and body); a
 	// client trickling its headers (slowloris) is cut here. Default 60s.
+	// Needs a restart.
 	ReadTimeout Duration `yaml:"read_timeout"`
 	// IdleTimeout bounds a keep-alive connection waiting for its next
-	// request. Default 120s.
+	// request. Default 120s. Needs a restart.
 	IdleTimeout Duration `yaml:"idle_timeout"`
 	// MaxHeaderBytes caps the request line and headers; larger gets 431.
-	// Default 32KiB.
+	// Default 32KiB. Needs a restart.
 	MaxHeaderBytes Size `yaml:"max_header_bytes"`
 	// MaxConnections caps open client connections; one more is answered
-	// 503 too_many_connections. Default: half the process's file
-	// descriptor limit, less 128 (64 for files and logs, 64 for the admin
-	// listener's connections).
+	// 503 too_many_connections at once. The default leaves 64 descriptors
+	// for files and logs, 64 for the admin listener, and half the rest
+	// for upstream connections. Default: half the process's file
+	// descriptor limit less 128, at least 16, at most 65536. Needs a
+	// restart.
 	MaxConnections int `yaml:"max_connections"`
 	// WriteTimeout is the longest a single write to a client may block: a
 	// client that stops reading is cut (a stream it keeps reading never
-	// is). Default 60s.
+	// is). Default 60s. Needs a restart.
 	WriteTimeout Duration `yaml:"write_timeout"`
 	// TrustedProxies are CIDRs (or single addresses) of peers whose
 	// X-Forwarded-For/-Host/-Proto are kept (Sturdy appends its peer to
 	// X-Forwarded-For); from anyone else they are replaced by what Sturdy
-	// saw. Default none. Hot-reloads, unlike the other server keys.
+	// saw. Default none. Hot-reloads.
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// AllowedHosts are names, beyond localhost and *.localhost, that a
 	// request reaching Sturdy on a loopback address may carry as its Host
@@ -193,7 +234,7 @@ type Server struct {
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	// ShutdownDelay keeps serving, with /readyz already 503, this long
 	// after the signal before draining (a sidecar's agent may still be
-	// finishing). Default 0. Hot-reloads.
+	// finishing). Default 0s. Hot-reloads.
 	ShutdownDelay Duration `yaml:"shutdown_delay"`
 	// MaxBufferedBytes bounds the bytes held on behalf of clients, all
 	// together: streams' heads held before their commit point and by
@@ -211,14 +252,14 @@ type Server struct {
 	// ReduceMemory releases an idle keep-alive connection's request
 	// context and buffers between requests (fasthttp's
 	// ReduceMemoryUsage): about half the memory per idle connection, for
-	// more CPU per request (README "Limits"). Default false; needs a
-	// restart, like the other server keys.
+	// more CPU per request (docs/limits.md). Default false. Needs a
+	// restart.
 	ReduceMemory bool `yaml:"reduce_memory"`
 	// ReduceMemoryAbove is how many client connections may be open before
 	// the next one opened is served as with reduce_memory (for its life):
 	// a few busy connections run at full speed, a crowd of idle ones
-	// costs half the memory. Default 1000; at max_connections or above,
-	// never. Needs a restart.
+	// costs half the memory. At max_connections or above, never. Default
+	// 1000. Needs a restart.
 	ReduceMemoryAbove int `yaml:"reduce_memory_above"`
 }
 
@@ -245,18 +286,21 @@ func (s Server) RestartOnly() Server {
 
 // ListenerTLS serves the listener over TLS.
 type ListenerTLS struct {
-	// CertFile is a PEM certificate chain.
+	// CertFile names the listener's PEM certificate chain. Default none.
+	// Needs a restart.
 	CertFile string `yaml:"cert_file"`
-	// KeyFile is the PEM private key.
+	// KeyFile names the listener's PEM private key. Default none. Needs a
+	// restart.
 	KeyFile string `yaml:"key_file"`
 }
 
 // Auth is client authentication with keys Sturdy issues.
 type Auth struct {
-	// Keys are accepted client keys. ${VAR} is expanded.
+	// Keys are the client keys accepted, checked in constant time. At
+	// least 16 characters each; ${VAR} is expanded. Default none.
 	Keys []string `yaml:"keys"`
-	// KeysFile holds more keys, one per line (blank lines and # comments
-	// ignored).
+	// KeysFile names a file of more client keys, one per line (blank
+	// lines and # comments ignored). Default none.
 	KeysFile string `yaml:"keys_file"`
 }
 
@@ -279,9 +323,12 @@ const MaxPrices = 256
 
 // Log configures logging.
 type Log struct {
-	// Level is debug, info, warn or error. Default info.
+	// Level is the least severe level logged: debug, info, warn or
+	// error. Default info. Needs a restart.
 	Level string `yaml:"level"`
-	// Format is json or console. Default json.
+	// Format is the log lines' form: json or console. With json every
+	// line Sturdy prints is JSON, fasthttp's own messages included.
+	// Default json. Needs a restart.
 	Format string `yaml:"format"`
 }
 

@@ -40,11 +40,11 @@ const (
 // stream ends or its window passes, so a failure inside the window is
 // retried from scratch, unseen. Off when both are zero.
 type StreamHold struct {
-	// Max is the window's length from the stream's first output. Default
-	// 2 s when Bytes is set.
+	// Max is the window's length from the stream's first output; either
+	// key alone turns the hold on. Default 2s.
 	Max time.Duration `yaml:"max"`
-	// Bytes ends the window once this much of the body is held. Default
-	// 64 KiB when Max is set.
+	// Bytes ends the window once this much of the body is held (at most
+	// 16MiB); either key alone turns the hold on. Default 64KiB.
 	Bytes units.Size `yaml:"bytes"`
 }
 
@@ -132,26 +132,33 @@ const maxDefaultConnections = 65536
 // Target is a fallback: an upstream, with the body's "model" rewritten to
 // Model when set.
 type Target struct {
+	// Upstream is the fallback's upstream, by name. Required.
 	Upstream string `yaml:"upstream"`
-	Model    string `yaml:"model"`
+	// Model, when set, rewrites the body's "model" for this target;
+	// unset, the model goes as the client sent it. Default none.
+	Model string `yaml:"model"`
 }
 
 // ClientLimit rate-limits each client, told apart by KeyHeader's value:
 // the config file's clients[] entries decode into it (its yaml keys).
 type ClientLimit struct {
-	// KeyHeader names the header that tells clients apart. Default
-	// Authorization, which means the request's credential (Authorization,
-	// else x-api-key). Requests without it share one bucket.
+	// KeyHeader names the header whose value, hashed, tells clients
+	// apart. Authorization means the request's credential (Authorization,
+	// else x-api-key). Requests without it share one bucket. Default
+	// Authorization.
 	KeyHeader string `yaml:"key_header"`
-	// RequestsPerSecond is each client's sustained rate; 0: no request
-	// limit (the entry sets a token budget instead).
+	// RequestsPerSecond is each client's sustained request rate; past it,
+	// 429 rate_limited at once. 0: no request limit (the entry sets a
+	// budget instead). Default 0.
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	// Burst is how many requests a client may send at once. Default: the
 	// rate rounded up, at least 1.
 	Burst int `yaml:"burst"`
 	// TokenLimits are each client's token budgets.
 	TokenLimits `yaml:",inline"`
-	// Spend is each client's spend budget (priced by Options.Prices).
+	// Spend is each client's spend budget, priced by prices; past it,
+	// 429 budget_exceeded. With shared_state it is the fleet's, else this
+	// replica's, in memory. Default none.
 	Spend Spend `yaml:"spend"`
 }
 
@@ -159,13 +166,18 @@ type ClientLimit struct {
 // "month", UTC — of what its replies' usage costs at Options.Prices.
 // Zero USD: none.
 type Spend struct {
-	USD    float64 `yaml:"usd"`
-	Period string  `yaml:"period"`
+	// USD is the most a client may spend a period, in US dollars; 0: no
+	// budget. Default 0.
+	USD float64 `yaml:"usd"`
+	// Period is the budget's span: day or month, in UTC. Default day.
+	Period string `yaml:"period"`
 }
 
 // Price is what a model's tokens cost, in USD per million.
 type Price struct {
-	Input  float64 `yaml:"input"`
+	// Input is the price of a million input tokens, in USD. Default 0.
+	Input float64 `yaml:"input"`
+	// Output is the price of a million output tokens, in USD. Default 0.
 	Output float64 `yaml:"output"`
 }
 
@@ -173,10 +185,14 @@ type Price struct {
 // minute: policy.TokenWindow); 0: no such budget. A request reserves its
 // estimate of each at admission and settles to its reply's usage.
 type TokenLimits struct {
-	// TokensPerMinute counts input and output together.
+	// TokensPerMinute is a budget of input and output tokens together, a
+	// sliding minute; 0: none. Default 0.
 	TokensPerMinute int64 `yaml:"tokens_per_minute"`
-	// InputTokensPerMinute and OutputTokensPerMinute count one side each.
-	InputTokensPerMinute  int64 `yaml:"input_tokens_per_minute"`
+	// InputTokensPerMinute is a budget of input tokens, a sliding
+	// minute; 0: none. Default 0.
+	InputTokensPerMinute int64 `yaml:"input_tokens_per_minute"`
+	// OutputTokensPerMinute is a budget of output tokens, a sliding
+	// minute; 0: none. Default 0.
 	OutputTokensPerMinute int64 `yaml:"output_tokens_per_minute"`
 }
 
@@ -246,77 +262,92 @@ type ClientKey struct {
 // into it (the yaml keys below; package config validates it, with key and
 // line), and the proxy compiles it (buildRoute).
 type Route struct {
-	// Name identifies the route in logs.
+	// Name identifies the route in logs. Required.
 	Name string `yaml:"name"`
-	// PathPrefix is matched bytewise against the raw request path; the
-	// longest match wins. Default "/".
+	// PathPrefix is matched bytewise against the raw request path, not
+	// stripped; the longest match wins. Default `/`.
 	PathPrefix string `yaml:"path_prefix"`
-	// Model, when set, is a glob (* and ?) the body's "model" must match:
+	// Model is a glob (* and ?) the body's "model" must match:
 	// among routes with the longest matching path_prefix, one whose glob
 	// matches beats one without, a glob with more literal characters a
-	// shorter one.
+	// shorter one. Default any.
 	Model string `yaml:"model"`
-	// Upstream is an Upstream's Name: the primary target.
+	// Upstream is the primary target, an upstream's name. Required.
 	Upstream string `yaml:"upstream"`
-	// Fallbacks are tried in order after Upstream.
+	// Fallbacks are the targets tried in order once the primary cannot
+	// answer. Default none.
 	Fallbacks []Target `yaml:"fallbacks"`
-	// FirstToken, when set, bounds each attempt's wait for its first body
-	// byte below the upstream's first_byte timeout, for streamed
-	// requests; 0 means off.
+	// FirstToken bounds, for streamed requests, each attempt's wait for
+	// its first output (the commit point) below the upstream's
+	// first_byte timeout; past it the attempt is abandoned. 0s: off.
+	// Default off.
 	FirstToken time.Duration `yaml:"first_token"`
-	// FailoverOn lists 4xx statuses that move to the next target.
+	// FailoverOn lists 4xx statuses that move to the next target instead
+	// of passing through. Default none.
 	FailoverOn []int `yaml:"failover_on"`
-	// FailoverCodes lists error codes (OpenAI's error.code, Anthropic's
-	// error.type) of a 400 body that move to the next target.
+	// FailoverCodes lists error codes of a 400 body (OpenAI's error.code,
+	// Anthropic's error.type) that move to the next target. Default none.
 	FailoverCodes []string `yaml:"failover_codes"`
-	// Deadline is the budget until the response starts, retries included.
-	// Default 120 s.
+	// Deadline is the budget until the response starts, retries and
+	// waits included. Default 120s.
 	Deadline time.Duration `yaml:"deadline"`
-	// MaxBody is the largest request body accepted. Default 32 MiB.
+	// MaxBody is the largest request body accepted; larger gets 413.
+	// Raising it above the largest at start needs a restart. Default
+	// 32MiB.
 	MaxBody units.Size `yaml:"max_body"`
 	// MaxDuration caps a whole response, from the request's start to the
 	// end of its body; past it the body is cut (a stream gets its
-	// interruption event). Zero: 10 minutes for a non-streamed reply
-	// (known length, not SSE or NDJSON), no cap for a stream.
+	// interruption event). Written, it caps streams too. Default: `10m`
+	// for a non-streamed reply, none for a stream.
 	MaxDuration time.Duration `yaml:"max_duration"`
-	// Retry is the route's retry policy (compiled into a policy.Retry).
+	// Retry is the route's retry policy.
 	Retry Retry `yaml:"retry"`
-	// StreamHold holds a stream's head until it ends or its window
-	// passes (off when zero).
+	// StreamHold holds an inference stream's status and headers past its
+	// first output until it ends, max passes or bytes are held: a failure
+	// inside is retried unseen, at the cost of a later first token.
+	// Default off.
 	StreamHold StreamHold `yaml:"stream_hold"`
 	// MaxRescues bounds the continuations of one request's stream cut
-	// mid-answer; 0: none. nil: the default, 1.
+	// mid-answer, on a target with continuation set; 0: none. Default 1.
 	MaxRescues *int `yaml:"max_rescues"`
 	// MaxRescueBytes bounds the text a rescuable stream keeps for its
-	// continuation; past it the stream goes on unrescuable. Default 1 MiB.
+	// continuation; past it the stream goes on unrescuable
+	// (rescue_refused: too_large). Default 1MiB.
 	MaxRescueBytes units.Size `yaml:"max_rescue_bytes"`
 	// Priority is the class of the route's requests in an endpoint's
-	// concurrency queue (interactive, the default, or batch);
-	// PriorityHeader lets a request say its own in x-sturdy-priority.
-	Priority       upstream.Priority `yaml:"priority"`
-	PriorityHeader bool              `yaml:"priority_header"`
+	// concurrency queue: interactive or batch. Default interactive.
+	Priority upstream.Priority `yaml:"priority"`
+	// PriorityHeader lets a request say its own class in
+	// x-sturdy-priority (interactive or batch). Default false.
+	PriorityHeader bool `yaml:"priority_header"`
 }
 
 // Retry is a route's retry policy as written; its zero fields take
 // policy's defaults (policy.Retry.WithDefaults).
 type Retry struct {
 	// MaxAttempts counts the first attempt, per target; 1: no retries.
+	// Default 4.
 	MaxAttempts int `yaml:"max_attempts"`
 	// BaseDelay is the full-jitter bound before the first retry, doubling
-	// per retry up to MaxDelay.
+	// per retry up to max_delay. Default 250ms.
 	BaseDelay time.Duration `yaml:"base_delay"`
-	MaxDelay  time.Duration `yaml:"max_delay"`
-	// MaxRetryAfter is the longest server-given wait honoured.
+	// MaxDelay caps the full-jitter bound (never below base_delay).
+	// Default 8s.
+	MaxDelay time.Duration `yaml:"max_delay"`
+	// MaxRetryAfter is the longest server-given wait honoured; a longer
+	// one goes back to the client. Default 30s.
 	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
-	// On lists what is retried: 429, 5xx, connect, reset, timeout (nil:
-	// all; policy.ParseRetryOn).
+	// On lists what is retried: 429, 5xx, connect, reset, timeout.
+	// Default: all five.
 	On []string `yaml:"on"`
-	// ReplayWrites retries non-inference writes on every reason.
+	// ReplayWrites retries non-inference writes (files, batches) on every
+	// reason, not only when the connection never opened. Default false.
 	ReplayWrites bool `yaml:"replay_writes"`
-	// MaxTotalAttempts caps attempts across all targets.
+	// MaxTotalAttempts caps attempts across all targets. Default:
+	// max_attempts plus the number of fallbacks.
 	MaxTotalAttempts int `yaml:"max_total_attempts"`
-	// OnTimeout is failover or retry ("": failover when there is a
-	// fallback).
+	// OnTimeout is what follows a timeout: failover (the next target) or
+	// retry (in place). Default: failover with a fallback, else retry.
 	OnTimeout string `yaml:"on_timeout"`
 	// AttemptsOnClientRetry caps attempts per target when the client is
 	// retrying on its own (X-Stainless-Retry-Count > 0). Default 1.

@@ -27,40 +27,50 @@ const (
 // (concurrency:), with a queue in front of the limit. Mode off leaves
 // only max_in_flight (pool-wide) and max_connections.
 type Concurrency struct {
+	// Mode is how each endpoint's requests in flight are limited: off,
+	// fixed (max in flight) or adaptive (a limit that follows the
+	// endpoint's time to first content, up to max). Default `off`.
 	Mode ConcurrencyMode `yaml:"mode"`
-	// Max is the limit in mode fixed, the ceiling in mode adaptive.
-	// Default 64.
-	Max      int      `yaml:"max"`
+	// Max is each endpoint's limit in mode fixed, its ceiling in mode
+	// adaptive. Default 64.
+	Max int `yaml:"max"`
+	// Adaptive tunes mode adaptive's law.
 	Adaptive Adaptive `yaml:"adaptive"`
-	Queue    Queue    `yaml:"queue"`
+	// Queue bounds the requests waiting for a place under an endpoint's
+	// limit; past it, 503 upstream_busy with a Retry-After from the
+	// queue's drain, or a fallback.
+	Queue Queue `yaml:"queue"`
 	// BatchShare is the most of an endpoint's limit batch requests may
-	// hold at once, so an interactive one finds a place. Default 75 %.
+	// hold at once, so an interactive one finds a place. Default 75%.
 	BatchShare units.Percent `yaml:"batch_share"`
 }
 
 // Adaptive tunes mode adaptive (Gradient2 on the time to first content
 // of streamed replies; see gradient).
 type Adaptive struct {
-	// Min is the lowest the limit goes (default 1), Initial where it
-	// starts (default 4).
-	Min     int `yaml:"min"`
+	// Min is the lowest the limit goes. Default 1.
+	Min int `yaml:"min"`
+	// Initial is where the limit starts. Default 4.
 	Initial int `yaml:"initial"`
 	// Tolerance is how much slower than its baseline a reply may start
-	// before the limit comes down (default 1.5: half again).
+	// before the limit comes down (1.5: half again). Default 1.5.
 	Tolerance float64 `yaml:"tolerance"`
-	// Smoothing is the share of a decrease applied per round — a limit's
-	// worth of samples, 1/limit of it each (default 0.2).
+	// Smoothing is the share of a decrease applied per round: a limit's
+	// worth of samples, 1/limit of it each. Default 0.2.
 	Smoothing float64 `yaml:"smoothing"`
 	// MinSamples is how many samples a prompt-size bucket needs before
-	// they move the limit (default 8).
+	// they move the limit. Default 8.
 	MinSamples int `yaml:"min_samples"`
 }
 
 // Queue bounds the requests waiting for a place under an endpoint's
-// limit: at most Max (default 128), each at most Timeout (default 5 s;
-// the upstream's queue_timeout is the same setting).
+// limit.
 type Queue struct {
-	Max     int           `yaml:"max"`
+	// Max is how many requests may wait per endpoint (a pool of two
+	// holds up to twice this). Default 128.
+	Max int `yaml:"max"`
+	// Timeout is the longest each waits. It is the upstream's
+	// queue_timeout: either key sets both. Default 5s.
 	Timeout time.Duration `yaml:"timeout"`
 }
 

@@ -46,84 +46,109 @@ const (
 // validates it, with key and line), and New compiles it.
 type Options struct {
 	// Name identifies the upstream in routes, logs and error bodies.
+	// Required.
 	Name string `yaml:"name"`
-	// URL is scheme://host[:port][/prefix]; the request URI is appended.
-	// A pool of one: set URL, Endpoints or Discover.
+	// URL is the server's address, scheme://host[:port][/prefix] with
+	// http or https; the request path is appended, a trailing slash
+	// ignored. Set exactly one of url, endpoints and discover. ${VAR} is
+	// expanded. Default none.
 	URL string `yaml:"url"`
-	// Endpoints are the replicas of a pool, each in URL's form.
+	// Endpoints are a pool's replicas, each in url's form
+	// (docs/pools.md). ${VAR} is expanded. Default none.
 	Endpoints []string `yaml:"endpoints"`
-	// Discover finds the pool's endpoints in DNS instead.
+	// Discover finds a pool's endpoints in DNS: one per address the name
+	// resolves to. A failed resolution keeps the last good set; vanished
+	// addresses are drained. Default none.
 	Discover Discover `yaml:"discover"`
-	// Balance picks an endpoint for each attempt. Default least_requests.
+	// Balance is how a pool picks an endpoint for each attempt:
+	// least_requests, round_robin or affinity. Default least_requests.
 	Balance Balance `yaml:"balance"`
-	// Affinity keys requests for Balance affinity.
+	// Affinity is what keys a request with balance affinity: a header's
+	// value, or a prefix of its messages. Bounded load: no endpoint above
+	// 1.25 times the mean in flight. Default none.
 	Affinity Affinity `yaml:"affinity"`
-	// HealthCheck probes each endpoint; off when Path is empty.
+	// HealthCheck probes each endpoint with a GET of its path. Default
+	// off.
 	HealthCheck HealthCheck `yaml:"health_check"`
-	// SlowStart ramps a returning endpoint's share up over this long; 0:
-	// no ramp. nil: the default, 30 s.
+	// SlowStart is how long a returning or new endpoint's share takes to
+	// ramp up; 0s: at once. Default 30s.
 	SlowStart *time.Duration `yaml:"slow_start"`
-	// MaxEjected is the share of the pool its breakers may take out at
-	// once (always at least one endpoint). Default 0.5.
+	// MaxEjected is the share of the pool its breakers may eject at once
+	// ("50%" or 0.5); one endpoint always may be. Health checks are not
+	// bounded by it. Default 50%.
 	MaxEjected units.Percent `yaml:"max_ejected"`
-	// RideThrough, when set, makes a request wait this long (within its
-	// deadline) for an endpoint to come back when every one is out,
-	// instead of failing at once; 0: off.
+	// RideThrough is how long a request waits, within its deadline, for
+	// an endpoint to come back when every one is out, instead of failing
+	// at once. Waiting requests hold max_in_flight slots; with it
+	// unlimited, at most 1024 wait. 0s: off. Default 0s.
 	RideThrough time.Duration `yaml:"ride_through"`
-	// Continuation says how the upstream continues a partial assistant
-	// message, for rescuing a stream cut mid-answer (ContinueNone: it is
-	// never asked to).
+	// Continuation is how the upstream continues a partial answer, for
+	// rescuing a stream cut mid-answer: vllm (continue_final_message),
+	// prefill (a trailing assistant message) or none (never sent a
+	// partial answer). On /v1/messages only prefill continues. Default
+	// none.
 	Continuation Continuation `yaml:"continuation"`
 	// APIKey, when set, replaces the client's credential: sent as
 	// "Authorization: Bearer <key>", and on the Messages API's paths as
-	// x-api-key unless APIKeyHeader is authorization (vLLM's /v1/messages
-	// takes only Bearer; see Bearer). APIKeyFile is where the config
-	// read it from, if it did.
-	APIKey       string `yaml:"api_key"`
+	// x-api-key unless api_key_header is authorization. ${VAR} is
+	// expanded; an unset variable passes the client's own credential.
+	// Default none.
+	APIKey string `yaml:"api_key"`
+	// APIKeyHeader is how api_key goes on the Messages API's paths:
+	// x-api-key, or authorization (Bearer, as vLLM's /v1/messages takes
+	// it). Default x-api-key.
 	APIKeyHeader string `yaml:"api_key_header"`
-	APIKeyFile   string `yaml:"api_key_file"`
-	// APIs are the APIs the upstream serves (zero: both); a request
-	// speaking another skips it.
+	// APIKeyFile names a file holding api_key, in place of it (not
+	// both). Default none.
+	APIKeyFile string `yaml:"api_key_file"`
+	// APIs are the request formats the upstream serves, openai and
+	// anthropic, with no translation between them; a request speaking
+	// another passes it over. Default `[openai, anthropic]`.
 	APIs APIs `yaml:"apis"`
-	// TLS configures verification of an https upstream.
+	// TLS is how an https upstream is verified: verification is on
+	// unless turned off here.
 	TLS TLS `yaml:"tls"`
-	// Timeouts bound each attempt.
+	// Timeouts are the bounds of each attempt.
 	Timeouts Timeouts `yaml:"timeouts"`
-	// MaxConnections caps open connections (one per in-flight request).
-	// Default 512.
+	// MaxConnections caps open connections to each endpoint; each
+	// request or stream in flight holds one. Default 512.
 	MaxConnections int `yaml:"max_connections"`
-	// Breaker configures the upstream's circuit breaker; its zero fields
-	// take breaker's defaults.
+	// Breaker is each endpoint's circuit breakers: one for connections,
+	// one per model for replies. Its keys left out take breaker's
+	// defaults.
 	Breaker breaker.Settings `yaml:"breaker"`
-	// RateLimit paces requests to the upstream; zero RequestsPerSecond
-	// means no pacing.
+	// RateLimit paces requests to the upstream below a provider's
+	// quota. Default off.
 	RateLimit RateLimit `yaml:"rate_limit"`
-	// MaxInFlight caps concurrent requests (streams included); 0 means
-	// unlimited.
+	// MaxInFlight caps concurrent requests to the upstream, streams
+	// included; 0: unlimited. Default 0.
 	MaxInFlight int `yaml:"max_in_flight"`
-	// QueueTimeout is how long a request waits for a slot under
-	// MaxInFlight, a connection place, or a place under the endpoint's
-	// concurrency limit (it is Concurrency.Queue.Timeout: either key sets
-	// both). Default 5 s.
+	// QueueTimeout is how long a request waits, in all, for a slot
+	// under max_in_flight, a connection and a place under the endpoint's
+	// concurrency limit; then 503 upstream_busy, or a fallback. It is
+	// concurrency.queue.timeout: either key sets both. Default 5s.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
 	// Concurrency limits the requests in flight on each endpoint, fixed
-	// or adaptive, with a bounded queue in front; off by default.
+	// or adaptive, with a bounded queue in front (docs/overload.md).
+	// Default off.
 	Concurrency Concurrency `yaml:"concurrency"`
-	// RetryBudget caps retries to the upstream.
+	// RetryBudget caps retries to the upstream: within 10 s they may add
+	// ratio of the first attempts plus min_per_second a second.
 	RetryBudget RetryBudget `yaml:"retry_budget"`
-	// Cooldown says how the upstream's 429s are learned.
+	// Cooldown is what the upstream's 429s and x-ratelimit-* headers
+	// teach: a cooldown per credential and model, so other requests do
+	// not rediscover it.
 	Cooldown Cooldown `yaml:"cooldown"`
 	// TokensPerMinute paces the upstream under its provider's tokens a
-	// minute, per model glob (the model as sent): a request reserves its
-	// estimate when the target is chosen and settles to its reply's usage;
-	// one the window cannot take waits up to rate_limit.max_wait (default
-	// 2 s; at most three such waits), then fails over or is refused 429. Unset: none. At most
-	// MaxTokenModels globs.
+	// minute, per model glob (the model as sent; at most 64 globs).
+	// A request reserves its estimate when the target is chosen and
+	// settles to its reply's usage. One the window cannot take waits up
+	// to rate_limit.max_wait (at most three such waits), then fails over
+	// or gets 429. Default none.
 	TokensPerMinute map[string]int64 `yaml:"tokens_per_minute"`
-	// StreamUsage, when false, stops Sturdy from asking the upstream for
-	// a stream's usage (stream_options.include_usage on a chat or legacy
-	// completions stream a token budget counts) for a server that refuses
-	// the field. Default true.
+	// StreamUsage lets Sturdy set stream_options.include_usage on a chat
+	// or legacy completions stream a token budget counts; false for a
+	// server that refuses the field. Default true.
 	StreamUsage *bool `yaml:"stream_usage"`
 }
 
@@ -137,21 +162,24 @@ func (u *Options) AsksStreamUsage() bool { return u.StreamUsage == nil || *u.Str
 
 // Timeouts bound each attempt to an upstream.
 type Timeouts struct {
-	// Connect bounds dialling and the TLS handshake. Default 2 s.
+	// Connect bounds dialling and the TLS handshake. Default 2s.
 	Connect time.Duration `yaml:"connect"`
-	// FirstByte runs from sending the request to the first body byte
-	// (the end of the head for a bodyless reply). Default 60 s.
+	// FirstByte bounds the wait from sending the request to the first
+	// body byte: the end of the head for a bodyless reply, a stream's
+	// first output. Default 60s.
 	FirstByte time.Duration `yaml:"first_byte"`
-	// Idle bounds each gap between reads of a streamed body. Default 30 s.
+	// Idle bounds each gap between reads of a streamed body. Default 30s.
 	Idle time.Duration `yaml:"idle"`
 }
 
-// TLS configures verification of an https upstream: CAFile adds PEM CAs
-// to trust (an internal gateway's), InsecureSkipVerify turns verification
-// off (tests against self-signed servers only).
+// TLS configures verification of an https upstream.
 type TLS struct {
-	CAFile             string `yaml:"ca_file"`
-	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+	// CAFile names a PEM file of extra CAs to trust (an internal
+	// gateway's). Default none.
+	CAFile string `yaml:"ca_file"`
+	// InsecureSkipVerify turns verification off: for tests against
+	// self-signed servers only. Default false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 // Bearer says api_key goes as Authorization: Bearer on the Messages API's
@@ -276,12 +304,13 @@ func (a APIs) Serves(api policy.API) bool {
 
 // RateLimit paces requests below a provider's quota.
 type RateLimit struct {
-	// RequestsPerSecond is the sustained rate; 0 means no pacing.
+	// RequestsPerSecond is the sustained rate; 0: no pacing. Default 0.
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	// Burst is how many requests may go at once. Default: the rate
 	// rounded up, at least 1.
 	Burst int `yaml:"burst"`
-	// MaxWait is the longest a request waits for its turn. Default 2 s.
+	// MaxWait is the longest a request waits for its turn; past it, 429
+	// or a fallback. Default 2s.
 	MaxWait time.Duration `yaml:"max_wait"`
 }
 
@@ -314,28 +343,41 @@ func (b *Balance) UnmarshalYAML(n *yaml.Node) (err error) {
 // value, or the first Prefix bytes of the messages' roles and contents
 // in order (what a server's prefix cache keys on).
 type Affinity struct {
+	// Header names the header whose value is the key. Set header or
+	// prefix. Default none.
 	Header string `yaml:"header"`
-	Prefix int    `yaml:"prefix"`
+	// Prefix is how many bytes of the messages' roles and contents, in
+	// order, are the key: what a server's prefix cache keys on. Set
+	// header or prefix. Default none.
+	Prefix int `yaml:"prefix"`
 }
 
 // HealthCheck probes every endpoint with a GET of Path: Unhealthy
 // failures in a row take it out, Healthy successes bring it back.
-// Defaults: every 5 s, timeout 1 s, healthy 2, unhealthy 3.
 type HealthCheck struct {
-	Path      string        `yaml:"path"`
-	Every     time.Duration `yaml:"every"`
-	Timeout   time.Duration `yaml:"timeout"`
-	Healthy   int           `yaml:"healthy"`
-	Unhealthy int           `yaml:"unhealthy"`
+	// Path is what each probe GETs, starting with /. Required.
+	Path string `yaml:"path"`
+	// Every is the time between an endpoint's probes. Default 5s.
+	Every time.Duration `yaml:"every"`
+	// Timeout bounds each probe. Default 1s.
+	Timeout time.Duration `yaml:"timeout"`
+	// Healthy is how many successes in a row bring an endpoint back.
+	// Default 2.
+	Healthy int `yaml:"healthy"`
+	// Unhealthy is how many failures in a row take an endpoint out.
+	// Default 3.
+	Unhealthy int `yaml:"unhealthy"`
 }
 
-// Discover resolves DNS every Every (default 10 s) for the pool's
-// endpoints: DNS is host:port, Scheme http (default) or https (verified
-// against the DNS name, never the resolved address).
+// Discover resolves DNS every Every for the pool's endpoints.
 type Discover struct {
-	DNS    string        `yaml:"dns"`
-	Scheme string        `yaml:"scheme"`
-	Every  time.Duration `yaml:"every"`
+	// DNS is the name to resolve, as host:port. Required.
+	DNS string `yaml:"dns"`
+	// Scheme is the endpoints' scheme: http or https (verified against
+	// the DNS name, never the resolved address). Default http.
+	Scheme string `yaml:"scheme"`
+	// Every is the time between resolutions. Default 10s.
+	Every time.Duration `yaml:"every"`
 }
 
 // Cooldown configures what an upstream's rate limits teach Sturdy: a 429
@@ -343,16 +385,16 @@ type Discover struct {
 // puts the (credential, model) in cooldown, so other requests do not
 // rediscover it.
 type Cooldown struct {
-	// Enabled false learns nothing: for servers whose 429s are per
-	// request, not per quota. Default (nil): on.
+	// Enabled says cooldowns are learned; false for servers whose 429s
+	// are per request, not per quota. Default true.
 	Enabled *bool `yaml:"enabled"`
 	// WithoutHeader is the first cooldown of a 429 that gives no wait; it
 	// doubles for each such 429 in a row (up to 60 s) and a success ends
-	// the run. Default 1 s.
+	// the run. Default 1s.
 	WithoutHeader time.Duration `yaml:"without_header"`
 	// Max caps every cooldown learned (from any header: Retry-After,
 	// x-ratelimit-reset-*) or adopted from the fleet, so one reply
-	// cannot lock a credential out for long. Default 10 minutes.
+	// cannot lock a credential out for long. Default 10m.
 	Max time.Duration `yaml:"max"`
 }
 
@@ -360,9 +402,12 @@ type Cooldown struct {
 func (c Cooldown) On() bool { return c.Enabled == nil || *c.Enabled }
 
 // RetryBudget caps retries: within 10 s they may add Ratio of the first
-// attempts plus MinPerSecond per second. Defaults 0.5 and 10.
+// attempts plus MinPerSecond per second.
 type RetryBudget struct {
-	Ratio        float64 `yaml:"ratio"`
+	// Ratio is the share of first attempts retries may add. Default 0.5.
+	Ratio float64 `yaml:"ratio"`
+	// MinPerSecond is the retries a second always allowed, whatever the
+	// ratio. Default 10.
 	MinPerSecond float64 `yaml:"min_per_second"`
 }
 
