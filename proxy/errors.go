@@ -57,7 +57,7 @@ type errorSpec struct {
 	status int
 	// message is a format: the facts of the case fill its verbs.
 	message string
-	// when says when it is sent, as in the README's table.
+	// when says when it is sent, as in the docs' error table.
 	when string
 	// sdkRetries leaves x-should-retry out, so the client's SDK may retry
 	// (elsewhere): set only where no upstream was asked to answer.
@@ -68,7 +68,7 @@ type errorSpec struct {
 }
 
 // errorTable is every error Sturdy writes itself: code → status, message.
-// README's table of codes is checked against it by a test.
+// docs/failures-and-retries.md's table of codes is checked against it by a test.
 var errorTable = []errorSpec{
 	{code: CodeBadRequest, anthropic: "invalid_request_error", status: 400,
 		message: "bad request: %s",

@@ -135,7 +135,7 @@ var anthropicLimits = [][2][]byte{
 }
 
 // credential is a request's credential, by the one rule of the whole
-// proxy (README, "Credentials"): key is the key itself — Authorization's
+// proxy (docs/clients.md, "Credentials"): key is the key itself — Authorization's
 // after "Bearer ", else x-api-key (Claude Code and the Anthropic SDKs send
 // only that) — what auth.keys checks; nil when there is none. id is the
 // client it names, whichever header carries it: the key, or an
