@@ -110,20 +110,28 @@ var (
 // benchProxiedFrom runs Sturdy (its options edited by edit) in front of
 // the upstream on upLn, and parallel clients sending body through it.
 func benchProxiedFrom(b *testing.B, upLn *fasthttputil.InmemoryListener, body []byte, edit func(*Options)) {
+	ln := serveInMemory(b, upLn, edit)
+	benchClients(b, ln, body)
+}
+
+// serveInMemory runs a proxy with the benchmarks' upstream and route, as
+// edit adjusts them, on an in-memory listener until tb ends; its upstream
+// is dialled over upLn.
+func serveInMemory(tb testing.TB, upLn *fasthttputil.InmemoryListener, edit func(*Options)) *fasthttputil.InmemoryListener {
 	o := Options{Upstreams: []upstream.Options{testUpstream("up", "http://inmemory")}, Routes: []Route{testRoute("up")}, Log: zerolog.Nop()}
 	if edit != nil {
 		edit(&o)
 	}
 	p, err := New(o)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	// Dial the upstream over the in-memory listener (before any request).
 	p.env.Dial = func(string) (net.Conn, error) { return upLn.Dial() }
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = p.Serve(ln) }() // through the listener guard, as in production
-	defer func() { _ = p.Shutdown(context.Background()) }()
-	benchClients(b, ln, body)
+	tb.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	return ln
 }
 
 // BenchmarkFloorRequest is BenchmarkProxiedRequest's round trip through
@@ -147,7 +155,7 @@ func BenchmarkFloorRequest(b *testing.B) {
 
 // benchUpstream serves a chat completion on an in-memory listener for the
 // benchmark's length.
-func benchUpstream(b *testing.B) *fasthttputil.InmemoryListener {
+func benchUpstream(tb testing.TB) *fasthttputil.InmemoryListener {
 	upLn := fasthttputil.NewInmemoryListener()
 	body := upstreamtest.ChatCompletion("hello from the benchmark")
 	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
@@ -155,7 +163,7 @@ func benchUpstream(b *testing.B) *fasthttputil.InmemoryListener {
 		ctx.SetBodyString(body)
 	}}
 	go func() { _ = up.Serve(upLn) }()
-	b.Cleanup(func() { _ = up.Shutdown() })
+	tb.Cleanup(func() { _ = up.Shutdown() })
 	return upLn
 }
 
@@ -179,7 +187,7 @@ func benchUpstreamTCP(b *testing.B) string {
 // benchStreamUpstream serves a streamed chat completion on an in-memory
 // listener for the benchmark's length: the same chunked reply, written
 // whole, to every request.
-func benchStreamUpstream(b *testing.B) *fasthttputil.InmemoryListener {
+func benchStreamUpstream(tb testing.TB) *fasthttputil.InmemoryListener {
 	var reply bytes.Buffer
 	reply.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 	for _, ev := range upstreamtest.SSE(upstreamtest.Words(16, "word ")...) {
@@ -196,7 +204,7 @@ func benchStreamUpstream(b *testing.B) *fasthttputil.InmemoryListener {
 			go serveCanned(c, reply.Bytes())
 		}
 	}()
-	b.Cleanup(func() { _ = ln.Close() })
+	tb.Cleanup(func() { _ = ln.Close() })
 	return ln
 }
 
@@ -233,7 +241,7 @@ func serveCanned(c net.Conn, raw []byte) {
 // benchClients sends chat completions (reqBody) through the proxy on ln
 // from parallel clients for the benchmark's length.
 func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener, reqBody []byte) {
-	client := &fasthttp.HostClient{Addr: "sturdy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+	client := benchClient(ln)
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -241,16 +249,27 @@ func benchClients(b *testing.B, ln *fasthttputil.InmemoryListener, reqBody []byt
 		defer fasthttp.ReleaseRequest(req)
 		defer fasthttp.ReleaseResponse(resp)
 		for pb.Next() {
-			req.SetRequestURI("http://sturdy/v1/chat/completions")
-			req.Header.SetMethod("POST")
-			req.Header.SetContentType("application/json")
-			req.Header.Set("Authorization", "Bearer sk-bench")
-			req.SetBodyRaw(reqBody)
-			if err := client.DoTimeout(req, resp, 5*time.Second); err != nil || resp.StatusCode() != 200 {
-				b.Fatalf("%v %d", err, resp.StatusCode())
-			}
+			benchRoundTrip(b, client, req, resp, reqBody)
 		}
 	})
+}
+
+// benchClient is the benchmarks' client of the proxy on ln.
+func benchClient(ln *fasthttputil.InmemoryListener) *fasthttp.HostClient {
+	return &fasthttp.HostClient{Addr: "sturdy", Dial: func(string) (net.Conn, error) { return ln.Dial() }, MaxConns: 64}
+}
+
+// benchRoundTrip posts reqBody as a chat completion through client and
+// fails tb unless it comes back 200; req and resp are reused.
+func benchRoundTrip(tb testing.TB, client *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, reqBody []byte) {
+	req.SetRequestURI("http://sturdy/v1/chat/completions")
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/json")
+	req.Header.Set("Authorization", "Bearer sk-bench")
+	req.SetBodyRaw(reqBody)
+	if err := client.DoTimeout(req, resp, 5*time.Second); err != nil || resp.StatusCode() != 200 {
+		tb.Fatalf("%v %d", err, resp.StatusCode())
+	}
 }
 
 // BenchmarkProxiedRequestTCP is BenchmarkProxiedRequest over loopback TCP
