@@ -8,11 +8,12 @@ import (
 )
 
 // TestDependencyDirection keeps the layering (docs/design.md, Layout) one
-// way: policy and breaker import nothing of ours, nothing but commands (main,
-// tools/configref) imports config, and the upstream side does not know the
-// request path. Config decodes an upstream and a route straight into the
-// types that compile them (upstream.Options, proxy.Route: one shape each),
-// so it imports those packages, never the other way round.
+// way: policy, breaker and listener import nothing of ours, nothing but
+// commands (main, tools/configref) imports config, and the upstream side
+// does not know the request path. Config decodes an upstream and a route
+// straight into the types that compile them (upstream.Options,
+// proxy.Route: one shape each), so it imports those packages, never the
+// other way round.
 func TestDependencyDirection(t *testing.T) {
 	t.Parallel()
 	forbidden := map[string][]string{
@@ -24,6 +25,7 @@ func TestDependencyDirection(t *testing.T) {
 		"sturdy/upstream": {"sturdy/proxy", "sturdy/config", "sturdy/internal/"},
 		"sturdy/admin":    {"sturdy/config"},
 		"sturdy/units":    {"sturdy/"},
+		"sturdy/listener": {"sturdy/"},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", pkg).Output()

@@ -20,6 +20,7 @@ import (
 	"sturdy/events"
 	"sturdy/internal/otlptest"
 	"sturdy/internal/upstreamtest"
+	"sturdy/listener"
 	"sturdy/policy"
 	"sturdy/upstream"
 )
@@ -282,8 +283,8 @@ func BenchmarkProxiedRequestTCP(b *testing.B) {
 	for _, watched := range []bool{true, false} {
 		name := map[bool]string{true: "watched", false: "unwatched"}[watched]
 		b.Run(name, func(b *testing.B) {
-			watchClients = watched
-			defer func() { watchClients = true }()
+			listener.WatchClients = watched
+			defer func() { listener.WatchClients = true }()
 			p, err := New(Options{Upstreams: []upstream.Options{testUpstream("up", "http://"+upAddr)},
 				Routes: []Route{testRoute("up")}, Log: zerolog.Nop()})
 			if err != nil {

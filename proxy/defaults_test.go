@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/listener"
 	"sturdy/policy"
 	"sturdy/upstream"
 )
@@ -39,7 +40,7 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 		t.Errorf("client limit defaults: %+v", cl.opts)
 	}
 	if p.limits != (ServerLimits{ReadTimeout: DefaultReadTimeout, IdleTimeout: DefaultServerIdle, MaxHeaderBytes: DefaultMaxHeaderBytes,
-		MaxConnections: defaultMaxConnections(openFileLimit()), WriteTimeout: DefaultWriteTimeout,
+		MaxConnections: defaultMaxConnections(listener.OpenFileLimit()), WriteTimeout: DefaultWriteTimeout,
 		MaxBufferedBytes: DefaultMaxBufferedBytes, MaxRequestBytes: DefaultMaxRequestBytes, ReduceMemoryAbove: DefaultReduceMemoryAbove}) ||
 		p.held.max.Load() != DefaultMaxBufferedBytes || p.bodies.max.Load() != DefaultMaxRequestBytes {
 		t.Errorf("server limits: %+v", p.limits)

@@ -40,8 +40,8 @@
 //     limit as it comes (upstream.Lease.Observe, in firstOutput); sampled decides;
 //   - waits end early on shutdown or when the client leaves: visit.wait (and
 //     the lease queues, through upstream.LeaseRequest); a client's leaving
-//     is noticed by the watcher (watch_linux.go) and acted on by
-//     presence.left (gone.go), which also closes the upstream connection an
+//     is noticed by package listener's watcher and acted on by
+//     presence.Left (gone.go), which also closes the upstream connection an
 //     attempt holds (upstream.Hold.Sever);
 //   - commit and the answer: respond; every error body: errorTable, in the
 //     shape of the request's API (errorShapes), written by apiError.write
@@ -114,10 +114,10 @@
 //	paths.go       path_prefix confinement (dot-segments)
 //	origin.go      web pages: a loopback address's Host and Origin checks, CORS preflights answered here
 //	               (crossOrigin), upstreams' CORS headers replaced by Sturdy's (markCORS)
-//	listener.go    the client listener: accept errors, max_connections, write deadlines; past
-//	               server.reduce_memory_above open connections, a new one handed off to the lean server
+//	listener.go    Serve and ServeTLS: the client listener (package listener: accept errors,
+//	               max_connections, write deadlines, the lean server's handoff, the watcher that sees
+//	               clients leave) told the server's bounds, its metrics and the refusal's 503
 //	recover.go     a panic while serving one request or stream: recovered, logged, counted (survive)
-//	gone.go        phases, and the client's presence: a client's leaving acted on (presence.left)
-//	watch_linux.go, watch_other.go   the watcher that sees clients leave (epoll on Linux)
-//	fdlimit_unix.go, fdlimit_other.go   the file descriptor limit behind max_connections' default
+//	gone.go        phases, and the client's presence: a client's leaving acted on (presence.Left, the
+//	               listener.Leaver a request's connection tells)
 package proxy

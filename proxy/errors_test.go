@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sturdy/internal/upstreamtest"
+	"sturdy/listener"
 	"sturdy/policy"
 	"sturdy/upstream"
 
@@ -87,7 +88,7 @@ func TestTheLimitsTableNamesTheBounds(t *testing.T) {
 		{"request line + headers", sizeText(DefaultMaxHeaderBytes)},
 		{"request body", sizeText(DefaultMaxBody)},
 		{"open client connections", fmt.Sprintf("less %d", reservedFDs)},
-		{"open client connections", fmt.Sprintf("at most %d answered", maxRefusing)},
+		{"open client connections", fmt.Sprintf("at most %d answered", listener.MaxRefusing)},
 		{"riders waiting out an outage", fmt.Sprintf("%d,%03d", upstream.DefaultRideThroughQueue/1000, upstream.DefaultRideThroughQueue%1000)},
 		{"framing held before a stream's commit point", sizeText(maxHold)},
 		{"rescue text", sizeText(DefaultMaxRescueBytes)},

@@ -274,7 +274,7 @@ var exchangePool = sync.Pool{New: func() any {
 func (ex *exchange) finish() {
 	ex.out.ended = true
 	if cc := ex.client.cc; cc != nil {
-		cc.serving(nil)
+		cc.Serving(nil)
 	}
 	ex.loop.leaveTarget()
 	var s summary

@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"net"
 	"sync/atomic"
 
+	"sturdy/listener"
 	"sturdy/upstream"
 )
 
@@ -43,7 +43,7 @@ func (p phase) String() string {
 // (an attempt's, then the stream's), which the client's leaving closes
 // (upstream.Hold.Sever).
 type presence struct {
-	cc               *clientConn
+	cc               *listener.Conn
 	goneCh           chan struct{}
 	isGone           atomic.Bool
 	phase, gonePhase atomic.Uint32
@@ -53,13 +53,13 @@ type presence struct {
 // enter records the phase the request is in now.
 func (c *presence) enter(p phase) { c.phase.Store(uint32(p)) }
 
-// left is the watcher's news that the client closed its connection:
+// Left is the watcher's news that the client closed its connection:
 // every wait ends (gone), no attempt or wait follows, and the upstream
 // connection in use is closed — which is what makes vLLM, Ollama and
 // llama.cpp stop generating. It runs on the watcher's goroutine, with the
 // client connection's lock held, so the exchange is not released
 // meanwhile.
-func (c *presence) left() {
+func (c *presence) Left() {
 	if c.isGone.Swap(true) {
 		return
 	}
@@ -68,45 +68,5 @@ func (c *presence) left() {
 	c.inUse.Sever()
 }
 
-// gone is closed when the client has left (see left).
+// gone is closed when the client has left (see Left).
 func (c *presence) gone() <-chan struct{} { return c.goneCh }
-
-// clientConnOf finds Sturdy's clientConn under the connection fasthttp
-// serves (a *tls.Conn wraps it); nil when there is none.
-func clientConnOf(c net.Conn) *clientConn {
-	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
-		c = tc.NetConn()
-	}
-	cc, _ := c.(*clientConn)
-	return cc
-}
-
-// serving makes ex the exchange told if the client leaves (nil: none);
-// an exchange that starts on a connection already left is told at once.
-func (c *clientConn) serving(ex *exchange) {
-	c.mu.Lock()
-	c.ex = ex
-	if ex != nil && c.gone {
-		ex.client.left()
-	}
-	c.mu.Unlock()
-}
-
-// left is the watcher's news that the peer closed.
-func (c *clientConn) left() {
-	c.mu.Lock()
-	c.gone = true
-	if c.ex != nil {
-		c.ex.client.left()
-	}
-	c.mu.Unlock()
-}
-
-// notedPath is the path of the last request that began on c's connection
-// (nil: none noted, or a connection Sturdy does not wrap).
-func notedPath(c net.Conn) []byte {
-	if cc := clientConnOf(c); cc != nil {
-		return cc.path[:cc.pathLen]
-	}
-	return nil
-}

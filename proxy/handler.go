@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
+	"sturdy/listener"
 	"sturdy/policy"
 	"sturdy/upstream"
 )
@@ -27,8 +28,8 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ex.req.id = ex.requestID(ex.req.id[:0])
 	ex.tr = startTrace(p.tracers.cur.Load(), ctx, ex.req.id, ex.req.start)
 	ex.req.metered = ex.tr != nil && ex.tr.rec // a recorded span tells the reply's usage
-	if ex.client.cc = clientConnOf(ctx.Conn()); ex.client.cc != nil {
-		ex.client.cc.serving(ex)
+	if ex.client.cc = listener.ConnOf(ctx.Conn()); ex.client.cc != nil {
+		ex.client.cc.Serving(&ex.client)
 	}
 	if err := ex.admit(); err != nil {
 		if err != answeredHere {

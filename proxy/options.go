@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"sturdy/listener"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/units"
@@ -101,7 +102,7 @@ func (s ServerLimits) withDefaults() ServerLimits {
 	upstream.OrDefault(&s.ReadTimeout, DefaultReadTimeout)
 	upstream.OrDefault(&s.IdleTimeout, DefaultServerIdle)
 	upstream.OrDefault(&s.MaxHeaderBytes, DefaultMaxHeaderBytes)
-	upstream.OrDefault(&s.MaxConnections, defaultMaxConnections(openFileLimit()))
+	upstream.OrDefault(&s.MaxConnections, defaultMaxConnections(listener.OpenFileLimit()))
 	upstream.OrDefault(&s.WriteTimeout, DefaultWriteTimeout)
 	upstream.OrDefault(&s.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	upstream.OrDefault(&s.MaxRequestBytes, DefaultMaxRequestBytes)

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"sturdy/listener"
 	"sturdy/metrics"
 	"sturdy/policy"
 	"sturdy/upstream"
@@ -63,7 +64,7 @@ type Proxy struct {
 	// lean is the server's twin with fasthttp's ReduceMemoryUsage, for
 	// the connections opened past server.reduce_memory_above (nil when
 	// server.reduce_memory already makes the server lean), taken from a
-	// handoff (listener.go) that stops once stopping is closed.
+	// listener.Handoff that stops once stopping is closed.
 	lean         *fasthttp.Server
 	shutdownOnce sync.Once
 	// reloadMu orders a reload with Shutdown's last step; closed is set
@@ -415,7 +416,7 @@ func (p *Proxy) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	id := p.appendRequestID(nil)
 	// fasthttp resets the header of a request it could not read: its path
 	// is the one its first bytes named (over TLS, unknown: OpenAI's shape).
-	api := policy.CallOf(notedPath(ctx.Conn())).API
+	api := policy.CallOf(listener.NotedPath(ctx.Conn())).API
 	e.write(ctx, id, api)
 	ctx.SetConnectionClose()
 	p.log.Info().Bytes(fieldID, id).Str(fieldOutcome, outcomeRejected).Int(fieldStatus, e.spec.status).

@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package listener
 
 import (
 	"sync"
@@ -25,7 +25,7 @@ type watcher struct {
 // watched is a connection in the set; gen tells it from a later
 // connection that reuses its descriptor.
 type watched struct {
-	conn *clientConn
+	conn *Conn
 	gen  int32
 }
 
@@ -47,12 +47,12 @@ func clientWatch() *watcher {
 	return theWatch
 }
 
-// watchClients turns the watch off for a benchmark's comparison.
-var watchClients = true
+// WatchClients turns the watch off for a benchmark's comparison.
+var WatchClients = true
 
 // watch adds c's socket to the set, when it has one.
-func watch(c *clientConn) {
-	if !watchClients {
+func watch(c *Conn) {
+	if !WatchClients {
 		return
 	}
 	w := clientWatch()
@@ -79,7 +79,7 @@ func watch(c *clientConn) {
 
 // unwatch takes c's socket out of the set; it runs before the socket is
 // closed, so its descriptor is never mistaken for a later connection's.
-func unwatch(c *clientConn) {
+func unwatch(c *Conn) {
 	if !c.watched {
 		return
 	}

@@ -1,12 +1,12 @@
 //go:build unix
 
-package proxy
+package listener
 
 import "syscall"
 
-// openFileLimit is the process's soft limit on open file descriptors (Go
+// OpenFileLimit is the process's soft limit on open file descriptors (Go
 // raises it to the hard limit at start).
-func openFileLimit() uint64 {
+func OpenFileLimit() uint64 {
 	var r syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
 		return 1024
