@@ -341,7 +341,7 @@ func (c *Config) expand(key, s string) string {
 func emptyMeans(key string) string {
 	switch {
 	case strings.HasSuffix(key, ".api_key"):
-		return "Sturdy sends no key of its own, and each client's own credential goes upstream (a provider answers 401 to a dummy one)"
+		return "Sturdy sends no key of its own, and each client's own credential goes upstream (none with auth.keys on; a provider answers 401 to a dummy one)"
 	case key == "admin.token":
 		return "the admin endpoints need no token"
 	case strings.HasPrefix(key, "auth.keys"):

@@ -141,7 +141,7 @@ var errorTable = []errorSpec{
 		when:    "a panic while serving the request, recovered: the process serves on, the panic is logged and counted (`sturdy_panics_total`)"},
 	{code: CodeStreamInterrupted, anthropic: "api_error", status: 0,
 		message: "%s from upstream %q; the output so far is incomplete: retry the request",
-		when:    "sent *inside* a stream that failed after it started (see below)"},
+		when:    "sent *inside* a stream that failed after it started (streams-and-rescue.md)"},
 }
 
 // specOf returns code's row of errorTable.

@@ -91,8 +91,8 @@ type Options struct {
 	// APIKey, when set, replaces the client's credential: sent as
 	// "Authorization: Bearer <key>", and on the Messages API's paths as
 	// x-api-key unless api_key_header is authorization. ${VAR} is
-	// expanded; an unset variable passes the client's own credential.
-	// Default none.
+	// expanded. Empty, the client's own credential goes upstream, except
+	// with auth.keys on: then none does. Default none.
 	APIKey string `yaml:"api_key"`
 	// APIKeyHeader is how api_key goes on the Messages API's paths:
 	// x-api-key, or authorization (Bearer, as vLLM's /v1/messages takes
