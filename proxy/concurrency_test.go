@@ -247,9 +247,10 @@ func TestAReloadKeepsWhatAnEndpointsLimitLearned(t *testing.T) {
 // left of queue_timeout, not a second one.
 func TestAQueuedRequestWaitsOneQueueTimeoutInAll(t *testing.T) {
 	t.Parallel()
-	const queueTimeout = 1200 * time.Millisecond // the fault it guards waits 1.5 ×: far past a loaded machine's noise
+	const queueTimeout = 3 * time.Second // the fault it guards waits 1.5 × (4.5 s): a loaded machine's noise is under 1 s
 	slow, release := heldUpstream(t, nil)
 	h := startProxy(t, slow, func(o *Options) {
+		o.Upstreams[0].Timeouts.FirstByte = 30 * time.Second // the holder holds its place for the whole test
 		o.Upstreams[0].MaxInFlight, o.Upstreams[0].QueueTimeout = 2, queueTimeout
 		o.Upstreams[0].Concurrency = upstream.Concurrency{Mode: upstream.ConcurrencyFixed, Max: 1}
 	})

@@ -215,7 +215,7 @@ func TestTraceOfAClientThatLeaves(t *testing.T) {
 	h := startProxy(t, up.URL, func(o *Options) { withTracing(t, o, rcv, 1) })
 	req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
 	req.Header.Set("traceparent", clientTraceparent)
-	c := &http.Client{Timeout: 300 * time.Millisecond}
+	c := &http.Client{Timeout: 1500 * time.Millisecond} // well inside the 5 s wait, well after the first 503 on a loaded machine
 	if resp, err := c.Do(req); err == nil {
 		resp.Body.Close()
 		t.Fatal("the request was answered")
