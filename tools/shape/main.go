@@ -1,6 +1,6 @@
 // Command shape reports the shape of Sturdy's code, for a redesign's
 // before and after: product lines per package, the largest structs (with
-// their same-package parts), the types whose methods spread over more
+// their same-package parts), the state one request carries, the types whose methods spread over more
 // than four files, the functions over 60 lines, and the file-level call
 // cycles inside each package.
 //
@@ -14,8 +14,10 @@
 // (a flat registration list, a decision table) is listed apart. Its tests
 // hold the shape of the request path: no file-level cycle in proxy, no
 // type's methods over four files and no function over 60 lines in
-// proxy, policy and events, and the proxy's loop, response and rescue
-// telling the metrics and the trace only through the request's report.
+// proxy, policy and events, the proxy's loop, response and rescue
+// telling the metrics and the trace only through the request's report,
+// and the fields one request carries (every struct proxy.exchange
+// reaches, by value or pointer, shared ones aside) under a ceiling.
 package main
 
 import (
@@ -110,6 +112,7 @@ func run(w io.Writer, patterns []string, structName string, top int) error {
 	}
 	reportLines(w, pkgs)
 	reportStructs(w, pkgs, structName, top)
+	reportRequest(w, pkgs)
 	reportMethods(w, pkgs)
 	reportFuncs(w, pkgs, top)
 	reportCycles(w, pkgs)
@@ -263,6 +266,83 @@ func reportStructs(w io.Writer, pkgs []*pkg, structName string, top int) {
 		fmt.Fprintf(w, "| %s | %d | %d |\n", r.name, r.own, r.total)
 	}
 	fmt.Fprintln(w)
+}
+
+// requestRoot is the per-request struct of the request path, and
+// requestShared the types it points at that outlive it: the proxy, a
+// configuration's table, route and targets, a key's settings and spend, the fleet
+// link.
+// Their fields are not the request's; what hangs off them is not walked.
+const requestRoot = "exchange"
+
+var requestShared = map[string]bool{"Proxy": true, "table": true, "route": true, "target": true, "clientKey": true, "spent": true, "shared": true}
+
+// typeFields is a struct type the request reaches and its own fields.
+type typeFields struct {
+	name   string
+	fields int
+	via    string // the field that first reached it, and how (value, pointer, slice, array)
+}
+
+// requestFields walks every same-package struct reachable from the
+// request's root by value, pointer, slice or array, stopping at the
+// shared types, and counts each type's own fields once: the state one
+// request carries, pooled parts included.
+func requestFields(p *pkg) (total int, reached []typeFields) {
+	root, ok := p.tpkg.Scope().Lookup(requestRoot).(*types.TypeName)
+	if !ok {
+		return 0, nil
+	}
+	seen := map[*types.Named]bool{}
+	var walk func(n *types.Named, via string)
+	walk = func(n *types.Named, via string) {
+		s, ok := n.Underlying().(*types.Struct)
+		if !ok || seen[n] || requestShared[n.Obj().Name()] {
+			return
+		}
+		seen[n] = true
+		reached = append(reached, typeFields{n.Obj().Name(), s.NumFields(), via})
+		total += s.NumFields()
+		for i := 0; i < s.NumFields(); i++ {
+			f := s.Field(i)
+			ty, how := f.Type(), "value"
+		strip:
+			for {
+				switch x := ty.(type) {
+				case *types.Pointer:
+					ty, how = x.Elem(), "pointer"
+				case *types.Slice:
+					ty, how = x.Elem(), "slice"
+				case *types.Array:
+					ty, how = x.Elem(), "array"
+				default:
+					break strip
+				}
+			}
+			if next, ok := types.Unalias(ty).(*types.Named); ok && next.Obj().Pkg() == p.tpkg {
+				walk(next, n.Obj().Name()+"."+f.Name()+" ("+how+")")
+			}
+		}
+	}
+	walk(root.Type().(*types.Named), "the request")
+	return total, reached
+}
+
+// reportRequest lists the state one request carries in proxy: every
+// struct reachable from its root, shared ones aside.
+func reportRequest(w io.Writer, pkgs []*pkg) {
+	for _, p := range pkgs {
+		if p.short != "proxy" {
+			continue
+		}
+		total, reached := requestFields(p)
+		fmt.Fprintf(w, "## Per-request state (proxy.%s and every struct it reaches, shared ones aside)\n\n", requestRoot)
+		fmt.Fprintf(w, "**%d fields** in %d types.\n\n| type | fields | reached through |\n|---|---:|---|\n", total, len(reached))
+		for _, r := range reached {
+			fmt.Fprintf(w, "| %s | %d | %s |\n", r.name, r.fields, r.via)
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 func reportMethods(w io.Writer, pkgs []*pkg) {
