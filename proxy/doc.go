@@ -16,8 +16,13 @@
 //	respond.go  commit, errors          respond(last attempt, obstruction) → commit | obstructed | noReply → fail
 //	stream.go   the body after commit   stream (the client's body reader): Read → upstreamEnded → CloseWithError;
 //	                                    openStreams, the ones Shutdown interrupts
-//	rescue.go   a stream cut mid-answer stream.Read → readEvents → rescueStream → continueOn → attemptOn;
-//	                                    messageSeam joins a Messages API stream's continuation to it
+//	follow.go   a rescuable stream      stream.Read → readEvents → takeEvents → follow: whole events, the text
+//	                                    kept; a cut or an in-band error → rescueStream
+//	rescue.go   a stream cut mid-answer rescueStream → nextRescue → continueOn → attemptOn (the loop's step),
+//	                                    with the continuation's body (continuation)
+//	continuation.go  the bodies         chatContinuation (a trailing assistant message, vLLM's flags),
+//	                                    prefillMessages (the Messages API's prefill)
+//	seam.go     the Messages API's seam messageSeam joins a continuation's events to the cut stream's
 //
 // Who decides what:
 //   - classify an attempt: policy.Classify, on the Outcome roundTrip
