@@ -81,7 +81,7 @@ func TestTheLoopReportsThroughOnePlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	steps := map[string]bool{"loop.go": true, "pool.go": true, "gates.go": true, "attempt.go": true, "respond.go": true,
-		"rescue.go": true, "stream.go": true}
+		"rescue.go": true, "follow.go": true, "seam.go": true, "continuation.go": true, "stream.go": true}
 	checked := 0
 	for _, f := range pkgs[0].files {
 		name := pkgs[0].fileOf(f.Pos())
