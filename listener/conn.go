@@ -9,8 +9,9 @@ import (
 )
 
 // Leaver is told, once, that the client of the request it stands for
-// closed its connection. Left runs on the watcher's goroutine with the
-// connection's lock held, so the request is not released meanwhile.
+// closed its connection. Left runs with the connection's lock held, so
+// the request is not released meanwhile: on the watcher's goroutine, or
+// on the request's own when it starts on a connection already left.
 type Leaver interface{ Left() }
 
 // Conn is a client connection: each Write may block at most the Guard's
@@ -96,12 +97,15 @@ func (c *Conn) Serving(r Leaver) {
 	c.mu.Unlock()
 }
 
-// left is the watcher's news that the peer closed.
+// left is the watcher's news that the peer closed. Only the first tells:
+// a write to the closed peer can raise another event.
 func (c *Conn) left() {
 	c.mu.Lock()
-	c.gone = true
-	if c.serving != nil {
-		c.serving.Left()
+	if !c.gone {
+		c.gone = true
+		if c.serving != nil {
+			c.serving.Left()
+		}
 	}
 	c.mu.Unlock()
 }

@@ -124,6 +124,15 @@ func TestAClientThatLeavesIsToldToItsRequest(t *testing.T) {
 	if r.told.Load() != 1 {
 		t.Fatalf("the request was told %d times", r.told.Load())
 	}
+	// Writes to the closed peer draw a reset: another event, not another telling.
+	for range 3 {
+		_, _ = conn.Write([]byte("x"))
+		time.Sleep(20 * time.Millisecond)
+	}
+	cc.left()
+	if r.told.Load() != 1 {
+		t.Fatalf("the request was told %d times after more events", r.told.Load())
+	}
 	var late leaver
 	cc.Serving(&late)
 	if late.told.Load() != 1 {
