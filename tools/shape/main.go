@@ -285,9 +285,10 @@ type typeFields struct {
 }
 
 // requestFields walks every same-package struct reachable from the
-// request's root by value, pointer, slice or array, stopping at the
-// shared types, and counts each type's own fields once: the state one
-// request carries, pooled parts included.
+// request's root by value, pointer, slice, array, map or channel, and
+// through named types of those, stopping at the shared types. It counts
+// each struct type's own fields once: the state one request carries,
+// pooled parts included.
 func requestFields(p *pkg) (total int, reached []typeFields) {
 	root, ok := p.tpkg.Scope().Lookup(requestRoot).(*types.TypeName)
 	if !ok {
@@ -305,27 +306,49 @@ func requestFields(p *pkg) (total int, reached []typeFields) {
 		total += s.NumFields()
 		for i := 0; i < s.NumFields(); i++ {
 			f := s.Field(i)
-			ty, how := f.Type(), "value"
-		strip:
-			for {
-				switch x := ty.(type) {
-				case *types.Pointer:
-					ty, how = x.Elem(), "pointer"
-				case *types.Slice:
-					ty, how = x.Elem(), "slice"
-				case *types.Array:
-					ty, how = x.Elem(), "array"
-				default:
-					break strip
-				}
-			}
-			if next, ok := types.Unalias(ty).(*types.Named); ok && next.Obj().Pkg() == p.tpkg {
-				walk(next, n.Obj().Name()+"."+f.Name()+" ("+how+")")
+			for _, r := range reaches(f.Type(), "value", p.tpkg, 0) {
+				walk(r.named, n.Obj().Name()+"."+f.Name()+" ("+r.how+")")
 			}
 		}
 	}
 	walk(root.Type().(*types.Named), "the request")
 	return total, reached
+}
+
+// reach is a same-package struct a field's type leads to, and how.
+type reach struct {
+	named *types.Named
+	how   string
+}
+
+// reaches is every same-package struct type t leads to: itself, or what
+// it points at, holds in a slice, array, map (keys and values) or
+// channel, or is made of as a named type of those (depth-bounded).
+func reaches(t types.Type, how string, home *types.Package, depth int) []reach {
+	if depth > 8 {
+		return nil
+	}
+	switch x := types.Unalias(t).(type) {
+	case *types.Pointer:
+		return reaches(x.Elem(), "pointer", home, depth+1)
+	case *types.Slice:
+		return reaches(x.Elem(), "slice", home, depth+1)
+	case *types.Array:
+		return reaches(x.Elem(), "array", home, depth+1)
+	case *types.Chan:
+		return reaches(x.Elem(), "channel", home, depth+1)
+	case *types.Map:
+		return append(reaches(x.Key(), "map", home, depth+1), reaches(x.Elem(), "map", home, depth+1)...)
+	case *types.Named:
+		if x.Obj().Pkg() != home {
+			return nil
+		}
+		if _, ok := x.Underlying().(*types.Struct); ok {
+			return []reach{{x, how}}
+		}
+		return reaches(x.Underlying(), how, home, depth+1) // a named slice, map … of the package's structs
+	}
+	return nil
 }
 
 // reportRequest lists the state one request carries in proxy: every
