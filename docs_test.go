@@ -51,8 +51,11 @@ func TestTheREADMEReadsInTenMinutes(t *testing.T) {
 	}
 }
 
-// paragraphs splits markdown into its prose paragraphs, each with its first
-// line number: code blocks, tables and headings are left out.
+var listItem = regexp.MustCompile(`^([-*]|[0-9]+\.) `)
+
+// paragraphs splits markdown into its units of prose, each with its first
+// line number: a paragraph, a list item (with its continuation lines) or a
+// table row. Code blocks, table rules and headings are left out.
 func paragraphs(text string) (out []string, lines []int) {
 	var cur []string
 	start, fenced := 0, false
@@ -68,9 +71,15 @@ func paragraphs(text string) (out []string, lines []int) {
 			fenced = !fenced
 			flush()
 		case fenced:
-		case trimmed == "" || strings.HasPrefix(trimmed, "|") || strings.HasPrefix(trimmed, "#"):
+		case trimmed == "" || strings.HasPrefix(trimmed, "#") || strings.HasPrefix(trimmed, "|---"):
 			flush()
+		case strings.HasPrefix(trimmed, "|"): // a table row is a unit of its own
+			flush()
+			out, lines = append(out, trimmed), append(lines, i+1)
 		default:
+			if listItem.MatchString(trimmed) { // an item starts a unit
+				flush()
+			}
 			if len(cur) == 0 {
 				start = i + 1
 			}
@@ -95,6 +104,9 @@ func TestNoParagraphIsWrittenTwice(t *testing.T) {
 	t.Parallel()
 	if got := normalise("**Retries.** `max_attempts`,\n counts"); got != "retries max attempts counts" {
 		t.Fatalf("normalise: %q", got)
+	}
+	if ps, _ := paragraphs("Text:\n- an item\n  goes on\n- another\n\n| a | b |\n|---|---|\n| c | d |\n"); len(ps) != 5 {
+		t.Fatalf("paragraphs: %q, want the text, two items and two rows", ps)
 	}
 	seen := map[string]string{}
 	for _, name := range docFiles(t) {
@@ -292,6 +304,12 @@ func TestTheREADMEsCommandsRun(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	readme := readDoc(t, "README.md")
+	for _, page := range []string{readme, readDoc(t, "docs/getting-started.md")} {
+		// Only sh blocks are read: another shell's fence would be commands no test runs.
+		if m := regexp.MustCompile("(?m)^\\s*```(bash|shell|console|zsh|shell-session)\\b").FindString(page); m != "" {
+			t.Fatalf("a %q block: write it as ```sh, whose commands this test runs", strings.TrimSpace(m))
+		}
+	}
 	cmds := append(shellCommands(readme), shellCommands(readDoc(t, "docs/getting-started.md"))...)
 	if len(cmds) < 8 {
 		t.Fatalf("found %d commands: %q", len(cmds), cmds)
