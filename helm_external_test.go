@@ -278,6 +278,8 @@ func TestTheHelmChartRendersWhatSturdyRuns(t *testing.T) {
 		"config.listen=:1":                "leave listen and admin_listen out",
 		"config.admin.listen=:1":          "leave it out",
 		"config.server.shutdown_delay=1s": "the chart sets them",
+		"shutdown.graceSeconds=0":         "at least 1",
+		"agent.drainSeconds=-1":           "0 or more",
 	} {
 		if out, err := helm(t, "template", "r", chart, "--set", set); err == nil || !strings.Contains(out, want) {
 			t.Errorf("--set %s: err %v, output %q; want a failure saying %q", set, err, out, want)
