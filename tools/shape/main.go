@@ -1,6 +1,7 @@
 // Command shape reports the shape of Sturdy's code, for a redesign's
 // before and after: product lines per package, the largest structs (with
-// their same-package parts), the state one request carries, the types whose methods spread over more
+// their same-package parts), the state one request carries, the
+// upstream seam's width, the types whose methods spread over more
 // than four files, the functions over 60 lines, and the file-level call
 // cycles inside each package.
 //
@@ -16,8 +17,9 @@
 // type's methods over four files and no function over 60 lines in
 // proxy, policy and events, the proxy's loop, response and rescue
 // telling the metrics and the trace only through the request's report,
-// and the fields one request carries (every struct proxy.exchange
-// reaches, by value or pointer, shared ones aside) under a ceiling.
+// the fields one request carries (every struct proxy.exchange reaches,
+// by value or pointer, shared ones aside) and how much of package
+// upstream proxy uses, each under a ceiling.
 package main
 
 import (
@@ -351,12 +353,62 @@ func reaches(t types.Type, how string, home *types.Package, depth int) []reach {
 	return nil
 }
 
+// seamNames is every exported name of package from that package user
+// refers to (types, functions, methods, fields, constants), sorted: the
+// width of the seam between them.
+func seamNames(user *pkg, from string) []string {
+	names := map[string]bool{}
+	for _, obj := range user.info.Uses {
+		if obj.Pkg() == nil || obj.Pkg().Path() != from || !obj.Exported() {
+			continue
+		}
+		name := obj.Name()
+		if v, ok := obj.(*types.Var); ok && v.IsField() || isMethod(obj) {
+			name = "." + name // a field or method, by its name
+		}
+		names[name] = true
+	}
+	out := make([]string, 0, len(names))
+	for n := range names {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// splitSeam parts seamNames' list into package-level names and members
+// (methods and fields, written ".Name").
+func splitSeam(names []string) (top, members []string) {
+	for _, n := range names {
+		if strings.HasPrefix(n, ".") {
+			members = append(members, n)
+		} else {
+			top = append(top, n)
+		}
+	}
+	return top, members
+}
+
+func isMethod(obj types.Object) bool {
+	f, ok := obj.(*types.Func)
+	if !ok {
+		return false
+	}
+	sig, _ := f.Type().(*types.Signature)
+	return sig != nil && sig.Recv() != nil
+}
+
 // reportRequest lists the state one request carries in proxy: every
 // struct reachable from its root, shared ones aside.
 func reportRequest(w io.Writer, pkgs []*pkg) {
 	for _, p := range pkgs {
 		if p.short != "proxy" {
 			continue
+		}
+		if names := seamNames(p, "sturdy/upstream"); len(names) > 0 {
+			top, members := splitSeam(names)
+			fmt.Fprintf(w, "## The upstream seam\n\nproxy uses **%d** of upstream's package-level names and %d of their "+
+				"methods and fields: %s; %s.\n\n", len(top), len(members), strings.Join(top, ", "), strings.Join(members, ", "))
 		}
 		total, reached := requestFields(p)
 		fmt.Fprintf(w, "## Per-request state (proxy.%s and every struct it reaches, shared ones aside)\n\n", requestRoot)

@@ -71,6 +71,34 @@ func TestARequestCarriesNoMoreState(t *testing.T) {
 	}
 }
 
+// The upstream seam's width as proxy sees it: upstream's package-level
+// names it uses, and the methods and fields of theirs it reaches (37 and
+// 113 when first counted). The request-path redesign's target is one way
+// in, at most 15 names. Lower them as the seam narrows; never raise them.
+const (
+	maxSeamNames   = 37
+	maxSeamMembers = 113
+)
+
+// TestTheUpstreamSeamGrowsNoWider holds how much of package upstream the
+// proxy uses.
+func TestTheUpstreamSeamGrowsNoWider(t *testing.T) {
+	t.Parallel()
+	pkgs, err := load([]string{"sturdy/proxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, members := splitSeam(seamNames(pkgs[0], "sturdy/upstream"))
+	t.Logf("upstream names proxy uses: %d (%s); members: %d", len(top), strings.Join(top, ", "), len(members))
+	if len(top) == 0 || len(members) == 0 {
+		t.Fatal("counted no use of package upstream: the count is broken")
+	}
+	if len(top) > maxSeamNames || len(members) > maxSeamMembers {
+		t.Errorf("proxy uses %d of upstream's names (at most %d) and %d of their members (at most %d): %s; %s",
+			len(top), maxSeamNames, len(members), maxSeamMembers, strings.Join(top, ", "), strings.Join(members, ", "))
+	}
+}
+
 // TestTheLoopReportsThroughOnePlace holds observation to one place: the
 // steps of the loop, the response and a rescue neither touch the metrics
 // nor call the trace's methods themselves — they say what happened to
