@@ -4,8 +4,8 @@
 //
 //	guard.go            Guard: accept errors (retried with backoff), max_connections (past it a 503, written
 //	                    by the proxy's Refusal), the lean server's Handoff past reduce_memory_above
-//	conn.go             Conn: each write bounded by write_timeout, the path a request began with (NotedPath),
-//	                    and the request told when its client leaves (Serving, a Leaver)
+//	conn.go             Conn: each write bounded by write_timeout, the path a request began with (NotedPath)
+//	leave.go            the request a Conn serves told, once, when its client leaves (Serving, a Leaver)
 //	watch_linux.go, watch_other.go   the watcher that sees clients leave (one epoll set on Linux)
 //	fdlimit_unix.go, fdlimit_other.go   the file descriptor limit behind max_connections' default
 //
