@@ -13,31 +13,61 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// k8sPod is what the deploy tests read of deploy/kubernetes.yaml's Deployment.
+// k8sPod is what the deploy and chart tests read of a Deployment's pod:
+// deploy/kubernetes.yaml's, and the chart's as rendered.
 type k8sPod struct {
-	TerminationGracePeriodSeconds int           `yaml:"terminationGracePeriodSeconds"`
-	InitContainers                []k8sManifest `yaml:"initContainers"`
-	Containers                    []k8sManifest `yaml:"containers"`
+	TerminationGracePeriodSeconds int            `yaml:"terminationGracePeriodSeconds"`
+	InitContainers                []k8sContainer `yaml:"initContainers"`
+	Containers                    []k8sContainer `yaml:"containers"`
+	Volumes                       []struct {
+		Name      string `yaml:"name"`
+		ConfigMap struct {
+			Name string `yaml:"name"`
+		} `yaml:"configMap"`
+	} `yaml:"volumes"`
 }
 
-type k8sManifest struct {
-	Name          string `yaml:"name"`
-	RestartPolicy string `yaml:"restartPolicy"`
-	Env           []struct {
+type k8sProbe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+}
+
+type k8sContainer struct {
+	Name string   `yaml:"name"`
+	Args []string `yaml:"args"`
+	Env  []struct {
 		Name  string `yaml:"name"`
 		Value string `yaml:"value"`
 	} `yaml:"env"`
-	StartupProbe *struct {
-		HTTPGet struct {
-			Path string `yaml:"path"`
-			Port string `yaml:"port"`
-		} `yaml:"httpGet"`
-	} `yaml:"startupProbe"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	RestartPolicy   string    `yaml:"restartPolicy"`
+	Startup         *k8sProbe `yaml:"startupProbe"`
+	Liveness        *k8sProbe `yaml:"livenessProbe"`
+	Readiness       *k8sProbe `yaml:"readinessProbe"`
 	SecurityContext struct {
 		RunAsNonRoot bool   `yaml:"runAsNonRoot"`
 		RunAsUser    string `yaml:"runAsUser"`
 		RunAsGroup   string `yaml:"runAsGroup"`
 	} `yaml:"securityContext"`
+	VolumeMounts []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+		SubPath   string `yaml:"subPath"`
+	} `yaml:"volumeMounts"`
+}
+
+func (c k8sContainer) env(name string) string {
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
 }
 
 // kubernetesExample is deploy/kubernetes.yaml's Deployment pod and its ConfigMap's config.
@@ -111,21 +141,19 @@ func TestTheKubernetesSidecarStartsFirstAndStopsLast(t *testing.T) {
 	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Name != "sturdy" || pod.InitContainers[0].RestartPolicy != "Always" {
 		t.Fatalf("Sturdy is not a native sidecar: init containers %+v", pod.InitContainers)
 	}
-	if p := pod.InitContainers[0].StartupProbe; p == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port != "admin" {
+	if p := pod.InitContainers[0].Startup; p == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port != "admin" {
 		t.Errorf("the startup probe is not /healthz on the admin port: %+v", p)
 	}
-	env := map[string]string{}
+	var agent k8sContainer
 	for _, c := range pod.Containers {
 		if c.Name == "agent" {
-			for _, e := range c.Env {
-				env[e.Name] = e.Value
-			}
+			agent = c
 		}
 	}
 	_, port, _ := strings.Cut(cfg.Listen, ":")
-	if env["OPENAI_BASE_URL"] != "http://localhost:"+port+"/v1" || env["ANTHROPIC_BASE_URL"] != "http://localhost:"+port ||
-		env["OPENAI_API_KEY"] == "" || env["ANTHROPIC_API_KEY"] == "" {
-		t.Errorf("the agent does not call Sturdy on localhost with a placeholder key: %v", env)
+	if agent.env("OPENAI_BASE_URL") != "http://localhost:"+port+"/v1" || agent.env("ANTHROPIC_BASE_URL") != "http://localhost:"+port ||
+		agent.env("OPENAI_API_KEY") == "" || agent.env("ANTHROPIC_API_KEY") == "" {
+		t.Errorf("the agent does not call Sturdy on localhost with a placeholder key: %+v", agent.Env)
 	}
 	const agentDrain = 30 * time.Second // the example's comment
 	grace := time.Duration(cfg.Server.ShutdownGrace)

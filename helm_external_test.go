@@ -54,64 +54,12 @@ type k8sObject struct {
 			Path string `yaml:"path"`
 		} `yaml:"endpoints"`
 		Template struct {
-			Spec struct {
-				TerminationGracePeriodSeconds int            `yaml:"terminationGracePeriodSeconds"`
-				InitContainers                []k8sContainer `yaml:"initContainers"`
-				Containers                    []k8sContainer `yaml:"containers"`
-				Volumes                       []struct {
-					Name      string `yaml:"name"`
-					ConfigMap struct {
-						Name string `yaml:"name"`
-					} `yaml:"configMap"`
-				} `yaml:"volumes"`
-			} `yaml:"spec"`
+			Spec k8sPod `yaml:"spec"`
 		} `yaml:"template"`
 	} `yaml:"spec"`
 }
 
-type k8sProbe struct {
-	HTTPGet struct {
-		Path string `yaml:"path"`
-		Port string `yaml:"port"`
-	} `yaml:"httpGet"`
-}
-
-type k8sContainer struct {
-	Name string   `yaml:"name"`
-	Args []string `yaml:"args"`
-	Env  []struct {
-		Name  string `yaml:"name"`
-		Value string `yaml:"value"`
-	} `yaml:"env"`
-	Ports []struct {
-		Name          string `yaml:"name"`
-		ContainerPort int    `yaml:"containerPort"`
-	} `yaml:"ports"`
-	RestartPolicy   string    `yaml:"restartPolicy"`
-	Startup         *k8sProbe `yaml:"startupProbe"`
-	Liveness        *k8sProbe `yaml:"livenessProbe"`
-	Readiness       *k8sProbe `yaml:"readinessProbe"`
-	SecurityContext struct {
-		RunAsNonRoot bool   `yaml:"runAsNonRoot"`
-		RunAsUser    string `yaml:"runAsUser"`
-		RunAsGroup   string `yaml:"runAsGroup"`
-	} `yaml:"securityContext"`
-	VolumeMounts []struct {
-		Name      string `yaml:"name"`
-		MountPath string `yaml:"mountPath"`
-		SubPath   string `yaml:"subPath"`
-	} `yaml:"volumeMounts"`
-}
-
-func (c k8sContainer) env(name string) string {
-	for _, e := range c.Env {
-		if e.Name == name {
-			return e.Value
-		}
-	}
-	return ""
-}
-
+// port is the container port named name (0: none).
 func (c k8sContainer) port(name string) int {
 	for _, p := range c.Ports {
 		if p.Name == name {
