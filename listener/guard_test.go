@@ -33,6 +33,25 @@ func guarded(t *testing.T, max int64, c *counts) (*Guard, string) {
 	return g, ln.Addr().String()
 }
 
+// connected is a client's connection to a Guard and the served side of
+// it, as Accept returns it; both close when the test ends.
+func connected(t *testing.T) (client, served net.Conn) {
+	t.Helper()
+	var c counts
+	g, addr := guarded(t, 10, &c)
+	client, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	served, err = g.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = served.Close() })
+	return client, served
+}
+
 // TestAConnectionPastTheCapIsRefusedWithTheProxysAnswer: the first
 // connection is served; the second, past MaxConnections, is read and
 // answered with the Refusal; closing the first frees its place.
@@ -97,17 +116,7 @@ func (l *leaver) Left() { l.told.Add(1) }
 // connection already left is told at once.
 func TestAClientThatLeavesIsToldToItsRequest(t *testing.T) {
 	t.Parallel()
-	var c counts
-	g, addr := guarded(t, 10, &c)
-	client, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := g.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	client, conn := connected(t)
 	cc := ConnOf(conn)
 	if cc == nil {
 		t.Fatal("ConnOf found no Conn")
@@ -144,18 +153,7 @@ func TestAClientThatLeavesIsToldToItsRequest(t *testing.T) {
 // its path, bounded, without query; other reads leave it.
 func TestNotedPathIsTheLastRequestsPath(t *testing.T) {
 	t.Parallel()
-	var c counts
-	g, addr := guarded(t, 10, &c)
-	client, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	conn, err := g.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	client, conn := connected(t)
 	buf := make([]byte, 4096)
 	for _, tc := range []struct{ send, want string }{
 		{"POST /v1/messages?beta=true HTTP/1.1\r\n\r\n", "/v1/messages"},
