@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -454,7 +453,7 @@ func post(t *testing.T, url, key, body string) (int, string) {
 		t.Fatalf("%s: %v", url, err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(bufio.NewReader(resp.Body), 1<<20))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, string(b)
 }
 

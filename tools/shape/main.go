@@ -221,11 +221,10 @@ func fieldCount(s *types.Struct, home *types.Package, seen map[*types.Named]bool
 
 func reportStructs(w io.Writer, pkgs []*pkg, structName string, top int) {
 	type row struct {
-		name   string
-		own    int
-		total  int
-		parts  []string
-		exempt bool
+		name  string
+		own   int
+		total int
+		parts []string
 	}
 	var rows []row
 	var focus *row
