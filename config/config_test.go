@@ -607,4 +607,12 @@ func TestAnUnsetVariableIsWarnedOf(t *testing.T) {
 		!strings.Contains(all, "admin.token: ${STURDY_TEST_EMPTY} is empty") || strings.Contains(all, "STURDY_TEST_SET") || strings.Contains(all, "never-shown") {
 		t.Fatalf("warnings:\n%s", all)
 	}
+	// With auth.keys on, the clients' credentials are Sturdy's: none goes upstream, and the warning says so.
+	c, err = Parse("t.yaml", []byte(doc+"auth: {keys: [client-key-0123456789]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := fmt.Sprint(c.Warnings()); !strings.Contains(w, "upstreams[0].api_key") || !strings.Contains(w, "no client's credential goes upstream") {
+		t.Fatalf("warnings with auth.keys on: %s", w)
+	}
 }

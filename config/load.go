@@ -331,17 +331,25 @@ func (c *Config) expand(key, s string) string {
 				state = "empty"
 			}
 			c.unsetVars = append(c.unsetVars, Problem{Key: key, Line: c.written[key],
-				Msg: fmt.Sprintf("${%s} is %s, so this is empty: %s", name, state, emptyMeans(key))})
+				Msg: fmt.Sprintf("${%s} is %s, so this is empty: %s", name, state, emptyMeans(key, c.authOn()))})
 		}
 		return v
 	})
 }
 
-// emptyMeans says what an empty key leads to.
-func emptyMeans(key string) string {
+// authOn is whether clients authenticate with Sturdy's own keys: their
+// credentials are then Sturdy's, and never go upstream. auth.keys are
+// expanded before the upstreams' keys, which ask.
+func (c *Config) authOn() bool { return len(c.Auth.Keys) > 0 || c.Auth.KeysFile != "" }
+
+// emptyMeans says what an empty key leads to; authOn, whether clients
+// authenticate with Sturdy's own keys.
+func emptyMeans(key string, authOn bool) string {
 	switch {
+	case strings.HasSuffix(key, ".api_key") && authOn:
+		return "Sturdy sends no key of its own, and with auth.keys on no client's credential goes upstream either (a provider answers 401)"
 	case strings.HasSuffix(key, ".api_key"):
-		return "Sturdy sends no key of its own, and each client's own credential goes upstream (none with auth.keys on; a provider answers 401 to a dummy one)"
+		return "Sturdy sends no key of its own, and each client's own credential goes upstream (a provider answers 401 to a dummy one)"
 	case key == "admin.token":
 		return "the admin endpoints need no token"
 	case strings.HasPrefix(key, "auth.keys"):
